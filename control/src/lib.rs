@@ -1,0 +1,8 @@
+//! odmesh-control: Envoy clusters and endpoints on demand over delta xDS, from a registry.
+//!
+//! Layers, each using only the ones below it:
+//! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints).
+#![forbid(unsafe_code)]
+
+pub mod model;
+pub mod registry;
