@@ -4,5 +4,6 @@
 //! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints).
 #![forbid(unsafe_code)]
 
+pub mod metrics;
 pub mod model;
 pub mod registry;

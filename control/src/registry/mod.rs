@@ -4,7 +4,8 @@
 //! a [`Registry`]; everything above this layer sees only that.
 
 /// The status of an instance, as Eureka names it. Only [`Status::Up`] carries traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Status {
     Up,
     Down,
@@ -43,7 +44,7 @@ impl Status {
 ///
 /// VIP and SVIP names are lowercase and valid (see `odmesh_names::validate_vip`); a source
 /// drops or reports names that are not.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Instance {
     /// The app name, as registered (Eureka uppercases it).
     pub app: String,
@@ -65,7 +66,7 @@ pub struct Instance {
 }
 
 /// Every instance a source knows of, in the order it read them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Registry {
     pub instances: Vec<Instance>,
 }
