@@ -309,3 +309,309 @@ impl Watcher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    /// Generous: the poll interval bounds the real latency; this only bounds a slow CI.
+    const DEADLINE: Duration = Duration::from_secs(5);
+
+    const ONE: &str = "instances:\n  - {app: hello, ip: 127.0.0.1, port: 8081}\n";
+    const TWO: &str = "instances:\n  - {app: hello, ip: 127.0.0.1, port: 8081}\n  - {app: hello, ip: 127.0.0.2, port: 8081}\n";
+    const THREE: &str = "instances:\n  - {app: hello, ip: 127.0.0.1, port: 8081}\n  - {app: hello, ip: 127.0.0.2, port: 8081}\n  - {app: hello, ip: 127.0.0.3, port: 8081}\n";
+    const BROKEN: &str = "instances:\n  - {app: hello, ip: not-an-ip, port: 8081}\n";
+
+    /// A directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            let dir =
+                std::env::temp_dir().join(format!("odmesh-{name}-{}-{nanos}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn file(&self, name: &str, content: &str) -> PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, content).unwrap();
+            path
+        }
+
+        /// Writes `content` next to `path` and renames it over `path`, as editors and
+        /// config-management tools do.
+        fn replace_atomically(&self, path: &Path, content: &str) {
+            let tmp = self.0.join(".registry.tmp");
+            std::fs::write(&tmp, content).unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn testdata(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
+
+    async fn wait_for_instances(source: &mut FileSource, n: usize) {
+        let found = tokio::time::timeout(
+            DEADLINE,
+            source.registry.wait_for(|r| r.instances.len() == n),
+        )
+        .await;
+        assert!(
+            matches!(found, Ok(Ok(_))),
+            "registry never had {n} instances; status {:?}",
+            source.health.snapshot()
+        );
+    }
+
+    /// Polls `cond` until it holds or the deadline passes.
+    async fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let start = tokio::time::Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[test]
+    fn json_is_told_from_yaml_by_its_first_character() {
+        assert_eq!(
+            Format::detect(b"  \n{\"applications\": {}}"),
+            Format::EurekaJson
+        );
+        assert_eq!(Format::detect(b"\xef\xbb\xbf{}"), Format::EurekaJson);
+        assert_eq!(Format::detect(b"instances: []"), Format::Yaml);
+        assert_eq!(Format::detect(b"# {not json}\ninstances: []"), Format::Yaml);
+    }
+
+    #[test]
+    fn both_fixture_formats_load() {
+        assert_eq!(
+            load(&testdata("eureka-apps.json"))
+                .unwrap()
+                .registry
+                .instances
+                .len(),
+            9
+        );
+        assert_eq!(
+            load(&testdata("registry.yaml"))
+                .unwrap()
+                .registry
+                .instances
+                .len(),
+            5
+        );
+    }
+
+    #[test]
+    fn a_broken_file_is_an_error_that_names_the_file_and_format() {
+        let err = load(&testdata("broken.json")).unwrap_err();
+        assert!(matches!(err, LoadError::Eureka { .. }));
+        assert!(
+            err.to_string()
+                .contains("broken.json (Eureka JSON): not valid JSON"),
+            "{err}"
+        );
+        let err = load(&testdata("registry-bad-ip.yaml")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("(YAML): instance 2 (app \"greeter\")"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_at_start_is_an_error_for_the_caller() {
+        let dir = TempDir::new("missing");
+        let metrics = Arc::new(Metrics::default());
+        let err = start(dir.0.join("nope.yaml"), DEFAULT_POLL_INTERVAL, metrics)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LoadError::Io { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_broken_file_at_start_is_an_error_for_the_caller() {
+        let dir = TempDir::new("broken-start");
+        let path = dir.file("registry.yaml", BROKEN);
+        let metrics = Arc::new(Metrics::default());
+        let err = start(path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LoadError::Yaml { .. }), "{err}");
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn start_loads_the_file_and_records_success() {
+        let dir = TempDir::new("start");
+        let path = dir.file("registry.yaml", TWO);
+        let metrics = Arc::new(Metrics::default());
+        let source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+        assert_eq!(source.registry.borrow().instances.len(), 2);
+        let st = source.health.snapshot();
+        assert!(st.loaded && st.last_error.is_none() && st.last_success.is_some());
+        assert_eq!(st.instances, 2);
+        assert!(st.description.ends_with("registry.yaml"));
+        assert_eq!(metrics.registry_loads_total.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn an_in_place_write_is_reloaded() {
+        let dir = TempDir::new("write");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+
+        std::fs::write(&path, TWO).unwrap();
+        wait_for_instances(&mut source, 2).await;
+        std::fs::write(&path, THREE).unwrap();
+        wait_for_instances(&mut source, 3).await;
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn an_atomic_rename_over_the_file_is_reloaded() {
+        let dir = TempDir::new("rename");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics).await.unwrap();
+
+        dir.replace_atomically(&path, TWO);
+        wait_for_instances(&mut source, 2).await;
+        dir.replace_atomically(&path, THREE);
+        wait_for_instances(&mut source, 3).await;
+    }
+
+    #[tokio::test]
+    async fn a_file_can_switch_format_from_yaml_to_eureka_json() {
+        let dir = TempDir::new("switch");
+        let path = dir.file("registry", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics).await.unwrap();
+
+        let json = std::fs::read_to_string(testdata("eureka-apps.json")).unwrap();
+        dir.replace_atomically(&path, &json);
+        wait_for_instances(&mut source, 9).await;
+    }
+
+    #[tokio::test]
+    async fn a_broken_file_keeps_the_last_good_registry_until_it_is_fixed() {
+        let dir = TempDir::new("broken");
+        let path = dir.file("registry.yaml", TWO);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+
+        dir.replace_atomically(&path, BROKEN);
+        let health = source.health.clone();
+        eventually("the error to be reported", || {
+            health.snapshot().last_error.is_some()
+        })
+        .await;
+        let st = source.health.snapshot();
+        assert!(st.loaded, "still serving the last good registry");
+        assert!(st.last_error.unwrap().contains("not-an-ip"));
+        assert_eq!(source.registry.borrow().instances.len(), 2);
+        assert!(
+            !source.registry.has_changed().unwrap(),
+            "nothing was published"
+        );
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 2);
+
+        dir.replace_atomically(&path, THREE);
+        wait_for_instances(&mut source, 3).await;
+        assert_eq!(source.health.snapshot().last_error, None);
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1,
+            "the broken content was reported once, not on every poll"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deleted_file_keeps_the_last_good_registry_and_its_recreation_is_loaded() {
+        let dir = TempDir::new("delete");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+
+        std::fs::remove_file(&path).unwrap();
+        let health = source.health.clone();
+        eventually("the deletion to be reported", || {
+            health.snapshot().last_error.is_some()
+        })
+        .await;
+        assert_eq!(source.registry.borrow().instances.len(), 1);
+
+        std::fs::write(&path, TWO).unwrap();
+        wait_for_instances(&mut source, 2).await;
+        assert_eq!(source.health.snapshot().last_error, None);
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn rewriting_the_same_content_is_not_a_reload() {
+        let dir = TempDir::new("same");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let health = SourceHealth::new("test");
+        let mut watcher = Watcher::new(path.clone(), metrics.clone(), health);
+
+        assert!(matches!(watcher.poll().await, Poll::Loaded(_)));
+        assert!(matches!(watcher.poll().await, Poll::Unchanged));
+        dir.replace_atomically(&path, ONE);
+        assert!(matches!(watcher.poll().await, Poll::Unchanged));
+        std::fs::write(&path, TWO).unwrap();
+        assert!(matches!(watcher.poll().await, Poll::Loaded(_)));
+        assert_eq!(metrics.registry_loads_total.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn the_watcher_stops_when_every_receiver_is_gone() {
+        let dir = TempDir::new("stop");
+        let path = dir.file("registry.yaml", ONE);
+        let source = start(&path, DEFAULT_POLL_INTERVAL, Arc::new(Metrics::default()))
+            .await
+            .unwrap();
+        let FileSource { registry, task, .. } = source;
+        drop(registry);
+        tokio::time::timeout(DEADLINE, task)
+            .await
+            .expect("the task ended")
+            .expect("without panicking");
+    }
+}

@@ -46,8 +46,15 @@ pub enum InvalidYaml {
     Syntax(#[from] serde_yaml::Error),
     #[error("{0}")]
     Shape(String),
+    /// Boxed: an error is rare and this keeps `Result`s small.
     #[error(transparent)]
-    Instance(#[from] InvalidInstance),
+    Instance(Box<InvalidInstance>),
+}
+
+impl From<InvalidInstance> for InvalidYaml {
+    fn from(e: InvalidInstance) -> InvalidYaml {
+        InvalidYaml::Instance(Box::new(e))
+    }
 }
 
 /// Reads the short YAML form. Any invalid instance fails the whole file.
@@ -316,7 +323,7 @@ mod tests {
 
     fn instance_error(yaml: &str) -> InvalidInstance {
         match parse(yaml.as_bytes()) {
-            Err(InvalidYaml::Instance(e)) => e,
+            Err(InvalidYaml::Instance(e)) => *e,
             other => panic!("expected an instance error, got {other:?}"),
         }
     }
