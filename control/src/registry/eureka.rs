@@ -1019,6 +1019,30 @@ mod tests {
     }
 
     #[test]
+    fn the_delta_fixture_applied_to_the_full_fixture_gives_the_deltas_hash_code() {
+        let mut full = parse_document(&testdata("eureka-apps.json"))
+            .unwrap()
+            .applications;
+        let delta = parse_document(&testdata("eureka-delta.json"))
+            .unwrap()
+            .applications;
+        for app in &delta.application {
+            let target = full
+                .application
+                .iter_mut()
+                .find(|a| a.name == app.name)
+                .unwrap();
+            for inst in &app.instance {
+                target.instance.retain(|i| i.id() != inst.id());
+                if inst.action_type != Some(ActionType::Deleted) {
+                    target.instance.push(inst.clone());
+                }
+            }
+        }
+        assert_eq!(Some(full.reconcile_hash_code()), delta.apps_hashcode);
+    }
+
+    #[test]
     fn an_empty_registry_has_no_applications() {
         let p = parse_registry(
             br#"{"applications": {"versions__delta": "1", "apps__hashcode": "", "application": []}}"#,

@@ -8,6 +8,9 @@ use crate::metrics::Metrics;
 
 use super::{InvalidInstance, Registry};
 
+/// At most this many warnings are kept for the admin (the log has them all).
+pub const MAX_WARNINGS: usize = 100;
+
 /// The state of one registry source, as the admin shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SourceStatus {
@@ -79,7 +82,15 @@ impl SourceHealth {
             st.last_error = None;
             st.last_success = Some(now);
             st.instances = registry.instances.len();
-            st.warnings = warnings.iter().map(ToString::to_string).collect();
+            st.warnings = warnings
+                .iter()
+                .take(MAX_WARNINGS)
+                .map(ToString::to_string)
+                .collect();
+            if warnings.len() > MAX_WARNINGS {
+                let more = warnings.len() - MAX_WARNINGS;
+                st.warnings.push(format!("... and {more} more"));
+            }
         }
         Metrics::inc(&metrics.registry_loads_total);
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -133,6 +144,23 @@ mod tests {
                 .load(Ordering::Relaxed)
                 > 0
         );
+    }
+
+    #[test]
+    fn only_the_first_warnings_are_kept() {
+        let w = InvalidInstance {
+            index: 0,
+            app: "a".into(),
+            instance_id: None,
+            field: "ipAddr".into(),
+            reason: "missing".into(),
+        };
+        let health = SourceHealth::new("x");
+        let warnings = vec![w; MAX_WARNINGS + 5];
+        health.record_success(&Metrics::default(), &Registry::default(), &warnings);
+        let kept = health.snapshot().warnings;
+        assert_eq!(kept.len(), MAX_WARNINGS + 1);
+        assert_eq!(kept.last().unwrap(), "... and 5 more");
     }
 
     #[test]
