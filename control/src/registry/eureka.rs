@@ -1,5 +1,5 @@
 //! Eureka's JSON wire format (`GET /eureka/apps`, `/apps/delta`, registrations), kept at the
-//! edge: serde types as Eureka writes them, converted to the plain [`Registry`] here.
+//! edge: serde types as Eureka writes them, converted to the plain [`Registry`](super::Registry) here.
 //!
 //! Real Eureka servers (Netflix's Jackson codec, Spring Cloud, and other implementations) are
 //! not consistent, so reading is lenient where they differ: `application` and `instance` may
@@ -469,7 +469,7 @@ pub fn parse_document(json: &[u8]) -> Result<ParsedApplications, InvalidDocument
     })
 }
 
-/// Reads a Eureka `/apps` document into a [`Registry`], with a warning for each instance,
+/// Reads a Eureka `/apps` document into a [`Registry`](super::Registry), with a warning for each instance,
 /// port or VIP left out.
 pub fn parse_registry(json: &[u8]) -> Result<Parsed, InvalidDocument> {
     let ParsedApplications {
