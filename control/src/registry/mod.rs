@@ -70,3 +70,124 @@ pub struct Instance {
 pub struct Registry {
     pub instances: Vec<Instance>,
 }
+
+pub mod eureka;
+pub mod file;
+pub mod status;
+pub mod yaml;
+
+pub use status::{SourceHealth, SourceStatus};
+
+/// What a parser made of a document: the registry, and the instances it had to leave out.
+///
+/// Only sources that read what a machine wrote (Eureka's JSON) skip bad instances with a
+/// warning; the hand-written YAML form fails as a whole instead.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Parsed {
+    pub registry: Registry,
+    /// One entry per instance, VIP or port that was left out, and why.
+    pub warnings: Vec<InvalidInstance>,
+}
+
+/// One instance of a registry document that is not valid, and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[error(
+    "instance {index} (app {app:?}{}): field `{field}`: {reason}",
+    instance_id.as_deref().map(|id| format!(", id {id:?}")).unwrap_or_default()
+)]
+pub struct InvalidInstance {
+    /// Position of the instance: in `instances` (YAML), or in its application's `instance`
+    /// list (Eureka JSON). Counted from 0.
+    pub index: usize,
+    /// The app it claims to belong to (empty when even that is missing).
+    pub app: String,
+    /// Its instance id, when it has one.
+    pub instance_id: Option<String>,
+    /// The field that is wrong, spelled as in the document.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Splits a comma-separated VIP list: trims, lowercases, drops empty entries and repeats.
+///
+/// Names are not validated here; see [`check_vip`].
+pub fn split_vips(list: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for vip in list.split(',') {
+        let vip = vip.trim().to_ascii_lowercase();
+        if !vip.is_empty() && !out.contains(&vip) {
+            out.push(vip);
+        }
+    }
+    out
+}
+
+/// Checks one (already lowercased) VIP or SVIP name, with a reason a user can act on.
+pub fn check_vip(vip: &str) -> Result<(), String> {
+    odmesh_names::validate_vip(vip).map_err(|e| format!("{vip:?} is not a valid VIP: {e}"))
+}
+
+/// Eureka's reconcile hash code (`apps__hashcode`) over instance statuses: for each status,
+/// alphabetically, `STATUS_count_` (e.g. `DOWN_1_UP_2_`); empty when there are no instances.
+///
+/// A Eureka client compares this with the server's `apps__hashcode` after applying a delta
+/// and fetches the full registry on a mismatch.
+pub fn reconcile_hash_code(statuses: impl IntoIterator<Item = Status>) -> String {
+    let mut counts = std::collections::BTreeMap::<&'static str, usize>::new();
+    for status in statuses {
+        *counts.entry(status.as_str()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(status, n)| format!("{status}_{n}_"))
+        .collect()
+}
+
+impl Registry {
+    /// Eureka's reconcile hash code of this registry (see [`reconcile_hash_code`]).
+    pub fn reconcile_hash_code(&self) -> String {
+        reconcile_hash_code(self.instances.iter().map(|i| i.status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_vips_trims_lowercases_and_drops_empties_and_repeats() {
+        assert_eq!(
+            split_vips(" Hello , ,hello.internal,HELLO,"),
+            vec!["hello".to_string(), "hello.internal".to_string()]
+        );
+        assert!(split_vips(" , ").is_empty());
+    }
+
+    #[test]
+    fn reconcile_hash_code_counts_statuses_in_alphabetical_order() {
+        use Status::*;
+        let code = reconcile_hash_code([Up, Down, Up, Starting, OutOfService, Unknown, Up]);
+        assert_eq!(code, "DOWN_1_OUT_OF_SERVICE_1_STARTING_1_UNKNOWN_1_UP_3_");
+    }
+
+    #[test]
+    fn reconcile_hash_code_of_an_empty_registry_is_empty() {
+        assert_eq!(Registry::default().reconcile_hash_code(), "");
+    }
+
+    #[test]
+    fn invalid_instance_names_index_app_id_field_and_reason() {
+        let e = InvalidInstance {
+            index: 2,
+            app: "hello".into(),
+            instance_id: Some("h1".into()),
+            field: "ip".into(),
+            reason: "not an IP address".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "instance 2 (app \"hello\", id \"h1\"): field `ip`: not an IP address"
+        );
+    }
+}

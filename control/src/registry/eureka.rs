@@ -1,0 +1,1100 @@
+//! Eureka's JSON wire format (`GET /eureka/apps`, `/apps/delta`, registrations), kept at the
+//! edge: serde types as Eureka writes them, converted to the plain [`Registry`](super::Registry) here.
+//!
+//! Real Eureka servers (Netflix's Jackson codec, Spring Cloud, and other implementations) are
+//! not consistent, so reading is lenient where they differ: `application` and `instance` may
+//! be one object instead of a list; numbers may be strings (`"$": "8080"`,
+//! `"versions__delta": 1`); booleans may be strings (`"@enabled": "true"`); `metadata` may
+//! hold only `{"@class": "java.util.Collections$EmptyMap"}`; unknown fields are kept in
+//! `other` and written back. Writing follows Netflix's codec (`"@enabled": "true"`, numeric
+//! `$`), so a standard Eureka client can read what an embedded server writes.
+//!
+//! [`parse_document`] skips an instance it cannot read, with a warning, instead of failing the
+//! whole document: one odd registration on a real server must not blind the mesh.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+use super::{Instance, InvalidInstance, Parsed, Status, check_vip, split_vips};
+
+/// The whole answer of `GET /apps` or `GET /apps/delta`: `{"applications": {...}}`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct ApplicationsDocument {
+    pub applications: Applications,
+}
+
+/// The answer of `GET /apps/{APP}`: `{"application": {...}}`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct ApplicationDocument {
+    pub application: Application,
+}
+
+/// A registration body (`POST /apps/{APP}`) or the answer of `GET /apps/{APP}/{ID}`:
+/// `{"instance": {...}}`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct InstanceDocument {
+    pub instance: InstanceInfo,
+}
+
+/// Every application a Eureka server knows, or the changes of a delta.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct Applications {
+    /// The registry version of a delta; `"-1"` or absent for a full fetch on some servers.
+    #[serde(
+        rename = "versions__delta",
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub versions_delta: Option<String>,
+    /// The reconcile hash code of the server's full registry after this document (for a
+    /// delta: after applying it). See [`super::reconcile_hash_code`].
+    #[serde(
+        rename = "apps__hashcode",
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub apps_hashcode: Option<String>,
+    #[serde(default, deserialize_with = "lenient::one_or_many")]
+    pub application: Vec<Application>,
+    /// Fields this module does not know, kept as read.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// One application: its name (Eureka uppercases it) and its instances.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct Application {
+    #[serde(default, deserialize_with = "lenient::string")]
+    pub name: String,
+    #[serde(default, deserialize_with = "lenient::one_or_many")]
+    pub instance: Vec<InstanceInfo>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// What a delta says happened to an instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ActionType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One instance, as Eureka's `InstanceInfo` JSON. Every field is optional on reading; the
+/// helper methods apply Eureka's defaults.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceInfo {
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub instance_id: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub host_name: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub app: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub app_group_name: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ip_addr: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sid: Option<String>,
+    /// `UP`, `DOWN`, `STARTING`, `OUT_OF_SERVICE` or `UNKNOWN`; see [`InstanceInfo::status`].
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub status: Option<String>,
+    /// The status override an operator set (`overriddenStatus`, newer servers).
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub overridden_status: Option<String>,
+    /// The same, as older servers spell it (`overriddenstatus`); some servers write both.
+    #[serde(
+        default,
+        rename = "overriddenstatus",
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub overriddenstatus_legacy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<Port>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_port: Option<Port>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub country_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_center_info: Option<DataCenterInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_info: Option<LeaseInfo>,
+    /// Free-form metadata; values that are not strings are kept as their JSON text, and
+    /// Jackson's `@class` marker is dropped.
+    #[serde(default, deserialize_with = "lenient::metadata")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub home_page_url: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub status_page_url: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_check_url: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub secure_health_check_url: Option<String>,
+    /// Comma-separated VIPs served on `port`.
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vip_address: Option<String>,
+    /// Comma-separated SVIPs served on `securePort`.
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub secure_vip_address: Option<String>,
+    /// Written as a string (`"false"`), as Netflix's codec does.
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_bool",
+        serialize_with = "lenient::ser_opt_as_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub is_coordinating_discovery_server: Option<bool>,
+    /// Milliseconds since the epoch; written as a string, as Netflix's codec does.
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        serialize_with = "lenient::ser_opt_as_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_updated_timestamp: Option<u64>,
+    /// Milliseconds since the epoch; written as a string, as Netflix's codec does.
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        serialize_with = "lenient::ser_opt_as_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_dirty_timestamp: Option<u64>,
+    /// Set on the instances of a delta document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_type: Option<ActionType>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub asg_name: Option<String>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// A port and whether it is enabled: `{"$": 8080, "@enabled": "true"}`.
+///
+/// Read leniently: `$` as a number or a string, `@enabled` as a string or a bool, or a bare
+/// number for the whole port. `@enabled` absent means Eureka's default for the kind of port
+/// (see [`InstanceInfo::plain_port`], [`InstanceInfo::secure_port`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Port {
+    #[serde(rename = "$")]
+    pub port: u16,
+    #[serde(
+        rename = "@enabled",
+        serialize_with = "lenient::ser_opt_as_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub enabled: Option<bool>,
+}
+
+impl Port {
+    /// An enabled port, as a server writes it.
+    pub fn enabled(port: u16) -> Port {
+        Port {
+            port,
+            enabled: Some(true),
+        }
+    }
+
+    /// A disabled port, as a server writes it.
+    pub fn disabled(port: u16) -> Port {
+        Port {
+            port,
+            enabled: Some(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Port {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Port, D::Error> {
+        use serde::de::Error;
+        match Value::deserialize(d)? {
+            Value::Object(obj) => {
+                let port = obj
+                    .get("$")
+                    .ok_or_else(|| D::Error::custom("port has no `$`"))
+                    .and_then(|v| lenient::u16_of(v).map_err(D::Error::custom))?;
+                let enabled = match obj.get("@enabled") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(lenient::bool_of(v).map_err(D::Error::custom)?),
+                };
+                Ok(Port { port, enabled })
+            }
+            other => Ok(Port {
+                port: lenient::u16_of(&other).map_err(D::Error::custom)?,
+                enabled: None,
+            }),
+        }
+    }
+}
+
+/// Where the instance runs: `{"@class": "...", "name": "MyOwn" | "Amazon", "metadata": {...}}`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct DataCenterInfo {
+    #[serde(
+        rename = "@class",
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub class: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub name: Option<String>,
+    /// For Amazon: `availability-zone`, `instance-id`, `local-ipv4`, ...
+    #[serde(
+        default,
+        deserialize_with = "lenient::metadata",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+impl DataCenterInfo {
+    /// What a Eureka client outside a cloud sends.
+    pub fn my_own() -> DataCenterInfo {
+        DataCenterInfo {
+            class: Some("com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo".into()),
+            name: Some("MyOwn".into()),
+            ..DataCenterInfo::default()
+        }
+    }
+}
+
+/// The lease of an instance. Durations in seconds, timestamps in ms since the epoch.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseInfo {
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub renewal_interval_in_secs: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub duration_in_secs: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub registration_timestamp: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_renewal_timestamp: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub eviction_timestamp: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub service_up_timestamp: Option<u64>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// Why a Eureka JSON document could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidDocument {
+    #[error("not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("not a Eureka applications document: {0}")]
+    Shape(String),
+}
+
+/// A Eureka document as read, with the instances that had to be skipped.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParsedApplications {
+    /// The document, without the skipped instances.
+    pub applications: Applications,
+    /// Instances that could not be read at all (a field of the wrong type or shape).
+    pub rejected: Vec<InvalidInstance>,
+}
+
+/// Reads a `{"applications": ...}` document (full or delta). An instance that cannot be
+/// read is skipped and reported in `rejected`; only a document that is not JSON, or not
+/// shaped like Eureka's, fails.
+pub fn parse_document(json: &[u8]) -> Result<ParsedApplications, InvalidDocument> {
+    let root: Value = serde_json::from_slice(json)?;
+    let Value::Object(mut root) = root else {
+        return Err(InvalidDocument::Shape(
+            "the top level is not an object".into(),
+        ));
+    };
+    let mut apps = match root.remove("applications") {
+        Some(Value::Object(apps)) => apps,
+        Some(_) => {
+            return Err(InvalidDocument::Shape(
+                "`applications` is not an object".into(),
+            ));
+        }
+        None => {
+            return Err(InvalidDocument::Shape(
+                "no `applications` at the top level".into(),
+            ));
+        }
+    };
+    let app_values = match apps.remove("application") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list,
+        Some(one) => vec![one],
+    };
+    let mut applications: Applications = serde_json::from_value(Value::Object(apps))
+        .map_err(|e| InvalidDocument::Shape(format!("`applications`: {e}")))?;
+
+    let mut rejected = Vec::new();
+    for (app_index, app_value) in app_values.into_iter().enumerate() {
+        let Value::Object(mut app_obj) = app_value else {
+            return Err(InvalidDocument::Shape(format!(
+                "application {app_index} is not an object"
+            )));
+        };
+        let instance_values = match app_obj.remove("instance") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(list)) => list,
+            Some(one) => vec![one],
+        };
+        let mut app: Application = serde_json::from_value(Value::Object(app_obj))
+            .map_err(|e| InvalidDocument::Shape(format!("application {app_index}: {e}")))?;
+        for (index, value) in instance_values.into_iter().enumerate() {
+            let instance_id = value
+                .get("instanceId")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            match serde_json::from_value::<InstanceInfo>(value) {
+                Ok(inst) => app.instance.push(inst),
+                Err(e) => rejected.push(InvalidInstance {
+                    index,
+                    app: app.name.clone(),
+                    instance_id,
+                    field: "instance".into(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        applications.application.push(app);
+    }
+    Ok(ParsedApplications {
+        applications,
+        rejected,
+    })
+}
+
+/// Reads a Eureka `/apps` document into a [`Registry`](super::Registry), with a warning for each instance,
+/// port or VIP left out.
+pub fn parse_registry(json: &[u8]) -> Result<Parsed, InvalidDocument> {
+    let ParsedApplications {
+        applications,
+        rejected,
+    } = parse_document(json)?;
+    let mut parsed = applications.to_registry();
+    let mut warnings = rejected;
+    warnings.append(&mut parsed.warnings);
+    parsed.warnings = warnings;
+    Ok(parsed)
+}
+
+impl Applications {
+    /// The plain registry: every instance that has a valid IP address, with the VIPs of
+    /// its enabled ports that are valid names. What is left out is in `warnings`.
+    pub fn to_registry(&self) -> Parsed {
+        let mut parsed = Parsed::default();
+        for app in &self.application {
+            for (index, info) in app.instance.iter().enumerate() {
+                match info.to_instance(&app.name, index, &mut parsed.warnings) {
+                    Ok(inst) => parsed.registry.instances.push(inst),
+                    Err(e) => parsed.warnings.push(e),
+                }
+            }
+        }
+        parsed
+    }
+
+    /// Eureka's reconcile hash code of this document's instances, as a Eureka client
+    /// computes it over its local copy (counting every instance it holds, readable or not
+    /// by odmesh). Compare with `apps_hashcode`.
+    pub fn reconcile_hash_code(&self) -> String {
+        super::reconcile_hash_code(
+            self.application
+                .iter()
+                .flat_map(|app| &app.instance)
+                .map(InstanceInfo::status),
+        )
+    }
+
+    /// Number of instances in all applications.
+    pub fn instance_count(&self) -> usize {
+        self.application.iter().map(|a| a.instance.len()).sum()
+    }
+}
+
+impl InstanceInfo {
+    /// The status, with Eureka's rules: absent means `UP` (the builder's default), an
+    /// unknown word means `UNKNOWN`.
+    pub fn status(&self) -> Status {
+        match &self.status {
+            None => Status::Up,
+            Some(s) => Status::parse(s).unwrap_or(Status::Unknown),
+        }
+    }
+
+    /// The plain port, if enabled (`@enabled` defaults to true for it).
+    pub fn plain_port(&self) -> Option<u16> {
+        self.port
+            .filter(|p| p.enabled.unwrap_or(true))
+            .map(|p| p.port)
+    }
+
+    /// The secure port, if enabled (`@enabled` defaults to false for it).
+    pub fn secure_port(&self) -> Option<u16> {
+        self.secure_port
+            .filter(|p| p.enabled.unwrap_or(false))
+            .map(|p| p.port)
+    }
+
+    /// The instance id as Eureka derives it: `instanceId`, else the Amazon `instance-id`,
+    /// else `hostName`; `None` if there is none of these.
+    pub fn id(&self) -> Option<&str> {
+        fn non_empty(s: &Option<String>) -> Option<&str> {
+            s.as_deref().filter(|s| !s.trim().is_empty())
+        }
+        non_empty(&self.instance_id)
+            .or_else(|| {
+                self.data_center_info
+                    .as_ref()
+                    .and_then(|dc| dc.metadata.get("instance-id"))
+                    .map(String::as_str)
+                    .filter(|s| !s.trim().is_empty())
+            })
+            .or_else(|| non_empty(&self.host_name))
+    }
+
+    /// The availability zone: the data center's `availability-zone` (Amazon), else the
+    /// `zone` metadata entry (Spring Cloud).
+    pub fn zone(&self) -> Option<&str> {
+        self.data_center_info
+            .as_ref()
+            .and_then(|dc| dc.metadata.get("availability-zone"))
+            .or_else(|| self.metadata.get("zone"))
+            .map(|z| z.trim())
+            .filter(|z| !z.is_empty())
+    }
+
+    /// Converts to the plain [`Instance`]. `app_name` (the enclosing application's name) is
+    /// used when the instance has no `app`; `index` only names the instance in messages.
+    ///
+    /// Fails for an instance without a valid `ipAddr`. VIPs that are not valid names, and
+    /// enabled ports numbered 0, are left out with a warning pushed onto `warnings`.
+    pub fn to_instance(
+        &self,
+        app_name: &str,
+        index: usize,
+        warnings: &mut Vec<InvalidInstance>,
+    ) -> Result<Instance, InvalidInstance> {
+        let app = self
+            .app
+            .as_deref()
+            .filter(|a| !a.trim().is_empty())
+            .unwrap_or(app_name)
+            .to_owned();
+        let ip_text = self.ip_addr.as_deref().unwrap_or_default().trim();
+        let problem = |field: &str, reason: String| InvalidInstance {
+            index,
+            app: app.clone(),
+            instance_id: self.id().map(str::to_owned),
+            field: field.to_owned(),
+            reason,
+        };
+        let ip: IpAddr = ip_text.parse().map_err(|_| {
+            let reason = if ip_text.is_empty() {
+                "missing; the instance is skipped".to_string()
+            } else {
+                format!("{ip_text:?} is not an IP address; the instance is skipped")
+            };
+            problem("ipAddr", reason)
+        })?;
+
+        let mut side =
+            |port: Option<u16>, port_field: &str, list: &Option<String>, list_field: &str| {
+                let port = match port {
+                    Some(0) => {
+                        warnings.push(problem(port_field, "enabled with port 0; ignored".into()));
+                        None
+                    }
+                    other => other,
+                };
+                let mut vips = Vec::new();
+                if port.is_some() {
+                    for vip in split_vips(list.as_deref().unwrap_or_default()) {
+                        match check_vip(&vip) {
+                            Ok(()) => vips.push(vip),
+                            Err(reason) => {
+                                warnings.push(problem(list_field, format!("{reason}; skipped")))
+                            }
+                        }
+                    }
+                }
+                (port, vips)
+            };
+        let (port, vips) = side(self.plain_port(), "port", &self.vip_address, "vipAddress");
+        let (secure_port, svips) = side(
+            self.secure_port(),
+            "securePort",
+            &self.secure_vip_address,
+            "secureVipAddress",
+        );
+
+        let instance_id = match self.id() {
+            Some(id) => id.to_owned(),
+            None => format!("{ip}:{}", port.or(secure_port).unwrap_or_default()),
+        };
+        Ok(Instance {
+            app,
+            instance_id,
+            ip,
+            port,
+            secure_port,
+            vips,
+            svips,
+            status: self.status(),
+            zone: self.zone().map(str::to_owned),
+        })
+    }
+}
+
+/// Serde helpers for the number/string/bool confusion of real Eureka servers.
+mod lenient {
+    use std::collections::BTreeMap;
+
+    use serde::Serializer;
+    use serde::de::{Deserialize, DeserializeOwned, Deserializer, Error};
+    use serde_json::Value;
+
+    pub fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: DeserializeOwned,
+    {
+        match Value::deserialize(d)? {
+            Value::Null => Ok(Vec::new()),
+            Value::Array(list) => list
+                .into_iter()
+                .map(|v| serde_json::from_value(v).map_err(D::Error::custom))
+                .collect(),
+            one => Ok(vec![serde_json::from_value(one).map_err(D::Error::custom)?]),
+        }
+    }
+
+    fn string_of(v: Value) -> Result<Option<String>, String> {
+        match v {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s)),
+            Value::Number(n) => Ok(Some(n.to_string())),
+            Value::Bool(b) => Ok(Some(b.to_string())),
+            other => Err(format!("expected a string, found {other}")),
+        }
+    }
+
+    pub fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        string_of(Value::deserialize(d)?).map_err(D::Error::custom)
+    }
+
+    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        opt_string(d).map(Option::unwrap_or_default)
+    }
+
+    pub fn u64_of(v: &Value) -> Result<u64, String> {
+        match v {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| format!("expected a non-negative integer, found {v}"))
+    }
+
+    pub fn u16_of(v: &Value) -> Result<u16, String> {
+        u64_of(v)
+            .ok()
+            .and_then(|n| u16::try_from(n).ok())
+            .ok_or_else(|| format!("expected a port number, found {v}"))
+    }
+
+    pub fn bool_of(v: &Value) -> Result<bool, String> {
+        match v {
+            Value::Bool(b) => Some(*b),
+            Value::String(s) if s.trim().eq_ignore_ascii_case("true") => Some(true),
+            Value::String(s) if s.trim().eq_ignore_ascii_case("false") => Some(false),
+            _ => None,
+        }
+        .ok_or_else(|| format!("expected true or false, found {v}"))
+    }
+
+    pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Null => Ok(None),
+            v => u64_of(&v).map(Some).map_err(D::Error::custom),
+        }
+    }
+
+    pub fn opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Null => Ok(None),
+            v => bool_of(&v).map(Some).map_err(D::Error::custom),
+        }
+    }
+
+    /// A string map; `@class` (Jackson's type marker) is dropped, other scalars become
+    /// their text, nested values their JSON.
+    pub fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Null => Ok(BTreeMap::new()),
+            Value::Object(obj) => Ok(obj
+                .into_iter()
+                .filter(|(k, _)| k != "@class")
+                .filter_map(|(k, v)| match v {
+                    Value::Null => None,
+                    Value::String(s) => Some((k, s)),
+                    other => Some((k, other.to_string())),
+                })
+                .collect()),
+            other => Err(D::Error::custom(format!(
+                "metadata: expected an object, found {other}"
+            ))),
+        }
+    }
+
+    // Only called for `Some` (the fields skip `None`).
+    pub fn ser_opt_as_string<S: Serializer, T: ToString>(
+        v: &Option<T>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_str(&v.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+
+    fn testdata(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn one_instance(json: &str) -> Parsed {
+        let doc = format!(
+            r#"{{"applications": {{"application": [{{"name": "HELLO", "instance": [{json}]}}]}}}}"#
+        );
+        parse_registry(doc.as_bytes()).unwrap()
+    }
+
+    fn find<'a>(reg: &'a Registry, id: &str) -> &'a Instance {
+        reg.instances
+            .iter()
+            .find(|i| i.instance_id == id)
+            .unwrap_or_else(|| panic!("no instance {id}"))
+    }
+
+    #[test]
+    fn a_real_apps_document_parses_every_instance() {
+        let parsed = parse_registry(&testdata("eureka-apps.json")).unwrap();
+        let reg = &parsed.registry;
+        assert_eq!(reg.instances.len(), 9, "{:#?}", reg.instances);
+        assert!(parsed.warnings.is_empty(), "{:#?}", parsed.warnings);
+
+        let hello = find(reg, "hello-1.internal:hello:8080");
+        assert_eq!(hello.app, "HELLO");
+        assert_eq!(hello.ip, "10.0.1.11".parse::<IpAddr>().unwrap());
+        assert_eq!(hello.port, Some(8080));
+        assert_eq!(hello.secure_port, Some(8443));
+        assert_eq!(hello.vips, ["hello", "hello.internal"]);
+        assert_eq!(hello.svips, ["hello"]);
+        assert_eq!(hello.status, Status::Up);
+        assert_eq!(hello.zone.as_deref(), Some("us-east-1a"));
+    }
+
+    #[test]
+    fn the_hash_code_of_a_real_apps_document_matches_its_apps_hashcode() {
+        let doc = parse_document(&testdata("eureka-apps.json")).unwrap();
+        let written = doc.applications.apps_hashcode.clone().unwrap();
+        assert_eq!(written, "DOWN_1_OUT_OF_SERVICE_1_STARTING_1_UP_6_");
+        assert_eq!(doc.applications.reconcile_hash_code(), written);
+        let parsed = doc.applications.to_registry();
+        assert_eq!(parsed.registry.reconcile_hash_code(), written);
+    }
+
+    #[test]
+    fn an_application_with_a_single_instance_object_is_read_as_a_list_of_one() {
+        let reg = parse_registry(&testdata("eureka-apps.json"))
+            .unwrap()
+            .registry;
+        let billing: Vec<_> = reg
+            .instances
+            .iter()
+            .filter(|i| i.app == "BILLING")
+            .collect();
+        assert_eq!(billing.len(), 1);
+        assert_eq!(billing[0].vips, ["billing"]);
+    }
+
+    #[test]
+    fn a_single_application_object_is_read_as_a_list_of_one() {
+        let reg = parse_registry(&testdata("eureka-apps-single.json"))
+            .unwrap()
+            .registry;
+        assert_eq!(reg.instances.len(), 1);
+        let inst = &reg.instances[0];
+        assert_eq!(inst.app, "MSDA-DEMO-SERVICE");
+        assert_eq!(inst.port, Some(8080), "`$` given as a string");
+        assert_eq!(inst.secure_port, None);
+        assert_eq!(inst.instance_id, "centos43", "falls back to hostName");
+    }
+
+    #[test]
+    fn non_up_statuses_are_kept_with_their_status() {
+        let reg = parse_registry(&testdata("eureka-apps.json"))
+            .unwrap()
+            .registry;
+        let status_of = |id| find(&reg, id).status;
+        assert_eq!(status_of("hello-3.internal:hello:8080"), Status::Down);
+        assert_eq!(status_of("greeter-2"), Status::OutOfService);
+        assert_eq!(status_of("greeter-3"), Status::Starting);
+    }
+
+    #[test]
+    fn a_disabled_secure_port_takes_no_svips() {
+        let reg = parse_registry(&testdata("eureka-apps.json"))
+            .unwrap()
+            .registry;
+        let greeter = find(&reg, "greeter-1");
+        assert_eq!(greeter.secure_port, None);
+        assert!(
+            greeter.svips.is_empty(),
+            "secureVipAddress is set but port 443 is disabled"
+        );
+        assert_eq!(greeter.vips, ["greeter", "greeter-v2"]);
+    }
+
+    #[test]
+    fn a_disabled_plain_port_takes_no_vips() {
+        let p = one_instance(
+            r#"{"instanceId": "a", "ipAddr": "10.0.0.1", "vipAddress": "hello",
+                "secureVipAddress": "hello", "port": {"$": 80, "@enabled": false},
+                "securePort": {"$": 443, "@enabled": true}}"#,
+        );
+        let inst = &p.registry.instances[0];
+        assert_eq!((inst.port, inst.secure_port), (None, Some(443)));
+        assert!(inst.vips.is_empty());
+        assert_eq!(inst.svips, ["hello"]);
+    }
+
+    #[test]
+    fn enabled_may_be_a_bool_or_a_string_and_port_a_number_or_a_string() {
+        let p = one_instance(
+            r#"{"instanceId": "a", "ipAddr": "10.0.0.1", "vipAddress": "hello",
+                "port": {"$": "8080", "@enabled": true},
+                "securePort": {"$": 8443, "@enabled": "TRUE"}}"#,
+        );
+        let inst = &p.registry.instances[0];
+        assert_eq!((inst.port, inst.secure_port), (Some(8080), Some(8443)));
+    }
+
+    #[test]
+    fn enabled_defaults_to_true_for_the_plain_port_and_false_for_the_secure_port() {
+        let p = one_instance(
+            r#"{"instanceId": "a", "ipAddr": "10.0.0.1", "vipAddress": "hello",
+                "secureVipAddress": "hello", "port": {"$": 8080}, "securePort": 8443}"#,
+        );
+        let inst = &p.registry.instances[0];
+        assert_eq!((inst.port, inst.secure_port), (Some(8080), None));
+    }
+
+    #[test]
+    fn metadata_holding_only_the_class_marker_is_empty() {
+        let doc = parse_document(&testdata("eureka-apps.json")).unwrap();
+        let greeter = doc.applications.application[1].instance[0].clone();
+        assert_eq!(greeter.instance_id.as_deref(), Some("greeter-1"));
+        assert!(greeter.metadata.is_empty(), "{:?}", greeter.metadata);
+    }
+
+    #[test]
+    fn comma_separated_vips_are_trimmed_lowercased_and_deduplicated() {
+        let p = one_instance(
+            r#"{"instanceId": "a", "ipAddr": "10.0.0.1",
+                "vipAddress": " Hello, HELLO.internal ,,hello ", "port": {"$": 80, "@enabled": "true"}}"#,
+        );
+        assert_eq!(p.registry.instances[0].vips, ["hello", "hello.internal"]);
+        assert!(p.warnings.is_empty());
+    }
+
+    #[test]
+    fn an_invalid_vip_is_skipped_with_a_warning_and_the_rest_of_the_instance_kept() {
+        let p = one_instance(
+            r#"{"instanceId": "a", "ipAddr": "10.0.0.1",
+                "vipAddress": "hello,bad vip!,10.1.2.3", "port": {"$": 80, "@enabled": "true"}}"#,
+        );
+        assert_eq!(p.registry.instances[0].vips, ["hello"]);
+        assert_eq!(p.warnings.len(), 2, "{:#?}", p.warnings);
+        assert_eq!(p.warnings[0].field, "vipAddress");
+        assert_eq!(p.warnings[0].instance_id.as_deref(), Some("a"));
+        assert!(
+            p.warnings[0].reason.contains("\"bad vip!\""),
+            "{}",
+            p.warnings[0]
+        );
+    }
+
+    #[test]
+    fn an_instance_with_a_bad_ip_is_skipped_with_a_warning() {
+        let p = one_instance(
+            r#"{"instanceId": "a", "app": "HELLO", "ipAddr": "hello-1.internal",
+                "vipAddress": "hello", "port": {"$": 80, "@enabled": "true"}}"#,
+        );
+        assert!(p.registry.instances.is_empty());
+        assert_eq!(p.warnings.len(), 1);
+        assert_eq!(p.warnings[0].field, "ipAddr");
+        assert_eq!(p.warnings[0].app, "HELLO");
+    }
+
+    #[test]
+    fn an_unreadable_instance_is_skipped_and_the_others_kept() {
+        let parsed = parse_registry(&testdata("eureka-apps-one-bad-instance.json")).unwrap();
+        assert_eq!(parsed.registry.instances.len(), 1);
+        assert_eq!(parsed.warnings.len(), 1, "{:#?}", parsed.warnings);
+        let w = &parsed.warnings[0];
+        assert_eq!((w.index, w.app.as_str()), (1, "HELLO"));
+        assert_eq!(w.instance_id.as_deref(), Some("hello-2"));
+        assert!(w.reason.contains("port"), "{w}");
+    }
+
+    #[test]
+    fn the_zone_comes_from_amazon_data_center_info_or_from_metadata() {
+        let reg = parse_registry(&testdata("eureka-apps.json"))
+            .unwrap()
+            .registry;
+        assert_eq!(
+            find(&reg, "hello-1.internal:hello:8080").zone.as_deref(),
+            Some("us-east-1a")
+        );
+        assert_eq!(find(&reg, "greeter-2").zone.as_deref(), Some("zone-b"));
+        assert_eq!(find(&reg, "greeter-1").zone, None);
+    }
+
+    #[test]
+    fn missing_optional_fields_and_unknown_fields_are_fine() {
+        let p =
+            one_instance(r#"{"ipAddr": "::1", "port": 8080, "vipAddress": "hello", "novel": [1]}"#);
+        let inst = &p.registry.instances[0];
+        assert_eq!(inst.app, "HELLO", "from the application");
+        assert_eq!(inst.instance_id, "::1:8080");
+        assert_eq!(inst.status, Status::Up, "Eureka's default");
+        assert_eq!(inst.vips, ["hello"]);
+    }
+
+    #[test]
+    fn an_unknown_status_word_means_unknown() {
+        let p = one_instance(r#"{"ipAddr": "10.0.0.1", "status": "SLEEPY"}"#);
+        assert_eq!(p.registry.instances[0].status, Status::Unknown);
+    }
+
+    #[test]
+    fn a_delta_document_carries_action_types() {
+        let doc = parse_document(&testdata("eureka-delta.json")).unwrap();
+        assert!(doc.rejected.is_empty());
+        let apps = &doc.applications;
+        assert_eq!(apps.versions_delta.as_deref(), Some("42"));
+        assert_eq!(apps.apps_hashcode.as_deref(), Some("STARTING_1_UP_8_"));
+        let actions: Vec<_> = apps
+            .application
+            .iter()
+            .flat_map(|a| &a.instance)
+            .map(|i| (i.id().unwrap_or_default().to_owned(), i.action_type))
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                ("hello-4".to_owned(), Some(ActionType::Added)),
+                (
+                    "hello-3.internal:hello:8080".to_owned(),
+                    Some(ActionType::Modified)
+                ),
+                ("greeter-2".to_owned(), Some(ActionType::Deleted)),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_delta_fixture_applied_to_the_full_fixture_gives_the_deltas_hash_code() {
+        let mut full = parse_document(&testdata("eureka-apps.json"))
+            .unwrap()
+            .applications;
+        let delta = parse_document(&testdata("eureka-delta.json"))
+            .unwrap()
+            .applications;
+        for app in &delta.application {
+            let target = full
+                .application
+                .iter_mut()
+                .find(|a| a.name == app.name)
+                .unwrap();
+            for inst in &app.instance {
+                target.instance.retain(|i| i.id() != inst.id());
+                if inst.action_type != Some(ActionType::Deleted) {
+                    target.instance.push(inst.clone());
+                }
+            }
+        }
+        assert_eq!(Some(full.reconcile_hash_code()), delta.apps_hashcode);
+    }
+
+    #[test]
+    fn an_empty_registry_has_no_applications() {
+        let p = parse_registry(
+            br#"{"applications": {"versions__delta": "1", "apps__hashcode": "", "application": []}}"#,
+        )
+        .unwrap();
+        assert!(p.registry.instances.is_empty());
+    }
+
+    #[test]
+    fn a_document_without_applications_fails() {
+        let err = parse_registry(br#"{"apps": []}"#).unwrap_err();
+        assert!(matches!(err, InvalidDocument::Shape(_)), "{err}");
+        let err = parse_registry(&testdata("broken.json")).unwrap_err();
+        assert!(matches!(err, InvalidDocument::Json(_)), "{err}");
+    }
+
+    #[test]
+    fn written_json_reads_back_the_same_and_uses_eurekas_spelling() {
+        let doc = parse_document(&testdata("eureka-apps.json"))
+            .unwrap()
+            .applications;
+        let written = serde_json::to_value(ApplicationsDocument {
+            applications: doc.clone(),
+        })
+        .unwrap();
+        let again: ApplicationsDocument = serde_json::from_value(written.clone()).unwrap();
+        assert_eq!(again.applications, doc);
+
+        let inst = &written["applications"]["application"][0]["instance"][0];
+        assert_eq!(
+            inst["port"],
+            serde_json::json!({"$": 8080, "@enabled": "true"})
+        );
+        assert_eq!(inst["isCoordinatingDiscoveryServer"], "false");
+        assert_eq!(inst["lastUpdatedTimestamp"], "1716812345678");
+        assert_eq!(inst["leaseInfo"]["durationInSecs"], 90);
+        assert_eq!(
+            inst["dataCenterInfo"]["@class"],
+            "com.amazonaws.appinfo.AmazonInfo"
+        );
+    }
+
+    #[test]
+    fn a_registration_body_reads_as_an_instance_document() {
+        let body = r#"{"instance": {"instanceId": "a", "app": "HELLO", "ipAddr": "10.0.0.1",
+            "status": "STARTING", "port": {"$": 8080, "@enabled": "true"},
+            "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"}}}"#;
+        let doc: InstanceDocument = serde_json::from_str(body).unwrap();
+        assert_eq!(doc.instance.status(), Status::Starting);
+        assert_eq!(
+            doc.instance.data_center_info,
+            Some(DataCenterInfo::my_own())
+        );
+    }
+}

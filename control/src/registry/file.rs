@@ -1,0 +1,617 @@
+//! The registry file source (`--registry FILE`): Eureka JSON or the YAML form, loaded once at
+//! start and then watched.
+//!
+//! Watching polls the file's metadata (device, inode, size, mtime, ctime) every interval
+//! (200 ms by default) and re-reads on any change, so an edit in place, an atomic rename over
+//! the file, and a deletion followed by re-creation all take effect within one interval. A
+//! content hash skips reloads that change nothing. Because a write within the same mtime
+//! tick can keep the metadata unchanged, a file modified in the last two seconds is also
+//! re-read (and re-hashed) on every poll.
+//!
+//! A file that fails to load is reported (log, `registry_load_errors_total`, the
+//! [`SourceHealth`]) once per distinct content, and the last good registry stays in use.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::metrics::Metrics;
+
+use super::{Parsed, Registry, SourceHealth, eureka, yaml};
+
+/// How often [`watch_file`] looks at the file, unless told otherwise.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A file modified this recently is re-read on every poll (see the module docs).
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// The two formats a registry file may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Eureka's `/apps` JSON (the content starts with `{`).
+    EurekaJson,
+    /// The short YAML form (anything else).
+    Yaml,
+}
+
+impl Format {
+    /// Tells the format by content: JSON starts with `{` (after whitespace and a BOM).
+    pub fn detect(content: &[u8]) -> Format {
+        let content = content.strip_prefix(b"\xef\xbb\xbf").unwrap_or(content);
+        match content.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') => Format::EurekaJson,
+            _ => Format::Yaml,
+        }
+    }
+}
+
+/// Why a registry file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read registry file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("registry file {path} (Eureka JSON): {source}")]
+    Eureka {
+        path: PathBuf,
+        source: eureka::InvalidDocument,
+    },
+    #[error("registry file {path} (YAML): {source}")]
+    Yaml {
+        path: PathBuf,
+        source: yaml::InvalidYaml,
+    },
+}
+
+/// Parses registry file content of either format. `path` only names the file in errors.
+pub fn parse(path: &Path, content: &[u8]) -> Result<Parsed, LoadError> {
+    let content = content.strip_prefix(b"\xef\xbb\xbf").unwrap_or(content);
+    match Format::detect(content) {
+        Format::EurekaJson => eureka::parse_registry(content).map_err(|source| LoadError::Eureka {
+            path: path.to_owned(),
+            source,
+        }),
+        Format::Yaml => yaml::parse(content)
+            .map(|registry| Parsed {
+                registry,
+                warnings: Vec::new(),
+            })
+            .map_err(|source| LoadError::Yaml {
+                path: path.to_owned(),
+                source,
+            }),
+    }
+}
+
+/// Reads and parses the file once.
+pub fn load(path: &Path) -> Result<Parsed, LoadError> {
+    let content = std::fs::read(path).map_err(|source| LoadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(path, &content)
+}
+
+/// A running file source: the registry in use, how the source is doing, and its task.
+#[derive(Debug)]
+pub struct FileSource {
+    /// The last good registry; changes when the file does.
+    pub registry: watch::Receiver<Arc<Registry>>,
+    /// For `/readyz` and `/debug/registry`.
+    pub health: SourceHealth,
+    /// The watcher; it ends when every receiver of `registry` is dropped.
+    pub task: JoinHandle<()>,
+}
+
+/// Loads `path` (a missing or invalid file is an error for the caller), then spawns a task
+/// that watches it every `interval` and publishes each new good registry.
+pub async fn start(
+    path: impl Into<PathBuf>,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+) -> Result<FileSource, LoadError> {
+    let path = path.into();
+    let health = SourceHealth::new(format!("file {}", path.display()));
+    let mut watcher = Watcher::new(path, metrics, health.clone());
+    let first = match watcher.poll().await {
+        Poll::Loaded(parsed) => parsed.registry,
+        Poll::Failed(e) => return Err(e),
+        // Not reachable on a first poll; treat as empty rather than panic.
+        Poll::Unchanged => Registry::default(),
+    };
+    let (tx, registry) = watch::channel(Arc::new(first));
+    let task = tokio::spawn(watcher.run(interval, tx));
+    Ok(FileSource {
+        registry,
+        health,
+        task,
+    })
+}
+
+/// Watches `path` every `interval` and sends each new good registry on `tx`, until every
+/// receiver is gone. For callers that did the first load themselves (see [`start`]): the
+/// first poll re-reads the file and sends its registry if it differs from `tx`'s.
+pub async fn watch_file(
+    path: PathBuf,
+    interval: Duration,
+    tx: watch::Sender<Arc<Registry>>,
+    metrics: Arc<Metrics>,
+    health: SourceHealth,
+) {
+    Watcher::new(path, metrics, health).run(interval, tx).await;
+}
+
+/// What identifies one version of the file without reading it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: Option<SystemTime>,
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        #[cfg(unix)]
+        let (dev, ino, ctime) = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino(), (meta.ctime(), meta.ctime_nsec()))
+        };
+        #[cfg(not(unix))]
+        let (dev, ino, ctime) = (0, 0, (0, 0));
+        Stamp {
+            dev,
+            ino,
+            len: meta.len(),
+            mtime: meta.modified().ok(),
+            ctime,
+        }
+    }
+
+    /// Whether a later write could have kept this stamp (same mtime tick).
+    fn is_recent(&self, now: SystemTime) -> bool {
+        match self.mtime {
+            Some(m) => now.duration_since(m).map_or(true, |age| age < RACY_WINDOW),
+            None => true,
+        }
+    }
+}
+
+/// What one look at the file found.
+#[derive(Debug)]
+enum Poll {
+    /// Same file, same content (or the same failure as last time).
+    Unchanged,
+    Loaded(Parsed),
+    Failed(LoadError),
+}
+
+/// The polling state of one file, and where it reports.
+struct Watcher {
+    path: PathBuf,
+    metrics: Arc<Metrics>,
+    health: SourceHealth,
+    /// The stamp and content hash of the last read, good or bad; `None` when the file was
+    /// missing (or never read).
+    last: Option<(Stamp, u64)>,
+    missing_reported: bool,
+}
+
+impl Watcher {
+    fn new(path: PathBuf, metrics: Arc<Metrics>, health: SourceHealth) -> Watcher {
+        Watcher {
+            path,
+            metrics,
+            health,
+            last: None,
+            missing_reported: false,
+        }
+    }
+
+    /// Looks at the file; reads and parses it if it may have changed; records the outcome
+    /// in the health and metrics.
+    async fn poll(&mut self) -> Poll {
+        let outcome = self.look().await;
+        match &outcome {
+            Poll::Unchanged => {}
+            Poll::Loaded(parsed) => {
+                for w in &parsed.warnings {
+                    tracing::warn!(path = %self.path.display(), "registry entry skipped: {w}");
+                }
+                self.health
+                    .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
+                tracing::info!(
+                    path = %self.path.display(),
+                    instances = parsed.registry.instances.len(),
+                    "registry loaded"
+                );
+            }
+            Poll::Failed(e) => {
+                tracing::warn!(error = %e, "registry file not loaded; keeping the last good registry");
+                self.health.record_error(&self.metrics, e);
+            }
+        }
+        outcome
+    }
+
+    async fn look(&mut self) -> Poll {
+        // Metadata first, content second: a change in between shows in the next stamp.
+        let stamp = match tokio::fs::metadata(&self.path).await {
+            Ok(meta) => Stamp::of(&meta),
+            Err(e) => return self.gone(e),
+        };
+        if let Some((last_stamp, _)) = &self.last
+            && *last_stamp == stamp
+            && !stamp.is_recent(SystemTime::now())
+        {
+            return Poll::Unchanged;
+        }
+        let content = match tokio::fs::read(&self.path).await {
+            Ok(content) => content,
+            Err(e) => return self.gone(e),
+        };
+        self.missing_reported = false;
+        let hash = {
+            let mut h = DefaultHasher::new();
+            content.hash(&mut h);
+            h.finish()
+        };
+        let same_content = matches!(&self.last, Some((_, last_hash)) if *last_hash == hash);
+        self.last = Some((stamp, hash));
+        if same_content {
+            return Poll::Unchanged;
+        }
+        match parse(&self.path, &content) {
+            Ok(parsed) => Poll::Loaded(parsed),
+            Err(e) => Poll::Failed(e),
+        }
+    }
+
+    /// The file cannot be read: report it once until it can be again.
+    fn gone(&mut self, source: std::io::Error) -> Poll {
+        self.last = None;
+        if self.missing_reported {
+            return Poll::Unchanged;
+        }
+        self.missing_reported = true;
+        Poll::Failed(LoadError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    async fn run(mut self, interval: Duration, tx: watch::Sender<Arc<Registry>>) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = tx.closed() => return,
+            }
+            if let Poll::Loaded(parsed) = self.poll().await {
+                let registry = parsed.registry;
+                tx.send_if_modified(|current| {
+                    if **current == registry {
+                        false
+                    } else {
+                        *current = Arc::new(registry);
+                        true
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    /// Generous: the poll interval bounds the real latency; this only bounds a slow CI.
+    const DEADLINE: Duration = Duration::from_secs(5);
+
+    const ONE: &str = "instances:\n  - {app: hello, ip: 127.0.0.1, port: 8081}\n";
+    const TWO: &str = "instances:\n  - {app: hello, ip: 127.0.0.1, port: 8081}\n  - {app: hello, ip: 127.0.0.2, port: 8081}\n";
+    const THREE: &str = "instances:\n  - {app: hello, ip: 127.0.0.1, port: 8081}\n  - {app: hello, ip: 127.0.0.2, port: 8081}\n  - {app: hello, ip: 127.0.0.3, port: 8081}\n";
+    const BROKEN: &str = "instances:\n  - {app: hello, ip: not-an-ip, port: 8081}\n";
+
+    /// A directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            let dir =
+                std::env::temp_dir().join(format!("odmesh-{name}-{}-{nanos}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn file(&self, name: &str, content: &str) -> PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, content).unwrap();
+            path
+        }
+
+        /// Writes `content` next to `path` and renames it over `path`, as editors and
+        /// config-management tools do.
+        fn replace_atomically(&self, path: &Path, content: &str) {
+            let tmp = self.0.join(".registry.tmp");
+            std::fs::write(&tmp, content).unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn testdata(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
+
+    async fn wait_for_instances(source: &mut FileSource, n: usize) {
+        let found = tokio::time::timeout(
+            DEADLINE,
+            source.registry.wait_for(|r| r.instances.len() == n),
+        )
+        .await;
+        assert!(
+            matches!(found, Ok(Ok(_))),
+            "registry never had {n} instances; status {:?}",
+            source.health.snapshot()
+        );
+    }
+
+    /// Polls `cond` until it holds or the deadline passes.
+    async fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let start = tokio::time::Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[test]
+    fn json_is_told_from_yaml_by_its_first_character() {
+        assert_eq!(
+            Format::detect(b"  \n{\"applications\": {}}"),
+            Format::EurekaJson
+        );
+        assert_eq!(Format::detect(b"\xef\xbb\xbf{}"), Format::EurekaJson);
+        assert_eq!(Format::detect(b"instances: []"), Format::Yaml);
+        assert_eq!(Format::detect(b"# {not json}\ninstances: []"), Format::Yaml);
+    }
+
+    #[test]
+    fn both_fixture_formats_load() {
+        assert_eq!(
+            load(&testdata("eureka-apps.json"))
+                .unwrap()
+                .registry
+                .instances
+                .len(),
+            9
+        );
+        assert_eq!(
+            load(&testdata("registry.yaml"))
+                .unwrap()
+                .registry
+                .instances
+                .len(),
+            5
+        );
+    }
+
+    #[test]
+    fn a_broken_file_is_an_error_that_names_the_file_and_format() {
+        let err = load(&testdata("broken.json")).unwrap_err();
+        assert!(matches!(err, LoadError::Eureka { .. }));
+        assert!(
+            err.to_string()
+                .contains("broken.json (Eureka JSON): not valid JSON"),
+            "{err}"
+        );
+        let err = load(&testdata("registry-bad-ip.yaml")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("(YAML): instance 2 (app \"greeter\")"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_at_start_is_an_error_for_the_caller() {
+        let dir = TempDir::new("missing");
+        let metrics = Arc::new(Metrics::default());
+        let err = start(dir.0.join("nope.yaml"), DEFAULT_POLL_INTERVAL, metrics)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LoadError::Io { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_broken_file_at_start_is_an_error_for_the_caller() {
+        let dir = TempDir::new("broken-start");
+        let path = dir.file("registry.yaml", BROKEN);
+        let metrics = Arc::new(Metrics::default());
+        let err = start(path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LoadError::Yaml { .. }), "{err}");
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn start_loads_the_file_and_records_success() {
+        let dir = TempDir::new("start");
+        let path = dir.file("registry.yaml", TWO);
+        let metrics = Arc::new(Metrics::default());
+        let source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+        assert_eq!(source.registry.borrow().instances.len(), 2);
+        let st = source.health.snapshot();
+        assert!(st.loaded && st.last_error.is_none() && st.last_success.is_some());
+        assert_eq!(st.instances, 2);
+        assert!(st.description.ends_with("registry.yaml"));
+        assert_eq!(metrics.registry_loads_total.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn an_in_place_write_is_reloaded() {
+        let dir = TempDir::new("write");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+
+        std::fs::write(&path, TWO).unwrap();
+        wait_for_instances(&mut source, 2).await;
+        std::fs::write(&path, THREE).unwrap();
+        wait_for_instances(&mut source, 3).await;
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn an_atomic_rename_over_the_file_is_reloaded() {
+        let dir = TempDir::new("rename");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics).await.unwrap();
+
+        dir.replace_atomically(&path, TWO);
+        wait_for_instances(&mut source, 2).await;
+        dir.replace_atomically(&path, THREE);
+        wait_for_instances(&mut source, 3).await;
+    }
+
+    #[tokio::test]
+    async fn a_file_can_switch_format_from_yaml_to_eureka_json() {
+        let dir = TempDir::new("switch");
+        let path = dir.file("registry", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics).await.unwrap();
+
+        let json = std::fs::read_to_string(testdata("eureka-apps.json")).unwrap();
+        dir.replace_atomically(&path, &json);
+        wait_for_instances(&mut source, 9).await;
+    }
+
+    #[tokio::test]
+    async fn a_broken_file_keeps_the_last_good_registry_until_it_is_fixed() {
+        let dir = TempDir::new("broken");
+        let path = dir.file("registry.yaml", TWO);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+
+        dir.replace_atomically(&path, BROKEN);
+        let health = source.health.clone();
+        eventually("the error to be reported", || {
+            health.snapshot().last_error.is_some()
+        })
+        .await;
+        let st = source.health.snapshot();
+        assert!(st.loaded, "still serving the last good registry");
+        assert!(st.last_error.unwrap().contains("not-an-ip"));
+        assert_eq!(source.registry.borrow().instances.len(), 2);
+        assert!(
+            !source.registry.has_changed().unwrap(),
+            "nothing was published"
+        );
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 2);
+
+        dir.replace_atomically(&path, THREE);
+        wait_for_instances(&mut source, 3).await;
+        assert_eq!(source.health.snapshot().last_error, None);
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1,
+            "the broken content was reported once, not on every poll"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deleted_file_keeps_the_last_good_registry_and_its_recreation_is_loaded() {
+        let dir = TempDir::new("delete");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let mut source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            .unwrap();
+
+        std::fs::remove_file(&path).unwrap();
+        let health = source.health.clone();
+        eventually("the deletion to be reported", || {
+            health.snapshot().last_error.is_some()
+        })
+        .await;
+        assert_eq!(source.registry.borrow().instances.len(), 1);
+
+        std::fs::write(&path, TWO).unwrap();
+        wait_for_instances(&mut source, 2).await;
+        assert_eq!(source.health.snapshot().last_error, None);
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn rewriting_the_same_content_is_not_a_reload() {
+        let dir = TempDir::new("same");
+        let path = dir.file("registry.yaml", ONE);
+        let metrics = Arc::new(Metrics::default());
+        let health = SourceHealth::new("test");
+        let mut watcher = Watcher::new(path.clone(), metrics.clone(), health);
+
+        assert!(matches!(watcher.poll().await, Poll::Loaded(_)));
+        assert!(matches!(watcher.poll().await, Poll::Unchanged));
+        dir.replace_atomically(&path, ONE);
+        assert!(matches!(watcher.poll().await, Poll::Unchanged));
+        std::fs::write(&path, TWO).unwrap();
+        assert!(matches!(watcher.poll().await, Poll::Loaded(_)));
+        assert_eq!(metrics.registry_loads_total.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn the_watcher_stops_when_every_receiver_is_gone() {
+        let dir = TempDir::new("stop");
+        let path = dir.file("registry.yaml", ONE);
+        let source = start(&path, DEFAULT_POLL_INTERVAL, Arc::new(Metrics::default()))
+            .await
+            .unwrap();
+        let FileSource { registry, task, .. } = source;
+        drop(registry);
+        tokio::time::timeout(DEADLINE, task)
+            .await
+            .expect("the task ended")
+            .expect("without panicking");
+    }
+}

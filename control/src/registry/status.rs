@@ -1,0 +1,184 @@
+//! How a registry source is doing, shared with the admin endpoints (`/readyz`,
+//! `/debug/registry`) and mirrored in the registry metrics.
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::metrics::Metrics;
+
+use super::{InvalidInstance, Registry};
+
+/// At most this many warnings are kept for the admin (the log has them all).
+pub const MAX_WARNINGS: usize = 100;
+
+/// The state of one registry source, as the admin shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SourceStatus {
+    /// What the source reads, e.g. `file /etc/odmesh/registry.yaml`.
+    pub description: String,
+    /// Whether a registry was ever loaded (what `/readyz` needs).
+    pub loaded: bool,
+    /// The error of the last load, if it failed; cleared by the next good load.
+    pub last_error: Option<String>,
+    /// When the last good load happened.
+    #[serde(serialize_with = "unix_seconds")]
+    pub last_success: Option<SystemTime>,
+    /// Instances in the registry in use.
+    pub instances: usize,
+    /// What the last good load left out (bad instances or VIPs), one line each.
+    pub warnings: Vec<String>,
+}
+
+impl SourceStatus {
+    /// Seconds since the last good load, `None` before the first one.
+    pub fn age_of_last_success(&self, now: SystemTime) -> Option<std::time::Duration> {
+        self.last_success
+            .map(|t| now.duration_since(t).unwrap_or_default())
+    }
+}
+
+fn unix_seconds<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
+        Some(d) => s.serialize_some(&d.as_secs()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A [`SourceStatus`] shared between the source's task and the admin. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct SourceHealth(Arc<RwLock<SourceStatus>>);
+
+impl SourceHealth {
+    /// A source that has loaded nothing yet.
+    pub fn new(description: impl Into<String>) -> SourceHealth {
+        SourceHealth(Arc::new(RwLock::new(SourceStatus {
+            description: description.into(),
+            ..SourceStatus::default()
+        })))
+    }
+
+    /// A copy of the current status.
+    pub fn snapshot(&self) -> SourceStatus {
+        self.read().clone()
+    }
+
+    /// Whether a registry was ever loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.read().loaded
+    }
+
+    /// Records a good load: status, and the metrics `registry_loads_total`,
+    /// `registry_last_success_seconds` and `registry_instances`.
+    pub fn record_success(
+        &self,
+        metrics: &Metrics,
+        registry: &Registry,
+        warnings: &[InvalidInstance],
+    ) {
+        let now = SystemTime::now();
+        {
+            let mut st = self.write();
+            st.loaded = true;
+            st.last_error = None;
+            st.last_success = Some(now);
+            st.instances = registry.instances.len();
+            st.warnings = warnings
+                .iter()
+                .take(MAX_WARNINGS)
+                .map(ToString::to_string)
+                .collect();
+            if warnings.len() > MAX_WARNINGS {
+                let more = warnings.len() - MAX_WARNINGS;
+                st.warnings.push(format!("... and {more} more"));
+            }
+        }
+        Metrics::inc(&metrics.registry_loads_total);
+        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Metrics::set(&metrics.registry_last_success_seconds, secs);
+        Metrics::set(&metrics.registry_instances, registry.instances.len() as u64);
+    }
+
+    /// Records a failed load: status, and the metric `registry_load_errors_total`.
+    /// The registry in use (and its metrics) stay as they were.
+    pub fn record_error(&self, metrics: &Metrics, error: &dyn std::fmt::Display) {
+        self.write().last_error = Some(error.to_string());
+        Metrics::inc(&metrics.registry_load_errors_total);
+    }
+
+    // A panic while holding the lock leaves plain data behind; keep serving it.
+    fn read(&self) -> RwLockReadGuard<'_, SourceStatus> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, SourceStatus> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn an_error_after_a_good_load_keeps_the_source_loaded_and_counts_the_error() {
+        let metrics = Metrics::default();
+        let health = SourceHealth::new("file x");
+        assert!(!health.is_loaded());
+
+        health.record_success(&metrics, &Registry::default(), &[]);
+        health.record_error(&metrics, &"bad file");
+
+        let st = health.snapshot();
+        assert!(st.loaded);
+        assert_eq!(st.last_error.as_deref(), Some("bad file"));
+        assert!(st.last_success.is_some());
+        assert_eq!(metrics.registry_loads_total.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            metrics.registry_load_errors_total.load(Ordering::Relaxed),
+            1
+        );
+        assert!(
+            metrics
+                .registry_last_success_seconds
+                .load(Ordering::Relaxed)
+                > 0
+        );
+    }
+
+    #[test]
+    fn only_the_first_warnings_are_kept() {
+        let w = InvalidInstance {
+            index: 0,
+            app: "a".into(),
+            instance_id: None,
+            field: "ipAddr".into(),
+            reason: "missing".into(),
+        };
+        let health = SourceHealth::new("x");
+        let warnings = vec![w; MAX_WARNINGS + 5];
+        health.record_success(&Metrics::default(), &Registry::default(), &warnings);
+        let kept = health.snapshot().warnings;
+        assert_eq!(kept.len(), MAX_WARNINGS + 1);
+        assert_eq!(kept.last().unwrap(), "... and 5 more");
+    }
+
+    #[test]
+    fn a_good_load_clears_the_last_error() {
+        let metrics = Metrics::default();
+        let health = SourceHealth::new("file x");
+        health.record_error(&metrics, &"bad file");
+        health.record_success(&metrics, &Registry::default(), &[]);
+        assert_eq!(health.snapshot().last_error, None);
+    }
+
+    #[test]
+    fn status_serializes_last_success_as_unix_seconds() {
+        let st = SourceStatus {
+            last_success: Some(UNIX_EPOCH + std::time::Duration::from_secs(42)),
+            ..SourceStatus::default()
+        };
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["last_success"], 42);
+    }
+}
