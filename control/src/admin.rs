@@ -79,3 +79,72 @@ fn pretty(value: &serde_json::Value) -> Response {
     body.push('\n');
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    struct Fake {
+        loaded: bool,
+        metrics: Metrics,
+    }
+
+    impl AdminView for Fake {
+        fn registry_status(&self) -> (bool, serde_json::Value) {
+            (self.loaded, json!({ "description": "file test.yaml" }))
+        }
+        fn registry(&self) -> serde_json::Value {
+            json!({ "instances": [{ "app": "HELLO" }] })
+        }
+        fn proxies(&self) -> serde_json::Value {
+            json!([{ "node": "proxy-1", "clusters": ["hello.vip"] }])
+        }
+        fn metrics(&self) -> &Metrics {
+            &self.metrics
+        }
+    }
+
+    async fn get(loaded: bool, path: &str) -> (StatusCode, String) {
+        let view = Arc::new(Fake {
+            loaded,
+            metrics: Metrics::default(),
+        });
+        Metrics::inc(&view.metrics.xds_acks_total);
+        let resp = router(view)
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readyz_is_503_until_a_registry_is_loaded() {
+        let (code, body) = get(false, "/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("\"ready\": false"), "{body}");
+        let (code, _) = get(true, "/readyz").await;
+        assert_eq!(code, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_prometheus_text() {
+        let (code, body) = get(true, "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(body.contains("odmesh_xds_acks_total 1\n"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn debug_views_show_the_registry_and_the_proxies() {
+        let (_, body) = get(true, "/debug/registry").await;
+        assert!(body.contains("file test.yaml") && body.contains("HELLO"), "{body}");
+        let (_, body) = get(true, "/debug/proxies").await;
+        assert!(body.contains("proxy-1") && body.contains("hello.vip"), "{body}");
+        let (code, _) = get(true, "/healthz").await;
+        assert_eq!(code, StatusCode::OK);
+    }
+}

@@ -9,7 +9,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use odmesh_names::{Kind, cluster_name};
+use tokio::sync::watch;
 
+use crate::metrics::Metrics;
 use crate::registry::{Registry, Status};
 
 /// One address traffic can go to.
@@ -111,6 +113,31 @@ impl Snapshot {
     }
 }
 
+/// Follows a registry source: publishes a new [`Snapshot`] each time the registry changes.
+///
+/// The task ends when the source's sender is dropped or nobody listens to the snapshots.
+pub fn follow(
+    mut registry: watch::Receiver<Arc<Registry>>,
+    metrics: Arc<Metrics>,
+) -> (watch::Receiver<Arc<Snapshot>>, tokio::task::JoinHandle<()>) {
+    let build = move |reg: &Registry| {
+        let snap = Snapshot::from_registry(reg);
+        Metrics::set(&metrics.registry_clusters, snap.len() as u64);
+        Arc::new(snap)
+    };
+    let first = build(&registry.borrow_and_update());
+    let (tx, rx) = watch::channel(first);
+    let task = tokio::spawn(async move {
+        while registry.changed().await.is_ok() {
+            let snap = build(&registry.borrow_and_update());
+            if tx.send(snap).is_err() {
+                break;
+            }
+        }
+    });
+    (rx, task)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +194,22 @@ mod tests {
         i.port = None;
         let snap = Snapshot::from_registry(&Registry { instances: vec![i] });
         assert!(snap.get("hello.vip").unwrap().endpoints.is_empty());
+    }
+
+    #[tokio::test]
+    async fn follow_publishes_a_snapshot_for_each_registry_change() {
+        let (tx, rx) = watch::channel(Arc::new(Registry::default()));
+        let (mut snaps, _task) = follow(rx, Arc::new(Metrics::default()));
+        assert!(snaps.borrow_and_update().is_empty());
+        let reg = Registry {
+            instances: vec![inst("a", "10.0.0.1", Status::Up, &["hello"], &[])],
+        };
+        tx.send(Arc::new(reg)).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), snaps.changed())
+            .await
+            .expect("a new snapshot within 5 s")
+            .unwrap();
+        assert!(snaps.borrow().get("hello.vip").is_some());
     }
 
     #[test]
