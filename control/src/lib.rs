@@ -7,3 +7,4 @@
 pub mod metrics;
 pub mod model;
 pub mod registry;
+pub mod xds;

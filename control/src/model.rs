@@ -50,14 +50,15 @@ impl Snapshot {
             ];
             for (kind, vips, port) in sides {
                 for vip in vips {
-                    let info = building
-                        .entry(cluster_name(vip, kind))
-                        .or_insert_with(|| ClusterInfo {
-                            vip: vip.clone(),
-                            kind,
-                            endpoints: Vec::new(),
-                            instances: 0,
-                        });
+                    let info =
+                        building
+                            .entry(cluster_name(vip, kind))
+                            .or_insert_with(|| ClusterInfo {
+                                vip: vip.clone(),
+                                kind,
+                                endpoints: Vec::new(),
+                                instances: 0,
+                            });
                     info.instances += 1;
                     if let (Status::Up, Some(port)) = (inst.status, port) {
                         info.endpoints.push(Endpoint {
