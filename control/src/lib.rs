@@ -4,6 +4,7 @@
 //! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints).
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod metrics;
 pub mod model;
 pub mod registry;
