@@ -9,3 +9,4 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod xds;
+pub mod server;
