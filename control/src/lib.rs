@@ -8,5 +8,5 @@ pub mod cache;
 pub mod metrics;
 pub mod model;
 pub mod registry;
-pub mod xds;
 pub mod server;
+pub mod xds;

@@ -281,7 +281,10 @@ impl XdsServer {
         }));
         lock(&shared.streams).insert(id, state.clone());
         Metrics::inc(&shared.metrics.xds_streams_total);
-        shared.metrics.xds_streams_active.fetch_add(1, Ordering::Relaxed);
+        shared
+            .metrics
+            .xds_streams_active
+            .fetch_add(1, Ordering::Relaxed);
         debug!(stream = id, service = service.as_str(), "xDS stream opened");
 
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -604,7 +607,10 @@ mod tests {
         assert_eq!(Service::Ads.resource_type(""), None);
         assert_eq!(Service::Cds.resource_type(""), Some(ResourceType::Cluster));
         assert_eq!(Service::Cds.resource_type(ENDPOINTS_TYPE_URL), None);
-        assert_eq!(Service::Eds.resource_type(""), Some(ResourceType::Endpoints));
+        assert_eq!(
+            Service::Eds.resource_type(""),
+            Some(ResourceType::Endpoints)
+        );
         assert_eq!(
             Service::Ads.resource_type("type.googleapis.com/envoy.config.listener.v3.Listener"),
             None
