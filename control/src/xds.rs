@@ -240,9 +240,12 @@ impl<'a> Target<'a> {
         h.str(self.vip);
         h.str(self.kind.as_str());
         h.bytes(&[u8::from(self.registered)]);
-        h.str(&opts.upstream_ca.to_string_lossy());
-        h.bytes(&[u8::from(opts.verify_upstream_san)]);
         h.bytes(&opts.connect_timeout.as_nanos().to_le_bytes());
+        if self.kind == Kind::Svip {
+            // TLS settings shape `.svip` clusters only; a new CA must not re-warm plain ones.
+            h.str(&opts.upstream_ca.to_string_lossy());
+            h.bytes(&[u8::from(opts.verify_upstream_san)]);
+        }
         h.finish()
     }
 
@@ -637,15 +640,14 @@ mod tests {
     }
 
     #[test]
-    fn options_are_part_of_the_version() {
+    fn the_upstream_ca_is_part_of_the_version_of_svip_clusters_only() {
+        let other = XdsOptions::new(Some("/other.pem".into()));
         let a = build("hello.svip", None, &opts()).unwrap();
-        let b = build(
-            "hello.svip",
-            None,
-            &XdsOptions::new(Some("/other.pem".into())),
-        )
-        .unwrap();
+        let b = build("hello.svip", None, &other).unwrap();
         assert_ne!(a.cluster.version, b.cluster.version);
+        let a = build("hello.vip", None, &opts()).unwrap();
+        let b = build("hello.vip", None, &other).unwrap();
+        assert_eq!(a.cluster.version, b.cluster.version);
     }
 
     #[test]
