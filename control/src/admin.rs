@@ -118,7 +118,9 @@ mod tests {
             .await
             .unwrap();
         let status = resp.status();
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap())
     }
 
@@ -141,9 +143,15 @@ mod tests {
     #[tokio::test]
     async fn debug_views_show_the_registry_and_the_proxies() {
         let (_, body) = get(true, "/debug/registry").await;
-        assert!(body.contains("file test.yaml") && body.contains("HELLO"), "{body}");
+        assert!(
+            body.contains("file test.yaml") && body.contains("HELLO"),
+            "{body}"
+        );
         let (_, body) = get(true, "/debug/proxies").await;
-        assert!(body.contains("proxy-1") && body.contains("hello.vip"), "{body}");
+        assert!(
+            body.contains("proxy-1") && body.contains("hello.vip"),
+            "{body}"
+        );
         let (code, _) = get(true, "/healthz").await;
         assert_eq!(code, StatusCode::OK);
     }

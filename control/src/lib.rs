@@ -1,10 +1,16 @@
 //! odmesh-control: Envoy clusters and endpoints on demand over delta xDS, from a registry.
 //!
 //! Layers, each using only the ones below it:
-//! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints).
+//! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints)
+//! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
+//! (versions, subscriptions, the delta diff) → [`server`] (tonic: the xDS streams).
+//! [`admin`] and [`metrics`] watch from the side.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cache;
 pub mod metrics;
 pub mod model;
 pub mod registry;
+pub mod server;
+pub mod xds;

@@ -1,0 +1,619 @@
+//! The xDS gRPC server: delta ADS, plus delta CDS and EDS, over the [`Cache`].
+//!
+//! The only layer that knows tonic and streams. Each stream runs as one task that
+//! - reads requests: subscribes and unsubscribes names per type, counts ACKs and NACKs (by
+//!   `response_nonce`; a NACK is logged with Envoy's message and never answered by a re-send),
+//!   and answers new subscriptions at once;
+//! - wakes on every cache generation and pushes, as delta updates, only the subscribed
+//!   resources whose version changed: clusters first, then their load assignments.
+//!
+//! State-of-the-world methods answer `UNIMPLEMENTED`: on-demand cluster discovery needs delta
+//! xDS. See [`cache`](crate::cache) for the protocol rules, wildcard and invalid-name policy.
+//!
+//! For the admin, [`XdsServer::proxies`] lists each connected stream: node, since when, what
+//! it subscribed to, and its last NACK.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_server::{
+    ClusterDiscoveryService, ClusterDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
+    EndpointDiscoveryService, EndpointDiscoveryServiceServer,
+};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::cache::{Cache, Delta, Subscriptions};
+use crate::metrics::Metrics;
+use crate::xds::ResourceType;
+
+/// Responses a stream may have queued before its task waits for the proxy to read.
+const STREAM_BUFFER: usize = 16;
+/// HTTP/2 pings on idle connections, so a vanished proxy's stream is noticed and dropped.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Why the xDS server stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The gRPC transport failed (accepting connections, HTTP/2).
+    #[error("xDS gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Handle to the xDS server: the gRPC services, and the admin's view of connected proxies.
+/// Cheap to clone; every clone is the same server.
+#[derive(Clone, Debug)]
+pub struct XdsServer {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    cache: Arc<Cache>,
+    metrics: Arc<Metrics>,
+    streams: Mutex<BTreeMap<u64, Arc<Mutex<StreamState>>>>,
+    next_stream_id: AtomicU64,
+    /// Set to `true` on shutdown: every stream task ends, so graceful shutdown is not held up
+    /// by xDS streams, which never end on their own.
+    closing: watch::Sender<bool>,
+}
+
+/// One connected stream, as the admin's `/debug/proxies` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ProxyStatus {
+    /// Unique per stream since start.
+    pub stream_id: u64,
+    /// `ads`, `cds` or `eds`: which gRPC service the stream uses.
+    pub service: &'static str,
+    /// `node.id` from the proxy's first request (empty until it sends one).
+    pub node_id: String,
+    /// `node.cluster` from the proxy's first request.
+    pub node_cluster: String,
+    /// When the stream opened, in seconds since the Unix epoch.
+    pub connected_since_unix: u64,
+    /// Subscribed `Cluster` names, sorted.
+    pub clusters: Vec<String>,
+    /// Subscribed `ClusterLoadAssignment` names, sorted.
+    pub endpoints: Vec<String>,
+    /// Responses the proxy accepted.
+    pub acks: u64,
+    /// Responses the proxy rejected.
+    pub nacks: u64,
+    /// The last rejection, with Envoy's message.
+    pub last_nack: Option<NackStatus>,
+}
+
+/// A response a proxy rejected.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct NackStatus {
+    /// `cluster` or `endpoints`.
+    pub resource_type: &'static str,
+    /// The nonce of the rejected response.
+    pub nonce: String,
+    /// Envoy's error message.
+    pub message: String,
+    /// When it arrived, in seconds since the Unix epoch.
+    pub at_unix: u64,
+}
+
+/// Which gRPC service a stream came in on; decides the types it may ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Service {
+    Ads,
+    Cds,
+    Eds,
+}
+
+impl Service {
+    const fn as_str(self) -> &'static str {
+        match self {
+            Service::Ads => "ads",
+            Service::Cds => "cds",
+            Service::Eds => "eds",
+        }
+    }
+
+    /// The type of a request on this service; a standalone service may leave `type_url` empty.
+    fn resource_type(self, type_url: &str) -> Option<ResourceType> {
+        let ty = match (self, type_url) {
+            (Service::Cds, "") => return Some(ResourceType::Cluster),
+            (Service::Eds, "") => return Some(ResourceType::Endpoints),
+            _ => ResourceType::from_type_url(type_url)?,
+        };
+        self.serves(ty).then_some(ty)
+    }
+
+    fn serves(self, ty: ResourceType) -> bool {
+        match self {
+            Service::Ads => true,
+            Service::Cds => ty == ResourceType::Cluster,
+            Service::Eds => ty == ResourceType::Endpoints,
+        }
+    }
+}
+
+/// Everything one stream knows; the stream task changes it, the admin reads it.
+#[derive(Debug)]
+struct StreamState {
+    id: u64,
+    service: Service,
+    connected_since: SystemTime,
+    node_id: String,
+    node_cluster: String,
+    clusters: Subscriptions,
+    endpoints: Subscriptions,
+    next_nonce: u64,
+    acks: u64,
+    nacks: u64,
+    last_nack: Option<NackStatus>,
+    wildcard_warned: bool,
+}
+
+impl StreamState {
+    fn subs(&mut self, ty: ResourceType) -> &mut Subscriptions {
+        match ty {
+            ResourceType::Cluster => &mut self.clusters,
+            ResourceType::Endpoints => &mut self.endpoints,
+        }
+    }
+
+    fn status(&self) -> ProxyStatus {
+        ProxyStatus {
+            stream_id: self.id,
+            service: self.service.as_str(),
+            node_id: self.node_id.clone(),
+            node_cluster: self.node_cluster.clone(),
+            connected_since_unix: unix_seconds(self.connected_since),
+            clusters: self.clusters.names().map(str::to_owned).collect(),
+            endpoints: self.endpoints.names().map(str::to_owned).collect(),
+            acks: self.acks,
+            nacks: self.nacks,
+            last_nack: self.last_nack.clone(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the data consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl XdsServer {
+    /// A server answering from `cache`, counting into `metrics`.
+    pub fn new(cache: Arc<Cache>, metrics: Arc<Metrics>) -> XdsServer {
+        let (closing, _) = watch::channel(false);
+        XdsServer {
+            shared: Arc::new(Shared {
+                cache,
+                metrics,
+                streams: Mutex::new(BTreeMap::new()),
+                next_stream_id: AtomicU64::new(1),
+                closing,
+            }),
+        }
+    }
+
+    /// The cache this server answers from.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.shared.cache
+    }
+
+    /// Every connected stream, oldest first.
+    pub fn proxies(&self) -> Vec<ProxyStatus> {
+        let streams: Vec<_> = lock(&self.shared.streams).values().cloned().collect();
+        streams.iter().map(|s| lock(s).status()).collect()
+    }
+
+    /// The gRPC services (delta ADS, CDS, EDS), for a caller that runs its own tonic server.
+    pub fn routes(&self) -> tonic::service::Routes {
+        tonic::service::Routes::new(AggregatedDiscoveryServiceServer::new(self.clone()))
+            .add_service(ClusterDiscoveryServiceServer::new(self.clone()))
+            .add_service(EndpointDiscoveryServiceServer::new(self.clone()))
+    }
+
+    /// Serves xDS on `listener` (with `TCP_NODELAY`) until `shutdown` completes; then ends
+    /// every stream and returns once connections are closed.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        if let Ok(addr) = listener.local_addr() {
+            info!(%addr, "xDS server listening (delta ADS, CDS, EDS)");
+        }
+        let incoming = TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(KEEPALIVE));
+        let shared = self.shared.clone();
+        let signal = async move {
+            shutdown.await;
+            shared.closing.send_replace(true);
+        };
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(KEEPALIVE))
+            .add_routes(self.routes())
+            .serve_with_incoming_shutdown(incoming, signal)
+            .await?;
+        Ok(())
+    }
+
+    /// Opens a stream: registers its state and spawns its task.
+    fn open(
+        &self,
+        service: Service,
+        inbound: Streaming<DeltaDiscoveryRequest>,
+    ) -> ReceiverStream<Result<DeltaDiscoveryResponse, Status>> {
+        let shared = &self.shared;
+        let id = shared.next_stream_id.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(Mutex::new(StreamState {
+            id,
+            service,
+            connected_since: SystemTime::now(),
+            node_id: String::new(),
+            node_cluster: String::new(),
+            clusters: Subscriptions::default(),
+            endpoints: Subscriptions::default(),
+            next_nonce: 1,
+            acks: 0,
+            nacks: 0,
+            last_nack: None,
+            wildcard_warned: false,
+        }));
+        lock(&shared.streams).insert(id, state.clone());
+        Metrics::inc(&shared.metrics.xds_streams_total);
+        shared
+            .metrics
+            .xds_streams_active
+            .fetch_add(1, Ordering::Relaxed);
+        debug!(stream = id, service = service.as_str(), "xDS stream opened");
+
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let stream = StreamTask {
+            shared: shared.clone(),
+            state,
+            service,
+        };
+        tokio::spawn(stream.run(inbound, tx));
+        ReceiverStream::new(rx)
+    }
+}
+
+/// One stream's task. Dropping it (the task ended, however) unregisters the stream.
+struct StreamTask {
+    shared: Arc<Shared>,
+    state: Arc<Mutex<StreamState>>,
+    service: Service,
+}
+
+type Outbound = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+
+impl StreamTask {
+    async fn run(self, mut inbound: Streaming<DeltaDiscoveryRequest>, tx: Outbound) {
+        let mut changes = self.shared.cache.changes();
+        changes.borrow_and_update();
+        let mut closing = self.shared.closing.subscribe();
+        if *closing.borrow_and_update() {
+            return;
+        }
+        loop {
+            let responses = tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => [self.on_request(req), None],
+                    Ok(None) => break,
+                    Err(status) => {
+                        debug!(stream = self.id(), %status, "xDS stream failed");
+                        break;
+                    }
+                },
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    changes.borrow_and_update();
+                    self.on_change()
+                }
+                _ = closing.changed() => break,
+            };
+            for response in responses.into_iter().flatten() {
+                if tx.send(Ok(response)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn id(&self) -> u64 {
+        lock(&self.state).id
+    }
+
+    /// Handles one request; returns at most one response (for the request's type).
+    fn on_request(&self, req: DeltaDiscoveryRequest) -> Option<DeltaDiscoveryResponse> {
+        let metrics = &self.shared.metrics;
+        Metrics::inc(&metrics.xds_requests_total);
+        let mut state = lock(&self.state);
+        if let Some(node) = &req.node
+            && state.node_id.is_empty()
+        {
+            state.node_id.clone_from(&node.id);
+            state.node_cluster.clone_from(&node.cluster);
+            info!(stream = state.id, node = %node.id, service = self.service.as_str(), "proxy connected");
+        }
+        let Some(ty) = self.service.resource_type(&req.type_url) else {
+            debug!(stream = state.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
+            return None;
+        };
+
+        // Rule: a request that carries the `response_nonce` of a response acknowledges it;
+        // with `error_detail` set it rejects it (NACK), and the client keeps what it had.
+        if !req.response_nonce.is_empty() {
+            match &req.error_detail {
+                None => {
+                    state.acks += 1;
+                    Metrics::inc(&metrics.xds_acks_total);
+                }
+                Some(error) => {
+                    state.nacks += 1;
+                    Metrics::inc(&metrics.xds_nacks_total);
+                    warn!(
+                        stream = state.id,
+                        node = %state.node_id,
+                        resource_type = ty.as_str(),
+                        nonce = %req.response_nonce,
+                        error = %error.message,
+                        "proxy rejected an xDS response (NACK); it is sent again only when it changes"
+                    );
+                    state.last_nack = Some(NackStatus {
+                        resource_type: ty.as_str(),
+                        nonce: req.response_nonce.clone(),
+                        message: error.message.clone(),
+                        at_unix: unix_seconds(SystemTime::now()),
+                    });
+                }
+            }
+        }
+
+        if req.resource_names_subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
+            return None;
+        }
+        let change = state.subs(ty).update(
+            &req.resource_names_subscribe,
+            &req.resource_names_unsubscribe,
+            &req.initial_resource_versions,
+        );
+        if change.wildcard && !state.wildcard_warned {
+            state.wildcard_warned = true;
+            warn!(
+                stream = state.id,
+                node = %state.node_id,
+                resource_type = ty.as_str(),
+                "proxy asked for every resource (wildcard); odmesh serves named, on-demand subscriptions only"
+            );
+        }
+        let cache = &self.shared.cache;
+        cache.watch(&change.added);
+        cache.unwatch(change.removed.iter().map(String::as_str));
+        if ty == ResourceType::Cluster {
+            let gauge = &metrics.xds_cluster_subscriptions;
+            gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
+            gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+        }
+        debug!(
+            stream = state.id,
+            resource_type = ty.as_str(),
+            subscribed = ?req.resource_names_subscribe,
+            unsubscribed = ?req.resource_names_unsubscribe,
+            "subscriptions changed"
+        );
+        self.respond(&mut state, ty)
+    }
+
+    /// Pushes what changed in the cache, clusters before their load assignments.
+    fn on_change(&self) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let mut state = lock(&self.state);
+        ResourceType::ALL.map(|ty| {
+            self.service
+                .serves(ty)
+                .then(|| self.respond(&mut state, ty))
+                .flatten()
+        })
+    }
+
+    /// The response bringing this stream's `ty` subscriptions up to date, if any is needed.
+    fn respond(&self, state: &mut StreamState, ty: ResourceType) -> Option<DeltaDiscoveryResponse> {
+        let cache = &self.shared.cache;
+        let subs = state.subs(ty);
+        if subs.is_empty() {
+            return None;
+        }
+        let delta = cache.delta(ty, subs);
+        if delta.is_empty() {
+            return None;
+        }
+        subs.record(&delta);
+        let nonce = state.next_nonce;
+        state.next_nonce += 1;
+        let metrics = &self.shared.metrics;
+        Metrics::inc(&metrics.xds_responses_total);
+        metrics
+            .xds_resources_sent_total
+            .fetch_add(delta.send.len() as u64, Ordering::Relaxed);
+        debug!(
+            stream = state.id,
+            resource_type = ty.as_str(),
+            nonce,
+            sent = delta.send.len(),
+            removed = delta.remove.len(),
+            "sending delta response"
+        );
+        Some(response(ty, delta, nonce, cache.generation()))
+    }
+}
+
+impl Drop for StreamTask {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        let state = lock(&self.state);
+        lock(&shared.streams).remove(&state.id);
+        for subs in [&state.clusters, &state.endpoints] {
+            shared.cache.unwatch(subs.names());
+        }
+        let metrics = &shared.metrics;
+        metrics
+            .xds_cluster_subscriptions
+            .fetch_sub(state.clusters.len() as u64, Ordering::Relaxed);
+        metrics.xds_streams_active.fetch_sub(1, Ordering::Relaxed);
+        info!(stream = state.id, node = %state.node_id, "xDS stream closed");
+    }
+}
+
+fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        system_version_info: generation.to_string(),
+        resources: delta
+            .send
+            .iter()
+            .map(|r| Resource {
+                name: r.name.clone(),
+                version: r.version.clone(),
+                resource: Some(r.resource.clone()),
+                ..Default::default()
+            })
+            .collect(),
+        type_url: ty.type_url().to_owned(),
+        removed_resources: delta.remove,
+        nonce: nonce.to_string(),
+        ..Default::default()
+    }
+}
+
+type DeltaStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+type SotwStream = tokio_stream::Empty<Result<DiscoveryResponse, Status>>;
+
+fn sotw_unimplemented() -> Status {
+    Status::unimplemented(
+        "odmesh serves delta xDS only (on-demand cluster discovery needs it); use DELTA_GRPC",
+    )
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsServer {
+    type StreamAggregatedResourcesStream = SotwStream;
+    type DeltaAggregatedResourcesStream = DeltaStream;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<SotwStream>, Status> {
+        Err(sotw_unimplemented())
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaStream>, Status> {
+        Ok(Response::new(self.open(Service::Ads, request.into_inner())))
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterDiscoveryService for XdsServer {
+    type StreamClustersStream = SotwStream;
+    type DeltaClustersStream = DeltaStream;
+
+    async fn stream_clusters(
+        &self,
+        _: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<SotwStream>, Status> {
+        Err(sotw_unimplemented())
+    }
+
+    async fn delta_clusters(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaStream>, Status> {
+        Ok(Response::new(self.open(Service::Cds, request.into_inner())))
+    }
+
+    async fn fetch_clusters(
+        &self,
+        _: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        Err(sotw_unimplemented())
+    }
+}
+
+#[tonic::async_trait]
+impl EndpointDiscoveryService for XdsServer {
+    type StreamEndpointsStream = SotwStream;
+    type DeltaEndpointsStream = DeltaStream;
+
+    async fn stream_endpoints(
+        &self,
+        _: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<SotwStream>, Status> {
+        Err(sotw_unimplemented())
+    }
+
+    async fn delta_endpoints(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaStream>, Status> {
+        Ok(Response::new(self.open(Service::Eds, request.into_inner())))
+    }
+
+    async fn fetch_endpoints(
+        &self,
+        _: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        Err(sotw_unimplemented())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_service_serves_only_its_own_types() {
+        use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
+        assert_eq!(
+            Service::Ads.resource_type(CLUSTER_TYPE_URL),
+            Some(ResourceType::Cluster)
+        );
+        assert_eq!(
+            Service::Ads.resource_type(ENDPOINTS_TYPE_URL),
+            Some(ResourceType::Endpoints)
+        );
+        assert_eq!(Service::Ads.resource_type(""), None);
+        assert_eq!(Service::Cds.resource_type(""), Some(ResourceType::Cluster));
+        assert_eq!(Service::Cds.resource_type(ENDPOINTS_TYPE_URL), None);
+        assert_eq!(
+            Service::Eds.resource_type(""),
+            Some(ResourceType::Endpoints)
+        );
+        assert_eq!(
+            Service::Ads.resource_type("type.googleapis.com/envoy.config.listener.v3.Listener"),
+            None
+        );
+    }
+}

@@ -1,0 +1,672 @@
+//! Pure translation of the model into Envoy resources: `Cluster` and `ClusterLoadAssignment`.
+//!
+//! No I/O, no state: one cluster name and what the [`Snapshot`](crate::model::Snapshot) says
+//! about it in, protobufs and their versions out. Every odmesh cluster is an EDS cluster over
+//! ADS whose EDS service name is the cluster name itself, so no two clusters ever share one
+//! (Envoy can stall a cluster for 15 s on a shared, already-subscribed EDS name).
+//!
+//! A name the registry does not know is still answered with a normal cluster, marked
+//! `registered: false` in its metadata, and an empty load assignment: Envoy then fails every
+//! request for it fast with `503 UH`, and starts routing as soon as a later push brings
+//! endpoints (see SPEC.md, "The Envoy chain").
+//!
+//! Versions are hashes of the inputs, not of the encoded bytes: prost writes map fields (the
+//! metadata `Struct`) in `HashMap` order, so identical resources can encode differently.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::cluster::v3::{
+    Cluster, OutlierDetection,
+    cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, Locality, Metadata,
+    SocketAddress, TransportSocket, address, config_source::ConfigSourceSpecifier,
+    data_source::Specifier, socket_address::PortSpecifier, transport_socket,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints,
+    lb_endpoint::HostIdentifier,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
+    common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Value, value};
+use odmesh_names::{InvalidClusterName, Kind, parse_cluster_name};
+use prost::Message;
+
+use crate::model::{ClusterInfo, Endpoint};
+
+/// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
+pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// Type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment` (EDS).
+pub const ENDPOINTS_TYPE_URL: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+/// The `filter_metadata` namespace odmesh writes on every cluster.
+pub const METADATA_NAMESPACE: &str = "odmesh";
+/// Envoy's name for the TLS transport socket.
+const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
+const UPSTREAM_TLS_TYPE_URL: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+
+/// Where distributions keep the system CA bundle, most common first. Envoy 1.40 has no working
+/// "use the system roots" switch (`system_root_certs` is not implemented), so odmesh names a
+/// bundle file.
+pub const SYSTEM_CA_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The two resource types odmesh serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceType {
+    /// `Cluster`, asked for by on-demand CDS.
+    Cluster,
+    /// `ClusterLoadAssignment`, asked for by each EDS cluster.
+    Endpoints,
+}
+
+impl ResourceType {
+    /// Both types, clusters first: a push sends a changed cluster before its endpoints.
+    pub const ALL: [ResourceType; 2] = [ResourceType::Cluster, ResourceType::Endpoints];
+
+    /// The type URL on the wire.
+    pub const fn type_url(self) -> &'static str {
+        match self {
+            ResourceType::Cluster => CLUSTER_TYPE_URL,
+            ResourceType::Endpoints => ENDPOINTS_TYPE_URL,
+        }
+    }
+
+    /// The type a type URL names, if odmesh serves it.
+    pub fn from_type_url(url: &str) -> Option<ResourceType> {
+        match url {
+            CLUSTER_TYPE_URL => Some(ResourceType::Cluster),
+            ENDPOINTS_TYPE_URL => Some(ResourceType::Endpoints),
+            _ => None,
+        }
+    }
+
+    /// A short word for logs and JSON: `cluster` or `endpoints`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ResourceType::Cluster => "cluster",
+            ResourceType::Endpoints => "endpoints",
+        }
+    }
+}
+
+/// Settings that shape every cluster, fixed for the life of the process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdsOptions {
+    /// CA bundle that verifies `.svip` upstreams (`--upstream-ca`, else the system bundle).
+    pub upstream_ca: PathBuf,
+    /// Whether a `.svip` upstream's certificate must name the SVIP (DNS SAN), on top of the
+    /// chain check. On by default: a valid chain alone proves nothing about who answered.
+    pub verify_upstream_san: bool,
+    /// TCP connect timeout of every cluster.
+    pub connect_timeout: Duration,
+}
+
+impl XdsOptions {
+    /// Options with `upstream_ca`, or the first system CA bundle that exists.
+    pub fn new(upstream_ca: Option<PathBuf>) -> XdsOptions {
+        let upstream_ca = upstream_ca.unwrap_or_else(|| {
+            let found = SYSTEM_CA_BUNDLES.iter().find(|p| Path::new(p).exists());
+            PathBuf::from(found.unwrap_or(&SYSTEM_CA_BUNDLES[0]))
+        });
+        XdsOptions {
+            upstream_ca,
+            verify_upstream_san: true,
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Default for XdsOptions {
+    fn default() -> XdsOptions {
+        XdsOptions::new(None)
+    }
+}
+
+/// One resource ready for the wire: its name, content-hash version and encoded body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Versioned {
+    pub name: String,
+    pub version: String,
+    pub resource: Any,
+}
+
+/// The two resources of one cluster name, built together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterResources {
+    pub cluster: Versioned,
+    pub endpoints: Versioned,
+}
+
+impl ClusterResources {
+    /// The resource of type `ty`.
+    pub fn get(&self, ty: ResourceType) -> &Versioned {
+        match ty {
+            ResourceType::Cluster => &self.cluster,
+            ResourceType::Endpoints => &self.endpoints,
+        }
+    }
+}
+
+/// Builds and versions both resources for cluster `name`; `info` is `None` when the registry
+/// does not list it. Fails only when `name` is not an odmesh cluster name.
+pub fn build(
+    name: &str,
+    info: Option<&ClusterInfo>,
+    opts: &XdsOptions,
+) -> Result<ClusterResources, InvalidClusterName> {
+    let target = Target::new(name, info)?;
+    let cluster_version = target.cluster_version(opts);
+    let endpoints_version = target.endpoints_version(cluster_version);
+    Ok(ClusterResources {
+        cluster: Versioned {
+            name: name.to_owned(),
+            version: format!("{cluster_version:016x}"),
+            resource: any(CLUSTER_TYPE_URL, &target.cluster(opts)),
+        },
+        endpoints: Versioned {
+            name: name.to_owned(),
+            version: format!("{endpoints_version:016x}"),
+            resource: any(ENDPOINTS_TYPE_URL, &target.load_assignment()),
+        },
+    })
+}
+
+/// The `Cluster` for `name`; see the module docs.
+pub fn cluster(
+    name: &str,
+    info: Option<&ClusterInfo>,
+    opts: &XdsOptions,
+) -> Result<Cluster, InvalidClusterName> {
+    Ok(Target::new(name, info)?.cluster(opts))
+}
+
+/// The `ClusterLoadAssignment` for `name`: UP endpoints grouped by zone (empty when unknown).
+pub fn load_assignment(
+    name: &str,
+    info: Option<&ClusterInfo>,
+) -> Result<ClusterLoadAssignment, InvalidClusterName> {
+    Ok(Target::new(name, info)?.load_assignment())
+}
+
+/// Everything a resource is made of, checked once. The version hashes read exactly these
+/// fields, so two equal targets always get equal versions.
+struct Target<'a> {
+    name: &'a str,
+    vip: &'a str,
+    kind: Kind,
+    registered: bool,
+    endpoints: &'a [Endpoint],
+}
+
+impl<'a> Target<'a> {
+    fn new(name: &'a str, info: Option<&'a ClusterInfo>) -> Result<Target<'a>, InvalidClusterName> {
+        let (vip, kind) = parse_cluster_name(name)?;
+        Ok(match info {
+            Some(info) => Target {
+                name,
+                vip: &info.vip,
+                kind: info.kind,
+                registered: true,
+                endpoints: &info.endpoints,
+            },
+            None => Target {
+                name,
+                vip,
+                kind,
+                registered: false,
+                endpoints: &[],
+            },
+        })
+    }
+
+    /// Version of the cluster: everything but the endpoints, so an endpoint change never
+    /// re-warms the cluster (which would drain its connection pools).
+    fn cluster_version(&self, opts: &XdsOptions) -> u64 {
+        let mut h = Fnv64::default();
+        h.str(self.name);
+        h.str(self.vip);
+        h.str(self.kind.as_str());
+        h.bytes(&[u8::from(self.registered)]);
+        h.bytes(&opts.connect_timeout.as_nanos().to_le_bytes());
+        if self.kind == Kind::Svip {
+            // TLS settings shape `.svip` clusters only; a new CA must not re-warm plain ones.
+            h.str(&opts.upstream_ca.to_string_lossy());
+            h.bytes(&[u8::from(opts.verify_upstream_san)]);
+        }
+        h.finish()
+    }
+
+    /// Version of the load assignment: the endpoints and the cluster's version. A changed
+    /// cluster thus always comes with a changed load assignment, which the cache pushes right
+    /// after it: a re-warming cluster never waits for endpoints Envoy already has.
+    fn endpoints_version(&self, cluster_version: u64) -> u64 {
+        let mut h = Fnv64::default();
+        h.bytes(&cluster_version.to_le_bytes());
+        for ep in self.endpoints {
+            h.str(ep.zone.as_deref().unwrap_or(""));
+            h.bytes(&[u8::from(ep.zone.is_some())]);
+            h.str(&ep.ip.to_string());
+            h.bytes(&ep.port.to_le_bytes());
+        }
+        h.finish()
+    }
+
+    fn cluster(&self, opts: &XdsOptions) -> Cluster {
+        Cluster {
+            name: self.name.to_owned(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+            eds_cluster_config: Some(EdsClusterConfig {
+                eds_config: Some(ConfigSource {
+                    config_source_specifier: Some(ConfigSourceSpecifier::Ads(
+                        AggregatedConfigSource {},
+                    )),
+                    resource_api_version: ApiVersion::V3 as i32,
+                    ..Default::default()
+                }),
+                service_name: self.name.to_owned(),
+            }),
+            connect_timeout: Some(duration(opts.connect_timeout)),
+            lb_policy: LbPolicy::RoundRobin as i32,
+            outlier_detection: Some(OutlierDetection::default()),
+            metadata: Some(self.metadata()),
+            transport_socket: (self.kind == Kind::Svip).then(|| self.tls_socket(opts)),
+            ..Default::default()
+        }
+    }
+
+    /// `filter_metadata.odmesh = {vip, kind, registered}`, read by Envoy's
+    /// `local_reply_config` to tell "not registered" from "no healthy endpoint".
+    fn metadata(&self) -> Metadata {
+        let fields = HashMap::from([
+            ("vip".to_owned(), string_value(self.vip)),
+            ("kind".to_owned(), string_value(self.kind.as_str())),
+            (
+                "registered".to_owned(),
+                Value {
+                    kind: Some(value::Kind::BoolValue(self.registered)),
+                },
+            ),
+        ]);
+        Metadata {
+            filter_metadata: HashMap::from([(METADATA_NAMESPACE.to_owned(), Struct { fields })]),
+            ..Default::default()
+        }
+    }
+
+    /// TLS to the upstream: SNI = the SVIP, chain checked against the configured CA bundle,
+    /// and (by default) the certificate must name the SVIP.
+    fn tls_socket(&self, opts: &XdsOptions) -> TransportSocket {
+        let san = opts.verify_upstream_san.then(|| SubjectAltNameMatcher {
+            san_type: SanType::Dns as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(self.vip.to_owned())),
+                ignore_case: true,
+            }),
+            ..Default::default()
+        });
+        let tls = UpstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                validation_context_type: Some(ValidationContextType::ValidationContext(
+                    CertificateValidationContext {
+                        trusted_ca: Some(DataSource {
+                            specifier: Some(Specifier::Filename(
+                                opts.upstream_ca.to_string_lossy().into_owned(),
+                            )),
+                            ..Default::default()
+                        }),
+                        match_typed_subject_alt_names: san.into_iter().collect(),
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            }),
+            sni: self.vip.to_owned(),
+            ..Default::default()
+        };
+        TransportSocket {
+            name: TLS_SOCKET.to_owned(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(any(
+                UPSTREAM_TLS_TYPE_URL,
+                &tls,
+            ))),
+        }
+    }
+
+    /// Endpoints grouped by zone, one `LocalityLbEndpoints` per zone. The model keeps
+    /// endpoints sorted by zone first, so each group is a run of neighbours.
+    fn load_assignment(&self) -> ClusterLoadAssignment {
+        let mut groups: Vec<LocalityLbEndpoints> = Vec::new();
+        let mut current_zone: Option<Option<&str>> = None;
+        for ep in self.endpoints {
+            let zone = ep.zone.as_deref();
+            if current_zone != Some(zone) {
+                current_zone = Some(zone);
+                groups.push(LocalityLbEndpoints {
+                    locality: zone.map(|z| Locality {
+                        zone: z.to_owned(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+            if let Some(group) = groups.last_mut() {
+                group.lb_endpoints.push(lb_endpoint(ep));
+            }
+        }
+        ClusterLoadAssignment {
+            cluster_name: self.name.to_owned(),
+            endpoints: groups,
+            ..Default::default()
+        }
+    }
+}
+
+fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
+    let address = envoy_types::pb::envoy::config::core::v3::Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ep.ip.to_string(),
+            port_specifier: Some(PortSpecifier::PortValue(u32::from(ep.port))),
+            ..Default::default()
+        })),
+    };
+    LbEndpoint {
+        host_identifier: Some(HostIdentifier::Endpoint(PbEndpoint {
+            address: Some(address),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn string_value(s: &str) -> Value {
+    Value {
+        kind: Some(value::Kind::StringValue(s.to_owned())),
+    }
+}
+
+fn duration(d: Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn any(type_url: &str, msg: &impl Message) -> Any {
+    Any {
+        type_url: type_url.to_owned(),
+        value: msg.encode_to_vec(),
+    }
+}
+
+/// FNV-1a, 64 bits: stable across runs and builds, so a restarted control plane gives the
+/// same versions and a reconnecting Envoy is not sent what it already has. Every variable-size
+/// field is length-prefixed, so field boundaries cannot shift.
+struct Fnv64(u64);
+
+impl Default for Fnv64 {
+    fn default() -> Fnv64 {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv64 {
+    fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn str(&mut self, s: &str) {
+        self.bytes(&(s.len() as u64).to_le_bytes());
+        self.bytes(s.as_bytes());
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType as Cdt;
+
+    fn ep(zone: Option<&str>, ip: &str, port: u16) -> Endpoint {
+        Endpoint {
+            zone: zone.map(str::to_owned),
+            ip: ip.parse().unwrap(),
+            port,
+        }
+    }
+
+    fn info(vip: &str, kind: Kind, mut endpoints: Vec<Endpoint>) -> ClusterInfo {
+        endpoints.sort();
+        ClusterInfo {
+            vip: vip.into(),
+            kind,
+            instances: endpoints.len(),
+            endpoints,
+        }
+    }
+
+    fn opts() -> XdsOptions {
+        XdsOptions::new(Some("/ca.pem".into()))
+    }
+
+    fn odmesh_meta(c: &Cluster) -> &HashMap<String, Value> {
+        &c.metadata.as_ref().unwrap().filter_metadata[METADATA_NAMESPACE].fields
+    }
+
+    #[test]
+    fn a_vip_cluster_is_eds_over_ads_with_its_own_service_name() {
+        let hello = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
+        let c = cluster("hello.vip", Some(&hello), &opts()).unwrap();
+        assert_eq!(c.name, "hello.vip");
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(Cdt::Type(DiscoveryType::Eds as i32))
+        );
+        let eds = c.eds_cluster_config.unwrap();
+        assert_eq!(eds.service_name, "hello.vip");
+        let source = eds.eds_config.unwrap();
+        assert!(matches!(
+            source.config_source_specifier,
+            Some(ConfigSourceSpecifier::Ads(_))
+        ));
+        assert_eq!(source.resource_api_version, ApiVersion::V3 as i32);
+        assert_eq!(c.connect_timeout.unwrap().seconds, 1);
+        assert_eq!(c.lb_policy, LbPolicy::RoundRobin as i32);
+        assert!(c.outlier_detection.is_some());
+        assert!(c.transport_socket.is_none(), "plain VIPs have no TLS");
+    }
+
+    #[test]
+    fn cluster_metadata_says_vip_kind_and_registered() {
+        let hello = info("hello", Kind::Vip, vec![]);
+        let c = cluster("hello.vip", Some(&hello), &opts()).unwrap();
+        let meta = odmesh_meta(&c);
+        assert_eq!(meta["vip"], string_value("hello"));
+        assert_eq!(meta["kind"], string_value("vip"));
+        assert_eq!(meta["registered"].kind, Some(value::Kind::BoolValue(true)));
+    }
+
+    #[test]
+    fn an_unknown_vip_is_a_normal_cluster_marked_unregistered_with_no_endpoints() {
+        let c = cluster("nobody.vip", None, &opts()).unwrap();
+        assert_eq!(
+            c.eds_cluster_config.as_ref().unwrap().service_name,
+            "nobody.vip",
+            "still an EDS cluster of its own"
+        );
+        let meta = odmesh_meta(&c);
+        assert_eq!(meta["registered"].kind, Some(value::Kind::BoolValue(false)));
+        assert_eq!(meta["vip"], string_value("nobody"));
+        let cla = load_assignment("nobody.vip", None).unwrap();
+        assert_eq!(cla.cluster_name, "nobody.vip");
+        assert!(cla.endpoints.is_empty());
+    }
+
+    #[test]
+    fn an_svip_cluster_talks_tls_with_the_svip_as_sni_and_the_configured_ca() {
+        let secure = info("hello", Kind::Svip, vec![ep(None, "10.0.0.1", 8443)]);
+        let c = cluster("hello.svip", Some(&secure), &opts()).unwrap();
+        let socket = c.transport_socket.unwrap();
+        assert_eq!(socket.name, "envoy.transport_sockets.tls");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = socket.config_type else {
+            panic!("typed config expected");
+        };
+        assert_eq!(any.type_url, UPSTREAM_TLS_TYPE_URL);
+        let tls = UpstreamTlsContext::decode(any.value.as_slice()).unwrap();
+        assert_eq!(tls.sni, "hello");
+        let Some(ValidationContextType::ValidationContext(vc)) =
+            tls.common_tls_context.unwrap().validation_context_type
+        else {
+            panic!("validation context expected");
+        };
+        assert_eq!(
+            vc.trusted_ca.unwrap().specifier,
+            Some(Specifier::Filename("/ca.pem".into()))
+        );
+        assert_eq!(vc.match_typed_subject_alt_names.len(), 1);
+        assert_eq!(
+            vc.match_typed_subject_alt_names[0]
+                .matcher
+                .as_ref()
+                .unwrap()
+                .match_pattern,
+            Some(MatchPattern::Exact("hello".into()))
+        );
+    }
+
+    #[test]
+    fn without_an_upstream_ca_the_system_bundle_is_used() {
+        let o = XdsOptions::new(None);
+        assert!(
+            SYSTEM_CA_BUNDLES
+                .iter()
+                .any(|p| Path::new(p) == o.upstream_ca)
+        );
+    }
+
+    #[test]
+    fn endpoints_are_grouped_by_zone_into_localities() {
+        let hello = info(
+            "hello",
+            Kind::Vip,
+            vec![
+                ep(Some("b"), "10.0.0.3", 80),
+                ep(None, "10.0.0.9", 80),
+                ep(Some("a"), "10.0.0.1", 80),
+                ep(Some("a"), "10.0.0.2", 81),
+            ],
+        );
+        let cla = load_assignment("hello.vip", Some(&hello)).unwrap();
+        assert_eq!(cla.cluster_name, "hello.vip");
+        let zones: Vec<Option<&str>> = cla
+            .endpoints
+            .iter()
+            .map(|g| g.locality.as_ref().map(|l| l.zone.as_str()))
+            .collect();
+        assert_eq!(zones, [None, Some("a"), Some("b")]);
+        let counts: Vec<usize> = cla.endpoints.iter().map(|g| g.lb_endpoints.len()).collect();
+        assert_eq!(counts, [1, 2, 1]);
+        let Some(HostIdentifier::Endpoint(first)) =
+            &cla.endpoints[1].lb_endpoints[1].host_identifier
+        else {
+            panic!("endpoint expected");
+        };
+        let Some(address::Address::SocketAddress(sa)) = &first.address.as_ref().unwrap().address
+        else {
+            panic!("socket address expected");
+        };
+        assert_eq!(sa.address, "10.0.0.2");
+        assert_eq!(sa.port_specifier, Some(PortSpecifier::PortValue(81)));
+    }
+
+    #[test]
+    fn names_that_are_not_odmesh_clusters_are_refused() {
+        assert!(build("xds_cluster", None, &opts()).is_err());
+        assert!(build("Bad!.vip", None, &opts()).is_err());
+    }
+
+    #[test]
+    fn equal_inputs_give_equal_versions_however_the_metadata_map_encodes() {
+        let a = build("hello.vip", None, &opts()).unwrap();
+        for _ in 0..20 {
+            let b = build("hello.vip", None, &opts()).unwrap();
+            assert_eq!(a.cluster.version, b.cluster.version);
+            assert_eq!(a.endpoints.version, b.endpoints.version);
+        }
+    }
+
+    #[test]
+    fn an_endpoint_change_changes_only_the_load_assignment_version() {
+        let one = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 80)]);
+        let two = info(
+            "hello",
+            Kind::Vip,
+            vec![ep(None, "10.0.0.1", 80), ep(None, "10.0.0.2", 80)],
+        );
+        let a = build("hello.vip", Some(&one), &opts()).unwrap();
+        let b = build("hello.vip", Some(&two), &opts()).unwrap();
+        assert_eq!(a.cluster.version, b.cluster.version);
+        assert_ne!(a.endpoints.version, b.endpoints.version);
+    }
+
+    #[test]
+    fn registering_a_vip_changes_both_versions_even_with_no_endpoints() {
+        let empty = info("hello", Kind::Vip, vec![]);
+        let before = build("hello.vip", None, &opts()).unwrap();
+        let after = build("hello.vip", Some(&empty), &opts()).unwrap();
+        assert_ne!(before.cluster.version, after.cluster.version);
+        assert_ne!(
+            before.endpoints.version, after.endpoints.version,
+            "the load assignment follows its cluster so a re-warming cluster gets it"
+        );
+    }
+
+    #[test]
+    fn the_upstream_ca_is_part_of_the_version_of_svip_clusters_only() {
+        let other = XdsOptions::new(Some("/other.pem".into()));
+        let a = build("hello.svip", None, &opts()).unwrap();
+        let b = build("hello.svip", None, &other).unwrap();
+        assert_ne!(a.cluster.version, b.cluster.version);
+        let a = build("hello.vip", None, &opts()).unwrap();
+        let b = build("hello.vip", None, &other).unwrap();
+        assert_eq!(a.cluster.version, b.cluster.version);
+    }
+
+    #[test]
+    fn resources_carry_their_type_url_and_decode_back() {
+        let r = build("hello.vip", None, &opts()).unwrap();
+        assert_eq!(
+            r.get(ResourceType::Cluster).resource.type_url,
+            CLUSTER_TYPE_URL
+        );
+        assert_eq!(
+            r.get(ResourceType::Endpoints).resource.type_url,
+            ENDPOINTS_TYPE_URL
+        );
+        let c = Cluster::decode(r.cluster.resource.value.as_slice()).unwrap();
+        assert_eq!(c.name, "hello.vip");
+        assert_eq!(
+            ResourceType::from_type_url(ENDPOINTS_TYPE_URL),
+            Some(ResourceType::Endpoints)
+        );
+        assert_eq!(ResourceType::from_type_url("type.googleapis.com/x"), None);
+    }
+}

@@ -1,0 +1,495 @@
+//! In-process gRPC tests: a real tonic server on a free loopback port, a delta xDS client.
+//!
+//! Every wait is bounded; "nothing was sent" is shown by a later, expected response being the
+//! next one on the stream, never by sleeping.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_client::ClusterDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest,
+};
+use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use odmesh_control::cache::Cache;
+use odmesh_control::metrics::Metrics;
+use odmesh_control::model::Snapshot;
+use odmesh_control::registry::{Instance, Registry, Status};
+use odmesh_control::server::{ProxyStatus, XdsServer};
+use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn inst(vip: &str, ip: &str, status: Status) -> Instance {
+    Instance {
+        app: vip.to_uppercase(),
+        instance_id: format!("{vip}-{ip}"),
+        ip: ip.parse().unwrap(),
+        port: Some(8080),
+        secure_port: None,
+        vips: vec![vip.into()],
+        svips: vec![],
+        status,
+        zone: None,
+    }
+}
+
+fn snapshot(instances: Vec<Instance>) -> Arc<Snapshot> {
+    Arc::new(Snapshot::from_registry(&Registry { instances }))
+}
+
+/// A running server and what a test needs to drive and observe it.
+struct Harness {
+    addr: SocketAddr,
+    cache: Arc<Cache>,
+    metrics: Arc<Metrics>,
+    server: XdsServer,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Harness {
+    async fn start(instances: Vec<Instance>) -> Harness {
+        let cache = Arc::new(Cache::with_snapshot(
+            XdsOptions::new(Some("/ca.pem".into())),
+            snapshot(instances),
+        ));
+        let metrics = Arc::new(Metrics::default());
+        let server = XdsServer::new(cache.clone(), metrics.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let server = server.clone();
+            async move {
+                server
+                    .serve(listener, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                    .unwrap();
+            }
+        });
+        Harness {
+            addr,
+            cache,
+            metrics,
+            server,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn ads(&self, node: &str) -> Client {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(16);
+        let inbound = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Client {
+            tx,
+            inbound,
+            node: Some(node.to_owned()),
+        }
+    }
+
+    /// Polls the proxies view until `cond` holds for some stream of `node`.
+    async fn until_proxy(&self, node: &str, cond: impl Fn(&ProxyStatus) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if self
+                .server
+                .proxies()
+                .iter()
+                .any(|p| p.node_id == node && cond(p))
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "proxy {node} never got there");
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn until_metric(&self, what: &str, cond: impl Fn(&Metrics) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !cond(&self.metrics) {
+            assert!(Instant::now() < deadline, "metric never got there: {what}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server stops promptly, xDS streams included")
+            .unwrap();
+    }
+}
+
+/// A delta xDS client on one stream.
+struct Client {
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    inbound: Streaming<DeltaDiscoveryResponse>,
+    /// Sent with the first request only, as Envoy does.
+    node: Option<String>,
+}
+
+impl Client {
+    async fn send(&mut self, mut req: DeltaDiscoveryRequest) {
+        if let Some(id) = self.node.take() {
+            req.node = Some(Node {
+                id,
+                cluster: "test".into(),
+                ..Default::default()
+            });
+        }
+        self.tx.send(req).await.unwrap();
+    }
+
+    async fn subscribe(&mut self, type_url: &str, names: &[&str]) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names_subscribe: names.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .await;
+    }
+
+    async fn unsubscribe(&mut self, type_url: &str, names: &[&str]) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names_unsubscribe: names.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .await;
+    }
+
+    async fn ack(&mut self, resp: &DeltaDiscoveryResponse) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            ..Default::default()
+        })
+        .await;
+    }
+
+    async fn nack(&mut self, resp: &DeltaDiscoveryResponse, message: &str) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: message.into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        })
+        .await;
+    }
+
+    /// The next response, acknowledged.
+    async fn recv(&mut self) -> DeltaDiscoveryResponse {
+        let resp = self.recv_no_ack().await;
+        self.ack(&resp).await;
+        resp
+    }
+
+    async fn recv_no_ack(&mut self) -> DeltaDiscoveryResponse {
+        tokio::time::timeout(WAIT, self.inbound.message())
+            .await
+            .expect("a response in time")
+            .expect("stream healthy")
+            .expect("stream open")
+    }
+}
+
+fn names(resp: &DeltaDiscoveryResponse) -> Vec<&str> {
+    resp.resources.iter().map(|r| r.name.as_str()).collect()
+}
+
+fn cluster(resp: &DeltaDiscoveryResponse, i: usize) -> Cluster {
+    let any = resp.resources[i].resource.as_ref().unwrap();
+    assert_eq!(any.type_url, CLUSTER_TYPE_URL);
+    Cluster::decode(any.value.as_slice()).unwrap()
+}
+
+fn cla(resp: &DeltaDiscoveryResponse, i: usize) -> ClusterLoadAssignment {
+    let any = resp.resources[i].resource.as_ref().unwrap();
+    assert_eq!(any.type_url, ENDPOINTS_TYPE_URL);
+    ClusterLoadAssignment::decode(any.value.as_slice()).unwrap()
+}
+
+fn endpoint_count(c: &ClusterLoadAssignment) -> usize {
+    c.endpoints.iter().map(|g| g.lb_endpoints.len()).sum()
+}
+
+fn registered(c: &Cluster) -> bool {
+    let meta = &c.metadata.as_ref().unwrap().filter_metadata["odmesh"].fields;
+    match meta["registered"].kind {
+        Some(ValueKind::BoolValue(b)) => b,
+        ref other => panic!("registered is not a bool: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_subscribed_vip_gets_its_cluster_then_its_endpoints() {
+    let h = Harness::start(vec![
+        inst("hello", "10.0.0.1", Status::Up),
+        inst("hello", "10.0.0.2", Status::Up),
+        inst("hello", "10.0.0.3", Status::Down),
+    ])
+    .await;
+    let mut envoy = h.ads("envoy-1").await;
+
+    let started = Instant::now();
+    envoy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    let resp = envoy.recv().await;
+    let cluster_latency = started.elapsed();
+    assert_eq!(resp.type_url, CLUSTER_TYPE_URL);
+    assert_eq!(names(&resp), ["hello.vip"]);
+    let c = cluster(&resp, 0);
+    assert_eq!(c.eds_cluster_config.unwrap().service_name, "hello.vip");
+
+    let started = Instant::now();
+    envoy.subscribe(ENDPOINTS_TYPE_URL, &["hello.vip"]).await;
+    let resp = envoy.recv().await;
+    let endpoints_latency = started.elapsed();
+    assert_eq!(resp.type_url, ENDPOINTS_TYPE_URL);
+    assert_eq!(endpoint_count(&cla(&resp, 0)), 2, "only UP instances");
+    eprintln!("answer latency: cluster {cluster_latency:?}, endpoints {endpoints_latency:?}");
+
+    h.until_proxy("envoy-1", |p| {
+        p.clusters == ["hello.vip"] && p.endpoints == ["hello.vip"] && p.acks == 2
+    })
+    .await;
+    assert_eq!(
+        h.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(h.metrics.xds_streams_active.load(Ordering::Relaxed), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_vip_gets_an_unregistered_cluster_and_empty_endpoints_then_the_real_ones() {
+    let h = Harness::start(vec![]).await;
+    let mut envoy = h.ads("envoy-1").await;
+    envoy.subscribe(CLUSTER_TYPE_URL, &["late.vip"]).await;
+    let resp = envoy.recv().await;
+    assert!(resp.removed_resources.is_empty(), "never a removal");
+    assert!(!registered(&cluster(&resp, 0)));
+    envoy.subscribe(ENDPOINTS_TYPE_URL, &["late.vip"]).await;
+    let resp = envoy.recv().await;
+    assert_eq!(endpoint_count(&cla(&resp, 0)), 0);
+
+    // The VIP registers: the cluster (now registered) comes first, then its endpoints.
+    h.cache
+        .set_snapshot(snapshot(vec![inst("late", "10.0.0.1", Status::Up)]));
+    let resp = envoy.recv().await;
+    assert_eq!(resp.type_url, CLUSTER_TYPE_URL);
+    assert!(registered(&cluster(&resp, 0)));
+    let resp = envoy.recv().await;
+    assert_eq!(resp.type_url, ENDPOINTS_TYPE_URL);
+    assert_eq!(endpoint_count(&cla(&resp, 0)), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_to_one_cluster_reaches_only_its_subscribers_and_only_that_cluster() {
+    let mut instances: Vec<Instance> = (0..20)
+        .map(|i| inst(&format!("svc{i}"), "10.0.0.1", Status::Up))
+        .collect();
+    let h = Harness::start(instances.clone()).await;
+    let mut a = h.ads("a").await;
+    let mut b = h.ads("b").await;
+    a.subscribe(ENDPOINTS_TYPE_URL, &["svc1.vip", "svc2.vip"])
+        .await;
+    assert_eq!(names(&a.recv().await), ["svc1.vip", "svc2.vip"]);
+    b.subscribe(ENDPOINTS_TYPE_URL, &["svc3.vip"]).await;
+    assert_eq!(names(&b.recv().await), ["svc3.vip"]);
+
+    instances.push(inst("svc2", "10.0.0.2", Status::Up));
+    h.cache.set_snapshot(snapshot(instances.clone()));
+    let resp = a.recv().await;
+    assert_eq!(names(&resp), ["svc2.vip"], "only the changed cluster");
+    assert_eq!(endpoint_count(&cla(&resp, 0)), 2);
+
+    // b is not subscribed to svc2: the next thing it hears of is its own svc3.
+    instances.push(inst("svc3", "10.0.0.2", Status::Up));
+    h.cache.set_snapshot(snapshot(instances));
+    assert_eq!(names(&b.recv().await), ["svc3.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_nack_is_counted_and_logged_and_not_resent() {
+    let h = Harness::start(vec![
+        inst("hello", "10.0.0.1", Status::Up),
+        inst("marker", "10.0.0.1", Status::Up),
+    ])
+    .await;
+    let mut envoy = h.ads("envoy-1").await;
+    envoy
+        .subscribe(ENDPOINTS_TYPE_URL, &["hello.vip", "marker.vip"])
+        .await;
+    let resp = envoy.recv_no_ack().await;
+    envoy.nack(&resp, "bad endpoints, says Envoy").await;
+    h.until_proxy("envoy-1", |p| p.nacks == 1).await;
+    let proxy = &h.server.proxies()[0];
+    let nack = proxy.last_nack.as_ref().unwrap();
+    assert_eq!(nack.message, "bad endpoints, says Envoy");
+    assert_eq!(nack.nonce, resp.nonce);
+    assert_eq!(h.metrics.xds_nacks_total.load(Ordering::Relaxed), 1);
+
+    // Only marker changes; the NACKed hello is not re-sent with it.
+    h.cache.set_snapshot(snapshot(vec![
+        inst("hello", "10.0.0.1", Status::Up),
+        inst("marker", "10.0.0.2", Status::Up),
+    ]));
+    assert_eq!(names(&envoy.recv().await), ["marker.vip"]);
+    // hello goes again once it changes.
+    h.cache.set_snapshot(snapshot(vec![
+        inst("hello", "10.0.0.3", Status::Up),
+        inst("marker", "10.0.0.2", Status::Up),
+    ]));
+    assert_eq!(names(&envoy.recv().await), ["hello.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_reconnect_with_initial_versions_gets_only_what_differs() {
+    let h = Harness::start(vec![
+        inst("same", "10.0.0.1", Status::Up),
+        inst("moved", "10.0.0.1", Status::Up),
+    ])
+    .await;
+    let mut first = h.ads("envoy-1").await;
+    first
+        .subscribe(ENDPOINTS_TYPE_URL, &["same.vip", "moved.vip"])
+        .await;
+    let resp = first.recv().await;
+    let versions: HashMap<String, String> = resp
+        .resources
+        .iter()
+        .map(|r| (r.name.clone(), r.version.clone()))
+        .collect();
+    drop(first);
+    h.until_metric("stream closed", |m| {
+        m.xds_streams_active.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    assert_eq!(
+        h.cache.watched(),
+        0,
+        "a closed stream drops its subscriptions"
+    );
+
+    h.cache.set_snapshot(snapshot(vec![
+        inst("same", "10.0.0.1", Status::Up),
+        inst("moved", "10.0.0.2", Status::Up),
+    ]));
+    let mut again = h.ads("envoy-1").await;
+    again
+        .send(DeltaDiscoveryRequest {
+            type_url: ENDPOINTS_TYPE_URL.into(),
+            resource_names_subscribe: vec!["same.vip".into(), "moved.vip".into()],
+            initial_resource_versions: versions,
+            ..Default::default()
+        })
+        .await;
+    let resp = again.recv().await;
+    assert_eq!(names(&resp), ["moved.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_unsubscribed_name_gets_no_more_updates() {
+    let h = Harness::start(vec![
+        inst("hello", "10.0.0.1", Status::Up),
+        inst("marker", "10.0.0.1", Status::Up),
+    ])
+    .await;
+    let mut envoy = h.ads("envoy-1").await;
+    envoy
+        .subscribe(ENDPOINTS_TYPE_URL, &["hello.vip", "marker.vip"])
+        .await;
+    envoy.recv().await;
+    envoy.unsubscribe(ENDPOINTS_TYPE_URL, &["hello.vip"]).await;
+    h.until_proxy("envoy-1", |p| p.endpoints == ["marker.vip"])
+        .await;
+
+    h.cache.set_snapshot(snapshot(vec![
+        inst("hello", "10.0.0.2", Status::Up),
+        inst("marker", "10.0.0.2", Status::Up),
+    ]));
+    let resp = envoy.recv().await;
+    assert_eq!(names(&resp), ["marker.vip"]);
+    assert!(resp.removed_resources.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_name_that_is_not_an_odmesh_cluster_is_answered_with_a_removal() {
+    let h = Harness::start(vec![]).await;
+    let mut envoy = h.ads("envoy-1").await;
+    envoy.subscribe(CLUSTER_TYPE_URL, &["xds_cluster"]).await;
+    let resp = envoy.recv().await;
+    assert!(resp.resources.is_empty());
+    assert_eq!(resp.removed_resources, ["xds_cluster"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_standalone_cluster_service_serves_clusters_on_its_own_stream() {
+    let h = Harness::start(vec![inst("hello", "10.0.0.1", Status::Up)]).await;
+    let mut client = ClusterDiscoveryServiceClient::connect(format!("http://{}", h.addr))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    let mut inbound = client
+        .delta_clusters(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(DeltaDiscoveryRequest {
+        resource_names_subscribe: vec!["hello.vip".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let resp = tokio::time::timeout(WAIT, inbound.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.type_url, CLUSTER_TYPE_URL);
+    assert_eq!(names(&resp), ["hello.vip"]);
+
+    let sotw = client
+        .fetch_clusters(DiscoveryRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(sotw.code(), tonic::Code::Unimplemented);
+    h.stop().await;
+}
