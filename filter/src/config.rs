@@ -59,8 +59,8 @@ impl Default for Config {
 /// Why a plugin configuration was refused. The `Display` text is what the filter logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InvalidConfig {
-    /// The configuration is not a JSON object of known fields (syntax error, wrong top-level
-    /// type, or an unknown field, which serde's message names).
+    /// What serde_json reported: not a JSON object, a syntax error, an unknown field, or a
+    /// value of the wrong type (the message names the field: "field `secure_ports`: ...").
     Json { reason: String },
     /// A known field holds a bad value.
     Field {
