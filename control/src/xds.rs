@@ -287,12 +287,14 @@ impl<'a> Target<'a> {
         }
     }
 
-    /// `filter_metadata.odmesh = {vip, kind, registered}`, read by Envoy's
-    /// `local_reply_config` to tell "not registered" from "no healthy endpoint".
+    /// `filter_metadata.odmesh = {vip, kind, registered, reason}`, read by Envoy's
+    /// `local_reply_config`: `reason` is the error a client gets when no endpoint can take
+    /// its request, telling "not registered" from "no healthy endpoint".
     fn metadata(&self) -> Metadata {
         let fields = HashMap::from([
             ("vip".to_owned(), string_value(self.vip)),
             ("kind".to_owned(), string_value(self.kind.as_str())),
+            ("reason".to_owned(), string_value(&self.reason())),
             (
                 "registered".to_owned(),
                 Value {
@@ -303,6 +305,22 @@ impl<'a> Target<'a> {
         Metadata {
             filter_metadata: HashMap::from([(METADATA_NAMESPACE.to_owned(), Struct { fields })]),
             ..Default::default()
+        }
+    }
+
+    /// Why a request to this cluster finds no endpoint, in words for the client.
+    fn reason(&self) -> String {
+        let side = match self.kind {
+            Kind::Vip => "VIP",
+            Kind::Svip => "SVIP",
+        };
+        if self.registered {
+            format!(
+                "{side} {} has no healthy endpoint: no instance of it is UP",
+                self.vip
+            )
+        } else {
+            format!("{side} {} is not registered", self.vip)
         }
     }
 
@@ -502,6 +520,10 @@ mod tests {
         assert_eq!(meta["vip"], string_value("hello"));
         assert_eq!(meta["kind"], string_value("vip"));
         assert_eq!(meta["registered"].kind, Some(value::Kind::BoolValue(true)));
+        assert_eq!(
+            meta["reason"],
+            string_value("VIP hello has no healthy endpoint: no instance of it is UP")
+        );
     }
 
     #[test]
@@ -514,6 +536,12 @@ mod tests {
         );
         let meta = odmesh_meta(&c);
         assert_eq!(meta["registered"].kind, Some(value::Kind::BoolValue(false)));
+        assert_eq!(
+            meta["reason"].kind,
+            Some(value::Kind::StringValue(
+                "VIP nobody is not registered".into()
+            ))
+        );
         assert_eq!(meta["vip"], string_value("nobody"));
         let cla = load_assignment("nobody.vip", None).unwrap();
         assert_eq!(cla.cluster_name, "nobody.vip");
