@@ -18,7 +18,8 @@ help: ## list the verbs
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 .PHONY: run
-run: wasm envoy control ## run odmesh for real: control plane, demo upstreams, Envoy with the filter
+run: wasm envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter
+	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
 	scripts/run.sh
 
 .PHONY: test

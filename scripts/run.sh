@@ -6,19 +6,21 @@ set -euo pipefail
 top="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$top"
 ENVOY="${ENVOY:-$top/.tools/envoy-1.40.0/envoy/_bin/envoy}"
-CONTROL="${CONTROL:-$top/target/release/odmesh-control}"
+CONTROL="${CONTROL:-$top/target/debug/odmesh-control}"
 state="$top/.run"
 rm -rf "$state" && mkdir -p "$state"
 
 pids=()
 stop() {
   trap - INT TERM EXIT
+  ((${#pids[@]})) || return 0
   echo; echo "stopping odmesh..."
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   echo "stopped; logs are in $state/"
 }
-trap stop INT TERM EXIT
+trap stop EXIT
+trap 'stop; exit 0' INT TERM
 
 for port in 15001 9901 18000 18001 18081 18082 18083 18443; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
