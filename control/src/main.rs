@@ -57,7 +57,19 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line that says what was wrong and where, e.g.
+            // "error: --registry r.yaml: registry file r.yaml (YAML): ... at line 4 column 1".
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -82,7 +94,8 @@ async fn main() -> anyhow::Result<()> {
         metrics.clone(),
     )
     .await
-    .with_context(|| format!("--registry {}", args.registry.display()))?;
+    // The error names the file, the format and the problem in one line.
+    .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
 
     let (snapshots, _pipeline) = model::follow(source.registry.clone(), metrics.clone());
     let cache = Arc::new(Cache::with_snapshot(options, snapshots.borrow().clone()));
