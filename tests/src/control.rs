@@ -87,7 +87,14 @@ impl ControlPlane {
         self.kill();
         self.starts += 1;
         let label = format!("{label}-{}", self.starts);
-        match spawn_ready(env, &label, &self.registry, &self.args, self.xds, self.admin) {
+        match spawn_ready(
+            env,
+            &label,
+            &self.registry,
+            &self.args,
+            self.xds,
+            self.admin,
+        ) {
             Ok(process) => self.process = Some(process),
             Err(log) => panic!(
                 "{label} did not start again on xDS {} and admin {}; log:\n{log}",

@@ -161,7 +161,9 @@ mod tests {
     fn instances_are_written_in_the_short_yaml_form() {
         let yaml = registry_yaml(&[
             Instance::new("hello", 8080).id("hello-1"),
-            Instance::secure("pay", 8443).svip("pay.secure").status("DOWN"),
+            Instance::secure("pay", 8443)
+                .svip("pay.secure")
+                .status("DOWN"),
         ]);
         assert_eq!(
             yaml,

@@ -161,7 +161,14 @@ impl TlsUpstream {
         command
             .arg("-u")
             .arg(repo_root().join("demo/upstream.py"))
-            .args(["--app", app, "--instance", label, "--port", &port.to_string()])
+            .args([
+                "--app",
+                app,
+                "--instance",
+                label,
+                "--port",
+                &port.to_string(),
+            ])
             .arg("--cert")
             .arg(&identity.cert)
             .arg("--key")

@@ -57,9 +57,11 @@ pub fn wait_until_since(
     mut condition: impl FnMut() -> bool,
 ) -> Duration {
     let timeout = limit.saturating_sub(since.elapsed());
-    wait_for(timeout, &format!("{what} (at most {limit:?} after the change)"), || {
-        condition().then(|| since.elapsed())
-    })
+    wait_for(
+        timeout,
+        &format!("{what} (at most {limit:?} after the change)"),
+        || condition().then(|| since.elapsed()),
+    )
 }
 
 /// Runs `f` and returns its value with how long it took.

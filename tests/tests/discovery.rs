@@ -61,12 +61,20 @@ fn the_first_request_to_a_vip_discovers_its_cluster_and_later_ones_do_not_ask_ag
         1
     );
     assert_eq!(
-        delta(&envoy_before, &envoy_first, "cluster_manager.odcds.update_success"),
+        delta(
+            &envoy_before,
+            &envoy_first,
+            "cluster_manager.odcds.update_success"
+        ),
         1
     );
     // One Cluster and one ClusterLoadAssignment.
     assert_eq!(
-        delta(&control_before, &control_first, "odmesh_xds_resources_sent_total"),
+        delta(
+            &control_before,
+            &control_first,
+            "odmesh_xds_resources_sent_total"
+        ),
         2
     );
 
@@ -123,11 +131,19 @@ fn fifty_concurrent_first_requests_to_a_new_vip_all_succeed_with_one_discovery()
         1
     );
     assert_eq!(
-        delta(&envoy_before, &envoy_after, "cluster_manager.odcds.update_success"),
+        delta(
+            &envoy_before,
+            &envoy_after,
+            "cluster_manager.odcds.update_success"
+        ),
         1
     );
     assert_eq!(
-        delta(&control_before, &control_after, "odmesh_xds_resources_sent_total"),
+        delta(
+            &control_before,
+            &control_after,
+            "odmesh_xds_resources_sent_total"
+        ),
         2
     );
     assert_eq!(mesh.control.subscribed_clusters(), ["hello.vip"]);
@@ -160,7 +176,11 @@ fn twenty_vips_through_one_envoy_are_each_discovered_once_and_routed_to_their_ow
             "after round {round}"
         );
         assert_eq!(
-            delta(&control_before, &control_after, "odmesh_xds_resources_sent_total"),
+            delta(
+                &control_before,
+                &control_after,
+                "odmesh_xds_resources_sent_total"
+            ),
             40,
             "after round {round}"
         );
@@ -176,8 +196,12 @@ fn twenty_vips_through_one_envoy_are_each_discovered_once_and_routed_to_their_ow
 fn assert_fast_503(mesh: &Mesh, host: &str, cluster: &str, error: &str) -> Duration {
     let (response, took) = timed(|| mesh.get(host));
     assert_eq!(response.status, 503, "Host {host}: {}", response.text());
-    let body: Value = serde_json::from_slice(&response.body)
-        .unwrap_or_else(|e| panic!("Host {host}: the 503 body is not JSON ({e}): {}", response.text()));
+    let body: Value = serde_json::from_slice(&response.body).unwrap_or_else(|e| {
+        panic!(
+            "Host {host}: the 503 body is not JSON ({e}): {}",
+            response.text()
+        )
+    });
     assert_eq!(body["error"], error, "Host {host}: {body}");
     assert_eq!(body["cluster"], cluster, "Host {host}: {body}");
     assert!(took < FAST, "Host {host}: the 503 took {took:?}");
@@ -193,7 +217,12 @@ fn an_unknown_vip_fails_fast_every_time_and_routes_within_two_seconds_once_regis
     let not_registered = "VIP nobody is not registered";
     let mut times = Vec::new();
     for _ in 0..10 {
-        times.push(assert_fast_503(&mesh, "nobody", "nobody.vip", not_registered));
+        times.push(assert_fast_503(
+            &mesh,
+            "nobody",
+            "nobody.vip",
+            not_registered,
+        ));
     }
     let response = mesh.get("nobody");
     assert_eq!(response.json()["registered"], false, "{}", response.text());
@@ -225,7 +254,10 @@ fn an_unknown_vip_fails_fast_every_time_and_routes_within_two_seconds_once_regis
 fn a_registered_vip_whose_only_instance_is_down_answers_no_healthy_endpoint() {
     let env = TestEnv::new("discovery_vip_down");
     let lonely = EchoUpstream::start("lonely-1");
-    let mesh = Mesh::start(&env, &[Instance::new("lonely", lonely.port()).status("DOWN")]);
+    let mesh = Mesh::start(
+        &env,
+        &[Instance::new("lonely", lonely.port()).status("DOWN")],
+    );
 
     for _ in 0..3 {
         assert_fast_503(

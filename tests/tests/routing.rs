@@ -58,22 +58,27 @@ fn assert_even(counts: &BTreeMap<String, usize>, upstreams: &[&str]) {
 fn wait_out_of_rotation(mesh: &Mesh, host: &str, gone: &str, since: Instant) -> Duration {
     let mut streak_start: Option<Duration> = None;
     let mut streak = 0;
-    wait_until_since(since, CHANGE_DEADLINE, &format!("{gone} to leave {host}"), || {
-        for _ in 0..OUT_OF_ROTATION {
-            let at = since.elapsed();
-            if route(mesh, host) == gone {
-                streak = 0;
-                streak_start = None;
-                return false;
+    wait_until_since(
+        since,
+        CHANGE_DEADLINE,
+        &format!("{gone} to leave {host}"),
+        || {
+            for _ in 0..OUT_OF_ROTATION {
+                let at = since.elapsed();
+                if route(mesh, host) == gone {
+                    streak = 0;
+                    streak_start = None;
+                    return false;
+                }
+                streak += 1;
+                streak_start.get_or_insert(at);
+                if streak >= OUT_OF_ROTATION {
+                    return true;
+                }
             }
-            streak += 1;
-            streak_start.get_or_insert(at);
-            if streak >= OUT_OF_ROTATION {
-                return true;
-            }
-        }
-        false
-    });
+            false
+        },
+    );
     streak_start.unwrap_or_default()
 }
 
@@ -108,8 +113,7 @@ fn requests_are_spread_round_robin_over_the_up_instances_only() {
 }
 
 #[test]
-fn an_instance_marked_down_leaves_and_an_added_one_joins_within_two_seconds_of_an_atomic_write()
-{
+fn an_instance_marked_down_leaves_and_an_added_one_joins_within_two_seconds_of_an_atomic_write() {
     let env = TestEnv::new("routing_atomic_registry_write");
     let ups: Vec<EchoUpstream> = (1..=4)
         .map(|i| EchoUpstream::start(&format!("hello-{i}")))
@@ -128,7 +132,11 @@ fn an_instance_marked_down_leaves_and_an_added_one_joins_within_two_seconds_of_a
     eprintln!("hello-3 marked DOWN (atomic write): out of rotation after {took:?}");
     let seen = ups[2].requests();
     assert_even(&spread(&mesh, "hello", 20), &["hello-1", "hello-2"]);
-    assert_eq!(ups[2].requests(), seen, "the DOWN instance still gets requests");
+    assert_eq!(
+        ups[2].requests(),
+        seen,
+        "the DOWN instance still gets requests"
+    );
 
     mesh.registry.write_atomic(&[
         instance(0),
@@ -179,7 +187,14 @@ fn invalid_hosts_get_a_400_and_reach_no_cluster() {
     let added = mesh.cluster_manager_stat("cluster_added");
     let control_before = mesh.control.wait_all_answered(Duration::from_secs(5));
 
-    for host in ["", ".", "127.0.0.1", "[::1]:8080", "bad_name!", "hello..vip"] {
+    for host in [
+        "",
+        ".",
+        "127.0.0.1",
+        "[::1]:8080",
+        "bad_name!",
+        "hello..vip",
+    ] {
         for spoof in [None, Some("hello.vip"), Some("odmesh_xds")] {
             let mut request = Request::get("/").host(host);
             if let Some(cluster) = spoof {
@@ -239,7 +254,10 @@ fn a_spoofed_cluster_header_reaches_only_the_vip_of_the_host() {
         assert_eq!(response.status, 200, "{spoofs:?}: {}", response.text());
         let echo = response.json();
         assert_eq!(echo["upstream"], "hello-1", "{spoofs:?}");
-        assert_eq!(echo["headers"]["x-odmesh-cluster"], "hello.vip", "{spoofs:?}");
+        assert_eq!(
+            echo["headers"]["x-odmesh-cluster"], "hello.vip",
+            "{spoofs:?}"
+        );
     }
     assert_eq!(hello.requests(), 5);
     assert_eq!(other.requests(), 1, "a spoofed header reached other.vip");

@@ -5,9 +5,7 @@
 //! `openssl` command. Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control`,
 //! `openssl` and `python3`.
 
-use odmesh_e2e::{
-    EchoUpstream, Instance, Mesh, Request, TestCa, TestEnv, TlsUpstream, Response,
-};
+use odmesh_e2e::{EchoUpstream, Instance, Mesh, Request, Response, TestCa, TestEnv, TlsUpstream};
 
 /// Starts a mesh whose `--upstream-ca` is `ca`, with a plain echo upstream for VIP `hello`
 /// and `tls` as the only instance of SVIP `hello`.
@@ -43,7 +41,11 @@ fn assert_refused(mesh: &Mesh, response: &Response, verify_stat: &str) {
         svip_stat(mesh, &format!("ssl.{verify_stat}")) >= 1,
         "Envoy did not count ssl.{verify_stat}"
     );
-    assert_eq!(svip_stat(mesh, "ssl.handshake"), 0, "a TLS handshake succeeded");
+    assert_eq!(
+        svip_stat(mesh, "ssl.handshake"),
+        0,
+        "a TLS handshake succeeded"
+    );
     assert_eq!(
         svip_stat(mesh, "upstream_rq_total"),
         0,
@@ -61,7 +63,9 @@ fn a_secure_port_reaches_the_svip_over_tls_verified_with_the_test_ca() {
 
     for request in [
         Request::get("/s").host("hello:8443"),
-        Request::get("/s").host("hello").header("x-odmesh-secure", "true"),
+        Request::get("/s")
+            .host("hello")
+            .header("x-odmesh-secure", "true"),
     ] {
         let response = mesh.send(&request);
         assert_eq!(response.status, 200, "{request:?}: {}", response.text());
@@ -71,7 +75,11 @@ fn a_secure_port_reaches_the_svip_over_tls_verified_with_the_test_ca() {
         assert_eq!(answer["path"], "/s", "{answer}");
     }
     assert!(svip_stat(&mesh, "ssl.handshake") >= 1);
-    assert_eq!(plain.requests(), 0, "a secure request went to the plain upstream");
+    assert_eq!(
+        plain.requests(),
+        0,
+        "a secure request went to the plain upstream"
+    );
 
     // The plain side of the same VIP stays plain.
     let response = mesh.get("hello");
