@@ -1,5 +1,6 @@
-//! Test harness for odmesh's end-to-end tests: real Envoy (and later the control plane) as
-//! child processes, a raw HTTP/1.1 client, an echo upstream, bounded waits.
+//! Test harness for odmesh's end-to-end tests: real Envoy and the control plane as child
+//! processes ([`Mesh`] runs both from the shipped bootstrap), registry files, a raw HTTP/1.1
+//! client, echo and TLS upstreams, bounded waits.
 //!
 //! A test starts with a [`TestEnv`], which owns the test's log folder (`tests/logs/<name>/`)
 //! and prints where it is, with the tail of each log, when the test fails:
@@ -18,16 +19,24 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod control;
 pub mod echo;
 pub mod envoy;
 pub mod http;
+pub mod mesh;
 pub mod paths;
 pub mod process;
+pub mod registry;
+pub mod tls;
 pub mod wait;
 
+pub use control::ControlPlane;
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
 pub use http::{Request, Response};
-pub use paths::{envoy_binary, filter_wasm, free_port, repo_root};
+pub use mesh::{Mesh, odmesh_bootstrap};
+pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
-pub use wait::{wait_for, wait_until};
+pub use registry::{Instance, RegistryFile};
+pub use tls::{CertifiedKey, TestCa, TlsUpstream};
+pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};

@@ -64,3 +64,28 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("cannot get a free loopback port from the OS: {e}"))
 }
+
+/// The control plane binary: `$ODMESH_CONTROL` if set, else `target/debug/odmesh-control`
+/// (under `$CARGO_TARGET_DIR` if set). Panics with what to do if it is missing.
+pub fn control_binary() -> PathBuf {
+    if let Some(path) = env::var_os("ODMESH_CONTROL").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "ODMESH_CONTROL={} does not exist; unset it to use target/debug/odmesh-control",
+            path.display()
+        );
+        return path;
+    }
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| repo_root().join("target"), PathBuf::from);
+    let path = target.join("debug/odmesh-control");
+    assert!(
+        path.is_file(),
+        "the control plane is not built: {} is missing; run `cargo build -p odmesh-control` \
+         (or set ODMESH_CONTROL=/path/to/odmesh-control)",
+        path.display()
+    );
+    path
+}

@@ -158,6 +158,15 @@ impl ChildGuard {
             .unwrap_or_else(|e| panic!("cannot check whether {} exited: {e}", self.label))
     }
 
+    /// Kills the process (SIGKILL, as a crash would end it) and reaps it; does nothing if it
+    /// has exited already.
+    pub fn kill(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+
     /// Waits at most `timeout` for the process to exit by itself and returns its status.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let what = format!("{} (pid {}) to exit", self.label, self.id());

@@ -28,6 +28,49 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut poll: impl FnMut() -> Opti
     }
 }
 
+/// Polls `condition` for the whole of `duration` and panics naming `what` the first time it
+/// does not hold: a bounded check that something stays true (or stays quiet).
+///
+/// `what` completes the sentence "... stopped holding after 300ms: ...".
+pub fn hold_for(duration: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    loop {
+        assert!(
+            condition(),
+            "{what} stopped holding after {:?}",
+            start.elapsed()
+        );
+        if start.elapsed() >= duration {
+            return;
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Polls `condition` until it holds, at most until `limit` after `since` (an event in the
+/// past, e.g. a file write); returns the time from `since` to the first poll that saw it
+/// hold. Panics naming `what` when the deadline passes.
+pub fn wait_until_since(
+    since: Instant,
+    limit: Duration,
+    what: &str,
+    mut condition: impl FnMut() -> bool,
+) -> Duration {
+    let timeout = limit.saturating_sub(since.elapsed());
+    wait_for(
+        timeout,
+        &format!("{what} (at most {limit:?} after the change)"),
+        || condition().then(|| since.elapsed()),
+    )
+}
+
+/// Runs `f` and returns its value with how long it took.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let value = f();
+    (value, start.elapsed())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,6 +83,23 @@ mod tests {
             (calls == 3).then_some(calls)
         });
         assert_eq!(v, 3);
+    }
+
+    #[test]
+    fn hold_for_panics_when_the_condition_stops_holding() {
+        let mut calls = 0;
+        let result = std::panic::catch_unwind(move || {
+            hold_for(Duration::from_secs(5), "the first two calls", || {
+                calls += 1;
+                calls <= 2
+            })
+        });
+        let payload = result.expect_err("must panic on the third call");
+        let msg = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(msg.contains("the first two calls stopped holding"), "{msg}");
     }
 
     #[test]

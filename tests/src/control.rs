@@ -1,0 +1,211 @@
+//! The control plane, `odmesh-control`, as a child process: started on free loopback ports
+//! with a registry file, ready once its admin `/readyz` says so, and read through its admin
+//! endpoint (`/metrics`, `/debug/proxies`, `/debug/registry`).
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::http::{Request, Response};
+use crate::paths::{control_binary, free_port};
+use crate::process::{ChildGuard, TestEnv};
+use crate::wait::wait_for;
+
+/// How long the control plane may take to load its registry and serve.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often [`ControlPlane::start`] tries new ports when another process took the free
+/// ones first.
+const PORT_ATTEMPTS: usize = 3;
+
+/// A running `odmesh-control`, killed when dropped.
+pub struct ControlPlane {
+    process: Option<ChildGuard>,
+    registry: PathBuf,
+    args: Vec<String>,
+    xds: SocketAddr,
+    admin: SocketAddr,
+    starts: usize,
+}
+
+impl ControlPlane {
+    /// Starts `odmesh-control --registry <registry>` plus `extra_args` on free loopback ports
+    /// for xDS and admin, and waits until `/readyz` answers 200. Its log is `<label>.log`.
+    pub fn start(env: &TestEnv, label: &str, registry: &Path, extra_args: &[&str]) -> Self {
+        let args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        let mut last_log = String::new();
+        for attempt in 1..=PORT_ATTEMPTS {
+            let xds = loopback(free_port());
+            let admin = loopback(free_port());
+            let label = if attempt == 1 {
+                label.to_owned()
+            } else {
+                format!("{label}-attempt{attempt}")
+            };
+            match spawn_ready(env, &label, registry, &args, xds, admin) {
+                Ok(process) => {
+                    return ControlPlane {
+                        process: Some(process),
+                        registry: registry.to_owned(),
+                        args,
+                        xds,
+                        admin,
+                        starts: 1,
+                    };
+                }
+                Err(log) if log.contains("cannot listen") => last_log = log,
+                Err(log) => panic!("{label} exited before it was ready; log:\n{log}"),
+            }
+        }
+        panic!("the control plane found no free ports in {PORT_ATTEMPTS} attempts:\n{last_log}")
+    }
+
+    /// The xDS (gRPC) address.
+    pub fn xds(&self) -> SocketAddr {
+        self.xds
+    }
+
+    /// The admin HTTP address.
+    pub fn admin(&self) -> SocketAddr {
+        self.admin
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(process) = self.process.as_mut() {
+            process.kill();
+        }
+    }
+
+    /// Starts the control plane again, with the same registry, arguments and addresses,
+    /// after [`ControlPlane::kill`]; the log of the n-th start is `<label>-<n>.log`.
+    pub fn restart(&mut self, env: &TestEnv, label: &str) {
+        self.kill();
+        self.starts += 1;
+        let label = format!("{label}-{}", self.starts);
+        match spawn_ready(
+            env,
+            &label,
+            &self.registry,
+            &self.args,
+            self.xds,
+            self.admin,
+        ) {
+            Ok(process) => self.process = Some(process),
+            Err(log) => panic!(
+                "{label} did not start again on xDS {} and admin {}; log:\n{log}",
+                self.xds, self.admin
+            ),
+        }
+    }
+
+    /// `GET path` on the admin endpoint; panics if it does not answer.
+    pub fn admin_get(&self, path: &str) -> Response {
+        Request::get(path).host("admin").send(self.admin)
+    }
+
+    /// Every metric in `/metrics`, by name.
+    pub fn metrics(&self) -> BTreeMap<String, u64> {
+        self.admin_get("/metrics")
+            .text()
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (name, value) = line.split_once(' ')?;
+                Some((name.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The value of the Prometheus metric `name` (e.g. `odmesh_xds_nacks_total`); panics if
+    /// `/metrics` has no such metric.
+    pub fn metric(&self, name: &str) -> u64 {
+        let mut metrics = self.metrics();
+        metrics
+            .remove(name)
+            .unwrap_or_else(|| panic!("the control plane's /metrics has no {name}: {metrics:?}"))
+    }
+
+    /// Waits until Envoy has answered (ACK or NACK) every xDS response the control plane
+    /// sent, so that counters read next do not race an answer on its way; returns the
+    /// metrics then.
+    pub fn wait_all_answered(&self, timeout: Duration) -> BTreeMap<String, u64> {
+        wait_for(timeout, "Envoy to answer every xDS response", || {
+            let m = self.metrics();
+            let answered = m.get("odmesh_xds_acks_total")? + m.get("odmesh_xds_nacks_total")?;
+            (answered == *m.get("odmesh_xds_responses_total")?).then_some(m)
+        })
+    }
+
+    /// `/debug/proxies`: one object per xDS stream (node_id, clusters, endpoints, acks,
+    /// nacks, last_nack).
+    pub fn proxies(&self) -> Vec<Value> {
+        match self.admin_get("/debug/proxies").json() {
+            Value::Array(proxies) => proxies,
+            other => panic!("/debug/proxies is not a JSON list: {other}"),
+        }
+    }
+
+    /// The cluster names the proxies subscribed, over all streams, sorted, with repeats (a
+    /// name subscribed on two streams shows twice).
+    pub fn subscribed_clusters(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .proxies()
+            .iter()
+            .flat_map(|p| p["clusters"].as_array().cloned().unwrap_or_default())
+            .filter_map(|c| c.as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// `/debug/registry`: `{"source": {...}, "registry": {...}}`.
+    pub fn debug_registry(&self) -> Value {
+        self.admin_get("/debug/registry").json()
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// Starts the process and waits for `/readyz`; `Err(log)` if it exits first.
+fn spawn_ready(
+    env: &TestEnv,
+    label: &str,
+    registry: &Path,
+    args: &[String],
+    xds: SocketAddr,
+    admin: SocketAddr,
+) -> Result<ChildGuard, String> {
+    let mut command = Command::new(control_binary());
+    command
+        .arg("--registry")
+        .arg(registry)
+        .arg("--xds")
+        .arg(xds.to_string())
+        .arg("--admin")
+        .arg(admin.to_string())
+        .args(args);
+    if std::env::var_os("RUST_LOG").is_none() {
+        command.env("RUST_LOG", "info");
+    }
+    let mut process = env.spawn(label, command);
+    let what = format!("{label} to be ready (admin /readyz at {admin} answers 200)");
+    let exited = wait_for(START_TIMEOUT, &what, || {
+        if process.exit_status().is_some() {
+            return Some(true);
+        }
+        let ready = Request::get("/readyz").host("admin").try_send(admin).ok()?;
+        (ready.status == 200).then_some(false)
+    });
+    if exited {
+        Err(process.log())
+    } else {
+        Ok(process)
+    }
+}

@@ -1,0 +1,149 @@
+//! The whole chain as a user runs it: `odmesh-control` with a registry file, and Envoy
+//! started from the shipped bootstrap `envoy/odmesh.yaml` with the filter.
+//!
+//! The bootstrap is used as shipped except for its three ports: the listener (15001) and the
+//! admin (9901) bind port 0, and the xDS cluster points at the test's control plane instead
+//! of 18000. Each replacement must happen exactly once, so a change to the shipped file
+//! that the tests would not see fails loudly here.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::control::ControlPlane;
+use crate::envoy::Envoy;
+use crate::http::{Request, Response};
+use crate::paths::{filter_wasm, repo_root};
+use crate::process::TestEnv;
+use crate::registry::{Instance, RegistryFile};
+use crate::wait::wait_until;
+
+/// The egress listener's name in `envoy/odmesh.yaml`.
+pub const EGRESS_LISTENER: &str = "odmesh_egress";
+
+/// How long Envoy may take to open its xDS stream to a fresh control plane.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shipped `envoy/odmesh.yaml` with its listener and admin on port 0 and its xDS
+/// cluster on `xds_port`.
+pub fn odmesh_bootstrap(xds_port: u16) -> String {
+    let path = repo_root().join("envoy/odmesh.yaml");
+    let shipped = fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read the bootstrap {}: {e}", path.display()));
+    let xds = format!("port_value: {xds_port}");
+    let mut out = shipped;
+    for (from, to, what) in [
+        ("port_value: 15001", "port_value: 0", "the egress listener"),
+        ("port_value: 9901", "port_value: 0", "the admin"),
+        ("port_value: 18000", xds.as_str(), "the control plane (xDS)"),
+    ] {
+        let found = out.matches(from).count();
+        assert_eq!(
+            found,
+            1,
+            "{} should say `{from}` exactly once ({what}), it does {found} times",
+            path.display()
+        );
+        out = out.replace(from, to);
+    }
+    out
+}
+
+/// A control plane with a registry file, and Envoy from the shipped bootstrap connected to
+/// it. Envoy is stopped first, then the control plane, when dropped.
+pub struct Mesh {
+    /// Envoy, started from `envoy/odmesh.yaml`.
+    pub envoy: Envoy,
+    /// The control plane.
+    pub control: ControlPlane,
+    /// The control plane's registry file, `registry.yaml` in the test's folder.
+    pub registry: RegistryFile,
+}
+
+impl Mesh {
+    /// Starts the control plane on a registry of `instances`, then Envoy, and waits until
+    /// Envoy's xDS stream is up.
+    pub fn start(env: &TestEnv, instances: &[Instance]) -> Mesh {
+        Mesh::start_with(env, instances, &[])
+    }
+
+    /// [`Mesh::start`] with more arguments for `odmesh-control` (e.g. `--upstream-ca F`).
+    pub fn start_with(env: &TestEnv, instances: &[Instance], control_args: &[&str]) -> Mesh {
+        filter_wasm();
+        let registry = RegistryFile::create(&env.log_dir().join("registry.yaml"), instances);
+        let control = ControlPlane::start(env, "control", registry.path(), control_args);
+        let envoy = Envoy::start(env, "envoy", &odmesh_bootstrap(control.xds().port()));
+        let mesh = Mesh {
+            envoy,
+            control,
+            registry,
+        };
+        mesh.wait_connected(CONNECT_TIMEOUT);
+        mesh
+    }
+
+    /// Waits until Envoy's ADS stream is connected (`control_plane.connected_state` 1) and
+    /// the control plane sees it.
+    pub fn wait_connected(&self, timeout: Duration) {
+        wait_until(timeout, "Envoy to connect to the control plane", || {
+            self.envoy.stat("control_plane.connected_state") == Some(1)
+                && !self.control.proxies().is_empty()
+        });
+    }
+
+    /// Envoy's egress listener, where services send their requests.
+    pub fn egress(&self) -> SocketAddr {
+        self.envoy.listener(EGRESS_LISTENER)
+    }
+
+    /// Sends `request` to the egress listener.
+    pub fn send(&self, request: &Request) -> Response {
+        request.send(self.egress())
+    }
+
+    /// `GET /` with `Host: host` through the egress listener.
+    pub fn get(&self, host: &str) -> Response {
+        self.send(&Request::get("/").host(host))
+    }
+
+    /// Envoy's `cluster_manager.*` counters and gauges that count cluster discovery:
+    /// `cluster_added`, `cluster_removed`, `active_clusters` and `odcds.*`.
+    pub fn discovery_stats(&self) -> BTreeMap<String, u64> {
+        self.envoy
+            .stats()
+            .into_iter()
+            .filter(|(name, _)| {
+                name.starts_with("cluster_manager.")
+                    && (name.ends_with("cluster_added")
+                        || name.ends_with("cluster_removed")
+                        || name.ends_with("active_clusters")
+                        || (name.starts_with("cluster_manager.odcds.update_")
+                            && !name.ends_with("update_time")))
+            })
+            .collect()
+    }
+
+    /// One `cluster_manager.*` stat; 0 if Envoy has not created it yet (the `odcds.*` stats
+    /// appear with the first on-demand discovery).
+    pub fn cluster_manager_stat(&self, name: &str) -> u64 {
+        self.envoy
+            .stat(&format!("cluster_manager.{name}"))
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_bootstrap_gets_free_ports_and_the_test_control_plane() {
+        let yaml = odmesh_bootstrap(23456);
+        assert!(yaml.contains("port_value: 23456"));
+        assert_eq!(yaml.matches("port_value: 0").count(), 2);
+        for port in ["15001", "9901", "18000"] {
+            assert!(!yaml.contains(&format!("port_value: {port}")), "{port}");
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Where requests go, against real Envoy and `odmesh-control`: round robin over the `UP`
+//! instances of a VIP, registry edits (atomic or in place) that move traffic within 2 s, and
+//! requests that must reach nothing (invalid hosts) or not the cluster a client named
+//! (spoofed `x-odmesh-cluster`). Needs `make envoy`, `make wasm` and
+//! `cargo build -p odmesh-control`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use odmesh_e2e::{EchoUpstream, Instance, Mesh, Request, TestEnv, wait_until_since};
+
+/// How soon a registry change must reach Envoy (SPEC.md, issue 3).
+const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
+/// With strict round robin, an instance shows up once in every `n` requests to `n`
+/// instances; this many in a row without it means it is out of the rotation.
+const OUT_OF_ROTATION: usize = 6;
+
+/// Sends `GET /` with `Host: host`, expects a 200 and returns the echo upstream's name.
+fn route(mesh: &Mesh, host: &str) -> String {
+    let response = mesh.get(host);
+    assert_eq!(
+        response.status,
+        200,
+        "Host {host} was not routed: {}",
+        response.text()
+    );
+    response.json()["upstream"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an echo answer: {}", response.text()))
+        .to_owned()
+}
+
+/// Sends `n` requests for `host` and counts them per upstream.
+fn spread(mesh: &Mesh, host: &str, n: usize) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for _ in 0..n {
+        *counts.entry(route(mesh, host)).or_default() += 1;
+    }
+    counts
+}
+
+/// Asserts that `counts` holds exactly `upstreams`, each within one of an even share.
+fn assert_even(counts: &BTreeMap<String, usize>, upstreams: &[&str]) {
+    let names: Vec<&str> = counts.keys().map(String::as_str).collect();
+    assert_eq!(names, upstreams, "requests went to {counts:?}");
+    let total: usize = counts.values().sum();
+    let share = total / upstreams.len();
+    for (name, count) in counts {
+        assert!(
+            count.abs_diff(share) <= 1,
+            "{name} got {count} of {total} requests, not about {share}: {counts:?}"
+        );
+    }
+}
+
+/// Polls `host` until `OUT_OF_ROTATION` answers in a row came from somewhere other than
+/// `gone`, at most 2 s after `since`; returns the time from `since` to the first of them.
+fn wait_out_of_rotation(mesh: &Mesh, host: &str, gone: &str, since: Instant) -> Duration {
+    let mut streak_start: Option<Duration> = None;
+    let mut streak = 0;
+    wait_until_since(
+        since,
+        CHANGE_DEADLINE,
+        &format!("{gone} to leave {host}"),
+        || {
+            for _ in 0..OUT_OF_ROTATION {
+                let at = since.elapsed();
+                if route(mesh, host) == gone {
+                    streak = 0;
+                    streak_start = None;
+                    return false;
+                }
+                streak += 1;
+                streak_start.get_or_insert(at);
+                if streak >= OUT_OF_ROTATION {
+                    return true;
+                }
+            }
+            false
+        },
+    );
+    streak_start.unwrap_or_default()
+}
+
+/// Polls `host` until `upstream` answers, at most 2 s after `since`; returns the time.
+fn wait_in_rotation(mesh: &Mesh, host: &str, upstream: &EchoUpstream, since: Instant) -> Duration {
+    let what = format!("{} to join {host}", upstream.name());
+    wait_until_since(since, CHANGE_DEADLINE, &what, || {
+        (0..OUT_OF_ROTATION).any(|_| route(mesh, host) == upstream.name())
+    })
+}
+
+#[test]
+fn requests_are_spread_round_robin_over_the_up_instances_only() {
+    let env = TestEnv::new("routing_round_robin");
+    let ups: Vec<EchoUpstream> = (1..=4)
+        .map(|i| EchoUpstream::start(&format!("hello-{i}")))
+        .collect();
+    let mesh = Mesh::start(
+        &env,
+        &[
+            Instance::new("hello", ups[0].port()),
+            Instance::new("hello", ups[1].port()),
+            Instance::new("hello", ups[2].port()),
+            Instance::new("hello", ups[3].port()).status("DOWN"),
+        ],
+    );
+
+    let counts = spread(&mesh, "hello", 30);
+    eprintln!("30 requests to VIP hello: {counts:?}");
+    assert_even(&counts, &["hello-1", "hello-2", "hello-3"]);
+    assert_eq!(ups[3].requests(), 0, "the DOWN instance got requests");
+}
+
+#[test]
+fn an_instance_marked_down_leaves_and_an_added_one_joins_within_two_seconds_of_an_atomic_write() {
+    let env = TestEnv::new("routing_atomic_registry_write");
+    let ups: Vec<EchoUpstream> = (1..=4)
+        .map(|i| EchoUpstream::start(&format!("hello-{i}")))
+        .collect();
+    let instance = |i: usize| Instance::new("hello", ups[i].port()).id(&format!("hello-{}", i + 1));
+    let mesh = Mesh::start(&env, &[instance(0), instance(1), instance(2)]);
+    assert_even(
+        &spread(&mesh, "hello", 9),
+        &["hello-1", "hello-2", "hello-3"],
+    );
+
+    mesh.registry
+        .write_atomic(&[instance(0), instance(1), instance(2).status("DOWN")]);
+    let written = Instant::now();
+    let took = wait_out_of_rotation(&mesh, "hello", "hello-3", written);
+    eprintln!("hello-3 marked DOWN (atomic write): out of rotation after {took:?}");
+    let seen = ups[2].requests();
+    assert_even(&spread(&mesh, "hello", 20), &["hello-1", "hello-2"]);
+    assert_eq!(
+        ups[2].requests(),
+        seen,
+        "the DOWN instance still gets requests"
+    );
+
+    mesh.registry.write_atomic(&[
+        instance(0),
+        instance(1),
+        instance(2).status("DOWN"),
+        instance(3),
+    ]);
+    let written = Instant::now();
+    let took = wait_in_rotation(&mesh, "hello", &ups[3], written);
+    eprintln!("hello-4 added (atomic write): first request after {took:?}");
+    assert_even(
+        &spread(&mesh, "hello", 30),
+        &["hello-1", "hello-2", "hello-4"],
+    );
+}
+
+#[test]
+fn an_in_place_edit_of_the_registry_file_moves_traffic_within_two_seconds() {
+    let env = TestEnv::new("routing_in_place_registry_write");
+    let old = EchoUpstream::start("hello-old");
+    let new = EchoUpstream::start("hello-new");
+    let mesh = Mesh::start(&env, &[Instance::new("hello", old.port())]);
+    assert_eq!(route(&mesh, "hello"), "hello-old");
+
+    // The old instance is removed from the file, the new one added, in one write.
+    mesh.registry
+        .write_in_place(&[Instance::new("hello", new.port())]);
+    let written = Instant::now();
+    let joined = wait_in_rotation(&mesh, "hello", &new, written);
+    let left = wait_out_of_rotation(&mesh, "hello", "hello-old", written);
+    eprintln!(
+        "in-place write replacing hello-old by hello-new: hello-new answered after {joined:?}, \
+         hello-old out of rotation after {left:?}"
+    );
+    let seen = old.requests();
+    assert_eq!(
+        spread(&mesh, "hello", 10).into_iter().collect::<Vec<_>>(),
+        [("hello-new".to_owned(), 10)]
+    );
+    assert_eq!(old.requests(), seen);
+}
+
+#[test]
+fn invalid_hosts_get_a_400_and_reach_no_cluster() {
+    let env = TestEnv::new("routing_invalid_hosts");
+    let hello = EchoUpstream::start("hello-1");
+    let mesh = Mesh::start(&env, &[Instance::new("hello", hello.port())]);
+    let added = mesh.cluster_manager_stat("cluster_added");
+    let control_before = mesh.control.wait_all_answered(Duration::from_secs(5));
+
+    for host in [
+        "",
+        ".",
+        "127.0.0.1",
+        "[::1]:8080",
+        "bad_name!",
+        "hello..vip",
+    ] {
+        for spoof in [None, Some("hello.vip"), Some("odmesh_xds")] {
+            let mut request = Request::get("/").host(host);
+            if let Some(cluster) = spoof {
+                request = request.header("x-odmesh-cluster", cluster);
+            }
+            let response = mesh.send(&request);
+            let body = response.text();
+            assert_eq!(
+                response.status, 400,
+                "Host {host:?}, x-odmesh-cluster {spoof:?}: {body}"
+            );
+            assert!(
+                body.starts_with("odmesh: cannot route this request: "),
+                "Host {host:?}: the body should say why: {body:?}"
+            );
+        }
+    }
+    assert_eq!(hello.requests(), 0, "an invalid host reached an upstream");
+    assert_eq!(mesh.cluster_manager_stat("cluster_added"), added);
+    let control_after = mesh.control.wait_all_answered(Duration::from_secs(5));
+    assert_eq!(
+        control_after["odmesh_xds_requests_total"], control_before["odmesh_xds_requests_total"],
+        "an invalid host made Envoy ask the control plane for a cluster"
+    );
+    assert!(mesh.control.subscribed_clusters().is_empty());
+}
+
+#[test]
+fn a_spoofed_cluster_header_reaches_only_the_vip_of_the_host() {
+    let env = TestEnv::new("routing_spoofed_cluster_header");
+    let hello = EchoUpstream::start("hello-1");
+    let other = EchoUpstream::start("other-1");
+    let mesh = Mesh::start(
+        &env,
+        &[
+            Instance::new("hello", hello.port()),
+            Instance::new("other", other.port()),
+        ],
+    );
+    // Both clusters exist in Envoy, so a spoofed name would have somewhere to go.
+    assert_eq!(route(&mesh, "other"), "other-1");
+    assert_eq!(route(&mesh, "hello"), "hello-1");
+    let xds_requests = |m: &Mesh| m.envoy.stat("cluster.odmesh_xds.upstream_rq_total");
+    let xds_before = xds_requests(&mesh);
+
+    for spoofs in [
+        &["odmesh_xds"][..],
+        &["other.vip"],
+        &["other.svip"],
+        &["odmesh_xds", "other.vip"],
+    ] {
+        let mut request = Request::get("/").host("hello");
+        for spoof in spoofs {
+            request = request.header("x-odmesh-cluster", spoof);
+        }
+        let response = mesh.send(&request);
+        assert_eq!(response.status, 200, "{spoofs:?}: {}", response.text());
+        let echo = response.json();
+        assert_eq!(echo["upstream"], "hello-1", "{spoofs:?}");
+        assert_eq!(
+            echo["headers"]["x-odmesh-cluster"], "hello.vip",
+            "{spoofs:?}"
+        );
+    }
+    assert_eq!(hello.requests(), 5);
+    assert_eq!(other.requests(), 1, "a spoofed header reached other.vip");
+    assert_eq!(
+        xds_requests(&mesh),
+        xds_before,
+        "a spoofed header reached the xDS cluster"
+    );
+    assert_eq!(
+        mesh.control.subscribed_clusters(),
+        ["hello.vip", "other.vip"],
+        "a spoofed header made Envoy discover a cluster"
+    );
+}
