@@ -82,10 +82,8 @@ async fn run() -> anyhow::Result<()> {
 
     let mut options = XdsOptions::new(args.upstream_ca.clone());
     options.verify_upstream_san = !args.no_upstream_san_check;
-    if let Some(ca) = &args.upstream_ca
-        && !ca.is_file()
-    {
-        bail!("--upstream-ca {}: no such file", ca.display());
+    if let Some(ca) = &args.upstream_ca {
+        check_ca_bundle(ca)?;
     }
 
     let source = registry::file::start(
@@ -139,6 +137,20 @@ async fn run() -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     xds_task.await?.context("xDS server")?;
     admin_task.await?.context("admin server")?;
+    Ok(())
+}
+
+/// Refuses a CA bundle Envoy could not use: every `.svip` cluster would be rejected (NACK)
+/// and each first request to one would wait for the discovery timeout.
+fn check_ca_bundle(path: &std::path::Path) -> anyhow::Result<()> {
+    let pem = std::fs::read_to_string(path)
+        .with_context(|| format!("--upstream-ca {}: cannot read", path.display()))?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        bail!(
+            "--upstream-ca {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
+            path.display()
+        );
+    }
     Ok(())
 }
 

@@ -152,8 +152,12 @@ fn a_broken_registry_file_keeps_the_last_good_registry_until_it_is_fixed() {
 #[test]
 fn a_cluster_envoy_rejects_is_reported_once_and_not_sent_again_in_a_loop() {
     let env = TestEnv::new("resilience_nack");
-    // A CA file Envoy cannot load: every .svip cluster is rejected.
-    let bad_ca = env.write_file("bad-ca.pem", "this is not a certificate\n");
+    // A CA file that looks like PEM (the control plane checks that much at start) but that
+    // Envoy cannot load: every .svip cluster is rejected.
+    let bad_ca = env.write_file(
+        "bad-ca.pem",
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+    );
     let bad_ca = bad_ca.to_string_lossy().into_owned();
     let hello = EchoUpstream::start("hello-1");
     let mesh = Mesh::start_with(

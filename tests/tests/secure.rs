@@ -32,10 +32,15 @@ fn svip_stat(mesh: &Mesh, name: &str) -> u64 {
 fn assert_refused(mesh: &Mesh, response: &Response, verify_stat: &str) {
     let body = response.text();
     assert_eq!(response.status, 503, "{body}");
-    // Envoy's stock answer for a failed upstream connection (no TLS detail in it).
+    // The bootstrap's local reply for flag UF: JSON naming the failure and its TLS reason.
+    let json = response.json();
+    assert_eq!(json["error"], "upstream connection failed", "{body}");
+    assert_eq!(json["cluster"], "hello.svip", "{body}");
     assert!(
-        body.contains("upstream connect error"),
-        "the 503 should say the upstream connection failed: {body}"
+        json["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("CERTIFICATE_VERIFY_FAILED")),
+        "the 503 should give the TLS failure reason: {body}"
     );
     assert!(
         svip_stat(mesh, &format!("ssl.{verify_stat}")) >= 1,
