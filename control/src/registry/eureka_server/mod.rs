@@ -19,7 +19,9 @@
 //! changed within the last `delta_retention` (3 minutes) with `actionType`, and the
 //! `apps__hashcode` of the whole registry; a heartbeat whose `lastDirtyTimestamp` is newer
 //! than the registered one answers 404 so the client registers its newer data; a status
-//! override wins over the status an instance reports, except `DOWN` and `STARTING`.
+//! override wins over the status an instance reports, except `DOWN` and `STARTING`; the
+//! `status` and `overriddenstatus` parameters of a heartbeat are ignored (Eureka uses them
+//! only between peers).
 //!
 //! Leases: an instance expires `leaseInfo.durationInSecs` after its last heartbeat (as
 //! Eureka does), or after the configured `lease_duration` when it does not say; a background
@@ -634,10 +636,11 @@ fn full_applications(state: &Ledger) -> Applications {
 /// Runs the REST API on `listener` and the eviction of expired leases, until the server
 /// fails.
 pub async fn serve(listener: TcpListener, registry: EurekaRegistry) -> std::io::Result<()> {
-    let eviction = tokio::spawn(registry.clone().run_eviction());
-    let result = axum::serve(listener, registry.router()).await;
-    eviction.abort();
-    result
+    // One future for both, so that dropping (or aborting) it stops both.
+    tokio::select! {
+        result = axum::serve(listener, registry.router()) => result,
+        () = registry.clone().run_eviction() => Ok(()),
+    }
 }
 
 /// A running embedded registry: the registry in use, how it is doing, and its task.
