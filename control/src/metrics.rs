@@ -41,6 +41,28 @@ metrics! {
     registry_instances: "gauge",
     /// Clusters (VIPs and SVIPs) the registry in use defines.
     registry_clusters: "gauge",
+    /// Eureka source: fetches (full or delta) that a Eureka server answered with a usable document.
+    eureka_fetches_total: "counter",
+    /// Eureka source: full registry fetches (the first, and after a mismatch, bad delta or outage).
+    eureka_full_fetches_total: "counter",
+    /// Eureka source: fetch rounds that failed on every configured server (the last good registry stayed).
+    eureka_fetch_errors_total: "counter",
+    /// Eureka source: deltas whose result did not match the server's `apps__hashcode`.
+    eureka_hash_mismatches_total: "counter",
+    /// Eureka source: switches to another configured server after a failure.
+    eureka_failovers_total: "counter",
+    /// Embedded Eureka registry: registrations accepted.
+    eureka_registrations_total: "counter",
+    /// Embedded Eureka registry: heartbeats that renewed a lease.
+    eureka_renewals_total: "counter",
+    /// Embedded Eureka registry: heartbeats for an unknown instance (answered 404).
+    eureka_renewals_not_found_total: "counter",
+    /// Embedded Eureka registry: cancellations.
+    eureka_cancels_total: "counter",
+    /// Embedded Eureka registry: instances evicted after their lease expired.
+    eureka_evictions_total: "counter",
+    /// Embedded Eureka registry: status overrides set or removed.
+    eureka_status_updates_total: "counter",
     /// xDS streams open now.
     xds_streams_active: "gauge",
     /// xDS streams opened since start.

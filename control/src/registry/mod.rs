@@ -72,6 +72,8 @@ pub struct Registry {
 }
 
 pub mod eureka;
+pub mod eureka_client;
+pub mod eureka_server;
 pub mod file;
 pub mod status;
 pub mod yaml;

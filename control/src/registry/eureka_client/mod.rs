@@ -1,0 +1,485 @@
+//! The Eureka source (`--eureka URL`, repeatable): follows one or more Eureka servers the way
+//! Eureka's own clients do.
+//!
+//! - First a full fetch, `GET {URL}/apps` with `Accept: application/json`.
+//! - Then every `interval` (30 s by default, Eureka's) `GET {URL}/apps/delta`: the
+//!   `ADDED`/`MODIFIED`/`DELETED` instances are applied to the local copy, and its reconcile
+//!   hash code is compared with the delta's `apps__hashcode`. A mismatch, a delta without a
+//!   hash code, or a delta answer that is not a usable document (an error status, an empty or
+//!   garbled body) means a full fetch right away.
+//! - When a server does not answer (connection refused, timeout, 5xx, garbage), the next URL
+//!   is tried, in turn; when none answers, the error is recorded (log, metric
+//!   `eureka_fetch_errors_total`, [`SourceHealth`]), the last good registry stays in use, and
+//!   the next attempt, a full fetch, comes after a backoff that doubles from
+//!   `min(interval, 1 s)` up to `max_backoff` (the interval by default).
+//! - Every HTTP call has a timeout (`request_timeout`, 10 s by default).
+//! - A new registry is published only when the plain model changed.
+//!
+//! The age of the last good fetch is the [`SourceHealth`]'s `last_success` (also the gauge
+//! `registry_last_success_seconds`); see [`EurekaSource::age_of_last_fetch`].
+//!
+//! Limits: `http://` only (no TLS, no basic auth in the URL yet); an instance on the server
+//! that odmesh cannot read at all (see [`eureka::parse_document`]) is missing from the local
+//! copy, so its status is missing from the hash code and every poll becomes a full fetch
+//! (still correct, logged as a hash mismatch).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper::header::ACCEPT;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::metrics::Metrics;
+
+use super::eureka::{self, ActionType, Applications, InvalidDocument};
+use super::{Registry, SourceHealth};
+
+/// Eureka clients poll every 30 s.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+/// The bound on every HTTP call (connect, answer and body).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`start`] waits for the first good fetch before it returns an unloaded source.
+pub const DEFAULT_FIRST_FETCH_WAIT: Duration = Duration::from_secs(5);
+/// Larger answers are refused.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// How to follow the Eureka servers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Base URLs of the Eureka servers, e.g. `http://eureka:8761/eureka`, tried in turn.
+    pub urls: Vec<String>,
+    /// Time between two polls of the delta.
+    pub interval: Duration,
+    /// The bound on every HTTP call.
+    pub request_timeout: Duration,
+    /// The longest wait between two attempts after failures.
+    pub max_backoff: Duration,
+    /// How long [`start_with`] waits for the first good fetch.
+    pub first_fetch_wait: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for everything but the servers and the poll interval.
+    pub fn new(urls: Vec<String>, interval: Duration) -> ClientConfig {
+        ClientConfig {
+            urls,
+            interval,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_backoff: interval,
+            first_fetch_wait: DEFAULT_FIRST_FETCH_WAIT,
+        }
+    }
+}
+
+/// A `--eureka` URL that cannot be followed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid Eureka URL {url:?}: {reason}")]
+pub struct InvalidEurekaUrl {
+    pub url: String,
+    pub reason: String,
+}
+
+/// Why one fetch from one Eureka server failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{url}: {reason}")]
+    Transport { url: String, reason: String },
+    #[error("{url}: no answer within {after:?}")]
+    Timeout { url: String, after: Duration },
+    #[error("{url}: answered HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{url}: {source}")]
+    Document {
+        url: String,
+        source: InvalidDocument,
+    },
+}
+
+impl FetchError {
+    /// Whether the server is unreachable (as opposed to answering something unusable).
+    fn is_unreachable(&self) -> bool {
+        match self {
+            FetchError::Transport { .. } | FetchError::Timeout { .. } => true,
+            FetchError::Status { status, .. } => *status >= 500,
+            FetchError::Document { .. } => false,
+        }
+    }
+}
+
+/// A running Eureka source: the registry in use, how the source is doing, and its task.
+#[derive(Debug)]
+pub struct EurekaSource {
+    /// The last good registry; changes when Eureka's does.
+    pub registry: watch::Receiver<Arc<Registry>>,
+    /// For `/readyz` (loaded once a fetch succeeded) and `/debug/registry`.
+    pub health: SourceHealth,
+    /// The follower; it ends when every receiver of `registry` is dropped.
+    pub task: JoinHandle<()>,
+}
+
+impl EurekaSource {
+    /// Time since the last good fetch (full or delta); `None` before the first.
+    pub fn age_of_last_fetch(&self) -> Option<Duration> {
+        self.health
+            .snapshot()
+            .age_of_last_success(SystemTime::now())
+    }
+}
+
+/// Follows `urls` with the default timeouts: see [`start_with`].
+pub async fn start(
+    urls: Vec<String>,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+) -> Result<EurekaSource, InvalidEurekaUrl> {
+    start_with(ClientConfig::new(urls, interval), metrics).await
+}
+
+/// Checks the URLs, spawns the follower, and waits for its first good fetch for at most
+/// `first_fetch_wait`. When Eureka does not answer in time, the source is returned unloaded
+/// (`health.is_loaded()` is false, `/readyz` says not ready, the registry is empty) and
+/// keeps trying in the background.
+pub async fn start_with(
+    config: ClientConfig,
+    metrics: Arc<Metrics>,
+) -> Result<EurekaSource, InvalidEurekaUrl> {
+    let urls = config
+        .urls
+        .iter()
+        .map(|u| normalize_url(u))
+        .collect::<Result<Vec<_>, _>>()?;
+    if urls.is_empty() {
+        return Err(InvalidEurekaUrl {
+            url: String::new(),
+            reason: "no Eureka URL given".into(),
+        });
+    }
+    let health = SourceHealth::new(format!("eureka {}", urls.join(" ")));
+    let (tx, registry) = watch::channel(Arc::new(Registry::default()));
+    let loaded = Arc::new(Notify::new());
+    let follower = Follower::new(urls, config.clone(), metrics, health.clone(), &loaded);
+    let task = tokio::spawn(follower.run(tx));
+    if tokio::time::timeout(config.first_fetch_wait, loaded.notified())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            wait = ?config.first_fetch_wait,
+            "no Eureka server answered yet; starting without a registry and retrying"
+        );
+    }
+    Ok(EurekaSource {
+        registry,
+        health,
+        task,
+    })
+}
+
+/// Checks a base URL and removes its trailing `/`; a URL without a path means `/eureka`.
+pub fn normalize_url(url: &str) -> Result<String, InvalidEurekaUrl> {
+    let invalid = |reason: &str| InvalidEurekaUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let uri: hyper::Uri = url
+        .trim()
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| invalid(&e.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(invalid("https is not supported yet; use http://")),
+        _ => return Err(invalid("expected http://HOST[:PORT]/PATH")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(invalid("no host"));
+    };
+    if authority.as_str().contains('@') {
+        return Err(invalid("credentials in the URL are not supported yet"));
+    }
+    if uri.query().is_some() {
+        return Err(invalid("a base URL takes no query"));
+    }
+    let path = uri.path().trim_end_matches('/');
+    let path = if path.is_empty() { "/eureka" } else { path };
+    Ok(format!("http://{authority}{path}"))
+}
+
+/// The wait before attempt `failures + 1`: `base` doubled per failure beyond the first,
+/// at most `cap`.
+pub fn backoff(failures: u32, base: Duration, cap: Duration) -> Duration {
+    let factor = 1u32 << failures.saturating_sub(1).min(20);
+    base.saturating_mul(factor).min(cap)
+}
+
+/// Applies a delta to a local copy: `ADDED` and `MODIFIED` replace (or add) the instance
+/// with the same id, `DELETED` removes it; applications left empty are dropped. Instances
+/// without an action type are ignored (the hash code check catches what that misses).
+pub fn apply_delta(local: &mut Applications, delta: &Applications) {
+    for app in &delta.application {
+        for inst in &app.instance {
+            let Some(id) = inst.id() else { continue };
+            let Some(action) = inst.action_type else {
+                tracing::debug!(
+                    app = app.name,
+                    id,
+                    "delta instance without actionType ignored"
+                );
+                continue;
+            };
+            let index = local
+                .application
+                .iter()
+                .position(|a| a.name.eq_ignore_ascii_case(&app.name));
+            if let Some(i) = index {
+                local.application[i].instance.retain(|x| x.id() != Some(id));
+            }
+            if action == ActionType::Deleted {
+                continue;
+            }
+            let mut inst = inst.clone();
+            inst.action_type = None;
+            match index {
+                Some(i) => local.application[i].instance.push(inst),
+                None => local.application.push(eureka::Application {
+                    name: app.name.clone(),
+                    instance: vec![inst],
+                    ..eureka::Application::default()
+                }),
+            }
+        }
+    }
+    local.application.retain(|a| !a.instance.is_empty());
+    local.apps_hashcode.clone_from(&delta.apps_hashcode);
+    local.versions_delta.clone_from(&delta.versions_delta);
+}
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// The polling state, and where it reports.
+struct Follower {
+    http: HttpClient,
+    urls: Vec<String>,
+    /// The URL that answered last; tried first.
+    current: usize,
+    config: ClientConfig,
+    metrics: Arc<Metrics>,
+    health: SourceHealth,
+    /// The local copy of the server's registry, once fetched.
+    local: Option<Applications>,
+    /// The next poll must be a full fetch (after a failure).
+    need_full: bool,
+    failures: u32,
+    /// The warnings last logged, to log only new ones.
+    warnings: Vec<String>,
+    loaded: Arc<Notify>,
+}
+
+impl Follower {
+    fn new(
+        urls: Vec<String>,
+        config: ClientConfig,
+        metrics: Arc<Metrics>,
+        health: SourceHealth,
+        loaded: &Arc<Notify>,
+    ) -> Follower {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.request_timeout));
+        connector.set_nodelay(true);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Follower {
+            http,
+            urls,
+            current: 0,
+            config,
+            metrics,
+            health,
+            local: None,
+            need_full: true,
+            failures: 0,
+            warnings: Vec::new(),
+            loaded: Arc::clone(loaded),
+        }
+    }
+
+    async fn run(mut self, tx: watch::Sender<Arc<Registry>>) {
+        let base = self.config.interval.min(Duration::from_secs(1));
+        loop {
+            let wait = match self.poll().await {
+                Ok(applications) => {
+                    self.failures = 0;
+                    self.publish(&applications, &tx);
+                    self.local = Some(applications);
+                    self.need_full = false;
+                    self.config.interval
+                }
+                Err(e) => {
+                    self.failures += 1;
+                    self.need_full = true;
+                    Metrics::inc(&self.metrics.eureka_fetch_errors_total);
+                    self.health.record_error(&self.metrics, &e);
+                    let wait = backoff(self.failures, base, self.config.max_backoff);
+                    tracing::warn!(
+                        error = %e,
+                        failures = self.failures,
+                        retry_in = ?wait,
+                        "no Eureka server gave a usable registry; keeping the last good registry"
+                    );
+                    wait
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = tx.closed() => return,
+            }
+        }
+    }
+
+    /// One poll: a delta applied to the local copy, or a full fetch; the new local copy.
+    async fn poll(&mut self) -> Result<Applications, FetchError> {
+        let Some(local) = self.local.as_ref().filter(|_| !self.need_full) else {
+            return self.fetch_full(false).await;
+        };
+        let delta = match self.fetch_one(self.current, "/apps/delta").await {
+            Ok(delta) => delta,
+            Err(e) => {
+                tracing::info!(error = %e, "Eureka delta not usable; fetching the full registry");
+                return self.fetch_full(e.is_unreachable()).await;
+            }
+        };
+        let mut next = local.clone();
+        apply_delta(&mut next, &delta);
+        let theirs = delta.apps_hashcode.as_deref();
+        let ours = next.reconcile_hash_code();
+        if theirs == Some(ours.as_str()) {
+            return Ok(next);
+        }
+        Metrics::inc(&self.metrics.eureka_hash_mismatches_total);
+        tracing::info!(
+            ours,
+            theirs = theirs.unwrap_or("(none)"),
+            "Eureka delta does not match the server's hash code; fetching the full registry"
+        );
+        self.fetch_full(false).await
+    }
+
+    /// `GET /apps` from each URL in turn, from the current one (or the one after it, when
+    /// the current one just failed), until one answers.
+    async fn fetch_full(&mut self, skip_current: bool) -> Result<Applications, FetchError> {
+        let n = self.urls.len();
+        let first = if skip_current && n > 1 {
+            self.current + 1
+        } else {
+            self.current
+        };
+        let mut last_error = None;
+        for k in 0..n {
+            let i = (first + k) % n;
+            match self.fetch_one(i, "/apps").await {
+                Ok(apps) => {
+                    if i != self.current {
+                        Metrics::inc(&self.metrics.eureka_failovers_total);
+                        tracing::info!(url = self.urls[i], "following another Eureka server");
+                        self.current = i;
+                    }
+                    Metrics::inc(&self.metrics.eureka_full_fetches_total);
+                    return Ok(apps);
+                }
+                Err(e) => {
+                    if n > 1 {
+                        tracing::warn!(error = %e, "Eureka server failed; trying the next");
+                    }
+                    last_error = Some(e);
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| FetchError::Transport {
+            url: String::new(),
+            reason: "no URL".into(),
+        }))
+    }
+
+    /// One `GET` from URL `i`, bounded by the request timeout, parsed as Eureka JSON.
+    async fn fetch_one(&self, i: usize, path: &str) -> Result<Applications, FetchError> {
+        let url = format!("{}{path}", self.urls[i]);
+        let after = self.config.request_timeout;
+        let body = tokio::time::timeout(after, get(&self.http, &url))
+            .await
+            .map_err(|_| FetchError::Timeout {
+                url: url.clone(),
+                after,
+            })??;
+        let parsed =
+            eureka::parse_document(&body).map_err(|source| FetchError::Document { url, source })?;
+        for w in &parsed.rejected {
+            tracing::debug!("Eureka instance unreadable: {w}");
+        }
+        Metrics::inc(&self.metrics.eureka_fetches_total);
+        Ok(parsed.applications)
+    }
+
+    /// Records the good fetch and publishes the registry if it changed.
+    fn publish(&mut self, applications: &Applications, tx: &watch::Sender<Arc<Registry>>) {
+        let parsed = applications.to_registry();
+        let warnings: Vec<String> = parsed.warnings.iter().map(ToString::to_string).collect();
+        for w in warnings.iter().filter(|w| !self.warnings.contains(w)) {
+            tracing::warn!("Eureka instance left out: {w}");
+        }
+        self.warnings = warnings;
+        self.health
+            .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
+        self.loaded.notify_one();
+        let registry = parsed.registry;
+        tx.send_if_modified(|current| {
+            if **current == registry {
+                false
+            } else {
+                tracing::info!(
+                    instances = registry.instances.len(),
+                    "Eureka registry changed"
+                );
+                *current = Arc::new(registry);
+                true
+            }
+        });
+    }
+}
+
+async fn get(http: &HttpClient, url: &str) -> Result<Bytes, FetchError> {
+    let transport = |reason: String| FetchError::Transport {
+        url: url.to_owned(),
+        reason,
+    };
+    let request = hyper::Request::get(url)
+        .header(ACCEPT, "application/json")
+        .body(Empty::new())
+        .map_err(|e| transport(e.to_string()))?;
+    let response = http.request(request).await.map_err(|e| {
+        // The legacy client's error says little; its source says what happened.
+        let reason =
+            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
+        transport(reason)
+    })?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(FetchError::Status {
+            url: url.to_owned(),
+            status: status.as_u16(),
+        });
+    }
+    let body = Limited::new(response.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| transport(format!("reading the answer: {e}")))?;
+    Ok(body.to_bytes())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,918 @@
+//! The embedded Eureka-compatible registry (`--serve-eureka [ADDR]`): standard Eureka clients
+//! register with odmesh itself, and every change is published to the mesh at once.
+//!
+//! The REST API is Netflix Eureka's, under `/eureka` (and `/eureka/v2`, the default path of
+//! some clients):
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /apps/{APP}` with `{"instance": {...}}` | 204: registered (or registered again) |
+//! | `PUT /apps/{APP}/{ID}` | 200: lease renewed; 404: unknown instance, the client registers again |
+//! | `DELETE /apps/{APP}/{ID}` | 200: cancelled; 404: unknown |
+//! | `PUT /apps/{APP}/{ID}/status?value=OUT_OF_SERVICE` | 200: status override set |
+//! | `DELETE /apps/{APP}/{ID}/status` | 200: override removed |
+//! | `PUT /apps/{APP}/{ID}/metadata?key=value` | 200: metadata entries set |
+//! | `GET /apps`, `/apps/delta`, `/apps/{APP}`, `/apps/{APP}/{ID}`, `/instances/{ID}`, `/vips/{VIP}`, `/svips/{SVIP}` | the registry, JSON or XML |
+//!
+//! As in Eureka: app names are case-insensitive (stored uppercase); a read answers JSON when
+//! the `Accept` header mentions `json`, XML otherwise; the delta lists the instances that
+//! changed within the last `delta_retention` (3 minutes) with `actionType`, and the
+//! `apps__hashcode` of the whole registry; a heartbeat whose `lastDirtyTimestamp` is newer
+//! than the registered one answers 404 so the client registers its newer data; a status
+//! override wins over the status an instance reports, except `DOWN` and `STARTING`; the
+//! `status` and `overriddenstatus` parameters of a heartbeat are ignored (Eureka uses them
+//! only between peers).
+//!
+//! Leases: an instance expires `leaseInfo.durationInSecs` after its last heartbeat (as
+//! Eureka does), or after the configured `lease_duration` when it does not say; a background
+//! task evicts expired instances every `eviction_interval`. There is no self-preservation
+//! mode and no peer replication: this registry is for one control plane.
+//!
+//! Where this differs from Netflix's server, on purpose: removing a status override restores
+//! the status the instance itself reported (Eureka sets `UNKNOWN` until the next heartbeat
+//! fails and the client registers again, which would drain a healthy instance for up to a
+//! heartbeat interval); a metadata update of an unknown instance answers 404, not 500;
+//! registration fills in a missing `hostName` (with `ipAddr`) and `dataCenterInfo` (`MyOwn`)
+//! instead of refusing the instance, so a hand-written `curl` registration works.
+
+mod xml;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+
+use super::eureka::{
+    ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
+    DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo,
+};
+use super::{Registry, SourceHealth, Status, split_vips};
+
+/// Where the embedded registry listens unless told otherwise.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8761";
+
+/// How the embedded registry treats leases and deltas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// How long an instance lives without a heartbeat, when its registration does not say
+    /// (`leaseInfo.durationInSecs`). Eureka's default: 90 s.
+    pub lease_duration: Duration,
+    /// How often expired leases are evicted.
+    pub eviction_interval: Duration,
+    /// How long a change stays in `/apps/delta`. Eureka's default: 3 minutes.
+    pub delta_retention: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            lease_duration: Duration::from_secs(90),
+            eviction_interval: Duration::from_secs(1),
+            delta_retention: Duration::from_secs(180),
+        }
+    }
+}
+
+/// The embedded registry: its state, and where it publishes. Cheap to clone.
+#[derive(Clone)]
+pub struct EurekaRegistry {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EurekaRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EurekaRegistry")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    state: Mutex<Ledger>,
+    tx: watch::Sender<Arc<Registry>>,
+    health: SourceHealth,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Ledger {
+    /// APP (uppercase) → instance id → lease.
+    apps: BTreeMap<String, BTreeMap<String, Lease>>,
+    /// Changes, oldest first, for `/apps/delta`.
+    recent: VecDeque<Change>,
+    /// Bumped on every change; served as `versions__delta`.
+    version: u64,
+    /// The warnings of the last publish, to log only new ones.
+    warnings: Vec<String>,
+}
+
+struct Lease {
+    /// As served, with the server's status and timestamps.
+    info: InstanceInfo,
+    /// The status the instance itself reported when it registered.
+    reported: Status,
+    /// An operator's override (`PUT .../status`).
+    overridden: Option<Status>,
+    renewed: Instant,
+    duration: Duration,
+}
+
+impl Lease {
+    /// Eureka's rule: an instance that says `DOWN` or `STARTING` is that; otherwise an
+    /// override wins over what it says.
+    fn effective_status(&self) -> Status {
+        match self.reported {
+            Status::Down | Status::Starting => self.reported,
+            reported => self.overridden.unwrap_or(reported),
+        }
+    }
+
+    /// Writes the effective and overridden status into `info`.
+    fn refresh_status(&mut self) {
+        let status = self.effective_status();
+        let overridden = self.overridden.unwrap_or(Status::Unknown).as_str();
+        self.info.status = Some(status.as_str().to_owned());
+        self.info.overridden_status = Some(overridden.to_owned());
+        self.info.overriddenstatus_legacy = Some(overridden.to_owned());
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.renewed) >= self.duration
+    }
+}
+
+struct Change {
+    at: Instant,
+    app: String,
+    id: String,
+    /// The instance as it was after the change, with its `actionType`.
+    info: InstanceInfo,
+}
+
+/// Why a request to the embedded registry was refused: the answer's status and text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct InvalidRequest {
+    /// The HTTP status of the answer.
+    pub status: u16,
+    /// What was wrong, for the client.
+    pub reason: String,
+}
+
+impl InvalidRequest {
+    fn new(status: StatusCode, reason: impl Into<String>) -> InvalidRequest {
+        InvalidRequest {
+            status: status.as_u16(),
+            reason: reason.into(),
+        }
+    }
+
+    fn not_found(app: &str, id: &str) -> InvalidRequest {
+        InvalidRequest::new(
+            StatusCode::NOT_FOUND,
+            format!("instance {id:?} of app {app:?} is not registered"),
+        )
+    }
+}
+
+impl IntoResponse for InvalidRequest {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
+        (status, format!("{}\n", self.reason)).into_response()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl EurekaRegistry {
+    /// An empty registry that publishes every change of its instances on `tx` (it publishes
+    /// the empty registry at once) and reports to `metrics` and its [`SourceHealth`].
+    pub fn new(
+        config: ServerConfig,
+        tx: watch::Sender<Arc<Registry>>,
+        metrics: Arc<Metrics>,
+    ) -> EurekaRegistry {
+        let health = SourceHealth::new("embedded Eureka registry");
+        let registry = EurekaRegistry {
+            shared: Arc::new(Shared {
+                config,
+                state: Mutex::new(Ledger::default()),
+                tx,
+                health,
+                metrics,
+            }),
+        };
+        let mut state = registry.lock();
+        registry.publish(&mut state);
+        drop(state);
+        registry
+    }
+
+    /// How the registry is doing, for `/readyz` and `/debug/registry` (always loaded).
+    pub fn health(&self) -> SourceHealth {
+        self.shared.health.clone()
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> ServerConfig {
+        self.shared.config
+    }
+
+    /// The REST API, under `/eureka` and `/eureka/v2`.
+    pub fn router(&self) -> Router {
+        let api = Router::new()
+            .route("/apps", get(get_apps))
+            .route("/apps/", get(get_apps))
+            .route("/apps/delta", get(get_delta))
+            .route("/apps/{app}", get(get_app).post(register))
+            .route(
+                "/apps/{app}/{id}",
+                get(get_instance).put(renew).delete(cancel),
+            )
+            .route(
+                "/apps/{app}/{id}/status",
+                put(put_status).delete(delete_status),
+            )
+            .route("/apps/{app}/{id}/metadata", put(put_metadata))
+            .route("/instances/{id}", get(get_instance_by_id))
+            .route("/vips/{vip}", get(get_vip))
+            .route("/svips/{svip}", get(get_svip))
+            .with_state(self.clone());
+        Router::new()
+            .nest("/eureka/v2", api.clone())
+            .nest("/eureka", api)
+    }
+
+    /// Registers (or registers again) an instance of `app` from its JSON registration body.
+    pub fn register(&self, app: &str, body: &[u8]) -> Result<(), InvalidRequest> {
+        let app = app.trim().to_ascii_uppercase();
+        if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
+            return Err(InvalidRequest::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "XML registrations are not supported: send {\"instance\": {...}} as JSON",
+            ));
+        }
+        let doc: InstanceDocument = serde_json::from_slice(body).map_err(|e| {
+            InvalidRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
+            )
+        })?;
+        let mut info = doc.instance;
+        match info.app.as_deref().map(str::trim) {
+            Some(named) if !named.is_empty() && !named.eq_ignore_ascii_case(&app) => {
+                return Err(InvalidRequest::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("mismatched app name: the path says {app:?}, the instance {named:?}"),
+                ));
+            }
+            _ => info.app = Some(app.clone()),
+        }
+        let Some(ip) = info.ip_addr.clone().filter(|ip| !ip.trim().is_empty()) else {
+            return Err(InvalidRequest::new(
+                StatusCode::BAD_REQUEST,
+                "missing ipAddr",
+            ));
+        };
+        if info
+            .host_name
+            .as_deref()
+            .is_none_or(|h| h.trim().is_empty())
+        {
+            info.host_name = Some(ip);
+        }
+        let Some(id) = info.id().map(str::to_owned) else {
+            return Err(InvalidRequest::new(
+                StatusCode::BAD_REQUEST,
+                "missing instanceId",
+            ));
+        };
+        info.instance_id = Some(id.clone());
+        info.data_center_info
+            .get_or_insert_with(DataCenterInfo::my_own);
+        info.action_type = None;
+
+        let now = now_ms();
+        let mut lease_info = info.lease_info.take().unwrap_or_default();
+        let duration = match lease_info.duration_in_secs {
+            Some(secs) if secs > 0 => Duration::from_secs(secs),
+            _ => self.shared.config.lease_duration,
+        };
+        let reported = info.status();
+        let mut state = self.lock();
+        let existing = state.apps.get(&app).and_then(|leases| leases.get(&id));
+        let body_override = info
+            .overridden_status
+            .as_deref()
+            .or(info.overriddenstatus_legacy.as_deref())
+            .and_then(Status::parse)
+            .filter(|s| *s != Status::Unknown);
+        let overridden = existing.and_then(|l| l.overridden).or(body_override);
+        let service_up = existing
+            .and_then(|l| l.info.lease_info.as_ref())
+            .and_then(|l| l.service_up_timestamp)
+            .filter(|t| *t > 0)
+            .or((reported == Status::Up).then_some(now));
+        lease_info = LeaseInfo {
+            renewal_interval_in_secs: Some(lease_info.renewal_interval_in_secs.unwrap_or(30)),
+            duration_in_secs: Some(duration.as_secs()),
+            registration_timestamp: Some(now),
+            last_renewal_timestamp: Some(now),
+            eviction_timestamp: Some(0),
+            service_up_timestamp: Some(service_up.unwrap_or(0)),
+            other: lease_info.other,
+        };
+        info.lease_info = Some(lease_info);
+        info.last_updated_timestamp = Some(now);
+        info.last_dirty_timestamp = Some(info.last_dirty_timestamp.unwrap_or(now));
+        info.is_coordinating_discovery_server.get_or_insert(false);
+        let mut lease = Lease {
+            info,
+            reported,
+            overridden,
+            renewed: Instant::now(),
+            duration,
+        };
+        lease.refresh_status();
+        let snapshot = lease.info.clone();
+        state
+            .apps
+            .entry(app.clone())
+            .or_default()
+            .insert(id.clone(), lease);
+        self.record(&mut state, &app, &id, snapshot, ActionType::Added);
+        Metrics::inc(&self.shared.metrics.eureka_registrations_total);
+        tracing::info!(app, id, status = reported.as_str(), "eureka: registered");
+        self.publish(&mut state);
+        Ok(())
+    }
+
+    /// Renews the lease of an instance (a heartbeat). A `last_dirty_timestamp` newer than
+    /// the registered one answers 404, so that the client registers its newer data.
+    pub fn renew(
+        &self,
+        app: &str,
+        id: &str,
+        last_dirty_timestamp: Option<u64>,
+    ) -> Result<(), InvalidRequest> {
+        let app = app.trim().to_ascii_uppercase();
+        let mut state = self.lock();
+        let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
+            Metrics::inc(&self.shared.metrics.eureka_renewals_not_found_total);
+            tracing::debug!(app, id, "eureka: heartbeat for an unknown instance");
+            return Err(InvalidRequest::not_found(&app, id));
+        };
+        lease.renewed = Instant::now();
+        if let Some(l) = lease.info.lease_info.as_mut() {
+            l.last_renewal_timestamp = Some(now_ms());
+        }
+        Metrics::inc(&self.shared.metrics.eureka_renewals_total);
+        match (last_dirty_timestamp, lease.info.last_dirty_timestamp) {
+            (Some(theirs), Some(ours)) if theirs > ours => Err(InvalidRequest::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "instance {id:?} changed since it registered (lastDirtyTimestamp {theirs} > {ours}): register again"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes an instance (its client is shutting down).
+    pub fn cancel(&self, app: &str, id: &str) -> Result<(), InvalidRequest> {
+        let app = app.trim().to_ascii_uppercase();
+        let mut state = self.lock();
+        let Some(lease) = remove(&mut state, &app, id) else {
+            return Err(InvalidRequest::not_found(&app, id));
+        };
+        self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
+        Metrics::inc(&self.shared.metrics.eureka_cancels_total);
+        tracing::info!(app, id, "eureka: cancelled");
+        self.publish(&mut state);
+        Ok(())
+    }
+
+    /// Sets (`Some`) or removes (`None`) the status override of an instance. Removing it
+    /// may also say which status the instance has now (`value` of `DELETE .../status`).
+    pub fn set_status_override(
+        &self,
+        app: &str,
+        id: &str,
+        overridden: Option<Status>,
+        reported: Option<Status>,
+    ) -> Result<(), InvalidRequest> {
+        self.modify(app, id, |lease| {
+            lease.overridden = overridden;
+            if let Some(reported) = reported {
+                lease.reported = reported;
+            }
+            lease.refresh_status();
+        })?;
+        Metrics::inc(&self.shared.metrics.eureka_status_updates_total);
+        tracing::info!(
+            app,
+            id,
+            overridden = overridden.map_or("none", Status::as_str),
+            "eureka: status override"
+        );
+        Ok(())
+    }
+
+    /// Sets metadata entries of an instance.
+    pub fn update_metadata(
+        &self,
+        app: &str,
+        id: &str,
+        entries: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), InvalidRequest> {
+        self.modify(app, id, |lease| lease.info.metadata.extend(entries))
+    }
+
+    fn modify(
+        &self,
+        app: &str,
+        id: &str,
+        change: impl FnOnce(&mut Lease),
+    ) -> Result<(), InvalidRequest> {
+        let app = app.trim().to_ascii_uppercase();
+        let mut state = self.lock();
+        let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
+            return Err(InvalidRequest::not_found(&app, id));
+        };
+        change(lease);
+        lease.info.last_updated_timestamp = Some(now_ms());
+        let snapshot = lease.info.clone();
+        self.record(&mut state, &app, id, snapshot, ActionType::Modified);
+        self.publish(&mut state);
+        Ok(())
+    }
+
+    /// Evicts every instance whose lease expired by now; returns how many.
+    pub fn evict_expired(&self) -> usize {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let expired: Vec<(String, String)> = state
+            .apps
+            .iter()
+            .flat_map(|(app, leases)| {
+                leases
+                    .iter()
+                    .filter(|(_, lease)| lease.expired(now))
+                    .map(move |(id, _)| (app.clone(), id.clone()))
+            })
+            .collect();
+        for (app, id) in &expired {
+            if let Some(mut lease) = remove(&mut state, app, id) {
+                if let Some(l) = lease.info.lease_info.as_mut() {
+                    l.eviction_timestamp = Some(now_ms());
+                }
+                tracing::info!(app, id, "eureka: lease expired; instance evicted");
+                self.record(&mut state, app, id, lease.info, ActionType::Deleted);
+                Metrics::inc(&self.shared.metrics.eureka_evictions_total);
+            }
+        }
+        if !expired.is_empty() {
+            self.publish(&mut state);
+        }
+        expired.len()
+    }
+
+    /// Evicts expired leases every `eviction_interval`, forever.
+    pub async fn run_eviction(self) {
+        let mut ticks = tokio::time::interval(self.shared.config.eviction_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.evict_expired();
+        }
+    }
+
+    /// Every application, as `GET /apps` answers, with the version and hash code.
+    pub fn applications(&self) -> Applications {
+        let state = self.lock();
+        full_applications(&state)
+    }
+
+    /// The changes within the delta retention, as `GET /apps/delta` answers: the latest
+    /// change of each instance, oldest first, and the hash code of the whole registry.
+    pub fn delta(&self) -> Applications {
+        let mut state = self.lock();
+        prune(&mut state, self.shared.config.delta_retention);
+        let mut latest: Vec<&Change> = Vec::new();
+        for change in state.recent.iter().rev() {
+            if !latest
+                .iter()
+                .any(|c| c.app == change.app && c.id == change.id)
+            {
+                latest.push(change);
+            }
+        }
+        latest.reverse();
+        let mut apps: Vec<Application> = Vec::new();
+        for change in latest {
+            match apps.iter_mut().find(|a| a.name == change.app) {
+                Some(app) => app.instance.push(change.info.clone()),
+                None => apps.push(Application {
+                    name: change.app.clone(),
+                    instance: vec![change.info.clone()],
+                    ..Application::default()
+                }),
+            }
+        }
+        let full = full_applications(&state);
+        Applications {
+            versions_delta: full.versions_delta,
+            apps_hashcode: full.apps_hashcode,
+            application: apps,
+            ..Applications::default()
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ledger> {
+        // The state stays consistent between statements; keep serving after a panic.
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(
+        &self,
+        state: &mut Ledger,
+        app: &str,
+        id: &str,
+        mut info: InstanceInfo,
+        action: ActionType,
+    ) {
+        info.action_type = Some(action);
+        state.version += 1;
+        state.recent.push_back(Change {
+            at: Instant::now(),
+            app: app.to_owned(),
+            id: id.to_owned(),
+            info,
+        });
+        prune(state, self.shared.config.delta_retention);
+    }
+
+    /// Converts the state to the plain model and publishes it if it changed.
+    fn publish(&self, state: &mut Ledger) {
+        let parsed = full_applications(state).to_registry();
+        let warnings: Vec<String> = parsed.warnings.iter().map(ToString::to_string).collect();
+        for w in warnings.iter().filter(|w| !state.warnings.contains(w)) {
+            tracing::warn!("eureka: registered instance not fully usable: {w}");
+        }
+        state.warnings = warnings;
+        self.shared
+            .health
+            .record_success(&self.shared.metrics, &parsed.registry, &parsed.warnings);
+        let registry = parsed.registry;
+        self.shared.tx.send_if_modified(|current| {
+            if **current == registry {
+                false
+            } else {
+                *current = Arc::new(registry);
+                true
+            }
+        });
+    }
+}
+
+fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
+    let leases = state.apps.get_mut(app)?;
+    let lease = leases.remove(id)?;
+    if leases.is_empty() {
+        state.apps.remove(app);
+    }
+    Some(lease)
+}
+
+fn prune(state: &mut Ledger, retention: Duration) {
+    let now = Instant::now();
+    while state
+        .recent
+        .front()
+        .is_some_and(|c| now.saturating_duration_since(c.at) > retention)
+    {
+        state.recent.pop_front();
+    }
+}
+
+fn full_applications(state: &Ledger) -> Applications {
+    let application: Vec<Application> = state
+        .apps
+        .iter()
+        .map(|(name, leases)| Application {
+            name: name.clone(),
+            instance: leases.values().map(|l| l.info.clone()).collect(),
+            ..Application::default()
+        })
+        .collect();
+    let mut apps = Applications {
+        versions_delta: Some(state.version.to_string()),
+        apps_hashcode: None,
+        application,
+        ..Applications::default()
+    };
+    apps.apps_hashcode = Some(apps.reconcile_hash_code());
+    apps
+}
+
+/// Runs the REST API on `listener` and the eviction of expired leases, until the server
+/// fails.
+pub async fn serve(listener: TcpListener, registry: EurekaRegistry) -> std::io::Result<()> {
+    // One future for both, so that dropping (or aborting) it stops both.
+    tokio::select! {
+        result = axum::serve(listener, registry.router()) => result,
+        () = registry.clone().run_eviction() => Ok(()),
+    }
+}
+
+/// A running embedded registry: the registry in use, how it is doing, and its task.
+#[derive(Debug)]
+pub struct EmbeddedSource {
+    /// The registered instances; changes on every registration, cancel, status change and
+    /// eviction.
+    pub registry: watch::Receiver<Arc<Registry>>,
+    /// For `/readyz` and `/debug/registry`: loaded from the start.
+    pub health: SourceHealth,
+    /// The HTTP server and the eviction; runs until aborted.
+    pub task: JoinHandle<()>,
+    /// Where it listens (useful with port 0).
+    pub local_addr: SocketAddr,
+    /// The registry itself, for in-process use.
+    pub eureka: EurekaRegistry,
+}
+
+/// Binds `addr` and serves the embedded registry there (see [`serve`]).
+pub async fn start(
+    addr: SocketAddr,
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<EmbeddedSource> {
+    let listener = TcpListener::bind(addr).await?;
+    let local_addr = listener.local_addr()?;
+    let (tx, registry) = watch::channel(Arc::new(Registry::default()));
+    let eureka = EurekaRegistry::new(config, tx, metrics);
+    let health = eureka.health();
+    let server = eureka.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = serve(listener, server).await {
+            tracing::error!(error = %e, "embedded Eureka registry stopped");
+        }
+    });
+    tracing::info!(%local_addr, "embedded Eureka registry listening under /eureka");
+    Ok(EmbeddedSource {
+        registry,
+        health,
+        task,
+        local_addr,
+        eureka,
+    })
+}
+
+// ---- HTTP handlers: the edge, where requests become calls and results become answers ----
+
+type Eureka = AxState<EurekaRegistry>;
+
+/// Eureka's rule: JSON when `Accept` mentions `json`, XML otherwise.
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("json")))
+}
+
+fn json_response(body: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+fn xml_response(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/xml")], body).into_response()
+}
+
+fn answer_applications(headers: &HeaderMap, applications: Applications) -> Response {
+    if wants_json(headers) {
+        json_response(&ApplicationsDocument { applications })
+    } else {
+        xml_response(xml::applications(&applications))
+    }
+}
+
+fn answer_instance(headers: &HeaderMap, instance: InstanceInfo) -> Response {
+    if wants_json(headers) {
+        json_response(&InstanceDocument { instance })
+    } else {
+        xml_response(xml::instance(&instance))
+    }
+}
+
+async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
+    answer_applications(&headers, eureka.applications())
+}
+
+async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
+    answer_applications(&headers, eureka.delta())
+}
+
+async fn get_app(AxState(eureka): Eureka, Path(app): Path<String>, headers: HeaderMap) -> Response {
+    let name = app.trim().to_ascii_uppercase();
+    let found = eureka
+        .applications()
+        .application
+        .into_iter()
+        .find(|a| a.name == name);
+    match found {
+        Some(application) if wants_json(&headers) => {
+            json_response(&ApplicationDocument { application })
+        }
+        Some(application) => xml_response(xml::application(&application)),
+        None => InvalidRequest::new(
+            StatusCode::NOT_FOUND,
+            format!("app {name:?} is not registered"),
+        )
+        .into_response(),
+    }
+}
+
+async fn get_instance(
+    AxState(eureka): Eureka,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let name = app.trim().to_ascii_uppercase();
+    let found = eureka
+        .lock()
+        .apps
+        .get(&name)
+        .and_then(|l| l.get(&id))
+        .map(|l| l.info.clone());
+    match found {
+        Some(info) => answer_instance(&headers, info),
+        None => InvalidRequest::not_found(&name, &id).into_response(),
+    }
+}
+
+async fn get_instance_by_id(
+    AxState(eureka): Eureka,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let found = eureka
+        .lock()
+        .apps
+        .values()
+        .find_map(|leases| leases.get(&id))
+        .map(|l| l.info.clone());
+    match found {
+        Some(info) => answer_instance(&headers, info),
+        None => InvalidRequest::new(
+            StatusCode::NOT_FOUND,
+            format!("instance {id:?} is not registered"),
+        )
+        .into_response(),
+    }
+}
+
+async fn get_vip(AxState(eureka): Eureka, Path(vip): Path<String>, headers: HeaderMap) -> Response {
+    by_vip(&eureka, &headers, &vip, |i| &i.vip_address)
+}
+
+async fn get_svip(
+    AxState(eureka): Eureka,
+    Path(vip): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    by_vip(&eureka, &headers, &vip, |i| &i.secure_vip_address)
+}
+
+fn by_vip(
+    eureka: &EurekaRegistry,
+    headers: &HeaderMap,
+    vip: &str,
+    list: impl Fn(&InstanceInfo) -> &Option<String>,
+) -> Response {
+    let vip = vip.trim().to_ascii_lowercase();
+    let mut apps = eureka.applications();
+    for app in &mut apps.application {
+        app.instance
+            .retain(|i| split_vips(list(i).as_deref().unwrap_or_default()).contains(&vip));
+    }
+    apps.application.retain(|a| !a.instance.is_empty());
+    if apps.application.is_empty() {
+        return InvalidRequest::new(StatusCode::NOT_FOUND, format!("no instance serves {vip:?}"))
+            .into_response();
+    }
+    answer_applications(headers, apps)
+}
+
+async fn register(AxState(eureka): Eureka, Path(app): Path<String>, body: Bytes) -> Response {
+    match eureka.register(&app, &body) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => {
+            tracing::warn!(app, error = %e, "eureka: registration refused");
+            e.into_response()
+        }
+    }
+}
+
+type Params = Query<HashMap<String, String>>;
+
+async fn renew(
+    AxState(eureka): Eureka,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    let dirty = params
+        .get("lastDirtyTimestamp")
+        .and_then(|t| t.trim().parse().ok());
+    match eureka.renew(&app, &id, dirty) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn cancel(AxState(eureka): Eureka, Path((app, id)): Path<(String, String)>) -> Response {
+    match eureka.cancel(&app, &id) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, InvalidRequest> {
+    match params.get("value") {
+        None => Ok(None),
+        Some(v) => Status::parse(v).map(Some).ok_or_else(|| {
+            InvalidRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "value={v:?} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)"
+                ),
+            )
+        }),
+    }
+}
+
+async fn put_status(
+    AxState(eureka): Eureka,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    let result = status_param(&params).and_then(|status| match status {
+        Some(status) => eureka.set_status_override(&app, &id, Some(status), None),
+        None => Err(InvalidRequest::new(
+            StatusCode::BAD_REQUEST,
+            "missing ?value=STATUS",
+        )),
+    });
+    match result {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn delete_status(
+    AxState(eureka): Eureka,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    let result = status_param(&params)
+        .map(|s| s.filter(|s| *s != Status::Unknown))
+        .and_then(|reported| eureka.set_status_override(&app, &id, None, reported));
+    match result {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn put_metadata(
+    AxState(eureka): Eureka,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    match eureka.update_metadata(&app, &id, params) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

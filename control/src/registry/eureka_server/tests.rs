@@ -1,0 +1,629 @@
+//! The embedded registry's REST API, driven through its router without sockets, so that
+//! lease expiry can run on paused time.
+
+use super::*;
+use axum::body::Body;
+use axum::http::{Method, Request};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Fixture {
+    eureka: EurekaRegistry,
+    rx: watch::Receiver<Arc<Registry>>,
+    metrics: Arc<Metrics>,
+}
+
+fn fixture() -> Fixture {
+    fixture_with(ServerConfig::default())
+}
+
+fn fixture_with(config: ServerConfig) -> Fixture {
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = watch::channel(Arc::new(Registry::default()));
+    let eureka = EurekaRegistry::new(config, tx, metrics.clone());
+    Fixture {
+        eureka,
+        rx,
+        metrics,
+    }
+}
+
+/// A response's status, content type and body.
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+impl Fixture {
+    async fn call(&self, method: Method, uri: &str, accept: &str, body: Option<Value>) -> Answer {
+        let mut req = Request::builder().method(method).uri(uri);
+        if !accept.is_empty() {
+            req = req.header(header::ACCEPT, accept);
+        }
+        let body = match body {
+            Some(v) => {
+                req = req.header(header::CONTENT_TYPE, "application/json");
+                Body::from(v.to_string())
+            }
+            None => Body::empty(),
+        };
+        let resp = self
+            .eureka
+            .router()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            content_type,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    async fn get_json(&self, uri: &str) -> Answer {
+        self.call(Method::GET, uri, "application/json", None).await
+    }
+
+    async fn send(&self, method: Method, uri: &str) -> StatusCode {
+        self.call(method, uri, "", None).await.status
+    }
+
+    async fn register(&self, app: &str, instance: Value) -> StatusCode {
+        self.call(
+            Method::POST,
+            &format!("/eureka/apps/{app}"),
+            "",
+            Some(json!({ "instance": instance })),
+        )
+        .await
+        .status
+    }
+
+    fn published(&self) -> Arc<Registry> {
+        self.rx.borrow().clone()
+    }
+
+    fn status_of(&self, id: &str) -> Option<Status> {
+        self.published()
+            .instances
+            .iter()
+            .find(|i| i.instance_id == id)
+            .map(|i| i.status)
+    }
+}
+
+/// A registration as Eureka clients send it.
+fn instance(id: &str, app: &str, vip: &str, port: u16) -> Value {
+    json!({
+        "instanceId": id,
+        "hostName": "localhost",
+        "app": app,
+        "ipAddr": "127.0.0.1",
+        "status": "UP",
+        "overriddenstatus": "UNKNOWN",
+        "port": {"$": port, "@enabled": "true"},
+        "securePort": {"$": 443, "@enabled": "false"},
+        "countryId": 1,
+        "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
+        "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": 90},
+        "metadata": {"version": "1"},
+        "vipAddress": vip,
+        "secureVipAddress": vip,
+        "isCoordinatingDiscoveryServer": "false",
+        "lastUpdatedTimestamp": "1700000000000",
+        "lastDirtyTimestamp": "1700000000000"
+    })
+}
+
+#[tokio::test]
+async fn a_registration_is_answered_204_and_published_at_once() {
+    let f = fixture();
+    assert!(f.eureka.health().is_loaded(), "an empty registry is loaded");
+    let status = f
+        .register(
+            "hello",
+            instance("h1", "HELLO", "hello,hello.internal", 8080),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let reg = f.published();
+    assert_eq!(reg.instances.len(), 1);
+    let inst = &reg.instances[0];
+    assert_eq!(inst.app, "HELLO");
+    assert_eq!(inst.instance_id, "h1");
+    assert_eq!(inst.port, Some(8080));
+    assert_eq!(inst.vips, ["hello", "hello.internal"]);
+    assert_eq!(inst.status, Status::Up);
+    assert_eq!(
+        f.metrics
+            .eureka_registrations_total
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn app_names_are_case_insensitive_and_stored_uppercase() {
+    let f = fixture();
+    f.register("Hello", instance("h1", "hello", "hello", 8080))
+        .await;
+    let a = f.get_json("/eureka/apps/HELLO/h1").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["instance"]["app"], "HELLO");
+    assert_eq!(
+        f.get_json("/eureka/apps/hello").await.json()["application"]["name"],
+        "HELLO"
+    );
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/hElLo/h1").await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_registration_for_another_app_than_the_path_is_refused() {
+    let f = fixture();
+    let status = f
+        .register("OTHER", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let mut no_ip = instance("h1", "HELLO", "hello", 8080);
+    no_ip.as_object_mut().unwrap().remove("ipAddr");
+    assert_eq!(f.register("HELLO", no_ip).await, StatusCode::BAD_REQUEST);
+    assert!(f.published().instances.is_empty());
+}
+
+#[tokio::test]
+async fn a_bare_registration_gets_a_host_name_a_data_center_and_a_lease() {
+    let f = fixture();
+    let bare = json!({"instanceId": "b1", "ipAddr": "10.0.0.1", "port": 80, "vipAddress": "bare"});
+    assert_eq!(f.register("bare", bare).await, StatusCode::NO_CONTENT);
+    let inst = f.get_json("/eureka/apps/BARE/b1").await.json();
+    let inst = &inst["instance"];
+    assert_eq!(inst["hostName"], "10.0.0.1");
+    assert_eq!(inst["dataCenterInfo"]["name"], "MyOwn");
+    assert_eq!(inst["status"], "UP");
+    assert_eq!(inst["overriddenStatus"], "UNKNOWN");
+    assert_eq!(inst["leaseInfo"]["durationInSecs"], 90);
+    assert!(inst["leaseInfo"]["registrationTimestamp"].as_u64().unwrap() > 0);
+    assert!(
+        inst["lastUpdatedTimestamp"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+}
+
+#[tokio::test]
+async fn an_xml_registration_is_refused_with_415() {
+    let f = fixture();
+    let req = Request::post("/eureka/apps/HELLO")
+        .header(header::CONTENT_TYPE, "application/xml")
+        .body(Body::from("<instance><app>HELLO</app></instance>"))
+        .unwrap();
+    let resp = f.eureka.router().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}
+
+#[tokio::test]
+async fn a_heartbeat_for_an_unknown_instance_is_answered_404_so_the_client_registers_again() {
+    let f = fixture();
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/nope").await,
+        StatusCode::NOT_FOUND
+    );
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/nope").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        f.send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1?status=UP&lastDirtyTimestamp=1700000000000"
+        )
+        .await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_heartbeat_with_a_newer_dirty_timestamp_asks_the_client_to_register_again() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let status = f
+        .send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1?lastDirtyTimestamp=1700000009999",
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let older = f
+        .send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1?lastDirtyTimestamp=1600000000000",
+        )
+        .await;
+    assert_eq!(older, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cancel_removes_the_instance_and_its_vip() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    assert_eq!(
+        f.send(Method::DELETE, "/eureka/apps/HELLO/h1").await,
+        StatusCode::OK
+    );
+    let ids: Vec<_> = f
+        .published()
+        .instances
+        .iter()
+        .map(|i| i.instance_id.clone())
+        .collect();
+    assert_eq!(ids, ["h2"]);
+    assert_eq!(
+        f.send(Method::DELETE, "/eureka/apps/HELLO/h1").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        f.send(Method::DELETE, "/eureka/apps/HELLO/h2").await,
+        StatusCode::OK
+    );
+    assert!(f.published().instances.is_empty());
+    assert_eq!(
+        f.get_json("/eureka/vips/hello").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn an_out_of_service_override_drains_the_instance_and_deleting_it_restores_up() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let st = f
+        .send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE&lastDirtyTimestamp=1",
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(f.status_of("h1"), Some(Status::OutOfService));
+    let json = f.get_json("/eureka/apps/HELLO/h1").await.json();
+    assert_eq!(json["instance"]["status"], "OUT_OF_SERVICE");
+    assert_eq!(json["instance"]["overriddenStatus"], "OUT_OF_SERVICE");
+
+    // The override survives heartbeats and a new registration reporting UP.
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1?status=UP").await,
+        StatusCode::OK
+    );
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(f.status_of("h1"), Some(Status::OutOfService));
+
+    assert_eq!(
+        f.send(Method::DELETE, "/eureka/apps/HELLO/h1/status").await,
+        StatusCode::OK
+    );
+    assert_eq!(f.status_of("h1"), Some(Status::Up));
+    assert_eq!(
+        f.get_json("/eureka/apps/HELLO/h1").await.json()["instance"]["overriddenStatus"],
+        "UNKNOWN"
+    );
+}
+
+#[tokio::test]
+async fn a_status_update_needs_a_known_instance_and_a_valid_value() {
+    let f = fixture();
+    assert_eq!(
+        f.send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE"
+        )
+        .await,
+        StatusCode::NOT_FOUND
+    );
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1/status?value=SLEEPY")
+            .await,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1/status").await,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        f.send(Method::DELETE, "/eureka/apps/HELLO/zz/status").await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn an_instance_that_reports_down_stays_down_under_an_up_override() {
+    let f = fixture();
+    let mut down = instance("h1", "HELLO", "hello", 8080);
+    down["status"] = json!("DOWN");
+    f.register("HELLO", down).await;
+    f.send(Method::PUT, "/eureka/apps/HELLO/h1/status?value=UP")
+        .await;
+    assert_eq!(f.status_of("h1"), Some(Status::Down));
+}
+
+#[tokio::test]
+async fn metadata_updates_merge_into_the_instance() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(
+        f.send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1/metadata?zone=zone-a&owner=team"
+        )
+        .await,
+        StatusCode::OK
+    );
+    let json = f.get_json("/eureka/apps/HELLO/h1").await.json();
+    assert_eq!(
+        json["instance"]["metadata"],
+        json!({"version": "1", "zone": "zone-a", "owner": "team"})
+    );
+    assert_eq!(f.published().instances[0].zone.as_deref(), Some("zone-a"));
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/nope/metadata?a=b")
+            .await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn the_read_side_answers_json_when_asked_and_xml_otherwise() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let mut other = instance("g1", "GREETER", "greeter", 9090);
+    other["secureVipAddress"] = json!("greeter-secure");
+    other["securePort"] = json!({"$": 9443, "@enabled": "true"});
+    f.register("GREETER", other).await;
+
+    let apps = f.get_json("/eureka/apps").await;
+    assert_eq!(apps.content_type, "application/json");
+    let apps = apps.json();
+    assert_eq!(apps["applications"]["apps__hashcode"], "UP_2_");
+    let names: Vec<_> = apps["applications"]["application"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["GREETER", "HELLO"]);
+    assert_eq!(
+        apps["applications"]["application"][1]["instance"][0]["port"],
+        json!({"$": 8080, "@enabled": "true"})
+    );
+
+    let xml = f.call(Method::GET, "/eureka/apps/", "*/*", None).await;
+    assert_eq!(xml.status, StatusCode::OK);
+    assert_eq!(xml.content_type, "application/xml");
+    assert!(
+        xml.body.contains("<apps__hashcode>UP_2_</apps__hashcode>"),
+        "{}",
+        xml.body
+    );
+    let xml = f.call(Method::GET, "/eureka/apps/HELLO/h1", "", None).await;
+    assert!(
+        xml.body.contains("<instance><instanceId>h1</instanceId>"),
+        "{}",
+        xml.body
+    );
+
+    let by_id = f.get_json("/eureka/instances/g1").await.json();
+    assert_eq!(by_id["instance"]["app"], "GREETER");
+    assert_eq!(
+        f.get_json("/eureka/instances/zz").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    let vip = f.get_json("/eureka/vips/HELLO").await.json();
+    assert_eq!(
+        vip["applications"]["application"][0]["instance"][0]["instanceId"],
+        "h1"
+    );
+    assert_eq!(
+        vip["applications"]["application"].as_array().unwrap().len(),
+        1
+    );
+    let svip = f.get_json("/eureka/svips/greeter-secure").await.json();
+    assert_eq!(svip["applications"]["application"][0]["name"], "GREETER");
+    assert_eq!(
+        f.get_json("/eureka/svips/nothing").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        f.get_json("/eureka/apps/NOPE").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        f.get_json("/eureka/apps/HELLO/zz").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // The path of some clients' defaults.
+    assert_eq!(f.get_json("/eureka/v2/apps").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_delta_lists_recent_changes_with_action_types_and_the_full_hash_code() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    f.send(
+        Method::PUT,
+        "/eureka/apps/HELLO/h2/status?value=OUT_OF_SERVICE",
+    )
+    .await;
+    f.register("GREETER", instance("g1", "GREETER", "greeter", 9090))
+        .await;
+    f.send(Method::DELETE, "/eureka/apps/GREETER/g1").await;
+
+    let delta = f.get_json("/eureka/apps/delta").await.json();
+    let apps = &delta["applications"];
+    assert_eq!(apps["apps__hashcode"], "OUT_OF_SERVICE_1_UP_1_");
+    assert_eq!(apps["versions__delta"], "5");
+    let actions: Vec<(String, String)> = apps["application"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["instance"].as_array().unwrap().clone())
+        .map(|i| {
+            (
+                i["instanceId"].as_str().unwrap().to_owned(),
+                i["actionType"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("h1".to_owned(), "ADDED".to_owned()),
+            ("h2".to_owned(), "MODIFIED".to_owned()),
+            ("g1".to_owned(), "DELETED".to_owned()),
+        ]
+    );
+    // The full document carries no action types.
+    let full = f.get_json("/eureka/apps").await.json();
+    assert!(
+        full["applications"]["application"][0]["instance"][0]
+            .get("actionType")
+            .is_none()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_delta_forgets_changes_older_than_its_retention() {
+    let f = fixture_with(ServerConfig {
+        delta_retention: Duration::from_secs(180),
+        ..ServerConfig::default()
+    });
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    tokio::time::advance(Duration::from_secs(181)).await;
+    let delta = f.get_json("/eureka/apps/delta").await.json();
+    assert_eq!(delta["applications"]["application"], json!([]));
+    assert_eq!(delta["applications"]["apps__hashcode"], "UP_1_");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_expires_after_its_duration_without_heartbeat_and_the_instance_leaves_the_vip() {
+    let f = fixture();
+    let mut short = instance("h1", "HELLO", "hello", 8080);
+    short["leaseInfo"]["durationInSecs"] = json!(10);
+    f.register("HELLO", short).await;
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await; // 90 s
+
+    tokio::time::advance(Duration::from_secs(8)).await;
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1").await,
+        StatusCode::OK
+    );
+    tokio::time::advance(Duration::from_secs(8)).await;
+    assert_eq!(
+        f.eureka.evict_expired(),
+        0,
+        "the heartbeat renewed the lease"
+    );
+
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(f.eureka.evict_expired(), 1);
+    let ids: Vec<_> = f
+        .published()
+        .instances
+        .iter()
+        .map(|i| i.instance_id.clone())
+        .collect();
+    assert_eq!(ids, ["h2"]);
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1").await,
+        StatusCode::NOT_FOUND
+    );
+
+    let delta = f.get_json("/eureka/apps/delta").await.json();
+    let h1 = delta["applications"]["application"][0]["instance"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["instanceId"] == "h1")
+        .cloned()
+        .unwrap();
+    assert_eq!(h1["actionType"], "DELETED");
+    assert_eq!(
+        f.metrics
+            .eureka_evictions_total
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_configured_lease_duration_applies_to_instances_that_do_not_say() {
+    let f = fixture_with(ServerConfig {
+        lease_duration: Duration::from_secs(5),
+        eviction_interval: Duration::from_secs(1),
+        ..ServerConfig::default()
+    });
+    let mut silent = instance("h1", "HELLO", "hello", 8080);
+    silent.as_object_mut().unwrap().remove("leaseInfo");
+    f.register("HELLO", silent).await;
+    let eviction = tokio::spawn(f.eureka.clone().run_eviction());
+    let mut rx = f.rx.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|r| r.instances.is_empty()),
+    )
+    .await
+    .expect("evicted within the lease and one eviction interval")
+    .unwrap();
+    eviction.abort();
+}
+
+#[tokio::test]
+async fn heartbeats_and_reads_do_not_publish() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let mut rx = f.rx.clone();
+    rx.mark_unchanged();
+    f.send(Method::PUT, "/eureka/apps/HELLO/h1").await;
+    f.get_json("/eureka/apps").await;
+    f.get_json("/eureka/apps/delta").await;
+    assert!(!rx.has_changed().unwrap());
+}

@@ -1,0 +1,125 @@
+//! The Eureka source following odmesh's own embedded registry, both in this process on
+//! loopback ports: what a client registers there reaches the follower after a poll.
+
+mod eureka_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eureka_support::{DEADLINE, find, http, wait_registry};
+use odmesh_control::metrics::Metrics;
+use odmesh_control::registry::Status;
+use odmesh_control::registry::eureka_client::{self, ClientConfig};
+use odmesh_control::registry::eureka_server::{self, ServerConfig};
+use serde_json::json;
+
+fn registration(id: &str, port: u16) -> serde_json::Value {
+    json!({"instance": {
+        "instanceId": id, "hostName": "localhost", "app": "ROUNDTRIP", "ipAddr": "127.0.0.1",
+        "status": "UP", "port": {"$": port, "@enabled": "true"},
+        "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
+        "vipAddress": "roundtrip"
+    }})
+}
+
+#[tokio::test]
+async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_the_embedded_registry()
+ {
+    let metrics = Arc::new(Metrics::default());
+    let server = eureka_server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        ServerConfig::default(),
+        metrics.clone(),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}/eureka", server.local_addr);
+
+    let mut config = ClientConfig::new(vec![base.clone()], Duration::from_millis(100));
+    config.first_fetch_wait = Duration::from_secs(5);
+    let follower = eureka_client::start_with(config, Arc::new(Metrics::default()))
+        .await
+        .unwrap();
+    assert!(
+        follower.health.is_loaded(),
+        "an empty registry is a good fetch"
+    );
+
+    let (status, body) = http(
+        "POST",
+        &format!("{base}/apps/roundtrip"),
+        Some(registration("r1", 9001)),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let reg = wait_registry(&follower.registry, "r1 registered", DEADLINE, |r| {
+        find(r, "r1").is_some()
+    })
+    .await;
+    assert_eq!(find(&reg, "r1").unwrap().vips, ["roundtrip"]);
+
+    http(
+        "POST",
+        &format!("{base}/apps/roundtrip"),
+        Some(registration("r2", 9002)),
+    )
+    .await;
+    http(
+        "PUT",
+        &format!("{base}/apps/ROUNDTRIP/r1/status?value=OUT_OF_SERVICE"),
+        None,
+    )
+    .await;
+    wait_registry(
+        &follower.registry,
+        "r2 added and r1 drained",
+        DEADLINE,
+        |r| {
+            find(r, "r2").is_some()
+                && find(r, "r1").is_some_and(|i| i.status == Status::OutOfService)
+        },
+    )
+    .await;
+
+    let (status, _) = http("DELETE", &format!("{base}/apps/ROUNDTRIP/r1"), None).await;
+    assert_eq!(status, 200);
+    let reg = wait_registry(&follower.registry, "r1 cancelled", DEADLINE, |r| {
+        find(r, "r1").is_none()
+    })
+    .await;
+    assert_eq!(reg.instances.len(), 1);
+    // The follower and the registry agree on the whole model.
+    assert_eq!(*reg, **server.registry.borrow());
+}
+
+#[tokio::test]
+async fn a_registration_is_published_by_the_embedded_registry_within_milliseconds() {
+    let metrics = Arc::new(Metrics::default());
+    let server = eureka_server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        ServerConfig::default(),
+        metrics,
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}/eureka", server.local_addr);
+    let mut worst = Duration::ZERO;
+    for n in 0..20u16 {
+        let id = format!("m{n}");
+        let sent = Instant::now();
+        let (status, _) = http(
+            "POST",
+            &format!("{base}/apps/roundtrip"),
+            Some(registration(&id, 9000 + n)),
+        )
+        .await;
+        assert_eq!(status, 204);
+        wait_registry(&server.registry, "published", Duration::from_secs(1), |r| {
+            find(r, &id).is_some()
+        })
+        .await;
+        worst = worst.max(sent.elapsed());
+    }
+    println!("registration (HTTP POST) to published registry: worst of 20 = {worst:?}");
+    assert!(worst < Duration::from_secs(1), "{worst:?}");
+}
