@@ -58,6 +58,7 @@ lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings de
 .PHONY: unit
 unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32-wasip1
 	@scripts/ensure-wasm-target.sh
+	@scripts/install-eureka-clients.sh
 	$(CARGO) test $(CARGOFLAGS) --workspace --exclude odmesh-e2e
 	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names
 

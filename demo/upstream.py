@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """A demo upstream service for `make run`: answers every request with its own name and instance.
 
+With --eureka it registers with a Eureka server (odmesh's embedded registry in `make run`) the
+way a Eureka client does: register, heartbeat every few seconds (registering again when the
+server no longer knows it), and cancel on exit.
+
     demo/upstream.py --app demo-a --instance demo-a-1 --port 18081
+    demo/upstream.py --app demo-a --instance demo-a-1 --port 18081 --eureka http://127.0.0.1:8761/eureka
     demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 --cert c.pem --key k.pem
 """
 import argparse
@@ -10,6 +15,62 @@ import json
 import signal
 import ssl
 import sys
+import threading
+import urllib.error
+import urllib.request
+
+HEARTBEAT_SECONDS = 5
+LEASE_SECONDS = 15
+
+
+class Eureka:
+    """Registers one instance with a Eureka server and keeps its lease alive."""
+
+    def __init__(self, base: str, args: argparse.Namespace) -> None:
+        self.base = base.rstrip("/")
+        self.app = args.app.upper()
+        self.instance = args.instance
+        secure = bool(args.cert)
+        self.body = json.dumps({"instance": {
+            "instanceId": args.instance,
+            "hostName": args.host,
+            "app": self.app,
+            "ipAddr": args.host,
+            "status": "UP",
+            "port": {"$": args.port, "@enabled": "false" if secure else "true"},
+            "securePort": {"$": args.port, "@enabled": "true" if secure else "false"},
+            "vipAddress": args.app,
+            "secureVipAddress": args.app,
+            "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
+            "leaseInfo": {"renewalIntervalInSecs": HEARTBEAT_SECONDS, "durationInSecs": LEASE_SECONDS},
+        }}).encode()
+        self.stopped = threading.Event()
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> int:
+        req = urllib.request.Request(self.base + path, data=body, method=method,
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError as e:
+            print(f"eureka: {method} {path}: {e}", flush=True)
+            return 0
+
+    def register(self) -> None:
+        status = self._call("POST", f"/apps/{self.app}", self.body)
+        print(f"eureka: registered {self.app}/{self.instance}: HTTP {status}", flush=True)
+
+    def run(self) -> None:
+        self.register()
+        while not self.stopped.wait(HEARTBEAT_SECONDS):
+            if self._call("PUT", f"/apps/{self.app}/{self.instance}") == 404:
+                self.register()
+
+    def cancel(self) -> None:
+        self.stopped.set()
+        self._call("DELETE", f"/apps/{self.app}/{self.instance}")
 
 
 def main() -> None:
@@ -20,6 +81,7 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--cert", help="serve TLS with this certificate (PEM)")
     p.add_argument("--key", help="the certificate's private key (PEM)")
+    p.add_argument("--eureka", metavar="URL", help="register with this Eureka server, e.g. http://127.0.0.1:8761/eureka")
     args = p.parse_args()
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -52,10 +114,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     scheme = "https" if args.cert else "http"
     print(f"{args.app}/{args.instance} listening on {scheme}://{args.host}:{args.port}", flush=True)
+    eureka = Eureka(args.eureka, args) if args.eureka else None
+    if eureka:
+        threading.Thread(target=eureka.run, daemon=True).start()
     try:
         server.serve_forever()
     except (KeyboardInterrupt, SystemExit):
         pass
+    finally:
+        if eureka:
+            eureka.cancel()
 
 
 if __name__ == "__main__":

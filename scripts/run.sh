@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make run`: odmesh for real on this machine. Starts demo upstreams, writes a registry that
-# lists them, starts odmesh-control and Envoy with the filter, prints curl lines to try, and
-# stops everything on Ctrl-C. Uses the default addresses of SPEC.md (Envoy on :15001).
+# `make run`: odmesh for real on this machine. Starts odmesh-control with its embedded
+# Eureka-compatible registry, demo upstreams that register with it as Eureka clients do, and
+# Envoy with the filter; prints curl lines to try, and stops everything on Ctrl-C. Uses the
+# default addresses of SPEC.md (Envoy on :15001, the registry on :8761).
 set -euo pipefail
 top="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$top"
@@ -22,7 +23,7 @@ stop() {
 trap stop EXIT
 trap 'stop; exit 0' INT TERM
 
-for port in 15001 9901 18000 18001 18081 18082 18083 18443; do
+for port in 15001 9901 18000 18001 8761 18081 18082 18083 18443; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "port $port on 127.0.0.1 is in use: stop what runs there (another 'make run'?) and try again" >&2
     exit 1
@@ -43,26 +44,29 @@ start() { # name, command...
   "$@" >"$state/$name.log" 2>&1 &
   pids+=($!)
 }
-start demo-a-1 demo/upstream.py --app demo-a --instance demo-a-1 --port 18081
-start demo-a-2 demo/upstream.py --app demo-a --instance demo-a-2 --port 18082
-start demo-b-1 demo/upstream.py --app demo-b --instance demo-b-1 --port 18083
-start demo-secure-1 demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 \
-  --cert "$state/demo-secure.pem" --key "$state/demo-secure.key"
-
-cat > "$state/registry.yaml" <<YAML
-# The demo registry: edit it while odmesh runs; changes route within a second.
-instances:
-  - {app: demo-a, ip: 127.0.0.1, port: 18081, zone: zone-1}
-  - {app: demo-a, ip: 127.0.0.1, port: 18082, zone: zone-2}
-  - {app: demo-b, ip: 127.0.0.1, port: 18083}
-  - {app: demo-secure, ip: 127.0.0.1, secure_port: 18443}
-YAML
-
-start odmesh-control "$CONTROL" --registry "$state/registry.yaml" --upstream-ca "$state/ca.pem"
+# The control plane, being the registry (the default without --registry or --eureka).
+start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --upstream-ca "$state/ca.pem"
 start envoy "$ENVOY" -c envoy/odmesh.yaml --concurrency 2 --disable-hot-restart --log-level warn
+eureka=http://127.0.0.1:8761/eureka
+deadline=$((SECONDS + 20))
+until curl -sf "$eureka/apps" >/dev/null; do
+  if ((SECONDS > deadline)); then
+    echo "odmesh-control did not start in 20 s; see $state/odmesh-control.log" >&2
+    tail -n 20 "$state/odmesh-control.log" >&2 || true
+    exit 1
+  fi
+  sleep 0.2
+done
+
+start demo-a-1 demo/upstream.py --app demo-a --instance demo-a-1 --port 18081 --eureka "$eureka"
+start demo-a-2 demo/upstream.py --app demo-a --instance demo-a-2 --port 18082 --eureka "$eureka"
+start demo-b-1 demo/upstream.py --app demo-b --instance demo-b-1 --port 18083 --eureka "$eureka"
+start demo-secure-1 demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 \
+  --cert "$state/demo-secure.pem" --key "$state/demo-secure.key" --eureka "$eureka"
 
 deadline=$((SECONDS + 20))
-until curl -sf http://127.0.0.1:18001/readyz >/dev/null && curl -sf http://127.0.0.1:9901/ready >/dev/null; do
+until curl -sf http://127.0.0.1:9901/ready >/dev/null &&
+  [ "$(curl -sf -H 'Accept: application/json' "$eureka/apps" | grep -o '"instanceId"' | wc -l)" -ge 4 ]; do
   if ((SECONDS > deadline)); then
     echo "odmesh did not become ready in 20 s; see the logs in $state/" >&2
     tail -n 20 "$state"/odmesh-control.log "$state"/envoy.log >&2 || true
@@ -73,16 +77,20 @@ done
 
 cat <<TXT
 
-odmesh is running: Envoy on 127.0.0.1:15001, control plane admin on 127.0.0.1:18001.
+odmesh is running: Envoy on 127.0.0.1:15001, the registry on $eureka, admin on 127.0.0.1:18001.
 Try:
-  curl -H 'Host: demo-a' http://127.0.0.1:15001/         # VIP demo-a: round robin over 2 instances
-  curl -H 'Host: demo-b' http://127.0.0.1:15001/         # VIP demo-b
+  curl -H 'Host: demo-a' http://127.0.0.1:15001/             # VIP demo-a: round robin over 2 instances
+  curl -H 'Host: demo-b' http://127.0.0.1:15001/             # VIP demo-b
   curl -H 'Host: demo-secure:8443' http://127.0.0.1:15001/   # SVIP demo-secure, TLS to the upstream
-  curl -H 'Host: nosuch' http://127.0.0.1:15001/         # not registered: fast 503 that says so
-  curl -H 'Host: bad_name!' http://127.0.0.1:15001/      # invalid: 400 that says why
-  curl http://127.0.0.1:18001/debug/proxies              # what Envoy subscribed to
-  curl -s http://127.0.0.1:9901/clusters | grep -c '::'  # the clusters Envoy holds
-Edit $state/registry.yaml to add, remove or mark instances DOWN.
+  curl -H 'Host: nosuch' http://127.0.0.1:15001/             # not registered: fast 503 that says so
+  curl -H 'Host: bad_name!' http://127.0.0.1:15001/          # invalid: 400 that says why
+Change the registry as a Eureka client or operator would:
+  curl -X PUT '$eureka/apps/DEMO-A/demo-a-2/status?value=OUT_OF_SERVICE'   # drain one instance
+  curl -X DELETE '$eureka/apps/DEMO-A/demo-a-2/status'                     # and back
+  curl -H 'Accept: application/json' $eureka/apps                           # what is registered
+See what the mesh holds:
+  curl http://127.0.0.1:18001/debug/proxies                  # what Envoy subscribed to
+  curl -s http://127.0.0.1:9901/clusters | grep -c '::cx_total'   # endpoints Envoy knows
 Logs: $state/. Ctrl-C stops everything.
 TXT
 wait -n "${pids[@]}" || true

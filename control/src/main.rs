@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -15,7 +16,7 @@ use odmesh_control::admin::{self, AdminView};
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model;
-use odmesh_control::registry::{self, Registry, SourceHealth};
+use odmesh_control::registry::{self, Registry, SourceHealth, eureka_client, eureka_server, file};
 use odmesh_control::server::XdsServer;
 use odmesh_control::xds::XdsOptions;
 
@@ -28,13 +29,35 @@ use odmesh_control::xds::XdsOptions;
 /// fast (503) until it appears.
 #[derive(Debug, Parser)]
 #[command(name = "odmesh-control", version, verbatim_doc_comment)]
+#[command(group(clap::ArgGroup::new("source").args(["registry", "eureka", "serve_eureka"])))]
 struct Args {
     /// Registry file: Eureka's `GET /eureka/apps` JSON, or the YAML form
     /// (`instances: [{app, ip, port, secure_port, vip, svip, status, zone}]`). Watched: a
     /// change, including an atomic rename over it, takes effect within a second; a file that
     /// fails to parse is reported and the last good registry stays in use.
     #[arg(long, value_name = "FILE")]
-    registry: PathBuf,
+    registry: Option<PathBuf>,
+
+    /// Follow a Eureka server, e.g. `http://eureka:8761/eureka`: a full fetch of `/apps`,
+    /// then `/apps/delta` every --eureka-interval, reconciled by Eureka's hash code. Repeat
+    /// the flag for several servers, tried in turn. While none answers, the last good
+    /// registry stays in use.
+    #[arg(long, value_name = "URL")]
+    eureka: Vec<String>,
+
+    /// Seconds between two polls of Eureka's delta (as Eureka's own clients do).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    eureka_interval: f64,
+
+    /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
+    /// Eureka clients register with. This is the default when no source is given.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
+    serve_eureka: Option<SocketAddr>,
+
+    /// Seconds an instance of the embedded registry lives without a heartbeat, unless its
+    /// registration says otherwise (`leaseInfo.durationInSecs`).
+    #[arg(long, value_name = "SECS", default_value_t = 90.0)]
+    lease_duration: f64,
 
     /// Address of the xDS gRPC server (delta ADS, and delta CDS/EDS).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18000")]
@@ -54,6 +77,63 @@ struct Args {
     /// it names the SVIP (DNS subject alternative name).
     #[arg(long)]
     no_upstream_san_check: bool,
+}
+
+/// The registry source in use, whichever it is.
+struct Source {
+    registry: watch::Receiver<Arc<Registry>>,
+    health: SourceHealth,
+    description: String,
+}
+
+/// Starts the source the flags name (the embedded registry when none is named).
+async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Source> {
+    if let Some(path) = &args.registry {
+        let src = registry::file::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
+            .await
+            // The error names the file, the format and the problem in one line.
+            .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
+        return Ok(Source {
+            registry: src.registry,
+            health: src.health,
+            description: format!("registry file {}", path.display()),
+        });
+    }
+    if !args.eureka.is_empty() {
+        let interval = seconds("--eureka-interval", args.eureka_interval)?;
+        let src = eureka_client::start(args.eureka.clone(), interval, metrics.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("--eureka: {e}"))?;
+        return Ok(Source {
+            registry: src.registry,
+            health: src.health,
+            description: format!("Eureka {}", args.eureka.join(", ")),
+        });
+    }
+    let addr = match args.serve_eureka {
+        Some(addr) => addr,
+        None => eureka_server::DEFAULT_ADDR.parse()?,
+    };
+    let config = eureka_server::ServerConfig {
+        lease_duration: seconds("--lease-duration", args.lease_duration)?,
+        ..Default::default()
+    };
+    let src = eureka_server::start(addr, config, metrics.clone())
+        .await
+        .with_context(|| format!("--serve-eureka {addr}: cannot listen"))?;
+    Ok(Source {
+        registry: src.registry,
+        health: src.health,
+        description: format!("embedded Eureka registry http://{}/eureka", src.local_addr),
+    })
+}
+
+/// A positive, finite number of seconds from flag `flag`.
+fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} {value}: not a positive number of seconds"))
 }
 
 #[tokio::main]
@@ -86,14 +166,7 @@ async fn run() -> anyhow::Result<()> {
         check_ca_bundle(ca)?;
     }
 
-    let source = registry::file::start(
-        args.registry.clone(),
-        registry::file::DEFAULT_POLL_INTERVAL,
-        metrics.clone(),
-    )
-    .await
-    // The error names the file, the format and the problem in one line.
-    .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
+    let source = start_source(&args, &metrics).await?;
 
     let (snapshots, _pipeline) = model::follow(source.registry.clone(), metrics.clone());
     let cache = Arc::new(Cache::with_snapshot(options, snapshots.borrow().clone()));
@@ -130,7 +203,7 @@ async fn run() -> anyhow::Result<()> {
             .into_future(),
     );
     let xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
-    tracing::info!(xds = %args.xds, admin = %args.admin, registry = %args.registry.display(), "odmesh-control serving");
+    tracing::info!(xds = %args.xds, admin = %args.admin, source = %source.description, "odmesh-control serving");
 
     shutdown_signal().await;
     tracing::info!("stopping");
@@ -181,10 +254,10 @@ struct View {
 impl AdminView for View {
     fn registry_status(&self) -> (bool, serde_json::Value) {
         let status = self.health.snapshot();
-        (
-            status.loaded,
-            serde_json::to_value(&status).unwrap_or_default(),
-        )
+        let age = status.age_of_last_success(SystemTime::now());
+        let mut json = serde_json::to_value(&status).unwrap_or_default();
+        json["last_success_age_seconds"] = age.map(|a| a.as_secs_f64()).into();
+        (status.loaded, json)
     }
 
     fn registry(&self) -> serde_json::Value {
@@ -196,6 +269,12 @@ impl AdminView for View {
     }
 
     fn metrics(&self) -> &Metrics {
+        // A derived gauge, brought up to date for each scrape.
+        let age = self.health.snapshot().age_of_last_success(SystemTime::now());
+        Metrics::set(
+            &self.metrics.registry_last_success_age_seconds,
+            age.map_or(0, |a| a.as_secs()),
+        );
         &self.metrics
     }
 }

@@ -37,6 +37,9 @@ metrics! {
     registry_load_errors_total: "counter",
     /// Unix time in seconds of the last successful registry load (0: never).
     registry_last_success_seconds: "gauge",
+    /// Seconds since the last successful registry load (0 before the first one); for Eureka,
+    /// the age of the last good fetch.
+    registry_last_success_age_seconds: "gauge",
     /// Instances in the registry in use.
     registry_instances: "gauge",
     /// Clusters (VIPs and SVIPs) the registry in use defines.
