@@ -270,7 +270,10 @@ impl AdminView for View {
 
     fn metrics(&self) -> &Metrics {
         // A derived gauge, brought up to date for each scrape.
-        let age = self.health.snapshot().age_of_last_success(SystemTime::now());
+        let age = self
+            .health
+            .snapshot()
+            .age_of_last_success(SystemTime::now());
         Metrics::set(
             &self.metrics.registry_last_success_age_seconds,
             age.map_or(0, |a| a.as_secs()),
