@@ -1,8 +1,10 @@
 //! The control plane, `odmesh-control`, as a child process: started on free loopback ports
-//! with a registry file, ready once its admin `/readyz` says so, and read through its admin
-//! endpoint (`/metrics`, `/debug/proxies`, `/debug/registry`).
+//! with a registry [`Source`] (a file, its embedded Eureka registry, or Eureka servers to
+//! follow), ready once its admin `/readyz` says so, and read through its admin endpoint
+//! (`/readyz`, `/metrics`, `/debug/proxies`, `/debug/registry`).
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,13 +24,43 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// ones first.
 const PORT_ATTEMPTS: usize = 3;
 
+/// Where the control plane gets its registry from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// `--registry FILE`.
+    File(PathBuf),
+    /// `--serve-eureka 127.0.0.1:<free port>`: it is the registry, and Eureka clients register
+    /// with it ([`ControlPlane::eureka_url`]).
+    ServeEureka,
+    /// `--eureka URL` for each URL (e.g. `http://127.0.0.1:8761/eureka`), tried in turn.
+    Eureka(Vec<String>),
+}
+
+impl Source {
+    /// The source's command line arguments; `eureka` is the address `ServeEureka` binds.
+    fn args(&self, eureka: Option<SocketAddr>) -> Vec<OsString> {
+        match self {
+            Source::File(path) => vec!["--registry".into(), path.into()],
+            Source::ServeEureka => {
+                let addr = eureka.map(|a| a.to_string()).unwrap_or_default();
+                vec!["--serve-eureka".into(), addr.into()]
+            }
+            Source::Eureka(urls) => urls
+                .iter()
+                .flat_map(|url| ["--eureka".into(), url.into()])
+                .collect(),
+        }
+    }
+}
+
 /// A running `odmesh-control`, killed when dropped.
 pub struct ControlPlane {
     process: Option<ChildGuard>,
-    registry: PathBuf,
+    source: Source,
     args: Vec<String>,
     xds: SocketAddr,
     admin: SocketAddr,
+    eureka: Option<SocketAddr>,
     starts: usize,
 }
 
@@ -36,24 +68,34 @@ impl ControlPlane {
     /// Starts `odmesh-control --registry <registry>` plus `extra_args` on free loopback ports
     /// for xDS and admin, and waits until `/readyz` answers 200. Its log is `<label>.log`.
     pub fn start(env: &TestEnv, label: &str, registry: &Path, extra_args: &[&str]) -> Self {
+        ControlPlane::start_source(env, label, Source::File(registry.to_owned()), extra_args)
+    }
+
+    /// Starts `odmesh-control` on `source` plus `extra_args` (e.g. `--eureka-interval 0.5`) on
+    /// free loopback ports for xDS, admin and (for [`Source::ServeEureka`]) the embedded
+    /// registry, and waits until `/readyz` answers 200. Its log is `<label>.log`.
+    pub fn start_source(env: &TestEnv, label: &str, source: Source, extra_args: &[&str]) -> Self {
         let args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
         let mut last_log = String::new();
         for attempt in 1..=PORT_ATTEMPTS {
             let xds = loopback(free_port());
             let admin = loopback(free_port());
+            let eureka = matches!(source, Source::ServeEureka).then(|| loopback(free_port()));
             let label = if attempt == 1 {
                 label.to_owned()
             } else {
                 format!("{label}-attempt{attempt}")
             };
-            match spawn_ready(env, &label, registry, &args, xds, admin) {
+            let source_args = source.args(eureka);
+            match spawn_ready(env, &label, &source_args, &args, xds, admin) {
                 Ok(process) => {
                     return ControlPlane {
                         process: Some(process),
-                        registry: registry.to_owned(),
+                        source,
                         args,
                         xds,
                         admin,
+                        eureka,
                         starts: 1,
                     };
                 }
@@ -74,6 +116,19 @@ impl ControlPlane {
         self.admin
     }
 
+    /// The embedded Eureka registry's address; panics unless started with
+    /// [`Source::ServeEureka`].
+    pub fn eureka_addr(&self) -> SocketAddr {
+        self.eureka
+            .unwrap_or_else(|| panic!("this control plane serves no Eureka registry"))
+    }
+
+    /// The embedded Eureka registry's service URL, `http://127.0.0.1:<port>/eureka`, as
+    /// Eureka clients and `--eureka` take it.
+    pub fn eureka_url(&self) -> String {
+        format!("http://{}/eureka", self.eureka_addr())
+    }
+
     /// Kills the process with SIGKILL, as a crash would, and reaps it.
     pub fn kill(&mut self) {
         if let Some(process) = self.process.as_mut() {
@@ -81,20 +136,14 @@ impl ControlPlane {
         }
     }
 
-    /// Starts the control plane again, with the same registry, arguments and addresses,
+    /// Starts the control plane again, with the same source, arguments and addresses,
     /// after [`ControlPlane::kill`]; the log of the n-th start is `<label>-<n>.log`.
     pub fn restart(&mut self, env: &TestEnv, label: &str) {
         self.kill();
         self.starts += 1;
         let label = format!("{label}-{}", self.starts);
-        match spawn_ready(
-            env,
-            &label,
-            &self.registry,
-            &self.args,
-            self.xds,
-            self.admin,
-        ) {
+        let source_args = self.source.args(self.eureka);
+        match spawn_ready(env, &label, &source_args, &self.args, self.xds, self.admin) {
             Ok(process) => self.process = Some(process),
             Err(log) => panic!(
                 "{label} did not start again on xDS {} and admin {}; log:\n{log}",
@@ -163,6 +212,11 @@ impl ControlPlane {
         names
     }
 
+    /// `/readyz` as JSON, `{"ready": bool, "registry": {...}}`, whatever its status code.
+    pub fn readyz(&self) -> Value {
+        self.admin_get("/readyz").json()
+    }
+
     /// `/debug/registry`: `{"source": {...}, "registry": {...}}`.
     pub fn debug_registry(&self) -> Value {
         self.admin_get("/debug/registry").json()
@@ -177,15 +231,14 @@ fn loopback(port: u16) -> SocketAddr {
 fn spawn_ready(
     env: &TestEnv,
     label: &str,
-    registry: &Path,
+    source_args: &[OsString],
     args: &[String],
     xds: SocketAddr,
     admin: SocketAddr,
 ) -> Result<ChildGuard, String> {
     let mut command = Command::new(control_binary());
     command
-        .arg("--registry")
-        .arg(registry)
+        .args(source_args)
         .arg("--xds")
         .arg(xds.to_string())
         .arg("--admin")

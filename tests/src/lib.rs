@@ -22,6 +22,7 @@
 pub mod control;
 pub mod echo;
 pub mod envoy;
+pub mod eureka;
 pub mod http;
 pub mod mesh;
 pub mod paths;
@@ -30,9 +31,10 @@ pub mod registry;
 pub mod tls;
 pub mod wait;
 
-pub use control::ControlPlane;
+pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
+pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Registration};
 pub use http::{Request, Response};
 pub use mesh::{Mesh, odmesh_bootstrap};
 pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};

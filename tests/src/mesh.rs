@@ -1,5 +1,6 @@
-//! The whole chain as a user runs it: `odmesh-control` with a registry file, and Envoy
-//! started from the shipped bootstrap `envoy/odmesh.yaml` with the filter.
+//! The whole chain as a user runs it: `odmesh-control` with a registry file (or another
+//! registry [`Source`]), and Envoy started from the shipped bootstrap `envoy/odmesh.yaml`
+//! with the filter.
 //!
 //! The bootstrap is used as shipped except for its three ports: the listener (15001) and the
 //! admin (9901) bind port 0, and the xDS cluster points at the test's control plane instead
@@ -11,7 +12,7 @@ use std::fs;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::control::ControlPlane;
+use crate::control::{ControlPlane, Source};
 use crate::envoy::Envoy;
 use crate::http::{Request, Response};
 use crate::paths::{filter_wasm, repo_root};
@@ -50,15 +51,28 @@ pub fn odmesh_bootstrap(xds_port: u16) -> String {
     out
 }
 
-/// A control plane with a registry file, and Envoy from the shipped bootstrap connected to
-/// it. Envoy is stopped first, then the control plane, when dropped.
-pub struct Mesh {
+/// A control plane, and Envoy from the shipped bootstrap connected to it. Envoy is stopped
+/// first, then the control plane, when dropped.
+///
+/// `R` is the registry the test edits: the [`RegistryFile`] of [`Mesh::start`], or `()` for
+/// a [`Mesh::start_source`] whose registry lives elsewhere (Eureka).
+pub struct Mesh<R = RegistryFile> {
     /// Envoy, started from `envoy/odmesh.yaml`.
     pub envoy: Envoy,
     /// The control plane.
     pub control: ControlPlane,
     /// The control plane's registry file, `registry.yaml` in the test's folder.
-    pub registry: RegistryFile,
+    pub registry: R,
+}
+
+impl Mesh<()> {
+    /// Starts the control plane on `source` with `control_args` (e.g. `--lease-duration 3`),
+    /// then Envoy, and waits until Envoy's xDS stream is up.
+    pub fn start_source(env: &TestEnv, source: Source, control_args: &[&str]) -> Mesh<()> {
+        filter_wasm();
+        let control = ControlPlane::start_source(env, "control", source, control_args);
+        Mesh::connect(env, control, ())
+    }
 }
 
 impl Mesh {
@@ -73,6 +87,13 @@ impl Mesh {
         filter_wasm();
         let registry = RegistryFile::create(&env.log_dir().join("registry.yaml"), instances);
         let control = ControlPlane::start(env, "control", registry.path(), control_args);
+        Mesh::connect(env, control, registry)
+    }
+}
+
+impl<R> Mesh<R> {
+    /// Starts Envoy on `control` and waits until its xDS stream is up.
+    fn connect(env: &TestEnv, control: ControlPlane, registry: R) -> Mesh<R> {
         let envoy = Envoy::start(env, "envoy", &odmesh_bootstrap(control.xds().port()));
         let mesh = Mesh {
             envoy,

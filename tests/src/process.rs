@@ -6,7 +6,7 @@
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::Duration;
 
@@ -67,7 +67,23 @@ impl TestEnv {
 
     /// Starts `command` with stdout and stderr both written to `<label>.log` in the log
     /// folder, and stdin closed. The process is killed when the guard is dropped.
-    pub fn spawn(&self, label: &str, mut command: Command) -> ChildGuard {
+    pub fn spawn(&self, label: &str, command: Command) -> ChildGuard {
+        self.spawn_stdin(label, command, Stdio::null())
+    }
+
+    /// [`TestEnv::spawn`] with a pipe to the process's stdin, for a process that takes
+    /// commands there; closing the pipe (dropping it) is its end of input.
+    pub fn spawn_interactive(&self, label: &str, command: Command) -> (ChildGuard, ChildStdin) {
+        let mut process = self.spawn_stdin(label, command, Stdio::piped());
+        let stdin = process
+            .child
+            .stdin
+            .take()
+            .unwrap_or_else(|| panic!("{label} has no stdin pipe"));
+        (process, stdin)
+    }
+
+    fn spawn_stdin(&self, label: &str, mut command: Command, stdin: Stdio) -> ChildGuard {
         let log = self.dir.join(format!("{label}.log"));
         let out = File::create(&log)
             .unwrap_or_else(|e| panic!("cannot create the log {}: {e}", log.display()));
@@ -75,7 +91,7 @@ impl TestEnv {
             .try_clone()
             .unwrap_or_else(|e| panic!("cannot share the log {}: {e}", log.display()));
         command
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));
         let child = command
