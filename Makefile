@@ -63,7 +63,8 @@ unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32
 	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names
 
 .PHONY: e2e
-e2e: wasm envoy ## end-to-end tests against real Envoy
+e2e: wasm envoy ## end-to-end tests against real Envoy (and real Eureka clients)
+	@scripts/install-eureka-clients.sh
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
 	$(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
 
