@@ -27,7 +27,7 @@ test: lint unit wasm validate e2e ## everything CI runs: lint, unit tests (host 
 
 .PHONY: wasm
 wasm: ## build the filter: dist/odmesh_filter.wasm and its .sha256
-	@scripts/ensure-wasm-target.sh
+	@scripts/ensure-toolchain.sh
 	$(CARGO) build $(CARGOFLAGS) --target $(WASM_TARGET) --profile wasm -p odmesh-filter
 	@mkdir -p dist
 	cp $(WASM_OUT) $(DIST_WASM)
@@ -50,14 +50,14 @@ validate: wasm envoy ## check envoy/odmesh.yaml with `envoy --mode validate`
 
 .PHONY: lint
 lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied)
-	@scripts/ensure-wasm-target.sh
+	@scripts/ensure-toolchain.sh
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy $(CARGOFLAGS) --workspace --all-targets -- -D warnings
 	$(CARGO) clippy $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names -- -D warnings
 
 .PHONY: unit
 unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32-wasip1
-	@scripts/ensure-wasm-target.sh
+	@scripts/ensure-toolchain.sh
 	@scripts/install-eureka-clients.sh
 	$(CARGO) test $(CARGOFLAGS) --workspace --exclude odmesh-e2e
 	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names

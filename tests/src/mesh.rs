@@ -145,12 +145,12 @@ impl<R> Mesh<R> {
             .collect()
     }
 
-    /// One `cluster_manager.*` stat; 0 if Envoy has not created it yet (the `odcds.*` stats
-    /// appear with the first on-demand discovery).
+    /// One `cluster_manager.*` stat. Panics if Envoy has no such stat, so a renamed stat
+    /// fails the test instead of reading as 0.
     pub fn cluster_manager_stat(&self, name: &str) -> u64 {
         self.envoy
             .stat(&format!("cluster_manager.{name}"))
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("Envoy has no stat cluster_manager.{name}"))
     }
 }
 

@@ -11,9 +11,12 @@ use std::time::{Duration, Instant};
 use odmesh_e2e::{EchoUpstream, Instance, Mesh, TestEnv, timed, wait_until_since};
 use serde_json::Value;
 
-/// Every bound on "fast" in these tests: well under the bootstrap's 1 s discovery timeout,
-/// so a request that waited for the timeout fails the test.
-const FAST: Duration = Duration::from_millis(500);
+/// The bound on a first request that includes discovery: well under the bootstrap's 1 s
+/// discovery timeout, so a request that waited for the timeout fails the test.
+const FAST_FIRST: Duration = Duration::from_millis(500);
+/// The bound on a 503 from a cluster Envoy already holds (SPEC: "well under 100 ms"; it takes
+/// about a millisecond, so the bound leaves ample room on a loaded machine).
+const FAST: Duration = Duration::from_millis(100);
 /// How soon a registry change must reach Envoy (SPEC.md, issue 3).
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// How long counters may take to settle after a request (Envoy's ACKs are on their way).
@@ -193,7 +196,8 @@ fn twenty_vips_through_one_envoy_are_each_discovered_once_and_routed_to_their_ow
 }
 
 /// Asserts a fast 503 whose JSON body gives `error` for `cluster`; returns how long it took.
-fn assert_fast_503(mesh: &Mesh, host: &str, cluster: &str, error: &str) -> Duration {
+/// `first`: the request also discovers the cluster.
+fn assert_fast_503(mesh: &Mesh, host: &str, cluster: &str, error: &str, first: bool) -> Duration {
     let (response, took) = timed(|| mesh.get(host));
     assert_eq!(response.status, 503, "Host {host}: {}", response.text());
     let body: Value = serde_json::from_slice(&response.body).unwrap_or_else(|e| {
@@ -204,7 +208,11 @@ fn assert_fast_503(mesh: &Mesh, host: &str, cluster: &str, error: &str) -> Durat
     });
     assert_eq!(body["error"], error, "Host {host}: {body}");
     assert_eq!(body["cluster"], cluster, "Host {host}: {body}");
-    assert!(took < FAST, "Host {host}: the 503 took {took:?}");
+    let bound = if first { FAST_FIRST } else { FAST };
+    assert!(
+        took < bound,
+        "Host {host}: the 503 took {took:?}, over {bound:?}"
+    );
     took
 }
 
@@ -216,12 +224,13 @@ fn an_unknown_vip_fails_fast_every_time_and_routes_within_two_seconds_once_regis
 
     let not_registered = "VIP nobody is not registered";
     let mut times = Vec::new();
-    for _ in 0..10 {
+    for i in 0..10 {
         times.push(assert_fast_503(
             &mesh,
             "nobody",
             "nobody.vip",
             not_registered,
+            i == 0,
         ));
     }
     let response = mesh.get("nobody");
@@ -259,12 +268,13 @@ fn a_registered_vip_whose_only_instance_is_down_answers_no_healthy_endpoint() {
         &[Instance::new("lonely", lonely.port()).status("DOWN")],
     );
 
-    for _ in 0..3 {
+    for i in 0..3 {
         assert_fast_503(
             &mesh,
             "lonely",
             "lonely.vip",
             "VIP lonely has no healthy endpoint: no instance of it is UP",
+            i == 0,
         );
     }
     let response = mesh.get("lonely");
@@ -295,7 +305,14 @@ fn a_vip_whose_instances_all_go_away_stays_a_cluster_that_fails_fast() {
     });
     eprintln!("VIP hello answers 503 {took:?} after its instances left the registry file");
     for _ in 0..3 {
-        assert_fast_503(&mesh, "hello", "hello.vip", "VIP hello is not registered");
+        // The cluster is held already (it answered 503 above): no discovery here.
+        assert_fast_503(
+            &mesh,
+            "hello",
+            "hello.vip",
+            "VIP hello is not registered",
+            false,
+        );
     }
     assert_eq!(mesh.cluster_manager_stat("cluster_removed"), 0);
     assert_eq!(mesh.cluster_manager_stat("cluster_added"), added);
