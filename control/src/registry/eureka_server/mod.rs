@@ -19,7 +19,8 @@
 //! changed within the last `delta_retention` (3 minutes) with `actionType`, and the
 //! `apps__hashcode` of the whole registry; a heartbeat whose `lastDirtyTimestamp` is newer
 //! than the registered one answers 404 so the client registers its newer data; a status
-//! override wins over the status an instance reports, except `DOWN` and `STARTING`; the
+//! override wins over the status an instance reports only when it reports `UP` or
+//! `OUT_OF_SERVICE` (one that reports `DOWN`, `STARTING` or `UNKNOWN` keeps it); the
 //! `status` and `overriddenstatus` parameters of a heartbeat are ignored (Eureka uses them
 //! only between peers).
 //!
@@ -132,12 +133,13 @@ struct Lease {
 }
 
 impl Lease {
-    /// Eureka's rule: an instance that says `DOWN` or `STARTING` is that; otherwise an
-    /// override wins over what it says.
+    /// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance
+    /// that says `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is
+    /// that.
     fn effective_status(&self) -> Status {
         match self.reported {
-            Status::Down | Status::Starting => self.reported,
-            reported => self.overridden.unwrap_or(reported),
+            Status::Up | Status::OutOfService => self.overridden.unwrap_or(self.reported),
+            other => other,
         }
     }
 

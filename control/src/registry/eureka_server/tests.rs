@@ -377,6 +377,20 @@ async fn an_instance_that_reports_down_stays_down_under_an_up_override() {
 }
 
 #[tokio::test]
+async fn an_instance_that_reports_unknown_stays_unknown_under_an_up_override() {
+    let f = fixture();
+    let mut unknown = instance("h1", "HELLO", "hello", 8080);
+    unknown["status"] = json!("UNKNOWN");
+    f.register("HELLO", unknown).await;
+    f.send(Method::PUT, "/eureka/apps/HELLO/h1/status?value=UP")
+        .await;
+    assert_eq!(f.status_of("h1"), Some(Status::Unknown));
+    let served = f.get_json("/eureka/apps/HELLO/h1").await.json();
+    assert_eq!(served["instance"]["status"], "UNKNOWN");
+    assert_eq!(served["instance"]["overriddenStatus"], "UP");
+}
+
+#[tokio::test]
 async fn metadata_updates_merge_into_the_instance() {
     let f = fixture();
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
