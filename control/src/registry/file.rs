@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
 
-use super::{Parsed, Registry, SourceHealth, eureka, yaml};
+use super::{Parsed, Registry, SourceHealth, eureka, publish, yaml};
 
 /// How often [`watch_file`] looks at the file, unless told otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -296,15 +296,7 @@ impl Watcher {
                 () = tx.closed() => return,
             }
             if let Poll::Loaded(parsed) = self.poll().await {
-                let registry = parsed.registry;
-                tx.send_if_modified(|current| {
-                    if **current == registry {
-                        false
-                    } else {
-                        *current = Arc::new(registry);
-                        true
-                    }
-                });
+                publish(&tx, parsed.registry);
             }
         }
     }

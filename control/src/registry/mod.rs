@@ -146,6 +146,22 @@ pub fn reconcile_hash_code(statuses: impl IntoIterator<Item = Status>) -> String
         .collect()
 }
 
+/// Sends `registry` on `tx` if it differs from the one there (receivers are woken only by
+/// a real change); returns whether it was sent.
+pub fn publish(
+    tx: &tokio::sync::watch::Sender<std::sync::Arc<Registry>>,
+    registry: Registry,
+) -> bool {
+    tx.send_if_modified(|current| {
+        if **current == registry {
+            false
+        } else {
+            *current = std::sync::Arc::new(registry);
+            true
+        }
+    })
+}
+
 impl Registry {
     /// Eureka's reconcile hash code of this registry (see [`reconcile_hash_code`]).
     pub fn reconcile_hash_code(&self) -> String {
@@ -176,6 +192,30 @@ mod tests {
     #[test]
     fn reconcile_hash_code_of_an_empty_registry_is_empty() {
         assert_eq!(Registry::default().reconcile_hash_code(), "");
+    }
+
+    #[test]
+    fn publish_sends_only_a_changed_registry() {
+        let (tx, mut rx) = tokio::sync::watch::channel(std::sync::Arc::new(Registry::default()));
+        assert!(!publish(&tx, Registry::default()));
+        assert!(!rx.has_changed().unwrap());
+        let one = Registry {
+            instances: vec![Instance {
+                app: "HELLO".into(),
+                instance_id: "h1".into(),
+                ip: std::net::Ipv4Addr::LOCALHOST.into(),
+                port: Some(8080),
+                secure_port: None,
+                vips: vec!["hello".into()],
+                svips: Vec::new(),
+                status: Status::Up,
+                zone: None,
+            }],
+        };
+        assert!(publish(&tx, one.clone()));
+        assert_eq!(**rx.borrow_and_update(), one);
+        assert!(!publish(&tx, one));
+        assert!(!rx.has_changed().unwrap());
     }
 
     #[test]

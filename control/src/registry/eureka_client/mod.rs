@@ -436,19 +436,10 @@ impl Follower {
         self.health
             .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
         self.loaded.notify_one();
-        let registry = parsed.registry;
-        tx.send_if_modified(|current| {
-            if **current == registry {
-                false
-            } else {
-                tracing::info!(
-                    instances = registry.instances.len(),
-                    "Eureka registry changed"
-                );
-                *current = Arc::new(registry);
-                true
-            }
-        });
+        let instances = parsed.registry.instances.len();
+        if super::publish(tx, parsed.registry) {
+            tracing::info!(instances, "Eureka registry changed");
+        }
     }
 }
 

@@ -583,15 +583,7 @@ impl EurekaRegistry {
         self.shared
             .health
             .record_success(&self.shared.metrics, &parsed.registry, &parsed.warnings);
-        let registry = parsed.registry;
-        self.shared.tx.send_if_modified(|current| {
-            if **current == registry {
-                false
-            } else {
-                *current = Arc::new(registry);
-                true
-            }
-        });
+        super::publish(&self.shared.tx, parsed.registry);
     }
 }
 
