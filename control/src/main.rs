@@ -84,6 +84,8 @@ struct Source {
     registry: watch::Receiver<Arc<Registry>>,
     health: SourceHealth,
     description: String,
+    /// The source's own task (watcher, poller or server); it runs as long as odmesh does.
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// Starts the source the flags name (the embedded registry when none is named).
@@ -97,6 +99,7 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             registry: src.registry,
             health: src.health,
             description: format!("registry file {}", path.display()),
+            task: src.task,
         });
     }
     if !args.eureka.is_empty() {
@@ -108,6 +111,7 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             registry: src.registry,
             health: src.health,
             description: format!("Eureka {}", args.eureka.join(", ")),
+            task: src.task,
         });
     }
     let addr = match args.serve_eureka {
@@ -125,6 +129,7 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
         registry: src.registry,
         health: src.health,
         description: format!("embedded Eureka registry http://{}/eureka", src.local_addr),
+        task: src.task,
     })
 }
 
@@ -164,6 +169,11 @@ async fn run() -> anyhow::Result<()> {
     options.verify_upstream_san = !args.no_upstream_san_check;
     if let Some(ca) = &args.upstream_ca {
         check_ca_bundle(ca)?;
+    } else if !options.upstream_ca.is_file() {
+        tracing::warn!(
+            path = %options.upstream_ca.display(),
+            "no system CA bundle found: Envoy will reject .svip clusters until --upstream-ca names one"
+        );
     }
 
     let source = start_source(&args, &metrics).await?;
@@ -197,20 +207,57 @@ async fn run() -> anyhow::Result<()> {
         registry: source.registry.clone(),
         xds: xds.clone(),
     });
-    let admin_task = tokio::spawn(
+    let mut admin_task = tokio::spawn(
         axum::serve(admin_listener, admin::router(view))
             .with_graceful_shutdown(stopped())
             .into_future(),
     );
-    let xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
+    let mut xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
+    let mut source_task = source.task;
     tracing::info!(xds = %args.xds, admin = %args.admin, source = %source.description, "odmesh-control serving");
 
-    shutdown_signal().await;
+    // Serve until a signal, or until a part stops by itself: then exit non-zero rather than
+    // carry on without it (e.g. answering /readyz with no registry API behind it).
+    let outcome = tokio::select! {
+        _ = shutdown_signal() => Ok(()),
+        ended = &mut xds_task => Err(anyhow::anyhow!("the xDS server stopped: {}", ended_why(ended))),
+        ended = &mut admin_task => Err(anyhow::anyhow!("the admin server stopped: {}", ended_why(ended))),
+        ended = &mut source_task => Err(anyhow::anyhow!("the registry source stopped: {}", ended_why(ended.map(Ok::<(), String>)))),
+    };
     tracing::info!("stopping");
     let _ = stop_tx.send(true);
-    xds_task.await?.context("xDS server")?;
-    admin_task.await?.context("admin server")?;
-    Ok(())
+    source_task.abort();
+    // Open streams end at once on shutdown; a proxy that stopped reading must not hold us.
+    stop_within("xDS server", &mut xds_task).await;
+    stop_within("admin server", &mut admin_task).await;
+    outcome
+}
+
+/// Waits for a server task to finish closing its connections, for at most [`STOP_TIMEOUT`].
+async fn stop_within<T>(name: &str, task: &mut tokio::task::JoinHandle<T>) {
+    // A task that already ended was awaited by the select above; awaiting it again panics.
+    if task.is_finished() {
+        return;
+    }
+    if tokio::time::timeout(STOP_TIMEOUT, &mut *task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the {name} did not stop within {STOP_TIMEOUT:?}; stopping it");
+        task.abort();
+    }
+}
+
+/// How long the servers get to close their connections on shutdown.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a task ended, in words.
+fn ended_why<E: std::fmt::Display>(ended: Result<Result<(), E>, tokio::task::JoinError>) -> String {
+    match ended {
+        Ok(Ok(())) => "it ended".to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// Refuses a CA bundle Envoy could not use: every `.svip` cluster would be rejected (NACK)
