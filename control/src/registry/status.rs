@@ -1,6 +1,7 @@
 //! How a registry source is doing, shared with the admin endpoints (`/readyz`,
 //! `/debug/registry`) and mirrored in the registry metrics.
 
+use std::collections::HashSet;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -46,71 +47,90 @@ fn unix_seconds<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S:
 
 /// A [`SourceStatus`] shared between the source's task and the admin. Cheap to clone.
 #[derive(Clone, Debug, Default)]
-pub struct SourceHealth(Arc<RwLock<SourceStatus>>);
+pub struct SourceHealth(Arc<RwLock<Health>>);
+
+#[derive(Debug, Default)]
+struct Health {
+    status: SourceStatus,
+    /// Every warning of the last good load (`status.warnings` keeps only the first ones).
+    warnings: HashSet<String>,
+}
 
 impl SourceHealth {
     /// A source that has loaded nothing yet.
     pub fn new(description: impl Into<String>) -> SourceHealth {
-        SourceHealth(Arc::new(RwLock::new(SourceStatus {
-            description: description.into(),
-            ..SourceStatus::default()
+        SourceHealth(Arc::new(RwLock::new(Health {
+            status: SourceStatus {
+                description: description.into(),
+                ..SourceStatus::default()
+            },
+            warnings: HashSet::new(),
         })))
     }
 
     /// A copy of the current status.
     pub fn snapshot(&self) -> SourceStatus {
-        self.read().clone()
+        self.read().status.clone()
     }
 
     /// Whether a registry was ever loaded.
     pub fn is_loaded(&self) -> bool {
-        self.read().loaded
+        self.read().status.loaded
     }
 
     /// Records a good load: status, and the metrics `registry_loads_total`,
     /// `registry_last_success_seconds` and `registry_instances`.
+    ///
+    /// Returns the warnings, as text and in order, that the previous good load did not
+    /// have: what a source that reloads often logs, so that each is logged once.
     pub fn record_success(
         &self,
         metrics: &Metrics,
         registry: &Registry,
         warnings: &[InvalidInstance],
-    ) {
+    ) -> Vec<String> {
         let now = SystemTime::now();
-        {
-            let mut st = self.write();
+        let texts: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        let new = {
+            let mut health = self.write();
+            let new: Vec<String> = texts
+                .iter()
+                .filter(|w| !health.warnings.contains(*w))
+                .cloned()
+                .collect();
+            let st = &mut health.status;
             st.loaded = true;
             st.last_error = None;
             st.last_success = Some(now);
             st.instances = registry.instances.len();
-            st.warnings = warnings
-                .iter()
-                .take(MAX_WARNINGS)
-                .map(ToString::to_string)
-                .collect();
-            if warnings.len() > MAX_WARNINGS {
-                let more = warnings.len() - MAX_WARNINGS;
+            st.warnings = texts.iter().take(MAX_WARNINGS).cloned().collect();
+            if texts.len() > MAX_WARNINGS {
+                let more = texts.len() - MAX_WARNINGS;
                 st.warnings.push(format!("... and {more} more"));
             }
-        }
+            health.warnings = texts.into_iter().collect();
+            new
+        };
         Metrics::inc(&metrics.registry_loads_total);
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Metrics::set(&metrics.registry_last_success_seconds, secs);
         Metrics::set(&metrics.registry_instances, registry.instances.len() as u64);
+        new
     }
 
     /// Records a failed load: status, and the metric `registry_load_errors_total`.
     /// The registry in use (and its metrics) stay as they were.
     pub fn record_error(&self, metrics: &Metrics, error: &dyn std::fmt::Display) {
-        self.write().last_error = Some(error.to_string());
+        self.write().status.last_error = Some(error.to_string());
         Metrics::inc(&metrics.registry_load_errors_total);
     }
 
     // A panic while holding the lock leaves plain data behind; keep serving it.
-    fn read(&self) -> RwLockReadGuard<'_, SourceStatus> {
+    fn read(&self) -> RwLockReadGuard<'_, Health> {
         self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, SourceStatus> {
+    fn write(&self) -> RwLockWriteGuard<'_, Health> {
         self.0.write().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -161,6 +181,64 @@ mod tests {
         let kept = health.snapshot().warnings;
         assert_eq!(kept.len(), MAX_WARNINGS + 1);
         assert_eq!(kept.last().unwrap(), "... and 5 more");
+    }
+
+    #[test]
+    fn a_good_load_returns_only_the_warnings_the_previous_good_load_did_not_have() {
+        let warning = |index: usize| InvalidInstance {
+            index,
+            app: "a".into(),
+            instance_id: None,
+            field: "ipAddr".into(),
+            reason: "missing".into(),
+        };
+        let metrics = Metrics::default();
+        let health = SourceHealth::new("x");
+        let (w0, w1, w2) = (warning(0), warning(1), warning(2));
+        let first =
+            health.record_success(&metrics, &Registry::default(), &[w0.clone(), w1.clone()]);
+        assert_eq!(first, [w0.to_string(), w1.to_string()]);
+        let second =
+            health.record_success(&metrics, &Registry::default(), &[w1.clone(), w2.clone()]);
+        assert_eq!(second, [w2.to_string()], "w1 was already there");
+        health.record_error(&metrics, &"unreachable");
+        let third = health.record_success(&metrics, &Registry::default(), &[w0.clone(), w2]);
+        assert_eq!(third, [w0.to_string()], "a failed load forgets nothing");
+        assert!(
+            health
+                .record_success(&metrics, &Registry::default(), &[])
+                .is_empty()
+        );
+        assert_eq!(
+            health.record_success(&metrics, &Registry::default(), &[w1.clone()]),
+            [w1.to_string()],
+            "a warning that went away and came back is new again"
+        );
+    }
+
+    #[test]
+    fn every_warning_counts_for_the_next_load_not_only_the_kept_ones() {
+        let warning = |index: usize| InvalidInstance {
+            index,
+            app: "a".into(),
+            instance_id: None,
+            field: "ipAddr".into(),
+            reason: "missing".into(),
+        };
+        let warnings: Vec<InvalidInstance> = (0..MAX_WARNINGS + 5).map(warning).collect();
+        let health = SourceHealth::new("x");
+        let metrics = Metrics::default();
+        assert_eq!(
+            health
+                .record_success(&metrics, &Registry::default(), &warnings)
+                .len(),
+            MAX_WARNINGS + 5
+        );
+        assert!(
+            health
+                .record_success(&metrics, &Registry::default(), &warnings)
+                .is_empty()
+        );
     }
 
     #[test]

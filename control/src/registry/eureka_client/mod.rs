@@ -275,8 +275,6 @@ struct Follower {
     /// The next poll must be a full fetch (after a failure).
     need_full: bool,
     failures: u32,
-    /// The warnings last logged, to log only new ones.
-    warnings: Vec<String>,
     loaded: Arc<Notify>,
 }
 
@@ -304,7 +302,6 @@ impl Follower {
             local: None,
             need_full: true,
             failures: 0,
-            warnings: Vec::new(),
             loaded: Arc::clone(loaded),
         }
     }
@@ -428,13 +425,12 @@ impl Follower {
     /// Records the good fetch and publishes the registry if it changed.
     fn publish(&mut self, applications: &Applications, tx: &watch::Sender<Arc<Registry>>) {
         let parsed = applications.to_registry();
-        let warnings: Vec<String> = parsed.warnings.iter().map(ToString::to_string).collect();
-        for w in warnings.iter().filter(|w| !self.warnings.contains(w)) {
+        let new_warnings =
+            self.health
+                .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
+        for w in new_warnings {
             tracing::warn!("Eureka instance left out: {w}");
         }
-        self.warnings = warnings;
-        self.health
-            .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
         self.loaded.notify_one();
         let instances = parsed.registry.instances.len();
         if super::publish(tx, parsed.registry) {

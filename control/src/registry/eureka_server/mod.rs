@@ -117,8 +117,6 @@ struct Ledger {
     recent: VecDeque<Change>,
     /// Bumped on every change; served as `versions__delta`.
     version: u64,
-    /// The warnings of the last publish, to log only new ones.
-    warnings: Vec<String>,
 }
 
 struct Lease {
@@ -575,14 +573,14 @@ impl EurekaRegistry {
     /// Converts the state to the plain model and publishes it if it changed.
     fn publish(&self, state: &mut Ledger) {
         let parsed = full_applications(state).to_registry();
-        let warnings: Vec<String> = parsed.warnings.iter().map(ToString::to_string).collect();
-        for w in warnings.iter().filter(|w| !state.warnings.contains(w)) {
+        let new_warnings = self.shared.health.record_success(
+            &self.shared.metrics,
+            &parsed.registry,
+            &parsed.warnings,
+        );
+        for w in new_warnings {
             tracing::warn!("eureka: registered instance not fully usable: {w}");
         }
-        state.warnings = warnings;
-        self.shared
-            .health
-            .record_success(&self.shared.metrics, &parsed.registry, &parsed.warnings);
         super::publish(&self.shared.tx, parsed.registry);
     }
 }
