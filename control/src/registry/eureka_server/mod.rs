@@ -38,7 +38,7 @@
 
 mod xml;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -60,7 +60,7 @@ use super::eureka::{
     ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
     DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo,
 };
-use super::{Registry, SourceHealth, Status, split_vips};
+use super::{Parsed, Registry, SourceHealth, Status, split_vips};
 
 /// Where the embedded registry listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8761";
@@ -113,8 +113,12 @@ struct Shared {
 struct Ledger {
     /// APP (uppercase) → instance id → lease.
     apps: BTreeMap<String, BTreeMap<String, Lease>>,
-    /// Changes, oldest first, for `/apps/delta`.
-    recent: VecDeque<Change>,
+    /// For `/apps/delta`: the latest change of each instance within the retention, keyed
+    /// by the `version` it made (so oldest first). One entry per instance, however often it
+    /// changes.
+    recent: BTreeMap<u64, Change>,
+    /// (APP, id) → the key of that instance's change in `recent`.
+    latest: HashMap<(String, String), u64>,
     /// Bumped on every change; served as `versions__delta`.
     version: u64,
 }
@@ -220,8 +224,8 @@ impl EurekaRegistry {
                 metrics,
             }),
         };
-        let mut state = registry.lock();
-        registry.publish(&mut state);
+        let state = registry.lock();
+        registry.publish(&state);
         drop(state);
         registry
     }
@@ -361,7 +365,7 @@ impl EurekaRegistry {
         self.record(&mut state, &app, &id, snapshot, ActionType::Added);
         Metrics::inc(&self.shared.metrics.eureka_registrations_total);
         tracing::info!(app, id, status = reported.as_str(), "eureka: registered");
-        self.publish(&mut state);
+        self.publish(&state);
         Ok(())
     }
 
@@ -406,7 +410,7 @@ impl EurekaRegistry {
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
         Metrics::inc(&self.shared.metrics.eureka_cancels_total);
         tracing::info!(app, id, "eureka: cancelled");
-        self.publish(&mut state);
+        self.publish(&state);
         Ok(())
     }
 
@@ -461,7 +465,7 @@ impl EurekaRegistry {
         lease.info.last_updated_timestamp = Some(now_ms());
         let snapshot = lease.info.clone();
         self.record(&mut state, &app, id, snapshot, ActionType::Modified);
-        self.publish(&mut state);
+        self.publish(&state);
         Ok(())
     }
 
@@ -490,7 +494,7 @@ impl EurekaRegistry {
             }
         }
         if !expired.is_empty() {
-            self.publish(&mut state);
+            self.publish(&state);
         }
         expired.len()
     }
@@ -511,39 +515,62 @@ impl EurekaRegistry {
         full_applications(&state)
     }
 
+    /// One application (`name` uppercase), as `GET /apps/{APP}` answers.
+    pub fn application(&self, name: &str) -> Option<Application> {
+        let state = self.lock();
+        state.apps.get(name).map(|leases| Application {
+            name: name.to_owned(),
+            instance: leases.values().map(|l| l.info.clone()).collect(),
+            ..Application::default()
+        })
+    }
+
+    /// The instances that `field` (`vipAddress` or `secureVipAddress`) says serve `vip`
+    /// (lowercase), by application, with the version and hash code of the whole registry.
+    fn serving(&self, vip: &str, field: impl Fn(&InstanceInfo) -> &Option<String>) -> Applications {
+        let state = self.lock();
+        let application = state
+            .apps
+            .iter()
+            .filter_map(|(name, leases)| {
+                let instance: Vec<InstanceInfo> = leases
+                    .values()
+                    .map(|l| &l.info)
+                    .filter(|i| {
+                        split_vips(field(i).as_deref().unwrap_or_default())
+                            .iter()
+                            .any(|v| v == vip)
+                    })
+                    .cloned()
+                    .collect();
+                (!instance.is_empty()).then(|| Application {
+                    name: name.clone(),
+                    instance,
+                    ..Application::default()
+                })
+            })
+            .collect();
+        document(&state, application)
+    }
+
     /// The changes within the delta retention, as `GET /apps/delta` answers: the latest
     /// change of each instance, oldest first, and the hash code of the whole registry.
     pub fn delta(&self) -> Applications {
         let mut state = self.lock();
         prune(&mut state, self.shared.config.delta_retention);
-        let mut latest: Vec<&Change> = Vec::new();
-        for change in state.recent.iter().rev() {
-            if !latest
-                .iter()
-                .any(|c| c.app == change.app && c.id == change.id)
-            {
-                latest.push(change);
-            }
-        }
-        latest.reverse();
         let mut apps: Vec<Application> = Vec::new();
-        for change in latest {
-            match apps.iter_mut().find(|a| a.name == change.app) {
-                Some(app) => app.instance.push(change.info.clone()),
-                None => apps.push(Application {
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for change in state.recent.values() {
+            let i = *index.entry(change.app.as_str()).or_insert_with(|| {
+                apps.push(Application {
                     name: change.app.clone(),
-                    instance: vec![change.info.clone()],
                     ..Application::default()
-                }),
-            }
+                });
+                apps.len() - 1
+            });
+            apps[i].instance.push(change.info.clone());
         }
-        let full = full_applications(&state);
-        Applications {
-            versions_delta: full.versions_delta,
-            apps_hashcode: full.apps_hashcode,
-            application: apps,
-            ..Applications::default()
-        }
+        document(&state, apps)
     }
 
     fn lock(&self) -> MutexGuard<'_, Ledger> {
@@ -561,18 +588,26 @@ impl EurekaRegistry {
     ) {
         info.action_type = Some(action);
         state.version += 1;
-        state.recent.push_back(Change {
-            at: Instant::now(),
-            app: app.to_owned(),
-            id: id.to_owned(),
-            info,
-        });
+        let version = state.version;
+        let key = (app.to_owned(), id.to_owned());
+        if let Some(older) = state.latest.insert(key, version) {
+            state.recent.remove(&older);
+        }
+        state.recent.insert(
+            version,
+            Change {
+                at: Instant::now(),
+                app: app.to_owned(),
+                id: id.to_owned(),
+                info,
+            },
+        );
         prune(state, self.shared.config.delta_retention);
     }
 
     /// Converts the state to the plain model and publishes it if it changed.
-    fn publish(&self, state: &mut Ledger) {
-        let parsed = full_applications(state).to_registry();
+    fn publish(&self, state: &Ledger) {
+        let parsed = to_registry(state);
         let new_warnings = self.shared.health.record_success(
             &self.shared.metrics,
             &parsed.registry,
@@ -594,14 +629,37 @@ fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
     Some(lease)
 }
 
+/// Forgets the changes older than `retention`. Changes are made in order, so the oldest
+/// are first.
 fn prune(state: &mut Ledger, retention: Duration) {
     let now = Instant::now();
-    while state
-        .recent
-        .front()
-        .is_some_and(|c| now.saturating_duration_since(c.at) > retention)
-    {
-        state.recent.pop_front();
+    while let Some(oldest) = state.recent.first_entry() {
+        if now.saturating_duration_since(oldest.get().at) <= retention {
+            break;
+        }
+        let change = oldest.remove();
+        state.latest.remove(&(change.app, change.id));
+    }
+}
+
+/// Eureka's reconcile hash code of every registered instance (`apps__hashcode`).
+fn hash_code(state: &Ledger) -> String {
+    super::reconcile_hash_code(
+        state
+            .apps
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(|lease| lease.info.status()),
+    )
+}
+
+/// A registry document of `application`, with the registry's version and hash code.
+fn document(state: &Ledger, application: Vec<Application>) -> Applications {
+    Applications {
+        versions_delta: Some(state.version.to_string()),
+        apps_hashcode: Some(hash_code(state)),
+        application,
+        ..Applications::default()
     }
 }
 
@@ -615,14 +673,22 @@ fn full_applications(state: &Ledger) -> Applications {
             ..Application::default()
         })
         .collect();
-    let mut apps = Applications {
-        versions_delta: Some(state.version.to_string()),
-        apps_hashcode: None,
-        application,
-        ..Applications::default()
-    };
-    apps.apps_hashcode = Some(apps.reconcile_hash_code());
-    apps
+    document(state, application)
+}
+
+/// The plain model of the registry: what `full_applications(state).to_registry()` gives,
+/// without copying every instance first.
+fn to_registry(state: &Ledger) -> Parsed {
+    let mut parsed = Parsed::default();
+    for (name, leases) in &state.apps {
+        for (index, lease) in leases.values().enumerate() {
+            match lease.info.to_instance(name, index, &mut parsed.warnings) {
+                Ok(instance) => parsed.registry.instances.push(instance),
+                Err(e) => parsed.warnings.push(e),
+            }
+        }
+    }
+    parsed
 }
 
 /// Runs the REST API on `listener` and the eviction of expired leases, until the server
@@ -727,12 +793,7 @@ async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
 
 async fn get_app(AxState(eureka): Eureka, Path(app): Path<String>, headers: HeaderMap) -> Response {
     let name = app.trim().to_ascii_uppercase();
-    let found = eureka
-        .applications()
-        .application
-        .into_iter()
-        .find(|a| a.name == name);
-    match found {
+    match eureka.application(&name) {
         Some(application) if wants_json(&headers) => {
             json_response(&ApplicationDocument { application })
         }
@@ -803,12 +864,7 @@ fn by_vip(
     list: impl Fn(&InstanceInfo) -> &Option<String>,
 ) -> Response {
     let vip = vip.trim().to_ascii_lowercase();
-    let mut apps = eureka.applications();
-    for app in &mut apps.application {
-        app.instance
-            .retain(|i| split_vips(list(i).as_deref().unwrap_or_default()).contains(&vip));
-    }
-    apps.application.retain(|a| !a.instance.is_empty());
+    let apps = eureka.serving(&vip, list);
     if apps.application.is_empty() {
         return InvalidRequest::new(StatusCode::NOT_FOUND, format!("no instance serves {vip:?}"))
             .into_response();

@@ -473,6 +473,10 @@ async fn the_read_side_answers_json_when_asked_and_xml_otherwise() {
         vip["applications"]["application"].as_array().unwrap().len(),
         1
     );
+    assert_eq!(
+        vip["applications"]["apps__hashcode"], "UP_2_",
+        "the hash code of the whole registry"
+    );
     let svip = f.get_json("/eureka/svips/greeter-secure").await.json();
     assert_eq!(svip["applications"]["application"][0]["name"], "GREETER");
     assert_eq!(
@@ -541,6 +545,59 @@ async fn the_delta_lists_recent_changes_with_action_types_and_the_full_hash_code
     );
 }
 
+#[tokio::test]
+async fn the_delta_keeps_one_change_per_instance_however_often_it_changes() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    for _ in 0..50 {
+        f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+            .await;
+    }
+    f.register("GREETER", instance("g1", "GREETER", "greeter", 9090))
+        .await;
+    {
+        let state = f.eureka.lock();
+        assert_eq!(state.recent.len(), 3, "one change per instance");
+        assert_eq!(state.latest.len(), 3);
+    }
+
+    let delta = f.eureka.delta();
+    assert_eq!(delta.versions_delta.as_deref(), Some("53"));
+    assert_eq!(delta.apps_hashcode.as_deref(), Some("UP_3_"));
+    let listed: Vec<(&str, Vec<&str>)> = delta
+        .application
+        .iter()
+        .map(|a| {
+            let ids = a.instance.iter().map(|i| i.id().unwrap()).collect();
+            (a.name.as_str(), ids)
+        })
+        .collect();
+    // By the latest change of each instance: h2, then h1, then g1.
+    assert_eq!(
+        listed,
+        [("HELLO", vec!["h2", "h1"]), ("GREETER", vec!["g1"])]
+    );
+}
+
+#[tokio::test]
+async fn the_published_model_is_that_of_the_full_document() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    f.register("HELLO", instance("h2", "HELLO", "bad vip!", 8081))
+        .await;
+    f.register("GREETER", instance("g1", "GREETER", "greeter", 9090))
+        .await;
+    let state = f.eureka.lock();
+    let direct = to_registry(&state);
+    assert_eq!(direct, full_applications(&state).to_registry());
+    assert_eq!(direct.registry.instances.len(), 3);
+    assert_eq!(direct.warnings.len(), 1, "{:?}", direct.warnings);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_delta_forgets_changes_older_than_its_retention() {
     let f = fixture_with(ServerConfig {
@@ -553,6 +610,8 @@ async fn the_delta_forgets_changes_older_than_its_retention() {
     let delta = f.get_json("/eureka/apps/delta").await.json();
     assert_eq!(delta["applications"]["application"], json!([]));
     assert_eq!(delta["applications"]["apps__hashcode"], "UP_1_");
+    let state = f.eureka.lock();
+    assert!(state.recent.is_empty() && state.latest.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
