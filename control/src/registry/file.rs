@@ -6,7 +6,9 @@
 //! the file, and a deletion followed by re-creation all take effect within one interval. A
 //! content hash skips reloads that change nothing. Because a write within the same mtime
 //! tick can keep the metadata unchanged, a file modified in the last two seconds is also
-//! re-read (and re-hashed) on every poll.
+//! re-read (and re-hashed) on every poll. A modification time in the future (clock skew)
+//! counts from when the watcher first saw it instead, so such a file is re-read for two
+//! seconds too, not on every poll forever.
 //!
 //! A file that fails to load is reported (log, `registry_load_errors_total`, the
 //! [`SourceHealth`]) once per distinct content, and the last good registry stays in use.
@@ -14,7 +16,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -175,10 +177,12 @@ impl Stamp {
         }
     }
 
-    /// Whether a later write could have kept this stamp (same mtime tick).
-    fn is_recent(&self, now: SystemTime) -> bool {
+    /// Whether a later write could have kept this stamp (same mtime tick), `seen_for` after
+    /// the watcher first saw it. An mtime in the future (clock skew) has no age: the time
+    /// since it was first seen stands for it.
+    fn is_recent(&self, now: SystemTime, seen_for: Duration) -> bool {
         match self.mtime {
-            Some(m) => now.duration_since(m).map_or(true, |age| age < RACY_WINDOW),
+            Some(m) => now.duration_since(m).unwrap_or(seen_for) < RACY_WINDOW,
             None => true,
         }
     }
@@ -193,14 +197,22 @@ enum Poll {
     Failed(LoadError),
 }
 
+/// What the watcher knows of the file as it last read it.
+struct LastRead {
+    stamp: Stamp,
+    /// The hash of its content.
+    hash: u64,
+    /// When the watcher first saw this stamp (re-reads of the same stamp keep it).
+    seen: Instant,
+}
+
 /// The polling state of one file, and where it reports.
 struct Watcher {
     path: PathBuf,
     metrics: Arc<Metrics>,
     health: SourceHealth,
-    /// The stamp and content hash of the last read, good or bad; `None` when the file was
-    /// missing (or never read).
-    last: Option<(Stamp, u64)>,
+    /// The last read, good or bad; `None` when the file was missing (or never read).
+    last: Option<LastRead>,
     missing_reported: bool,
 }
 
@@ -247,10 +259,7 @@ impl Watcher {
             Ok(meta) => Stamp::of(&meta),
             Err(e) => return self.gone(e),
         };
-        if let Some((last_stamp, _)) = &self.last
-            && *last_stamp == stamp
-            && !stamp.is_recent(SystemTime::now())
-        {
+        if !self.may_have_changed(&stamp) {
             return Poll::Unchanged;
         }
         let content = match tokio::fs::read(&self.path).await {
@@ -263,14 +272,29 @@ impl Watcher {
             content.hash(&mut h);
             h.finish()
         };
-        let same_content = matches!(&self.last, Some((_, last_hash)) if *last_hash == hash);
-        self.last = Some((stamp, hash));
+        let same_content = self.last.as_ref().is_some_and(|last| last.hash == hash);
+        let seen = match &self.last {
+            Some(last) if last.stamp == stamp => last.seen,
+            _ => Instant::now(),
+        };
+        self.last = Some(LastRead { stamp, hash, seen });
         if same_content {
             return Poll::Unchanged;
         }
         match parse(&self.path, &content) {
             Ok(parsed) => Poll::Loaded(parsed),
             Err(e) => Poll::Failed(e),
+        }
+    }
+
+    /// Whether the file must be read: its stamp changed since the last read, or a later
+    /// write could have kept it.
+    fn may_have_changed(&self, stamp: &Stamp) -> bool {
+        match &self.last {
+            Some(last) if last.stamp == *stamp => {
+                stamp.is_recent(SystemTime::now(), last.seen.elapsed())
+            }
+            _ => true,
         }
     }
 
@@ -590,6 +614,59 @@ mod tests {
         std::fs::write(&path, TWO).unwrap();
         assert!(matches!(watcher.poll().await, Poll::Loaded(_)));
         assert_eq!(metrics.registry_loads_total.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn an_mtime_in_the_future_is_recent_only_for_the_window_after_it_was_first_seen() {
+        let now = SystemTime::now();
+        let stamp = |mtime: SystemTime| Stamp {
+            dev: 1,
+            ino: 2,
+            len: 3,
+            mtime: Some(mtime),
+            ctime: (0, 0),
+        };
+        let past = stamp(now - Duration::from_secs(1));
+        assert!(past.is_recent(now, Duration::from_secs(60)), "1 s old");
+        let old = stamp(now - Duration::from_secs(3));
+        assert!(!old.is_recent(now, Duration::ZERO), "3 s old");
+        let future = stamp(now + Duration::from_secs(3600));
+        assert!(future.is_recent(now, Duration::ZERO));
+        assert!(future.is_recent(now, Duration::from_secs(1)));
+        assert!(!future.is_recent(now, RACY_WINDOW));
+    }
+
+    #[tokio::test]
+    async fn a_file_dated_in_the_future_is_not_read_on_every_poll_forever() {
+        let dir = TempDir::new("future");
+        let path = dir.file("registry.yaml", ONE);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(SystemTime::now() + Duration::from_secs(3600))
+            .unwrap();
+        let mut watcher = Watcher::new(
+            path.clone(),
+            Arc::new(Metrics::default()),
+            SourceHealth::new("test"),
+        );
+        assert!(matches!(watcher.poll().await, Poll::Loaded(_)));
+        let stamp = Stamp::of(&std::fs::metadata(&path).unwrap());
+        assert!(watcher.may_have_changed(&stamp), "just seen: re-read");
+        assert!(matches!(watcher.poll().await, Poll::Unchanged));
+        // As if the stamp had been seen a window ago (re-reads did not reset that).
+        let last = watcher.last.as_mut().unwrap();
+        last.seen = Instant::now().checked_sub(RACY_WINDOW).unwrap();
+        assert!(
+            !watcher.may_have_changed(&stamp),
+            "no re-read after the window"
+        );
+        let other = Stamp {
+            len: stamp.len + 1,
+            ..stamp
+        };
+        assert!(watcher.may_have_changed(&other), "a new stamp is read");
     }
 
     #[tokio::test]
