@@ -210,7 +210,7 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(
-            health.record_success(&metrics, &Registry::default(), &[w1.clone()]),
+            health.record_success(&metrics, &Registry::default(), std::slice::from_ref(&w1)),
             [w1.to_string()],
             "a warning that went away and came back is new again"
         );
