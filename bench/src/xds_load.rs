@@ -1,0 +1,417 @@
+//! The delta xDS load generator: simulated Envoys on real gRPC connections against a running
+//! `odmesh-control`.
+//!
+//! 1. Connect `proxies` streams (one HTTP/2 connection each, as real proxies have), each
+//!    subscribing to `subs` random clusters and then their load assignments, ACKing every
+//!    response like Envoy does.
+//! 2. Answer time: `samples` times, one proxy subscribes to one more cluster; the time from
+//!    sending the request to receiving the `Cluster` (then likewise its load assignment).
+//! 3. Fan-out: `flips` times, rewrite the registry file with 1% of the instances changing
+//!    status (see `registry_gen`) and time, for every proxy subscribed to a changed VIP, the
+//!    arrival of its new load assignments. Times are from the control plane's
+//!    `registry loaded` log line (the file is parsed; the change now goes through the snapshot,
+//!    cache and streams), and also from the rename.
+//!
+//! The control plane's RSS and CPU seconds come from `/proc/<control-pid>`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::registry_gen::{self, GenArgs, vip_name};
+use crate::{log_time, procstat};
+
+/// What `xds-load` does.
+#[derive(Clone, Debug, Args)]
+pub struct LoadArgs {
+    /// The control plane's xDS address.
+    #[arg(long, default_value = "127.0.0.1:18000")]
+    pub xds: String,
+    /// The control plane's pid (for RSS and CPU).
+    #[arg(long)]
+    pub control_pid: u32,
+    /// The control plane's log file (for the `registry loaded` times).
+    #[arg(long)]
+    pub control_log: PathBuf,
+    /// The registry file the control plane watches; rewritten for each flip.
+    #[arg(long)]
+    pub registry: PathBuf,
+    /// VIPs in the registry.
+    #[arg(long)]
+    pub vips: usize,
+    /// Instances per VIP in the registry.
+    #[arg(long, default_value_t = 10)]
+    pub instances: usize,
+    /// Simulated proxies.
+    #[arg(long, default_value_t = 1000)]
+    pub proxies: usize,
+    /// Clusters each proxy subscribes to.
+    #[arg(long, default_value_t = 30)]
+    pub subs: usize,
+    /// On-demand requests timed.
+    #[arg(long, default_value_t = 1000)]
+    pub samples: usize,
+    /// Registry changes timed.
+    #[arg(long, default_value_t = 4)]
+    pub flips: usize,
+    /// Seed of the random subscriptions.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// A tiny deterministic generator (SplitMix64), enough to pick VIPs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A load-assignment response one proxy received.
+#[derive(Debug)]
+struct Arrival {
+    proxy: usize,
+    at: f64,
+    names: Vec<String>,
+}
+
+enum Cmd {
+    Subscribe {
+        type_url: &'static str,
+        names: Vec<String>,
+        done: oneshot::Sender<Duration>,
+    },
+}
+
+struct Pending {
+    type_url: &'static str,
+    names: BTreeSet<String>,
+    sent: Instant,
+    done: oneshot::Sender<Duration>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One simulated proxy: its stream task and the handle to command it.
+struct Proxy {
+    cmds: mpsc::Sender<Cmd>,
+    subscribed: BTreeSet<usize>,
+}
+
+async fn connect(
+    id: usize,
+    addr: String,
+    arrivals: mpsc::UnboundedSender<Arrival>,
+) -> anyhow::Result<mpsc::Sender<Cmd>> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+    let mut inbound = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let (cmds, mut cmd_rx) = mpsc::channel::<Cmd>(8);
+    tokio::spawn(async move {
+        let mut node = Some(Node {
+            id: format!("bench-proxy-{id}"),
+            cluster: "bench".into(),
+            ..Default::default()
+        });
+        let mut pending: Option<Pending> = None;
+        loop {
+            tokio::select! {
+                cmd = cmd_rx.recv() => {
+                    let Some(Cmd::Subscribe { type_url, names, done }) = cmd else { return };
+                    let req = DeltaDiscoveryRequest {
+                        node: node.take(),
+                        type_url: type_url.into(),
+                        resource_names_subscribe: names.clone(),
+                        ..Default::default()
+                    };
+                    pending = Some(Pending {
+                        type_url,
+                        names: names.into_iter().collect(),
+                        sent: Instant::now(),
+                        done,
+                    });
+                    if tx.send(req).await.is_err() {
+                        return;
+                    }
+                }
+                msg = inbound.message() => {
+                    let Ok(Some(resp)) = msg else { return };
+                    let at = unix_now();
+                    on_response(id, &resp, at, &mut pending, &arrivals);
+                    let ack = DeltaDiscoveryRequest {
+                        type_url: resp.type_url.clone(),
+                        response_nonce: resp.nonce.clone(),
+                        ..Default::default()
+                    };
+                    if tx.send(ack).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Ok(cmds)
+}
+
+fn on_response(
+    id: usize,
+    resp: &DeltaDiscoveryResponse,
+    at: f64,
+    pending: &mut Option<Pending>,
+    arrivals: &mpsc::UnboundedSender<Arrival>,
+) {
+    let names: Vec<String> = resp.resources.iter().map(|r| r.name.clone()).collect();
+    if let Some(p) = pending.take() {
+        if p.type_url == resp.type_url && names.iter().any(|n| p.names.contains(n)) {
+            let _ = p.done.send(p.sent.elapsed());
+        } else {
+            *pending = Some(p);
+        }
+    }
+    if resp.type_url == ENDPOINTS_TYPE_URL {
+        let _ = arrivals.send(Arrival {
+            proxy: id,
+            at,
+            names,
+        });
+    }
+}
+
+async fn subscribe(
+    cmds: &mpsc::Sender<Cmd>,
+    type_url: &'static str,
+    names: Vec<String>,
+) -> anyhow::Result<Duration> {
+    let (done, wait) = oneshot::channel();
+    cmds.send(Cmd::Subscribe {
+        type_url,
+        names,
+        done,
+    })
+    .await
+    .ok()
+    .context("proxy task ended")?;
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .context("no answer within 30 s")?
+        .context("proxy task ended")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn summary(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(f64::total_cmp);
+    json!({
+        "n": v.len(),
+        "p50": percentile(&v, 50.0),
+        "p90": percentile(&v, 90.0),
+        "p99": percentile(&v, 99.0),
+        "max": v.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+fn cluster_name(prefix_vip: usize) -> String {
+    format!("{}.vip", vip_name("svc-", prefix_vip))
+}
+
+fn rss(pid: u32) -> serde_json::Value {
+    let (rss, hwm) = procstat::rss_bytes(pid).unwrap_or_default();
+    json!({"rss_bytes": rss, "peak_rss_bytes": hwm})
+}
+
+/// `xds-load`.
+pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
+    if a.vips == 0 || a.subs > a.vips {
+        bail!("need --vips >= --subs > 0");
+    }
+    let pid = a.control_pid;
+    let mut rng = Rng(a.seed);
+    let idle = rss(pid);
+    let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel::<Arrival>();
+
+    // 1. Connect and subscribe, 50 proxies at a time.
+    let cpu0 = procstat::cpu_seconds(pid).unwrap_or(0.0);
+    let t_connect = Instant::now();
+    let mut proxies: Vec<Proxy> = Vec::with_capacity(a.proxies);
+    let mut setup_cds = Vec::new();
+    for chunk_start in (0..a.proxies).step_by(50) {
+        let mut joins = Vec::new();
+        for id in chunk_start..(chunk_start + 50).min(a.proxies) {
+            let mut subscribed = BTreeSet::new();
+            while subscribed.len() < a.subs {
+                subscribed.insert(rng.below(a.vips));
+            }
+            let addr = a.xds.clone();
+            let arrivals_tx = arrivals_tx.clone();
+            joins.push(tokio::spawn(async move {
+                let cmds = connect(id, addr, arrivals_tx).await?;
+                let names: Vec<String> = subscribed.iter().map(|&v| cluster_name(v)).collect();
+                let cds = subscribe(&cmds, CLUSTER_TYPE_URL, names.clone()).await?;
+                subscribe(&cmds, ENDPOINTS_TYPE_URL, names).await?;
+                anyhow::Ok((Proxy { cmds, subscribed }, cds))
+            }));
+        }
+        for j in joins {
+            let (proxy, cds) = j.await??;
+            setup_cds.push(cds.as_secs_f64() * 1e3);
+            proxies.push(proxy);
+        }
+    }
+    let connect_s = t_connect.elapsed().as_secs_f64();
+    let connect_cpu = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu0;
+    // Let the ACKs land before reading memory.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let connected = rss(pid);
+
+    // 2. Answer time of one more cluster, one request at a time.
+    let mut cds_ms = Vec::with_capacity(a.samples);
+    let mut eds_ms = Vec::with_capacity(a.samples);
+    for s in 0..a.samples {
+        let p = s % proxies.len();
+        let vip = loop {
+            let v = rng.below(a.vips);
+            if !proxies[p].subscribed.contains(&v) {
+                break v;
+            }
+        };
+        proxies[p].subscribed.insert(vip);
+        let cmds = &proxies[p].cmds;
+        cds_ms.push(
+            subscribe(cmds, CLUSTER_TYPE_URL, vec![cluster_name(vip)])
+                .await?
+                .as_secs_f64()
+                * 1e3,
+        );
+        eds_ms.push(
+            subscribe(cmds, ENDPOINTS_TYPE_URL, vec![cluster_name(vip)])
+                .await?
+                .as_secs_f64()
+                * 1e3,
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while arrivals.try_recv().is_ok() {}
+
+    // 3. Registry changes.
+    let changing = registry_gen::changing_vips(a.vips, a.instances);
+    let changing_names: BTreeSet<String> = changing.iter().map(|&v| cluster_name(v)).collect();
+    let expected: BTreeSet<usize> = proxies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.subscribed.iter().any(|v| changing.contains(v)))
+        .map(|(i, _)| i)
+        .collect();
+    let mut flips = Vec::new();
+    let mut all_from_loaded = Vec::new();
+    for f in 0..a.flips {
+        let down = f % 2 == 0;
+        let gen_args = GenArgs::scale(a.registry.clone(), a.vips, a.instances, down);
+        let body = registry_gen::render(&gen_args);
+        let cpu_before = procstat::cpu_seconds(pid).unwrap_or(0.0);
+        let tmp = a.registry.with_extension("tmp");
+        std::fs::write(&tmp, body)?;
+        std::fs::rename(&tmp, &a.registry)?;
+        let t_rename = unix_now();
+        let mut got: HashMap<usize, f64> = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got.len() < expected.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, arrivals.recv()).await {
+                Ok(Some(arr)) => {
+                    if arr.names.iter().any(|n| changing_names.contains(n)) {
+                        got.entry(arr.proxy).or_insert(arr.at);
+                    }
+                }
+                _ => break,
+            }
+        }
+        let cpu_to_last = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+        let peak = rss(pid);
+        // The file source re-reads a recently modified file on each poll for two seconds:
+        // that is part of what a change costs.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let cpu_total = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+        let log = std::fs::read_to_string(&a.control_log).unwrap_or_default();
+        let loaded = log_time::times_of(&log, "registry loaded")
+            .into_iter()
+            .filter(|&t| t >= t_rename - 0.001)
+            .fold(f64::NAN, f64::min);
+        let from_loaded: Vec<f64> = got.values().map(|&t| (t - loaded) * 1e3).collect();
+        let from_rename: Vec<f64> = got.values().map(|&t| (t - t_rename) * 1e3).collect();
+        all_from_loaded.extend(from_loaded.iter().copied());
+        flips.push(json!({
+            "down": down,
+            "expected_proxies": expected.len(),
+            "reached_proxies": got.len(),
+            "rename_to_loaded_ms": (loaded - t_rename) * 1e3,
+            "fanout_from_loaded_ms": summary(from_loaded),
+            "fanout_from_rename_ms": summary(from_rename),
+            "cpu_seconds_to_last_proxy": cpu_to_last,
+            "cpu_seconds_incl_rereads": cpu_total,
+            "rss": peak,
+        }));
+        while arrivals.try_recv().is_ok() {}
+    }
+
+    let out = json!({
+        "vips": a.vips,
+        "instances_per_vip": a.instances,
+        "endpoints": a.vips * a.instances,
+        "proxies": a.proxies,
+        "subs_per_proxy": a.subs,
+        "rss_idle": idle,
+        "rss_connected": connected,
+        "connect_seconds": connect_s,
+        "connect_cpu_seconds": connect_cpu,
+        "setup_cds_ms": summary(setup_cds),
+        "answer_cds_ms": summary(cds_ms),
+        "answer_eds_ms": summary(eds_ms),
+        "changing_vips": changing.len(),
+        "flips": flips,
+        "fanout_from_loaded_ms": summary(all_from_loaded),
+        "rss_end": rss(pid),
+    });
+    println!("{out}");
+    drop(proxies);
+    Ok(())
+}
