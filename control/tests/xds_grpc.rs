@@ -292,6 +292,29 @@ async fn a_subscribed_vip_gets_its_cluster_then_its_endpoints() {
 }
 
 #[tokio::test]
+async fn a_new_cluster_on_ads_comes_with_its_endpoints_without_a_second_round_trip() {
+    let h = Harness::start(vec![inst("hello", "10.0.0.1", Status::Up)]).await;
+    let mut envoy = h.ads("envoy-1").await;
+
+    envoy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    let first = envoy.recv().await;
+    assert_eq!(first.type_url, CLUSTER_TYPE_URL);
+    let second = envoy.recv().await;
+    assert_eq!(second.type_url, ENDPOINTS_TYPE_URL);
+    assert_eq!(names(&second), ["hello.vip"]);
+    assert_eq!(endpoint_count(&cla(&second, 0)), 1);
+
+    // Envoy's own subscription, which follows, is still answered.
+    envoy.subscribe(ENDPOINTS_TYPE_URL, &["hello.vip"]).await;
+    let again = envoy.recv().await;
+    assert_eq!(again.type_url, ENDPOINTS_TYPE_URL);
+    assert_eq!(again.resources[0].version, second.resources[0].version);
+    h.until_proxy("envoy-1", |p| p.endpoints == ["hello.vip"] && p.acks == 3)
+        .await;
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn an_unknown_vip_gets_an_unregistered_cluster_and_empty_endpoints_then_the_real_ones() {
     let h = Harness::start(vec![]).await;
     let mut envoy = h.ads("envoy-1").await;
