@@ -276,9 +276,10 @@ impl Cache {
     /// (and only those), then wakes every subscriber. Returns the names rebuilt.
     pub fn set_snapshot(&self, snapshot: Arc<Snapshot>) -> Vec<String> {
         let mut rebuilt = Vec::new();
+        let old;
         let generation = {
             let mut state = self.lock();
-            let old = std::mem::replace(&mut state.snapshot, snapshot);
+            old = std::mem::replace(&mut state.snapshot, snapshot);
             let State {
                 snapshot, entries, ..
             } = &mut *state;
@@ -292,6 +293,14 @@ impl Cache {
             state.generation
         };
         self.changes.send_replace(generation);
+        tracing::debug!(
+            generation,
+            rebuilt = rebuilt.len(),
+            "snapshot applied; subscribers woken"
+        );
+        // Freeing the old snapshot (a whole registry's worth of allocations) waits until the
+        // lock is released and subscribers are woken.
+        drop(old);
         rebuilt.sort();
         rebuilt
     }
