@@ -343,6 +343,7 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
         .collect();
     let mut flips = Vec::new();
     let mut all_from_loaded = Vec::new();
+    let mut all_from_applied = Vec::new();
     for f in 0..a.flips {
         let down = f % 2 == 0;
         let gen_args = GenArgs::scale(a.registry.clone(), a.vips, a.instances, down);
@@ -376,7 +377,17 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter(|&t| t >= t_rename - 0.001)
             .fold(f64::NAN, f64::min);
+        let after = |needle: &str| {
+            log_time::times_of(&log, needle)
+                .into_iter()
+                .filter(|&t| t >= loaded)
+                .fold(f64::NAN, f64::min)
+        };
+        let built = after("snapshot built");
+        let applied = after("snapshot applied");
         let from_loaded: Vec<f64> = got.values().map(|&t| (t - loaded) * 1e3).collect();
+        let from_applied: Vec<f64> = got.values().map(|&t| (t - applied) * 1e3).collect();
+        all_from_applied.extend(from_applied.iter().copied());
         let from_rename: Vec<f64> = got.values().map(|&t| (t - t_rename) * 1e3).collect();
         all_from_loaded.extend(from_loaded.iter().copied());
         flips.push(json!({
@@ -384,7 +395,10 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
             "expected_proxies": expected.len(),
             "reached_proxies": got.len(),
             "rename_to_loaded_ms": (loaded - t_rename) * 1e3,
+            "loaded_to_snapshot_built_ms": (built - loaded) * 1e3,
+            "loaded_to_snapshot_applied_ms": (applied - loaded) * 1e3,
             "fanout_from_loaded_ms": summary(from_loaded),
+            "fanout_from_applied_ms": summary(from_applied),
             "fanout_from_rename_ms": summary(from_rename),
             "cpu_seconds_to_last_proxy": cpu_to_last,
             "cpu_seconds_incl_rereads": cpu_total,
@@ -409,6 +423,7 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
         "changing_vips": changing.len(),
         "flips": flips,
         "fanout_from_loaded_ms": summary(all_from_loaded),
+        "fanout_from_applied_ms": summary(all_from_applied),
         "rss_end": rss(pid),
     });
     println!("{out}");
