@@ -385,6 +385,12 @@ def bench_overhead(cfg, workdir, results):
             "rps_ratio_odmesh": med["odmesh"]["rps"] / base["rps"],
             "cpu_ratio_wasm": base["cpu_us_per_req"] / med["wasm"]["cpu_us_per_req"],
             "rps_ratio_wasm": med["wasm"]["rps"] / base["rps"],
+            # Ratios within each round (the three windows ran back to back), then their median:
+            # steadier than the ratio of medians when the machine's load drifts.
+            "paired_cpu_ratio_odmesh": statistics.median(
+                a["cpu_us_per_req"] / b["cpu_us_per_req"] for a, b in zip(rows["static"], rows["odmesh"])),
+            "paired_cpu_ratio_wasm": statistics.median(
+                a["cpu_us_per_req"] / b["cpu_us_per_req"] for a, b in zip(rows["static"], rows["wasm"])),
             "wasm_share_of_odmesh_cpu": (med["wasm"]["cpu_us_per_req"] - base["cpu_us_per_req"])
             / med["odmesh"]["cpu_us_per_req"],
         }
@@ -511,7 +517,8 @@ def write_report(cfg, results, argv):
     m = results["machine"]
     L = [f"# odmesh benchmark results ({'quick' if cfg['quick'] else 'full'} run)", "",
          f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{' '.join(argv)}` "
-         f"(`make {'bench-quick' if cfg['quick'] else 'bench'}`). Raw figures: `latest.json`.", "",
+         f"(`make {'bench-quick' if cfg['quick'] else 'bench'}`). Raw figures: `latest.json`."
+         + (f" Sections {results['rerun']}; the others are from the previous run." if results.get("rerun") else ""), "",
          "## Machine", "",
          f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_gib']} GiB; kernel {m['kernel']}",
          f"- Envoy: {m['envoy']}",
@@ -541,7 +548,10 @@ def write_report(cfg, results, argv):
                          ("odmesh", "full odmesh chain (wasm → on_demand → router), warm")]:
             L.append(f"| {label} | {med[k]['cpu_us_per_req']:.1f} µs | {med[k]['rps']:,.0f} | "
                      f"{base['cpu_us_per_req'] / med[k]['cpu_us_per_req']:.2f} | {med[k]['rps'] / base['rps']:.2f} |")
-        L += ["", f"The wasm filter's share of the odmesh chain's Envoy CPU per request: "
+        L += ["", f"Median of the per-round CPU ratios (the three windows of a round run back to back): odmesh chain "
+              f"{o['paired_cpu_ratio_odmesh']:.2f}, wasm only {o['paired_cpu_ratio_wasm']:.2f}. Per-round CPU per request "
+              "(µs): " + "; ".join(f"{k} " + ", ".join(f"{r['cpu_us_per_req']:.0f}" for r in v) for k, v in o["rounds"].items()) + ".",
+              "", f"The wasm filter's share of the odmesh chain's Envoy CPU per request: "
               f"{o['wasm_share_of_odmesh_cpu'] * 100:.0f}%. Target: ≥ 0.90 of baseline. Reference: 0.71.", ""]
     if "memory_on_demand" in results:
         mo = results["memory_on_demand"]
@@ -653,6 +663,13 @@ def main():
         if not need.exists():
             sys.exit(f"missing {need}: run `make bench` (or bench-quick), which builds it")
     results = {"machine": machine(), "config": cfg}
+    previous = OUT / "latest.json"
+    if args.only != ",".join(SECTIONS) and previous.exists():
+        # A partial run updates the last report: its other sections stay as they were.
+        old = json.loads(previous.read_text())
+        if old.get("config", {}).get("quick") == cfg["quick"]:
+            results = {**old, "machine": results["machine"], "config": cfg}
+            results["rerun"] = f"{args.only} re-run at {time.strftime('%H:%M UTC', time.gmtime())}"
     workdir = Path(tempfile.mkdtemp(prefix="odmesh-bench-"))
     log(f"work folder (logs): {workdir}")
     for name in args.only.split(","):
