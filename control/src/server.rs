@@ -13,7 +13,7 @@
 //! For the admin, [`XdsServer::proxies`] lists each connected stream: node, since when, what
 //! it subscribed to, and its last NACK.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -359,14 +359,13 @@ impl StreamTask {
         // first request to it waits for. On ADS, odmesh sends the load assignments of newly
         // subscribed clusters right behind them, as if Envoy had already asked. Envoy handles
         // the responses of one stream in order, so the cluster's EDS subscription exists when
-        // its load assignment arrives; Envoy's own subscription to it, which follows, gets the
-        // same version again (the protocol wants every subscribe answered), off the critical
-        // path.
+        // its load assignment arrives; Envoy's own subscribe, which follows, is not answered
+        // again (see `Subscriptions::presubscribe`).
         let second =
             (ty == ResourceType::Cluster && self.service == Service::Ads && !added.is_empty())
                 .then(|| {
-                    let change = state.endpoints.update(&added, &[], &HashMap::new());
-                    self.shared.cache.watch(&change.added);
+                    let presubscribed = state.endpoints.presubscribe(&added);
+                    self.shared.cache.watch(&presubscribed);
                     self.respond(&mut state, ResourceType::Endpoints)
                 })
                 .flatten();
