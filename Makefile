@@ -75,7 +75,7 @@ bench-build: wasm envoy bench-deps
 	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control -p odmesh-bench
 
 .PHONY: bench-quick
-bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/latest.md
+bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/quick/latest.md
 	python3 bench/run.py --quick
 
 .PHONY: bench

@@ -7,7 +7,7 @@
 
 Needs (make bench builds them): target/release/odmesh-control, target/release/odmesh-bench,
 dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk. Writes docs/bench/latest.md, latest.json
-and the SVG plots. Standard library only.
+and the SVG plots (--quick: under docs/bench/quick/). Standard library only.
 """
 
 import argparse
@@ -133,7 +133,10 @@ class Procs:
 
 
 def bench_json(*args, lines=False):
-    out = subprocess.run([str(BENCH), *map(str, args)], check=True, capture_output=True, text=True).stdout
+    done = subprocess.run([str(BENCH), *map(str, args)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"odmesh-bench {' '.join(map(str, args))} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    out = done.stdout
     if lines:
         return [json.loads(l) for l in out.splitlines() if l.strip()]
     return json.loads(out.strip().splitlines()[-1])
@@ -658,6 +661,9 @@ def main():
     ap.add_argument("--only", default=",".join(SECTIONS))
     args = ap.parse_args()
     cfg = QUICK if args.quick else FULL
+    global OUT
+    if args.quick:  # never overwrites the recorded full run
+        OUT = OUT / "quick"
     ENVOY = envoy_binary()
     for need in [BENCH, CONTROL, WASM]:
         if not need.exists():

@@ -4,8 +4,10 @@
 //! 1. Connect `proxies` streams (one HTTP/2 connection each, as real proxies have), each
 //!    subscribing to `subs` random clusters and then their load assignments, ACKing every
 //!    response like Envoy does.
-//! 2. Answer time: `samples` times, one proxy subscribes to one more cluster; the time from
-//!    sending the request to receiving the `Cluster` (then likewise its load assignment).
+//! 2. Answer time: `samples` times, one proxy subscribes to one more cluster, as Envoy's
+//!    on-demand discovery does (the `Cluster`, then its load assignment unless the server
+//!    pushed it along); the times from sending the request to having the `Cluster`, and to
+//!    having its load assignment (the cluster is warm).
 //! 3. Fan-out: `flips` times, rewrite the registry file with 1% of the instances changing
 //!    status (see `registry_gen`) and time, for every proxy subscribed to a changed VIP, the
 //!    arrival of its new load assignments. Times are from the control plane's
@@ -21,10 +23,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail};
 use clap::Args;
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
@@ -97,19 +97,20 @@ struct Arrival {
     names: Vec<String>,
 }
 
-enum Cmd {
-    Subscribe {
-        type_url: &'static str,
-        names: Vec<String>,
-        done: oneshot::Sender<Duration>,
-    },
+/// Subscribe to clusters like Envoy's on-demand discovery does: ask for the `Cluster`s; when
+/// they arrive, ask for their load assignments (unless already pushed); done when every
+/// load assignment is in. Answers (time to the clusters, time to the load assignments).
+struct Cmd {
+    names: Vec<String>,
+    done: oneshot::Sender<(Duration, Duration)>,
 }
 
 struct Pending {
-    type_url: &'static str,
-    names: BTreeSet<String>,
+    clusters: BTreeSet<String>,
+    endpoints: BTreeSet<String>,
     sent: Instant,
-    done: oneshot::Sender<Duration>,
+    clusters_at: Option<Duration>,
+    done: oneshot::Sender<(Duration, Duration)>,
 }
 
 fn unix_now() -> f64 {
@@ -122,6 +123,14 @@ fn unix_now() -> f64 {
 struct Proxy {
     cmds: mpsc::Sender<Cmd>,
     subscribed: BTreeSet<usize>,
+}
+
+fn request(type_url: &str, names: Vec<String>) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: names,
+        ..Default::default()
+    }
 }
 
 async fn connect(
@@ -148,38 +157,67 @@ async fn connect(
             ..Default::default()
         });
         let mut pending: Option<Pending> = None;
+        // Load assignments this proxy has (pushed or asked for), and those it asked for.
+        let mut have: BTreeSet<String> = BTreeSet::new();
+        let mut asked: BTreeSet<String> = BTreeSet::new();
         loop {
+            let mut out = Vec::new();
             tokio::select! {
                 cmd = cmd_rx.recv() => {
-                    let Some(Cmd::Subscribe { type_url, names, done }) = cmd else { return };
-                    let req = DeltaDiscoveryRequest {
-                        node: node.take(),
-                        type_url: type_url.into(),
-                        resource_names_subscribe: names.clone(),
-                        ..Default::default()
-                    };
+                    let Some(Cmd { names, done }) = cmd else { return };
+                    let mut req = request(CLUSTER_TYPE_URL, names.clone());
+                    req.node = node.take();
+                    out.push(req);
                     pending = Some(Pending {
-                        type_url,
-                        names: names.into_iter().collect(),
+                        clusters: names.iter().cloned().collect(),
+                        endpoints: names.into_iter().collect(),
                         sent: Instant::now(),
+                        clusters_at: None,
                         done,
                     });
-                    if tx.send(req).await.is_err() {
-                        return;
-                    }
                 }
                 msg = inbound.message() => {
                     let Ok(Some(resp)) = msg else { return };
                     let at = unix_now();
-                    on_response(id, &resp, at, &mut pending, &arrivals);
-                    let ack = DeltaDiscoveryRequest {
+                    let names: Vec<String> = resp.resources.iter().map(|r| r.name.clone()).collect();
+                    // ACK first, as Envoy does, then subscribe to new clusters' endpoints.
+                    out.push(DeltaDiscoveryRequest {
                         type_url: resp.type_url.clone(),
                         response_nonce: resp.nonce.clone(),
                         ..Default::default()
-                    };
-                    if tx.send(ack).await.is_err() {
-                        return;
+                    });
+                    if resp.type_url == CLUSTER_TYPE_URL {
+                        let new: Vec<String> = names.iter().filter(|n| asked.insert((*n).clone())).cloned().collect();
+                        if !new.is_empty() {
+                            out.push(request(ENDPOINTS_TYPE_URL, new));
+                        }
+                        if let Some(p) = pending.as_mut() {
+                            for n in &names {
+                                p.clusters.remove(n);
+                            }
+                            if p.clusters.is_empty() && p.clusters_at.is_none() {
+                                p.clusters_at = Some(p.sent.elapsed());
+                            }
+                        }
+                    } else if resp.type_url == ENDPOINTS_TYPE_URL {
+                        have.extend(names.iter().cloned());
+                        let _ = arrivals.send(Arrival { proxy: id, at, names });
                     }
+                    if let Some(p) = pending.take() {
+                        let mut p = p;
+                        p.endpoints.retain(|n| !have.contains(n));
+                        match p.clusters_at {
+                            Some(c) if p.endpoints.is_empty() => {
+                                let _ = p.done.send((c, p.sent.elapsed()));
+                            }
+                            _ => pending = Some(p),
+                        }
+                    }
+                }
+            }
+            for req in out {
+                if tx.send(req).await.is_err() {
+                    return;
                 }
             }
         }
@@ -187,44 +225,15 @@ async fn connect(
     Ok(cmds)
 }
 
-fn on_response(
-    id: usize,
-    resp: &DeltaDiscoveryResponse,
-    at: f64,
-    pending: &mut Option<Pending>,
-    arrivals: &mpsc::UnboundedSender<Arrival>,
-) {
-    let names: Vec<String> = resp.resources.iter().map(|r| r.name.clone()).collect();
-    if let Some(p) = pending.take() {
-        if p.type_url == resp.type_url && names.iter().any(|n| p.names.contains(n)) {
-            let _ = p.done.send(p.sent.elapsed());
-        } else {
-            *pending = Some(p);
-        }
-    }
-    if resp.type_url == ENDPOINTS_TYPE_URL {
-        let _ = arrivals.send(Arrival {
-            proxy: id,
-            at,
-            names,
-        });
-    }
-}
-
 async fn subscribe(
     cmds: &mpsc::Sender<Cmd>,
-    type_url: &'static str,
     names: Vec<String>,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Duration)> {
     let (done, wait) = oneshot::channel();
-    cmds.send(Cmd::Subscribe {
-        type_url,
-        names,
-        done,
-    })
-    .await
-    .ok()
-    .context("proxy task ended")?;
+    cmds.send(Cmd { names, done })
+        .await
+        .ok()
+        .context("proxy task ended")?;
     tokio::time::timeout(Duration::from_secs(30), wait)
         .await
         .context("no answer within 30 s")?
@@ -286,8 +295,7 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
             joins.push(tokio::spawn(async move {
                 let cmds = connect(id, addr, arrivals_tx).await?;
                 let names: Vec<String> = subscribed.iter().map(|&v| cluster_name(v)).collect();
-                let cds = subscribe(&cmds, CLUSTER_TYPE_URL, names.clone()).await?;
-                subscribe(&cmds, ENDPOINTS_TYPE_URL, names).await?;
+                let (cds, _) = subscribe(&cmds, names).await?;
                 anyhow::Ok((Proxy { cmds, subscribed }, cds))
             }));
         }
@@ -316,18 +324,9 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
         };
         proxies[p].subscribed.insert(vip);
         let cmds = &proxies[p].cmds;
-        cds_ms.push(
-            subscribe(cmds, CLUSTER_TYPE_URL, vec![cluster_name(vip)])
-                .await?
-                .as_secs_f64()
-                * 1e3,
-        );
-        eds_ms.push(
-            subscribe(cmds, ENDPOINTS_TYPE_URL, vec![cluster_name(vip)])
-                .await?
-                .as_secs_f64()
-                * 1e3,
-        );
+        let (cds, eds) = subscribe(cmds, vec![cluster_name(vip)]).await?;
+        cds_ms.push(cds.as_secs_f64() * 1e3);
+        eds_ms.push(eds.as_secs_f64() * 1e3);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     while arrivals.try_recv().is_ok() {}
