@@ -68,6 +68,22 @@ e2e: wasm envoy ## end-to-end tests against real Envoy (and real Eureka clients)
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
 	$(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
 
+.PHONY: bench-deps
+bench-deps: ## install the benchmark tools (nginx-light, wrk, nghttp2-client) with apt
+	@scripts/bench-deps.sh
+
+.PHONY: bench-build
+bench-build: wasm envoy bench-deps
+	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control -p odmesh-bench
+
+.PHONY: bench-quick
+bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/quick/latest.md
+	python3 bench/run.py --quick
+
+.PHONY: bench
+bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md
+	python3 bench/run.py
+
 .PHONY: clean
 clean: ## remove build output (keeps the installed Envoy)
 	$(CARGO) clean

@@ -15,7 +15,7 @@
 //! follows them; they come from Envoy's "xDS REST and gRPC protocol" page, section
 //! "Incremental xDS", and the `DeltaDiscoveryRequest` field docs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
@@ -41,6 +41,9 @@ pub const WILDCARD: &str = "*";
 #[derive(Clone, Debug, Default)]
 pub struct Subscriptions {
     names: BTreeMap<String, Known>,
+    /// Names the server added on the client's behalf (see [`Subscriptions::presubscribe`])
+    /// whose subscribe from the client has not arrived yet.
+    presubscribed: BTreeSet<String>,
 }
 
 /// How a request changed a [`Subscriptions`]: names new to it and names gone from it.
@@ -82,6 +85,13 @@ impl Subscriptions {
             // of each type carries `initial_resource_versions`: the resources the client kept
             // from the previous stream, with their versions. The server sends only those whose
             // version differs, and everything the client does not list.
+            //
+            // odmesh's exception: a name the server subscribed on the client's behalf (and sent)
+            // just before the client's own subscribe arrived is not resent. That subscribe was
+            // already on its way; the client did not drop anything in between.
+            if self.presubscribed.remove(name) && !initial_versions.contains_key(name) {
+                continue;
+            }
             let known = initial_versions
                 .get(name)
                 .map_or(Known::Nothing, |v| Known::Version(v.clone()));
@@ -92,11 +102,29 @@ impl Subscriptions {
         // Rule: names in `resource_names_unsubscribe` leave the tracked set; the server sends
         // nothing for them, not even a removal.
         for name in unsubscribe {
+            self.presubscribed.remove(name);
             if self.names.remove(name).is_some() {
                 change.removed.push(name.clone());
             }
         }
         change
+    }
+
+    /// Subscribes `names` on the client's behalf, ahead of the client's own subscribe, which the
+    /// server knows is coming (Envoy subscribes to an EDS cluster's load assignment once it
+    /// has the cluster). Names already subscribed are left alone. When the client's subscribe
+    /// arrives, it is not answered again with what was sent meanwhile. Returns the names added.
+    pub fn presubscribe(&mut self, names: &[String]) -> Vec<String> {
+        let mut added = Vec::new();
+        for name in names {
+            if name == WILDCARD || self.names.contains_key(name) {
+                continue;
+            }
+            self.names.insert(name.clone(), Known::Nothing);
+            self.presubscribed.insert(name.clone());
+            added.push(name.clone());
+        }
+        added
     }
 
     /// Records that `delta` went out: the client now has those versions, or knows of the
@@ -276,9 +304,10 @@ impl Cache {
     /// (and only those), then wakes every subscriber. Returns the names rebuilt.
     pub fn set_snapshot(&self, snapshot: Arc<Snapshot>) -> Vec<String> {
         let mut rebuilt = Vec::new();
+        let old;
         let generation = {
             let mut state = self.lock();
-            let old = std::mem::replace(&mut state.snapshot, snapshot);
+            old = std::mem::replace(&mut state.snapshot, snapshot);
             let State {
                 snapshot, entries, ..
             } = &mut *state;
@@ -292,6 +321,14 @@ impl Cache {
             state.generation
         };
         self.changes.send_replace(generation);
+        tracing::debug!(
+            generation,
+            rebuilt = rebuilt.len(),
+            "snapshot applied; subscribers woken"
+        );
+        // Freeing the old snapshot (a whole registry's worth of allocations) waits until the
+        // lock is released and subscribers are woken.
+        drop(old);
         rebuilt.sort();
         rebuilt
     }
@@ -435,6 +472,28 @@ mod tests {
     fn endpoint_count(r: &Versioned) -> usize {
         let cla = ClusterLoadAssignment::decode(r.resource.value.as_slice()).unwrap();
         cla.endpoints.iter().map(|g| g.lb_endpoints.len()).sum()
+    }
+
+    #[test]
+    fn a_presubscribed_name_is_not_resent_when_the_clients_own_subscribe_arrives() {
+        let cache = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
+        let mut subs = Subscriptions::default();
+        let added = subs.presubscribe(&names(&["hello.vip"]));
+        assert_eq!(added, ["hello.vip"]);
+        cache.watch(&added);
+        let pushed = send(&cache, ResourceType::Endpoints, &mut subs);
+        assert_eq!(sent_names(&pushed), ["hello.vip"]);
+
+        let change = subs.update(&names(&["hello.vip"]), &[], &HashMap::new());
+        assert!(change.added.is_empty());
+        assert!(send(&cache, ResourceType::Endpoints, &mut subs).is_empty());
+
+        // A later subscribe (the client dropped it and asks again) is answered as usual.
+        subs.update(&names(&["hello.vip"]), &[], &HashMap::new());
+        assert_eq!(
+            sent_names(&send(&cache, ResourceType::Endpoints, &mut subs)),
+            ["hello.vip"]
+        );
     }
 
     #[test]

@@ -121,8 +121,15 @@ pub fn follow(
     metrics: Arc<Metrics>,
 ) -> (watch::Receiver<Arc<Snapshot>>, tokio::task::JoinHandle<()>) {
     let build = move |reg: &Registry| {
+        let started = std::time::Instant::now();
         let snap = Snapshot::from_registry(reg);
         Metrics::set(&metrics.registry_clusters, snap.len() as u64);
+        tracing::debug!(
+            clusters = snap.len(),
+            instances = reg.instances.len(),
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "snapshot built"
+        );
         Arc::new(snap)
     };
     let first = build(&registry.borrow_and_update());

@@ -318,7 +318,7 @@ impl StreamTask {
         loop {
             let responses = tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(req)) => [self.on_request(req), None],
+                    Ok(Some(req)) => self.on_request(req),
                     Ok(None) => break,
                     Err(status) => {
                         debug!(stream = self.id(), %status, "xDS stream failed");
@@ -346,11 +346,42 @@ impl StreamTask {
         lock(&self.state).id
     }
 
-    /// Handles one request; returns at most one response (for the request's type).
-    fn on_request(&self, req: DeltaDiscoveryRequest) -> Option<DeltaDiscoveryResponse> {
+    /// Handles one request; returns the response for the request's type, if one is due, and,
+    /// for new `Cluster` subscriptions on ADS, the load assignments that go with them.
+    fn on_request(&self, req: DeltaDiscoveryRequest) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let mut state = lock(&self.state);
+        let Some((ty, added)) = self.apply_request(&mut state, req) else {
+            return [None, None];
+        };
+        let first = self.respond(&mut state, ty);
+        // Envoy subscribes to an EDS cluster's load assignment only once it has accepted the
+        // cluster: one more round trip (request, answer) before the cluster is warm, which the
+        // first request to it waits for. On ADS, odmesh sends the load assignments of newly
+        // subscribed clusters right behind them, as if Envoy had already asked. Envoy handles
+        // the responses of one stream in order, so the cluster's EDS subscription exists when
+        // its load assignment arrives; Envoy's own subscribe, which follows, is not answered
+        // again (see `Subscriptions::presubscribe`).
+        let second =
+            (ty == ResourceType::Cluster && self.service == Service::Ads && !added.is_empty())
+                .then(|| {
+                    let presubscribed = state.endpoints.presubscribe(&added);
+                    self.shared.cache.watch(&presubscribed);
+                    self.respond(&mut state, ResourceType::Endpoints)
+                })
+                .flatten();
+        [first, second]
+    }
+
+    /// Applies one request to the stream's state: node, ACK/NACK, subscription changes. Returns
+    /// its type and the names it newly subscribed that the client has no version of, when the
+    /// subscriptions changed.
+    fn apply_request(
+        &self,
+        state: &mut StreamState,
+        req: DeltaDiscoveryRequest,
+    ) -> Option<(ResourceType, Vec<String>)> {
         let metrics = &self.shared.metrics;
         Metrics::inc(&metrics.xds_requests_total);
-        let mut state = lock(&self.state);
         if let Some(node) = &req.node
             && state.node_id.is_empty()
         {
@@ -424,7 +455,11 @@ impl StreamTask {
             unsubscribed = ?req.resource_names_unsubscribe,
             "subscriptions changed"
         );
-        self.respond(&mut state, ty)
+        // Names the client says it has (on reconnect) are not new to it: their load
+        // assignments need no head start.
+        let mut fresh = change.added;
+        fresh.retain(|name| !req.initial_resource_versions.contains_key(name));
+        Some((ty, fresh))
     }
 
     /// Pushes what changed in the cache, clusters before their load assignments.

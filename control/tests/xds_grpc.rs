@@ -292,6 +292,32 @@ async fn a_subscribed_vip_gets_its_cluster_then_its_endpoints() {
 }
 
 #[tokio::test]
+async fn a_new_cluster_on_ads_comes_with_its_endpoints_without_a_second_round_trip() {
+    let h = Harness::start(vec![inst("hello", "10.0.0.1", Status::Up)]).await;
+    let mut envoy = h.ads("envoy-1").await;
+
+    envoy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    let first = envoy.recv().await;
+    assert_eq!(first.type_url, CLUSTER_TYPE_URL);
+    let second = envoy.recv().await;
+    assert_eq!(second.type_url, ENDPOINTS_TYPE_URL);
+    assert_eq!(names(&second), ["hello.vip"]);
+    assert_eq!(endpoint_count(&cla(&second, 0)), 1);
+
+    // Envoy's own subscribe, which follows, is not answered with the same thing again.
+    // The stream answers requests in order: had it resent the load assignment, that would
+    // come before the answer to the next request.
+    envoy.subscribe(ENDPOINTS_TYPE_URL, &["hello.vip"]).await;
+    envoy.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
+    let next = envoy.recv().await;
+    assert_eq!(
+        (next.type_url.as_str(), names(&next)),
+        (CLUSTER_TYPE_URL, vec!["other.vip"])
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn an_unknown_vip_gets_an_unregistered_cluster_and_empty_endpoints_then_the_real_ones() {
     let h = Harness::start(vec![]).await;
     let mut envoy = h.ads("envoy-1").await;

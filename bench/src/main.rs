@@ -1,0 +1,66 @@
+//! `odmesh-bench`: the tools behind `make bench`. Each subcommand does one measurement job and
+//! prints JSON on stdout; `bench/run.py` runs them against real processes and writes the report.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+mod first_request;
+mod log_time;
+mod procstat;
+mod push_all;
+mod registry_gen;
+mod xds_load;
+
+/// odmesh benchmark tools (see docs/benchmarks.md).
+#[derive(Debug, Parser)]
+#[command(name = "odmesh-bench")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Writes a generated registry file (YAML form, or Eureka JSON with --json), atomically.
+    GenRegistry(registry_gen::GenArgs),
+    /// Times parsing a registry file and building the snapshot, in this process (JSON out).
+    ParseRegistry {
+        /// The registry file.
+        file: PathBuf,
+    },
+    /// Simulated Envoys over delta ADS against a running odmesh-control (JSON out).
+    XdsLoad(xds_load::LoadArgs),
+    /// A delta ADS server that pushes every cluster of a registry to whoever connects.
+    PushAll {
+        /// The registry file to serve.
+        #[arg(long)]
+        registry: PathBuf,
+        /// Where to listen for gRPC.
+        #[arg(long, default_value = "127.0.0.1:18100")]
+        listen: SocketAddr,
+    },
+    /// First request vs warm requests for never-seen VIPs through an Envoy listener (JSON out).
+    FirstRequest(first_request::FirstArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    match args.command {
+        Command::GenRegistry(a) => registry_gen::run(&a),
+        Command::ParseRegistry { file } => registry_gen::parse_and_report(&file),
+        Command::FirstRequest(a) => first_request::run(&a),
+        Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
+        Command::PushAll { registry, listen } => {
+            runtime()?.block_on(push_all::serve(&registry, listen))
+        }
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}

@@ -1,0 +1,431 @@
+//! The delta xDS load generator: simulated Envoys on real gRPC connections against a running
+//! `odmesh-control`.
+//!
+//! 1. Connect `proxies` streams (one HTTP/2 connection each, as real proxies have), each
+//!    subscribing to `subs` random clusters and then their load assignments, ACKing every
+//!    response like Envoy does.
+//! 2. Answer time: `samples` times, one proxy subscribes to one more cluster, as Envoy's
+//!    on-demand discovery does (the `Cluster`, then its load assignment unless the server
+//!    pushed it along); the times from sending the request to having the `Cluster`, and to
+//!    having its load assignment (the cluster is warm).
+//! 3. Fan-out: `flips` times, rewrite the registry file with 1% of the instances changing
+//!    status (see `registry_gen`) and time, for every proxy subscribed to a changed VIP, the
+//!    arrival of its new load assignments. Times are from the control plane's
+//!    `registry loaded` log line (the file is parsed; the change now goes through the snapshot,
+//!    cache and streams), and also from the rename.
+//!
+//! The control plane's RSS and CPU seconds come from `/proc/<control-pid>`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::registry_gen::{self, GenArgs, vip_name};
+use crate::{log_time, procstat};
+
+/// What `xds-load` does.
+#[derive(Clone, Debug, Args)]
+pub struct LoadArgs {
+    /// The control plane's xDS address.
+    #[arg(long, default_value = "127.0.0.1:18000")]
+    pub xds: String,
+    /// The control plane's pid (for RSS and CPU).
+    #[arg(long)]
+    pub control_pid: u32,
+    /// The control plane's log file (for the `registry loaded` times).
+    #[arg(long)]
+    pub control_log: PathBuf,
+    /// The registry file the control plane watches; rewritten for each flip.
+    #[arg(long)]
+    pub registry: PathBuf,
+    /// VIPs in the registry.
+    #[arg(long)]
+    pub vips: usize,
+    /// Instances per VIP in the registry.
+    #[arg(long, default_value_t = 10)]
+    pub instances: usize,
+    /// Simulated proxies.
+    #[arg(long, default_value_t = 1000)]
+    pub proxies: usize,
+    /// Clusters each proxy subscribes to.
+    #[arg(long, default_value_t = 30)]
+    pub subs: usize,
+    /// On-demand requests timed.
+    #[arg(long, default_value_t = 1000)]
+    pub samples: usize,
+    /// Registry changes timed.
+    #[arg(long, default_value_t = 4)]
+    pub flips: usize,
+    /// Seed of the random subscriptions.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// A tiny deterministic generator (SplitMix64), enough to pick VIPs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A load-assignment response one proxy received.
+#[derive(Debug)]
+struct Arrival {
+    proxy: usize,
+    at: f64,
+    names: Vec<String>,
+}
+
+/// Subscribe to clusters like Envoy's on-demand discovery does: ask for the `Cluster`s; when
+/// they arrive, ask for their load assignments (unless already pushed); done when every
+/// load assignment is in. Answers (time to the clusters, time to the load assignments).
+struct Cmd {
+    names: Vec<String>,
+    done: oneshot::Sender<(Duration, Duration)>,
+}
+
+struct Pending {
+    clusters: BTreeSet<String>,
+    endpoints: BTreeSet<String>,
+    sent: Instant,
+    clusters_at: Option<Duration>,
+    done: oneshot::Sender<(Duration, Duration)>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One simulated proxy: its stream task and the handle to command it.
+struct Proxy {
+    cmds: mpsc::Sender<Cmd>,
+    subscribed: BTreeSet<usize>,
+}
+
+fn request(type_url: &str, names: Vec<String>) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: names,
+        ..Default::default()
+    }
+}
+
+async fn connect(
+    id: usize,
+    addr: String,
+    arrivals: mpsc::UnboundedSender<Arrival>,
+) -> anyhow::Result<mpsc::Sender<Cmd>> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+    let mut inbound = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let (cmds, mut cmd_rx) = mpsc::channel::<Cmd>(8);
+    tokio::spawn(async move {
+        let mut node = Some(Node {
+            id: format!("bench-proxy-{id}"),
+            cluster: "bench".into(),
+            ..Default::default()
+        });
+        let mut pending: Option<Pending> = None;
+        // Load assignments this proxy has (pushed or asked for), and those it asked for.
+        let mut have: BTreeSet<String> = BTreeSet::new();
+        let mut asked: BTreeSet<String> = BTreeSet::new();
+        loop {
+            let mut out = Vec::new();
+            tokio::select! {
+                cmd = cmd_rx.recv() => {
+                    let Some(Cmd { names, done }) = cmd else { return };
+                    let mut req = request(CLUSTER_TYPE_URL, names.clone());
+                    req.node = node.take();
+                    out.push(req);
+                    pending = Some(Pending {
+                        clusters: names.iter().cloned().collect(),
+                        endpoints: names.into_iter().collect(),
+                        sent: Instant::now(),
+                        clusters_at: None,
+                        done,
+                    });
+                }
+                msg = inbound.message() => {
+                    let Ok(Some(resp)) = msg else { return };
+                    let at = unix_now();
+                    let names: Vec<String> = resp.resources.iter().map(|r| r.name.clone()).collect();
+                    // ACK first, as Envoy does, then subscribe to new clusters' endpoints.
+                    out.push(DeltaDiscoveryRequest {
+                        type_url: resp.type_url.clone(),
+                        response_nonce: resp.nonce.clone(),
+                        ..Default::default()
+                    });
+                    if resp.type_url == CLUSTER_TYPE_URL {
+                        let new: Vec<String> = names.iter().filter(|n| asked.insert((*n).clone())).cloned().collect();
+                        if !new.is_empty() {
+                            out.push(request(ENDPOINTS_TYPE_URL, new));
+                        }
+                        if let Some(p) = pending.as_mut() {
+                            for n in &names {
+                                p.clusters.remove(n);
+                            }
+                            if p.clusters.is_empty() && p.clusters_at.is_none() {
+                                p.clusters_at = Some(p.sent.elapsed());
+                            }
+                        }
+                    } else if resp.type_url == ENDPOINTS_TYPE_URL {
+                        have.extend(names.iter().cloned());
+                        let _ = arrivals.send(Arrival { proxy: id, at, names });
+                    }
+                    if let Some(p) = pending.take() {
+                        let mut p = p;
+                        p.endpoints.retain(|n| !have.contains(n));
+                        match p.clusters_at {
+                            Some(c) if p.endpoints.is_empty() => {
+                                let _ = p.done.send((c, p.sent.elapsed()));
+                            }
+                            _ => pending = Some(p),
+                        }
+                    }
+                }
+            }
+            for req in out {
+                if tx.send(req).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(cmds)
+}
+
+async fn subscribe(
+    cmds: &mpsc::Sender<Cmd>,
+    names: Vec<String>,
+) -> anyhow::Result<(Duration, Duration)> {
+    let (done, wait) = oneshot::channel();
+    cmds.send(Cmd { names, done })
+        .await
+        .ok()
+        .context("proxy task ended")?;
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .context("no answer within 30 s")?
+        .context("proxy task ended")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn summary(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(f64::total_cmp);
+    json!({
+        "n": v.len(),
+        "p50": percentile(&v, 50.0),
+        "p90": percentile(&v, 90.0),
+        "p99": percentile(&v, 99.0),
+        "max": v.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+fn cluster_name(prefix_vip: usize) -> String {
+    format!("{}.vip", vip_name("svc-", prefix_vip))
+}
+
+fn rss(pid: u32) -> serde_json::Value {
+    let (rss, hwm) = procstat::rss_bytes(pid).unwrap_or_default();
+    json!({"rss_bytes": rss, "peak_rss_bytes": hwm})
+}
+
+/// `xds-load`.
+pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
+    if a.vips == 0 || a.subs > a.vips {
+        bail!("need --vips >= --subs > 0");
+    }
+    let pid = a.control_pid;
+    let mut rng = Rng(a.seed);
+    let idle = rss(pid);
+    let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel::<Arrival>();
+
+    // 1. Connect and subscribe, 50 proxies at a time.
+    let cpu0 = procstat::cpu_seconds(pid).unwrap_or(0.0);
+    let t_connect = Instant::now();
+    let mut proxies: Vec<Proxy> = Vec::with_capacity(a.proxies);
+    let mut setup_cds = Vec::new();
+    for chunk_start in (0..a.proxies).step_by(50) {
+        let mut joins = Vec::new();
+        for id in chunk_start..(chunk_start + 50).min(a.proxies) {
+            let mut subscribed = BTreeSet::new();
+            while subscribed.len() < a.subs {
+                subscribed.insert(rng.below(a.vips));
+            }
+            let addr = a.xds.clone();
+            let arrivals_tx = arrivals_tx.clone();
+            joins.push(tokio::spawn(async move {
+                let cmds = connect(id, addr, arrivals_tx).await?;
+                let names: Vec<String> = subscribed.iter().map(|&v| cluster_name(v)).collect();
+                let (cds, _) = subscribe(&cmds, names).await?;
+                anyhow::Ok((Proxy { cmds, subscribed }, cds))
+            }));
+        }
+        for j in joins {
+            let (proxy, cds) = j.await??;
+            setup_cds.push(cds.as_secs_f64() * 1e3);
+            proxies.push(proxy);
+        }
+    }
+    let connect_s = t_connect.elapsed().as_secs_f64();
+    let connect_cpu = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu0;
+    // Let the ACKs land before reading memory.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let connected = rss(pid);
+
+    // 2. Answer time of one more cluster, one request at a time.
+    let mut cds_ms = Vec::with_capacity(a.samples);
+    let mut eds_ms = Vec::with_capacity(a.samples);
+    for s in 0..a.samples {
+        let p = s % proxies.len();
+        let vip = loop {
+            let v = rng.below(a.vips);
+            if !proxies[p].subscribed.contains(&v) {
+                break v;
+            }
+        };
+        proxies[p].subscribed.insert(vip);
+        let cmds = &proxies[p].cmds;
+        let (cds, eds) = subscribe(cmds, vec![cluster_name(vip)]).await?;
+        cds_ms.push(cds.as_secs_f64() * 1e3);
+        eds_ms.push(eds.as_secs_f64() * 1e3);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while arrivals.try_recv().is_ok() {}
+
+    // 3. Registry changes.
+    let changing = registry_gen::changing_vips(a.vips, a.instances);
+    let changing_names: BTreeSet<String> = changing.iter().map(|&v| cluster_name(v)).collect();
+    let expected: BTreeSet<usize> = proxies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.subscribed.iter().any(|v| changing.contains(v)))
+        .map(|(i, _)| i)
+        .collect();
+    let mut flips = Vec::new();
+    let mut all_from_loaded = Vec::new();
+    let mut all_from_applied = Vec::new();
+    for f in 0..a.flips {
+        let down = f % 2 == 0;
+        let gen_args = GenArgs::scale(a.registry.clone(), a.vips, a.instances, down);
+        let body = registry_gen::render(&gen_args);
+        let cpu_before = procstat::cpu_seconds(pid).unwrap_or(0.0);
+        let tmp = a.registry.with_extension("tmp");
+        std::fs::write(&tmp, body)?;
+        std::fs::rename(&tmp, &a.registry)?;
+        let t_rename = unix_now();
+        let mut got: HashMap<usize, f64> = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got.len() < expected.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, arrivals.recv()).await {
+                Ok(Some(arr)) => {
+                    if arr.names.iter().any(|n| changing_names.contains(n)) {
+                        got.entry(arr.proxy).or_insert(arr.at);
+                    }
+                }
+                _ => break,
+            }
+        }
+        let cpu_to_last = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+        let peak = rss(pid);
+        // The file source re-reads a recently modified file on each poll for two seconds:
+        // that is part of what a change costs.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let cpu_total = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+        let log = std::fs::read_to_string(&a.control_log).unwrap_or_default();
+        let loaded = log_time::times_of(&log, "registry loaded")
+            .into_iter()
+            .filter(|&t| t >= t_rename - 0.001)
+            .fold(f64::NAN, f64::min);
+        let after = |needle: &str| {
+            log_time::times_of(&log, needle)
+                .into_iter()
+                .filter(|&t| t >= loaded)
+                .fold(f64::NAN, f64::min)
+        };
+        let built = after("snapshot built");
+        let applied = after("snapshot applied");
+        let from_loaded: Vec<f64> = got.values().map(|&t| (t - loaded) * 1e3).collect();
+        let from_applied: Vec<f64> = got.values().map(|&t| (t - applied) * 1e3).collect();
+        all_from_applied.extend(from_applied.iter().copied());
+        let from_rename: Vec<f64> = got.values().map(|&t| (t - t_rename) * 1e3).collect();
+        all_from_loaded.extend(from_loaded.iter().copied());
+        flips.push(json!({
+            "down": down,
+            "expected_proxies": expected.len(),
+            "reached_proxies": got.len(),
+            "rename_to_loaded_ms": (loaded - t_rename) * 1e3,
+            "loaded_to_snapshot_built_ms": (built - loaded) * 1e3,
+            "loaded_to_snapshot_applied_ms": (applied - loaded) * 1e3,
+            "fanout_from_loaded_ms": summary(from_loaded),
+            "fanout_from_applied_ms": summary(from_applied),
+            "fanout_from_rename_ms": summary(from_rename),
+            "cpu_seconds_to_last_proxy": cpu_to_last,
+            "cpu_seconds_incl_rereads": cpu_total,
+            "rss": peak,
+        }));
+        while arrivals.try_recv().is_ok() {}
+    }
+
+    let out = json!({
+        "vips": a.vips,
+        "instances_per_vip": a.instances,
+        "endpoints": a.vips * a.instances,
+        "proxies": a.proxies,
+        "subs_per_proxy": a.subs,
+        "rss_idle": idle,
+        "rss_connected": connected,
+        "connect_seconds": connect_s,
+        "connect_cpu_seconds": connect_cpu,
+        "setup_cds_ms": summary(setup_cds),
+        "answer_cds_ms": summary(cds_ms),
+        "answer_eds_ms": summary(eds_ms),
+        "changing_vips": changing.len(),
+        "flips": flips,
+        "fanout_from_loaded_ms": summary(all_from_loaded),
+        "fanout_from_applied_ms": summary(all_from_applied),
+        "rss_end": rss(pid),
+    });
+    println!("{out}");
+    drop(proxies);
+    Ok(())
+}
