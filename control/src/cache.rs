@@ -148,11 +148,6 @@ impl Subscriptions {
         self.names.keys().map(String::as_str)
     }
 
-    /// What the client has of `name`, if subscribed.
-    pub fn known(&self, name: &str) -> Option<&Known> {
-        self.names.get(name)
-    }
-
     /// How many names are subscribed.
     pub fn len(&self) -> usize {
         self.names.len()
@@ -278,11 +273,6 @@ impl Cache {
         // A panic while holding the lock leaves consistent data (every write is one insert or
         // one replace), so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The options resources are built with.
-    pub fn options(&self) -> &XdsOptions {
-        &self.options
     }
 
     /// The snapshot in use.

@@ -335,8 +335,11 @@ impl StreamTask {
                 _ = closing.changed() => break,
             };
             for response in responses.into_iter().flatten() {
-                if tx.send(Ok(response)).await.is_err() {
-                    return;
+                // A proxy that stops reading fills the stream's buffer; shutdown must still
+                // end this task rather than wait on the send.
+                tokio::select! {
+                    sent = tx.send(Ok(response)) => if sent.is_err() { return },
+                    _ = closing.changed() => return,
                 }
             }
         }

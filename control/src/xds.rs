@@ -236,6 +236,7 @@ impl<'a> Target<'a> {
     /// re-warms the cluster (which would drain its connection pools).
     fn cluster_version(&self, opts: &XdsOptions) -> u64 {
         let mut h = Fnv64::default();
+        h.str(TEMPLATE);
         h.str(self.name);
         h.str(self.vip);
         h.str(self.kind.as_str());
@@ -428,6 +429,12 @@ fn any(type_url: &str, msg: &impl Message) -> Any {
         value: msg.encode_to_vec(),
     }
 }
+
+/// The revision of what [`Target::cluster`] and [`Target::load_assignment`] build from the
+/// model. It is part of every version, so a control plane whose resources are built differently
+/// (after an upgrade) re-sends them to reconnecting proxies instead of matching their old
+/// versions. Bump it with every change to the resources' shape or defaults.
+const TEMPLATE: &str = "odmesh-resources-1";
 
 /// FNV-1a, 64 bits: stable across runs and builds, so a restarted control plane gives the
 /// same versions and a reconnecting Envoy is not sent what it already has. Every variable-size

@@ -510,11 +510,6 @@ impl Applications {
                 .map(InstanceInfo::status),
         )
     }
-
-    /// Number of instances in all applications.
-    pub fn instance_count(&self) -> usize {
-        self.application.iter().map(|a| a.instance.len()).sum()
-    }
 }
 
 impl InstanceInfo {

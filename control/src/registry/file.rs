@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 
 use super::{Parsed, Registry, SourceHealth, eureka, publish, yaml};
 
-/// How often [`watch_file`] looks at the file, unless told otherwise.
+/// How often the file source looks at the file, unless told otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// A file modified this recently is re-read on every poll (see the module docs).
@@ -134,19 +134,6 @@ pub async fn start(
         health,
         task,
     })
-}
-
-/// Watches `path` every `interval` and sends each new good registry on `tx`, until every
-/// receiver is gone. For callers that did the first load themselves (see [`start`]): the
-/// first poll re-reads the file and sends its registry if it differs from `tx`'s.
-pub async fn watch_file(
-    path: PathBuf,
-    interval: Duration,
-    tx: watch::Sender<Arc<Registry>>,
-    metrics: Arc<Metrics>,
-    health: SourceHealth,
-) {
-    Watcher::new(path, metrics, health).run(interval, tx).await;
 }
 
 /// What identifies one version of the file without reading it.
