@@ -128,6 +128,21 @@ impl<R> Mesh<R> {
         self.send(&Request::get("/").host(host))
     }
 
+    /// `GET /` with `Host: host`; asserts a 200 from an echo upstream and returns its name.
+    pub fn route(&self, host: &str) -> String {
+        let response = self.get(host);
+        assert_eq!(
+            response.status,
+            200,
+            "Host {host} was not routed: {}",
+            response.text()
+        );
+        response.json()["upstream"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not an echo answer: {}", response.text()))
+            .to_owned()
+    }
+
     /// Envoy's `cluster_manager.*` counters and gauges that count cluster discovery:
     /// `cluster_added`, `cluster_removed`, `active_clusters` and `odcds.*`.
     pub fn discovery_stats(&self) -> BTreeMap<String, u64> {

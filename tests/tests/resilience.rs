@@ -18,21 +18,6 @@ const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(1);
 /// 0.25 s to 2 s) and route a new VIP.
 const RECONNECT_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Sends `GET /` with `Host: host`, expects a 200 and returns the echo upstream's name.
-fn route(mesh: &Mesh, host: &str) -> String {
-    let response = mesh.get(host);
-    assert_eq!(
-        response.status,
-        200,
-        "Host {host} was not routed: {}",
-        response.text()
-    );
-    response.json()["upstream"]
-        .as_str()
-        .unwrap_or_else(|| panic!("not an echo answer: {}", response.text()))
-        .to_owned()
-}
-
 #[test]
 fn a_dead_control_plane_keeps_known_vips_working_fails_new_ones_in_bounded_time_and_is_rejoined() {
     let env = TestEnv::new("resilience_control_plane_restart");
@@ -48,7 +33,7 @@ fn a_dead_control_plane_keeps_known_vips_working_fails_new_ones_in_bounded_time_
         ],
     );
     let envoy_pid = mesh.envoy.process().id();
-    assert_eq!(route(&mesh, "hello"), "hello-1");
+    assert_eq!(mesh.route("hello"), "hello-1");
 
     mesh.control.kill();
     let killed = Instant::now();
@@ -58,7 +43,7 @@ fn a_dead_control_plane_keeps_known_vips_working_fails_new_ones_in_bounded_time_
         || mesh.envoy.stat("control_plane.connected_state") == Some(0),
     );
     for _ in 0..5 {
-        assert_eq!(route(&mesh, "hello"), "hello-1");
+        assert_eq!(mesh.route("hello"), "hello-1");
     }
 
     let (response, took) = timed(|| mesh.get("late"));
@@ -90,9 +75,9 @@ fn a_dead_control_plane_keeps_known_vips_working_fails_new_ones_in_bounded_time_
          a new VIP routes {took:?} later",
         restarted - killed
     );
-    assert_eq!(route(&mesh, "again"), "again-1");
-    assert_eq!(route(&mesh, "late"), "late-1");
-    assert_eq!(route(&mesh, "hello"), "hello-1");
+    assert_eq!(mesh.route("again"), "again-1");
+    assert_eq!(mesh.route("late"), "late-1");
+    assert_eq!(mesh.route("hello"), "hello-1");
     assert_eq!(mesh.envoy.process().id(), envoy_pid);
     assert!(mesh.envoy.process().exit_status().is_none(), "Envoy exited");
     // On reconnect Envoy subscribed again to what it had, plus the new VIPs.
@@ -111,7 +96,7 @@ fn a_broken_registry_file_keeps_the_last_good_registry_until_it_is_fixed() {
     let first = EchoUpstream::start("hello-1");
     let second = EchoUpstream::start("hello-2");
     let mesh = Mesh::start(&env, &[Instance::new("hello", first.port())]);
-    assert_eq!(route(&mesh, "hello"), "hello-1");
+    assert_eq!(mesh.route("hello"), "hello-1");
     assert_eq!(mesh.control.metric("odmesh_registry_load_errors_total"), 0);
 
     mesh.registry
@@ -129,7 +114,7 @@ fn a_broken_registry_file_keeps_the_last_good_registry_until_it_is_fixed() {
     eprintln!("broken registry reported: {}", source["last_error"]);
     assert_eq!(mesh.control.admin_get("/readyz").status, 200);
     for _ in 0..5 {
-        assert_eq!(route(&mesh, "hello"), "hello-1");
+        assert_eq!(mesh.route("hello"), "hello-1");
     }
     // A VIP asked for now is answered from the last good registry too.
     assert_eq!(mesh.get("other").status, 503);
@@ -138,7 +123,7 @@ fn a_broken_registry_file_keeps_the_last_good_registry_until_it_is_fixed() {
         .write_in_place(&[Instance::new("hello", second.port())]);
     let written = Instant::now();
     let took = wait_until_since(written, CHANGE_DEADLINE, "hello to move to hello-2", || {
-        route(&mesh, "hello") == "hello-2"
+        mesh.route("hello") == "hello-2"
     });
     eprintln!("fixed registry file: routing follows it after {took:?}");
     let fixed = mesh.control.debug_registry()["source"].clone();
@@ -146,7 +131,7 @@ fn a_broken_registry_file_keeps_the_last_good_registry_until_it_is_fixed() {
         fixed["last_error"].is_null(),
         "the error is still shown: {fixed}"
     );
-    assert_eq!(route(&mesh, "hello"), "hello-2");
+    assert_eq!(mesh.route("hello"), "hello-2");
 }
 
 #[test]
@@ -204,7 +189,7 @@ fn a_cluster_envoy_rejects_is_reported_once_and_not_sent_again_in_a_loop() {
         },
     );
     // The stream is still good for everything else.
-    assert_eq!(route(&mesh, "hello"), "hello-1");
+    assert_eq!(mesh.route("hello"), "hello-1");
     assert_eq!(mesh.control.metric("odmesh_xds_nacks_total"), 1);
     assert_eq!(
         mesh.control.proxies().len(),

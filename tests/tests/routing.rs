@@ -15,26 +15,11 @@ const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// instances; this many in a row without it means it is out of the rotation.
 const OUT_OF_ROTATION: usize = 6;
 
-/// Sends `GET /` with `Host: host`, expects a 200 and returns the echo upstream's name.
-fn route(mesh: &Mesh, host: &str) -> String {
-    let response = mesh.get(host);
-    assert_eq!(
-        response.status,
-        200,
-        "Host {host} was not routed: {}",
-        response.text()
-    );
-    response.json()["upstream"]
-        .as_str()
-        .unwrap_or_else(|| panic!("not an echo answer: {}", response.text()))
-        .to_owned()
-}
-
 /// Sends `n` requests for `host` and counts them per upstream.
 fn spread(mesh: &Mesh, host: &str, n: usize) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for _ in 0..n {
-        *counts.entry(route(mesh, host)).or_default() += 1;
+        *counts.entry(mesh.route(host)).or_default() += 1;
     }
     counts
 }
@@ -65,7 +50,7 @@ fn wait_out_of_rotation(mesh: &Mesh, host: &str, gone: &str, since: Instant) -> 
         || {
             for _ in 0..OUT_OF_ROTATION {
                 let at = since.elapsed();
-                if route(mesh, host) == gone {
+                if mesh.route(host) == gone {
                     streak = 0;
                     streak_start = None;
                     return false;
@@ -86,7 +71,7 @@ fn wait_out_of_rotation(mesh: &Mesh, host: &str, gone: &str, since: Instant) -> 
 fn wait_in_rotation(mesh: &Mesh, host: &str, upstream: &EchoUpstream, since: Instant) -> Duration {
     let what = format!("{} to join {host}", upstream.name());
     wait_until_since(since, CHANGE_DEADLINE, &what, || {
-        (0..OUT_OF_ROTATION).any(|_| route(mesh, host) == upstream.name())
+        (0..OUT_OF_ROTATION).any(|_| mesh.route(host) == upstream.name())
     })
 }
 
@@ -159,7 +144,7 @@ fn an_in_place_edit_of_the_registry_file_moves_traffic_within_two_seconds() {
     let old = EchoUpstream::start("hello-old");
     let new = EchoUpstream::start("hello-new");
     let mesh = Mesh::start(&env, &[Instance::new("hello", old.port())]);
-    assert_eq!(route(&mesh, "hello"), "hello-old");
+    assert_eq!(mesh.route("hello"), "hello-old");
 
     // The old instance is removed from the file, the new one added, in one write.
     mesh.registry
@@ -235,8 +220,8 @@ fn a_spoofed_cluster_header_reaches_only_the_vip_of_the_host() {
         ],
     );
     // Both clusters exist in Envoy, so a spoofed name would have somewhere to go.
-    assert_eq!(route(&mesh, "other"), "other-1");
-    assert_eq!(route(&mesh, "hello"), "hello-1");
+    assert_eq!(mesh.route("other"), "other-1");
+    assert_eq!(mesh.route("hello"), "hello-1");
     let xds_requests = |m: &Mesh| m.envoy.stat("cluster.odmesh_xds.upstream_rq_total");
     let xds_before = xds_requests(&mesh);
 

@@ -763,13 +763,7 @@ mod lenient {
 mod tests {
     use super::*;
     use crate::registry::Registry;
-
-    fn testdata(name: &str) -> Vec<u8> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name);
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    }
+    use crate::registry::testdata::read as testdata;
 
     fn one_instance(json: &str) -> Parsed {
         let doc = format!(

@@ -362,11 +362,7 @@ mod tests {
         }
     }
 
-    fn testdata(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name)
-    }
+    use crate::registry::testdata::path as testdata;
 
     async fn wait_for_instances(source: &mut FileSource, n: usize) {
         let found = tokio::time::timeout(

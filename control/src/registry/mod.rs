@@ -233,3 +233,22 @@ mod tests {
         );
     }
 }
+
+/// The fixtures under `control/testdata/`, for the registry's tests.
+#[cfg(test)]
+pub(crate) mod testdata {
+    use std::path::PathBuf;
+
+    /// The path of fixture `name`.
+    pub(crate) fn path(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
+
+    /// The bytes of fixture `name`; panics naming the file if it cannot be read.
+    pub(crate) fn read(name: &str) -> Vec<u8> {
+        let path = path(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+}

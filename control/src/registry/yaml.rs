@@ -313,13 +313,7 @@ fn derived_id(app: &str, ip: IpAddr, port: Option<u16>, secure_port: Option<u16>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn testdata(name: &str) -> Vec<u8> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name);
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    }
+    use crate::registry::testdata::read as testdata;
 
     fn instance_error(yaml: &str) -> InvalidInstance {
         match parse(yaml.as_bytes()) {

@@ -16,12 +16,7 @@ use crate::registry::Status;
 /// Bounds every wait; the intervals below make the real latencies tens of milliseconds.
 const DEADLINE: Duration = Duration::from_secs(10);
 
-fn testdata(name: &str) -> Vec<u8> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
+use crate::registry::testdata::read as testdata;
 
 /// What the scripted server answers on one path.
 #[derive(Clone, Debug)]
