@@ -15,14 +15,30 @@
 //!
 //! Strict, because a person wrote it: an unknown field, a missing or ill-typed value, an
 //! invalid VIP, or two instances with the same id fail the whole file, and the error names
-//! the instance (index and app), the field and the reason. Fields are read one by one (not
-//! with a derived `deny_unknown_fields` struct) so that every error can name its field.
+//! the instance (index and app), the field and the reason.
+//!
+//! The file is read in one pass, straight from the YAML events: each instance is checked and
+//! converted as soon as its mapping has been read, so no tree of the whole document is ever
+//! built (a registry of a million instances would take gigabytes as a `serde_yaml::Value`).
+//! Only the values of one instance's fields are held as small `Value`s, so that every error
+//! can name its field and show what was found. Whatever a `Value` tree would refuse (broken
+//! YAML, a key given twice, several documents) is refused the same way, and anywhere in the
+//! file, even after an invalid instance: syntax errors come first, then the shape of the top
+//! level, then the first invalid instance.
 
 use std::collections::HashSet;
+use std::fmt;
 use std::net::IpAddr;
 
-use serde::de::DeserializeOwned;
-use serde_yaml::{Mapping, Value};
+use serde::Deserialize;
+use serde::de::value::{
+    EnumAccessDeserializer, MapAccessDeserializer, SeqAccessDeserializer, UnitDeserializer,
+};
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, MapAccess,
+    SeqAccess, Visitor,
+};
+use serde_yaml::Value;
 
 use super::{Instance, InvalidInstance, Registry, Status, check_vip, split_vips};
 
@@ -59,59 +75,382 @@ impl From<InvalidInstance> for InvalidYaml {
 
 /// Reads the short YAML form. Any invalid instance fails the whole file.
 pub fn parse(yaml: &[u8]) -> Result<Registry, InvalidYaml> {
-    let root: Value = serde_yaml::from_slice(yaml)?;
-    let list = match root {
-        Value::Null => {
+    let top = Any(TopShape).deserialize(serde_yaml::Deserializer::from_slice(yaml))?;
+    let (unknown, instances) = match top {
+        Top::Null => {
             return Err(InvalidYaml::Shape(
                 "the file is empty; expected `instances:` (write `instances: []` for none)".into(),
             ));
         }
-        Value::Mapping(mut top) => {
-            let instances = top.remove("instances");
-            if let Some((key, _)) = top.into_iter().next() {
-                return Err(InvalidYaml::Shape(format!(
-                    "unknown top-level field {}; only `instances` is allowed",
-                    describe_key(&key)
-                )));
-            }
-            match instances {
-                Some(Value::Sequence(list)) => list,
-                Some(Value::Null) => Vec::new(),
-                Some(_) => return Err(InvalidYaml::Shape("`instances` must be a list".into())),
-                None => return Err(InvalidYaml::Shape("no `instances` list at the top".into())),
-            }
-        }
-        _ => {
+        Top::NotMapping => {
             return Err(InvalidYaml::Shape(
                 "the top level must be a mapping with `instances`".into(),
             ));
         }
+        Top::Mapping { unknown, instances } => (unknown, instances),
     };
-
-    let mut registry = Registry::default();
-    let mut ids = HashSet::new();
-    for (index, value) in list.into_iter().enumerate() {
-        let inst = parse_instance(index, value)?;
-        if !ids.insert((inst.app.clone(), inst.instance_id.clone())) {
-            return Err(InvalidInstance {
-                index,
-                app: inst.app.clone(),
-                instance_id: Some(inst.instance_id.clone()),
-                field: "id".into(),
-                reason: "another instance of this app has the same id; set `id` to tell them apart"
-                    .into(),
-            }
-            .into());
-        }
-        registry.instances.push(inst);
+    if let Some(key) = unknown {
+        return Err(InvalidYaml::Shape(format!(
+            "unknown top-level field {}; only `instances` is allowed",
+            describe_key(&key)
+        )));
     }
-    Ok(registry)
+    match instances {
+        Some(Instances::List(Ok(registry))) => Ok(registry),
+        Some(Instances::List(Err(e))) => Err(e.into()),
+        Some(Instances::Null) => Ok(Registry::default()),
+        Some(Instances::NotList) => Err(InvalidYaml::Shape("`instances` must be a list".into())),
+        None => Err(InvalidYaml::Shape("no `instances` list at the top".into())),
+    }
 }
 
 fn describe_key(key: &Value) -> String {
     match key {
         Value::String(s) => format!("`{s}`"),
         other => format!("{other:?}"),
+    }
+}
+
+/// What is expected of one YAML node: a mapping or a sequence may be read as it comes (the
+/// default builds a `Value` of it); a string may be looked at without copying it; anything
+/// else arrives as the `Value` serde_yaml would have built.
+trait Shape<'de>: Sized {
+    type Out;
+
+    fn value<E: de::Error>(self, value: Value) -> Result<Self::Out, E>;
+
+    fn str<E: de::Error>(self, s: &str) -> Result<Self::Out, E> {
+        self.value(Value::String(s.to_owned()))
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        let value = Value::deserialize(SeqAccessDeserializer::new(seq))?;
+        self.value(value)
+    }
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
+        let value = Value::deserialize(MapAccessDeserializer::new(map))?;
+        self.value(value)
+    }
+}
+
+/// Reads any YAML node into a [`Shape`]. Whatever the shape does not read itself goes through
+/// `Value`'s own `Deserialize`, so it is accepted or refused exactly as in a `Value` tree.
+struct Any<S>(S);
+
+impl<'de, S: Shape<'de>> DeserializeSeed<'de> for Any<S> {
+    type Value = S::Out;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Out, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+fn forward<'de, S, D>(shape: S, deserializer: D) -> Result<S::Out, D::Error>
+where
+    S: Shape<'de>,
+    D: Deserializer<'de>,
+{
+    let value = Value::deserialize(deserializer)?;
+    shape.value(value)
+}
+
+impl<'de, S: Shape<'de>> Visitor<'de> for Any<S> {
+    type Value = S::Out;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<S::Out, E> {
+        forward(self.0, v.into_deserializer())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<S::Out, E> {
+        forward(self.0, v.into_deserializer())
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<S::Out, E> {
+        forward(self.0, v.into_deserializer())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<S::Out, E> {
+        forward(self.0, v.into_deserializer())
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<S::Out, E> {
+        forward(self.0, v.into_deserializer())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<S::Out, E> {
+        forward(self.0, v.into_deserializer())
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<S::Out, E> {
+        self.0.str(v)
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<S::Out, E> {
+        self.0.str(&v)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<S::Out, E> {
+        forward(self.0, UnitDeserializer::new())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<S::Out, E> {
+        forward(self.0, UnitDeserializer::new())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Out, D::Error> {
+        forward(self.0, deserializer)
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<S::Out, D::Error> {
+        forward(self.0, deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<S::Out, A::Error> {
+        self.0.seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<S::Out, A::Error> {
+        self.0.map(map)
+    }
+
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<S::Out, A::Error> {
+        forward(self.0, EnumAccessDeserializer::new(data))
+    }
+}
+
+/// serde_yaml's own words for a key given twice in a mapping.
+fn duplicate_key<E: de::Error>(key: &Value) -> E {
+    let which = match key {
+        Value::Null => "with null key".to_owned(),
+        Value::Bool(b) => format!("with key `{b}`"),
+        Value::Number(n) => format!("with key {n}"),
+        Value::String(s) => format!("with key {s:?}"),
+        Value::Sequence(_) | Value::Mapping(_) | Value::Tagged(_) => "in YAML map".to_owned(),
+    };
+    E::custom(format_args!("duplicate entry {which}"))
+}
+
+/// The document's top level.
+enum Top {
+    Null,
+    NotMapping,
+    Mapping {
+        /// The key a `Value` mapping would name first once `instances` is removed from it.
+        unknown: Option<Value>,
+        instances: Option<Instances>,
+    },
+}
+
+struct TopShape;
+
+impl<'de> Shape<'de> for TopShape {
+    type Out = Top;
+
+    fn value<E: de::Error>(self, value: Value) -> Result<Top, E> {
+        Ok(match value {
+            Value::Null => Top::Null,
+            _ => Top::NotMapping,
+        })
+    }
+
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
+        // Every key, in order: there are few at the top.
+        let mut keys: Vec<Value> = Vec::new();
+        let mut instances = None;
+        while let Some(key) = map.next_key::<Value>()? {
+            if keys.contains(&key) {
+                return Err(duplicate_key(&key));
+            }
+            if is_instances(&key) {
+                instances = Some(map.next_value_seed(Any(InstancesShape))?);
+            } else {
+                map.next_value::<Value>()?;
+            }
+            keys.push(key);
+        }
+        // As `Mapping::remove` (a swap remove) left them.
+        if let Some(at) = keys.iter().position(is_instances) {
+            keys.swap_remove(at);
+        }
+        Ok(Top::Mapping {
+            unknown: keys.into_iter().next(),
+            instances,
+        })
+    }
+}
+
+fn is_instances(key: &Value) -> bool {
+    matches!(key, Value::String(s) if s == "instances")
+}
+
+/// The value of `instances`.
+enum Instances {
+    /// A list, read as it came: the registry, or the first invalid instance.
+    List(Result<Registry, InvalidInstance>),
+    Null,
+    NotList,
+}
+
+struct InstancesShape;
+
+impl<'de> Shape<'de> for InstancesShape {
+    type Out = Instances;
+
+    fn value<E: de::Error>(self, value: Value) -> Result<Instances, E> {
+        Ok(match value {
+            Value::Null => Instances::Null,
+            _ => Instances::NotList,
+        })
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Instances, A::Error> {
+        let mut registry = Registry::default();
+        let mut error = None;
+        while let Some(inst) = seq.next_element_seed(Any(InstanceShape {
+            index: registry.instances.len(),
+        }))? {
+            match inst {
+                Ok(inst) => registry.instances.push(inst),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        if error.is_some() {
+            // The rest of the list must still be valid YAML, as in a `Value` tree.
+            while seq.next_element::<Value>()?.is_some() {}
+        }
+        // Two instances with the same id, before the first invalid instance, come first.
+        if let Some(e) = first_duplicate_id(&registry.instances) {
+            return Ok(Instances::List(Err(e)));
+        }
+        Ok(Instances::List(match error {
+            Some(e) => Err(e),
+            None => Ok(registry),
+        }))
+    }
+}
+
+/// The first instance whose app and id an earlier instance already has.
+fn first_duplicate_id(instances: &[Instance]) -> Option<InvalidInstance> {
+    let mut ids = HashSet::with_capacity(instances.len());
+    let (index, inst) = instances
+        .iter()
+        .enumerate()
+        .find(|(_, inst)| !ids.insert((inst.app.as_str(), inst.instance_id.as_str())))?;
+    Some(InvalidInstance {
+        index,
+        app: inst.app.clone(),
+        instance_id: Some(inst.instance_id.clone()),
+        field: "id".into(),
+        reason: "another instance of this app has the same id; set `id` to tell them apart".into(),
+    })
+}
+
+/// One element of `instances`, checked and converted as soon as it has been read.
+struct InstanceShape {
+    index: usize,
+}
+
+impl<'de> Shape<'de> for InstanceShape {
+    type Out = Result<Instance, InvalidInstance>;
+
+    fn value<E: de::Error>(self, value: Value) -> Result<Self::Out, E> {
+        Ok(Err(InvalidInstance {
+            index: self.index,
+            app: value
+                .get("app")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            instance_id: None,
+            field: "instance".into(),
+            reason: "expected a mapping of fields".into(),
+        }))
+    }
+
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
+        let mut f = Fields::default();
+        let mut seen = [false; FIELDS.len()];
+        let mut other_keys: Vec<Value> = Vec::new();
+        // The first field in error; the rest is still read, for the app and for syntax.
+        let mut first_error: Option<(String, String)> = None;
+        // The app as `Value::as_str` reads it, when it is not a plain string.
+        let mut app_hint = None;
+        while let Some(key) = map.next_key_seed(Any(KeyShape))? {
+            let result = match key {
+                Key::Field(i) => {
+                    if std::mem::replace(&mut seen[i], true) {
+                        return Err(duplicate_key(&Value::String(FIELDS[i].into())));
+                    }
+                    let value: Value = map.next_value()?;
+                    if FIELDS[i] == "app" && !matches!(value, Value::String(_)) {
+                        app_hint = value.as_str().map(str::to_owned);
+                    }
+                    read_field(&mut f, FIELDS[i], value)
+                }
+                Key::Other(key) => {
+                    if other_keys.contains(&key) {
+                        return Err(duplicate_key(&key));
+                    }
+                    map.next_value::<Value>()?;
+                    let error = match &key {
+                        Value::String(name) => (
+                            name.clone(),
+                            format!("unknown field; expected one of {}", FIELDS.join(", ")),
+                        ),
+                        other => (format!("{other:?}"), "field names must be strings".into()),
+                    };
+                    other_keys.push(key);
+                    Err(error)
+                }
+            };
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some((field, reason)) = first_error {
+            return Ok(Err(InvalidInstance {
+                index: self.index,
+                app: f.app.or(app_hint).unwrap_or_default(),
+                instance_id: None,
+                field,
+                reason,
+            }));
+        }
+        Ok(convert(self.index, f))
+    }
+}
+
+/// A key of an instance's mapping: one of [`FIELDS`] (by position), or anything else.
+enum Key {
+    Field(usize),
+    Other(Value),
+}
+
+struct KeyShape;
+
+impl<'de> Shape<'de> for KeyShape {
+    type Out = Key;
+
+    fn value<E: de::Error>(self, value: Value) -> Result<Key, E> {
+        Ok(Key::Other(value))
+    }
+
+    fn str<E: de::Error>(self, s: &str) -> Result<Key, E> {
+        Ok(match FIELDS.iter().position(|f| *f == s) {
+            Some(i) => Key::Field(i),
+            None => Key::Other(Value::String(s.to_owned())),
+        })
     }
 }
 
@@ -129,30 +468,87 @@ struct Fields {
     id: Option<String>,
 }
 
-fn parse_instance(index: usize, value: Value) -> Result<Instance, InvalidInstance> {
-    // The app, as far as it can be read, to name the instance in every error.
-    let app_hint = value
-        .get("app")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+/// A field in error: its name and the reason.
+type FieldError = (String, String);
+
+const TEXT: &str = "a string";
+const PORT: &str = "a port number (1-65535)";
+
+fn read_field(f: &mut Fields, field: &str, value: Value) -> Result<(), FieldError> {
+    match field {
+        "app" => f.app = text(field, value)?,
+        "ip" => f.ip = text(field, value)?,
+        "port" => f.port = port(field, value)?,
+        "secure_port" => f.secure_port = port(field, value)?,
+        "vip" => f.vip = text(field, value)?,
+        "svip" => f.svip = text(field, value)?,
+        "status" => f.status = text(field, value)?,
+        "zone" => f.zone = text(field, value)?,
+        "id" => f.id = text(field, value)?,
+        _ => unreachable!("{field} is not in FIELDS"),
+    }
+    Ok(())
+}
+
+fn text(field: &str, value: Value) -> Result<Option<String>, FieldError> {
+    match value {
+        Value::String(s) => Ok(Some(s)),
+        other => typed(field, other, TEXT),
+    }
+}
+
+fn port(field: &str, value: Value) -> Result<Option<u16>, FieldError> {
+    match &value {
+        Value::Number(n) => match n.as_u64().map(u16::try_from) {
+            Some(Ok(p)) => Ok(Some(p)),
+            _ => typed(field, value, PORT),
+        },
+        _ => typed(field, value, PORT),
+    }
+}
+
+/// Any value, as serde_yaml converts it to `T`.
+fn typed<T: DeserializeOwned>(
+    field: &str,
+    value: Value,
+    expected: &str,
+) -> Result<Option<T>, FieldError> {
+    if value.is_null() {
+        return Err((field.to_owned(), format!("empty; expected {expected}")));
+    }
+    serde_yaml::from_value(value.clone())
+        .map(Some)
+        .map_err(|_| {
+            (
+                field.to_owned(),
+                format!("expected {expected}, found {}", show(&value)),
+            )
+        })
+}
+
+/// Checks one instance's fields together and applies the defaults.
+fn convert(index: usize, f: Fields) -> Result<Instance, InvalidInstance> {
+    // The app, as written, to name the instance in every error.
     let fail = |field: &str, reason: String| InvalidInstance {
         index,
-        app: app_hint.clone(),
+        app: f.app.clone().unwrap_or_default(),
         instance_id: None,
         field: field.to_owned(),
         reason,
     };
-    let Value::Mapping(map) = value else {
-        return Err(fail("instance", "expected a mapping of fields".into()));
-    };
-    let f = read_fields(map, &fail)?;
 
-    let app = f.app.map(|a| a.trim().to_owned()).unwrap_or_default();
+    let app = f
+        .app
+        .as_deref()
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_owned();
     if app.is_empty() {
         return Err(fail("app", "required".into()));
     }
-    let ip_text = f.ip.ok_or_else(|| fail("ip", "required".into()))?;
+    let ip_text =
+        f.ip.as_deref()
+            .ok_or_else(|| fail("ip", "required".into()))?;
     let ip: IpAddr = ip_text
         .trim()
         .parse()
@@ -194,11 +590,11 @@ fn parse_instance(index: usize, value: Value) -> Result<Instance, InvalidInstanc
             )
         })?,
     };
-    let zone = match f.zone {
+    let zone = match f.zone.as_deref() {
         Some(z) if z.trim().is_empty() => return Err(fail("zone", "empty".into())),
         z => z.map(|z| z.trim().to_owned()),
     };
-    let instance_id = match f.id {
+    let instance_id = match f.id.as_deref() {
         Some(id) if id.trim().is_empty() => return Err(fail("id", "empty".into())),
         Some(id) => id.trim().to_owned(),
         None => derived_id(&app, ip, f.port, f.secure_port),
@@ -215,60 +611,6 @@ fn parse_instance(index: usize, value: Value) -> Result<Instance, InvalidInstanc
         status,
         zone,
     })
-}
-
-fn read_fields(
-    map: Mapping,
-    fail: &dyn Fn(&str, String) -> InvalidInstance,
-) -> Result<Fields, InvalidInstance> {
-    fn typed<T: DeserializeOwned>(
-        field: &str,
-        value: Value,
-        expected: &str,
-        fail: &dyn Fn(&str, String) -> InvalidInstance,
-    ) -> Result<Option<T>, InvalidInstance> {
-        if value.is_null() {
-            return Err(fail(field, format!("empty; expected {expected}")));
-        }
-        serde_yaml::from_value(value.clone())
-            .map(Some)
-            .map_err(|_| {
-                fail(
-                    field,
-                    format!("expected {expected}, found {}", show(&value)),
-                )
-            })
-    }
-    const TEXT: &str = "a string";
-    const PORT: &str = "a port number (1-65535)";
-
-    let mut f = Fields::default();
-    for (key, value) in map {
-        let Value::String(key) = key else {
-            return Err(fail(
-                &format!("{key:?}"),
-                "field names must be strings".into(),
-            ));
-        };
-        match key.as_str() {
-            "app" => f.app = typed("app", value, TEXT, fail)?,
-            "ip" => f.ip = typed("ip", value, TEXT, fail)?,
-            "port" => f.port = typed("port", value, PORT, fail)?,
-            "secure_port" => f.secure_port = typed("secure_port", value, PORT, fail)?,
-            "vip" => f.vip = typed("vip", value, TEXT, fail)?,
-            "svip" => f.svip = typed("svip", value, TEXT, fail)?,
-            "status" => f.status = typed("status", value, TEXT, fail)?,
-            "zone" => f.zone = typed("zone", value, TEXT, fail)?,
-            "id" => f.id = typed("id", value, TEXT, fail)?,
-            other => {
-                return Err(fail(
-                    other,
-                    format!("unknown field; expected one of {}", FIELDS.join(", ")),
-                ));
-            }
-        }
-    }
-    Ok(f)
 }
 
 /// A short rendering of a YAML value for error messages.
@@ -479,6 +821,35 @@ mod tests {
     fn an_unknown_top_level_field_is_refused() {
         let err = parse(b"instances: []\nextra: 1").unwrap_err();
         assert!(err.to_string().contains("`extra`"), "{err}");
+    }
+
+    #[test]
+    fn errors_come_in_the_order_of_a_whole_document_check() {
+        // Broken YAML after an invalid instance is still a syntax error...
+        let yaml = "instances: [{app: a, ip: x, port: 80}, {app: b, app: c}]";
+        assert!(matches!(
+            parse(yaml.as_bytes()),
+            Err(InvalidYaml::Syntax(_))
+        ));
+        // ...a wrong top level comes before an invalid instance...
+        let yaml = "instances: [{app: a, ip: x, port: 80}]\nextra: 1";
+        assert!(matches!(parse(yaml.as_bytes()), Err(InvalidYaml::Shape(_))));
+        // ...and the first invalid instance comes first, whether a field or a repeated id.
+        let err = instance_error(
+            "instances: [{app: a, ip: 10.0.0.1, port: 80}, {app: a, ip: 10.0.0.1, port: 80}, {app: b}]",
+        );
+        assert_eq!((err.index, err.field.as_str()), (1, "id"));
+        let err = instance_error(
+            "instances: [{app: a, ip: 10.0.0.1, port: 80}, {app: b}, {app: a, ip: 10.0.0.1, port: 80}]",
+        );
+        assert_eq!((err.index, err.field.as_str()), (1, "ip"));
+    }
+
+    #[test]
+    fn a_field_error_names_the_app_even_when_it_comes_later() {
+        let err = instance_error("instances: [{port: http, app: hello, ip: 10.0.0.1}]");
+        assert_eq!((err.app.as_str(), err.field.as_str()), ("hello", "port"));
+        assert_eq!(err.reason, "expected a port number (1-65535), found http");
     }
 
     #[test]
