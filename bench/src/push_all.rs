@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use odmesh_control::model::Snapshot;
 use odmesh_control::registry::file;
@@ -39,15 +39,7 @@ fn response(ty: ResourceType, resources: Vec<&Versioned>, nonce: u64) -> DeltaDi
         system_version_info: "1".into(),
         type_url: ty.type_url().into(),
         nonce: nonce.to_string(),
-        resources: resources
-            .into_iter()
-            .map(|r| Resource {
-                name: r.name.clone(),
-                version: r.version.clone(),
-                resource: Some(r.resource.clone()),
-                ..Default::default()
-            })
-            .collect(),
+        resources: resources.into_iter().map(|r| r.to_resource()).collect(),
         ..Default::default()
     }
 }

@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
     EndpointDiscoveryService, EndpointDiscoveryServiceServer,
@@ -527,16 +527,7 @@ impl Drop for StreamTask {
 fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> DeltaDiscoveryResponse {
     DeltaDiscoveryResponse {
         system_version_info: generation.to_string(),
-        resources: delta
-            .send
-            .iter()
-            .map(|r| Resource {
-                name: r.name.clone(),
-                version: r.version.clone(),
-                resource: Some(r.resource.clone()),
-                ..Default::default()
-            })
-            .collect(),
+        resources: delta.send.iter().map(|r| r.to_resource()).collect(),
         type_url: ty.type_url().to_owned(),
         removed_resources: delta.remove,
         nonce: nonce.to_string(),

@@ -34,6 +34,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
 };
+use envoy_types::pb::envoy::service::discovery::v3::Resource;
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Value, value};
 use odmesh_names::{InvalidClusterName, Kind, parse_cluster_name};
@@ -141,6 +142,18 @@ pub struct Versioned {
     pub name: String,
     pub version: String,
     pub resource: Any,
+}
+
+impl Versioned {
+    /// The resource as it goes out in a `DeltaDiscoveryResponse`.
+    pub fn to_resource(&self) -> Resource {
+        Resource {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            resource: Some(self.resource.clone()),
+            ..Default::default()
+        }
+    }
 }
 
 /// The two resources of one cluster name, built together.

@@ -183,15 +183,19 @@ mod tests {
         assert_eq!(kept.last().unwrap(), "... and 5 more");
     }
 
-    #[test]
-    fn a_good_load_returns_only_the_warnings_the_previous_good_load_did_not_have() {
-        let warning = |index: usize| InvalidInstance {
+    /// Warning number `index` of a load: the same index gives the same warning.
+    fn warning(index: usize) -> InvalidInstance {
+        InvalidInstance {
             index,
             app: "a".into(),
             instance_id: None,
             field: "ipAddr".into(),
             reason: "missing".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_good_load_returns_only_the_warnings_the_previous_good_load_did_not_have() {
         let metrics = Metrics::default();
         let health = SourceHealth::new("x");
         let (w0, w1, w2) = (warning(0), warning(1), warning(2));
@@ -218,13 +222,6 @@ mod tests {
 
     #[test]
     fn every_warning_counts_for_the_next_load_not_only_the_kept_ones() {
-        let warning = |index: usize| InvalidInstance {
-            index,
-            app: "a".into(),
-            instance_id: None,
-            field: "ipAddr".into(),
-            reason: "missing".into(),
-        };
         let warnings: Vec<InvalidInstance> = (0..MAX_WARNINGS + 5).map(warning).collect();
         let health = SourceHealth::new("x");
         let metrics = Metrics::default();
