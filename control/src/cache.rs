@@ -431,7 +431,7 @@ mod tests {
     }
 
     fn snapshot(instances: Vec<Instance>) -> Arc<Snapshot> {
-        Arc::new(Snapshot::from_registry(&Registry { instances }))
+        Arc::new(Snapshot::from_registry(&Registry::from_iter(instances)))
     }
 
     fn cache(instances: Vec<Instance>) -> Cache {

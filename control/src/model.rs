@@ -1,10 +1,15 @@
 //! An immutable snapshot of the registry as Envoy needs it: cluster name → endpoints.
 //!
-//! Built from a [`Registry`] in one pass. A cluster exists for every VIP or SVIP that some
-//! instance lists, whatever its status; only `UP` instances with the matching port become
-//! endpoints. A name with no entry here is not registered at all.
+//! A cluster exists for every VIP or SVIP that some instance lists, whatever its status;
+//! only `UP` instances with the matching port become endpoints. A name with no entry here is
+//! not registered at all.
+//!
+//! [`SnapshotBuilder`] follows a registry from change to change and rebuilds only the
+//! clusters whose instances changed, sharing the others with the previous snapshot: a
+//! status change of one instance in a registry of a million costs one cluster, not a
+//! million instances.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -12,7 +17,7 @@ use odmesh_names::{Kind, cluster_name};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::registry::{Registry, Status};
+use crate::registry::{Instance, Registry, Status};
 
 /// One address traffic can go to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +40,35 @@ pub struct ClusterInfo {
     pub instances: usize,
 }
 
+impl ClusterInfo {
+    /// The cluster of `vip` (of `kind`) made of `members`, the instances that list it.
+    fn of(vip: &str, kind: Kind, members: &[Arc<Instance>]) -> ClusterInfo {
+        let mut endpoints: Vec<Endpoint> = members
+            .iter()
+            .filter(|inst| inst.status == Status::Up)
+            .filter_map(|inst| {
+                let port = match kind {
+                    Kind::Vip => inst.port,
+                    Kind::Svip => inst.secure_port,
+                }?;
+                Some(Endpoint {
+                    zone: inst.zone.clone(),
+                    ip: inst.ip,
+                    port,
+                })
+            })
+            .collect();
+        endpoints.sort();
+        endpoints.dedup();
+        ClusterInfo {
+            vip: vip.to_owned(),
+            kind,
+            endpoints,
+            instances: members.len(),
+        }
+    }
+}
+
 /// The registry, indexed by cluster name. Cheap to share: clusters are behind `Arc`.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -44,43 +78,10 @@ pub struct Snapshot {
 impl Snapshot {
     /// Indexes `registry` by cluster name.
     pub fn from_registry(registry: &Registry) -> Snapshot {
-        let mut building: HashMap<String, ClusterInfo> = HashMap::new();
-        for inst in &registry.instances {
-            let sides = [
-                (Kind::Vip, &inst.vips, inst.port),
-                (Kind::Svip, &inst.svips, inst.secure_port),
-            ];
-            for (kind, vips, port) in sides {
-                for vip in vips {
-                    let info =
-                        building
-                            .entry(cluster_name(vip, kind))
-                            .or_insert_with(|| ClusterInfo {
-                                vip: vip.clone(),
-                                kind,
-                                endpoints: Vec::new(),
-                                instances: 0,
-                            });
-                    info.instances += 1;
-                    if let (Status::Up, Some(port)) = (inst.status, port) {
-                        info.endpoints.push(Endpoint {
-                            zone: inst.zone.clone(),
-                            ip: inst.ip,
-                            port,
-                        });
-                    }
-                }
-            }
-        }
-        let clusters = building
-            .into_iter()
-            .map(|(name, mut info)| {
-                info.endpoints.sort();
-                info.endpoints.dedup();
-                (name, Arc::new(info))
-            })
-            .collect();
-        Snapshot { clusters }
+        let mut builder = SnapshotBuilder::default();
+        let snapshot = builder.update(Arc::new(registry.clone())).snapshot;
+        drop(builder);
+        Arc::unwrap_or_clone(snapshot)
     }
 
     /// The cluster called `name`, if the registry lists its VIP.
@@ -113,31 +114,157 @@ impl Snapshot {
     }
 }
 
-/// Follows a registry source: publishes a new [`Snapshot`] each time the registry changes.
+/// The instances that list one cluster's VIP.
+#[derive(Debug)]
+struct Members {
+    vip: String,
+    kind: Kind,
+    /// Shared with the registry; in no particular order.
+    instances: Vec<Arc<Instance>>,
+}
+
+/// Builds a [`Snapshot`] for each registry of a source, from the previous one.
+///
+/// Keeps, for every cluster, the instances that list it, so that a registry change
+/// rebuilds only the clusters of the instances that changed ([`Registry::changes_since`]);
+/// every other cluster is shared, by pointer, with the previous snapshot.
+#[derive(Debug, Default)]
+pub struct SnapshotBuilder {
+    registry: Arc<Registry>,
+    members: HashMap<String, Members>,
+    snapshot: Arc<Snapshot>,
+}
+
+/// What one [`SnapshotBuilder::update`] did.
+#[derive(Clone, Debug)]
+pub struct Update {
+    /// The snapshot of the new registry; the previous one itself (same `Arc`) when no
+    /// cluster changed.
+    pub snapshot: Arc<Snapshot>,
+    /// Instances removed and added (a changed instance counts in both).
+    pub instances_changed: usize,
+    /// Clusters that changed, were added or were removed.
+    pub clusters_rebuilt: usize,
+}
+
+impl SnapshotBuilder {
+    /// Moves to `registry` and returns its snapshot.
+    pub fn update(&mut self, registry: Arc<Registry>) -> Update {
+        let changes = registry.changes_since(&self.registry);
+        self.registry = registry;
+        let mut touched = HashSet::new();
+        for inst in &changes.removed {
+            for (name, _, _) in clusters_of(inst) {
+                // Equal instances cannot be told apart, so any equal one goes: the members
+                // stay the multiset of instances that list the cluster.
+                if let Some(members) = self.members.get_mut(&name) {
+                    let list = &mut members.instances;
+                    if let Some(at) = list
+                        .iter()
+                        .position(|m| Arc::ptr_eq(m, inst) || **m == **inst)
+                    {
+                        list.swap_remove(at);
+                    }
+                }
+                touched.insert(name);
+            }
+        }
+        for inst in &changes.added {
+            for (name, vip, kind) in clusters_of(inst) {
+                self.members
+                    .entry(name.clone())
+                    .or_insert_with(|| Members {
+                        vip: vip.to_owned(),
+                        kind,
+                        instances: Vec::new(),
+                    })
+                    .instances
+                    .push(inst.clone());
+                touched.insert(name);
+            }
+        }
+        // Clusters whose members changed but whose content did not (an instance moved, or
+        // changed in a field Envoy does not see) keep their `Arc`, and if no cluster changed,
+        // the snapshot is the previous one.
+        let mut clusters: Option<HashMap<String, Arc<ClusterInfo>>> = None;
+        let mut clusters_rebuilt = 0;
+        for name in &touched {
+            let info = match self.members.get(name) {
+                Some(m) if !m.instances.is_empty() => {
+                    Some(ClusterInfo::of(&m.vip, m.kind, &m.instances))
+                }
+                _ => {
+                    self.members.remove(name);
+                    None
+                }
+            };
+            if self.snapshot.get(name).map(|old| &**old) == info.as_ref() {
+                continue;
+            }
+            clusters_rebuilt += 1;
+            let clusters = clusters.get_or_insert_with(|| self.snapshot.clusters.clone());
+            match info {
+                Some(info) => clusters.insert(name.clone(), Arc::new(info)),
+                None => clusters.remove(name),
+            };
+        }
+        if let Some(clusters) = clusters {
+            self.snapshot = Arc::new(Snapshot { clusters });
+        }
+        Update {
+            snapshot: self.snapshot.clone(),
+            instances_changed: changes.removed.len() + changes.added.len(),
+            clusters_rebuilt,
+        }
+    }
+}
+
+/// Every cluster `inst` is a member of: its name, VIP and kind.
+fn clusters_of(inst: &Instance) -> impl Iterator<Item = (String, &str, Kind)> {
+    let vips = inst.vips.iter().map(|v| (v, Kind::Vip));
+    let svips = inst.svips.iter().map(|v| (v, Kind::Svip));
+    vips.chain(svips)
+        .map(|(vip, kind)| (cluster_name(vip, kind), vip.as_str(), kind))
+}
+
+/// Follows a registry source: publishes a new [`Snapshot`] each time the registry changes
+/// in a way that changes a cluster.
 ///
 /// The task ends when the source's sender is dropped or nobody listens to the snapshots.
 pub fn follow(
     mut registry: watch::Receiver<Arc<Registry>>,
     metrics: Arc<Metrics>,
 ) -> (watch::Receiver<Arc<Snapshot>>, tokio::task::JoinHandle<()>) {
-    let build = move |reg: &Registry| {
+    let mut builder = SnapshotBuilder::default();
+    let mut build = move |reg: Arc<Registry>| {
         let started = std::time::Instant::now();
-        let snap = Snapshot::from_registry(reg);
-        Metrics::set(&metrics.registry_clusters, snap.len() as u64);
+        let instances = reg.instances.len();
+        let update = builder.update(reg);
+        Metrics::set(&metrics.registry_clusters, update.snapshot.len() as u64);
         tracing::debug!(
-            clusters = snap.len(),
-            instances = reg.instances.len(),
+            clusters = update.snapshot.len(),
+            instances,
+            instances_changed = update.instances_changed,
+            clusters_rebuilt = update.clusters_rebuilt,
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "snapshot built"
         );
-        Arc::new(snap)
+        update.snapshot
     };
-    let first = build(&registry.borrow_and_update());
+    let first = build(registry.borrow_and_update().clone());
     let (tx, rx) = watch::channel(first);
     let task = tokio::spawn(async move {
         while registry.changed().await.is_ok() {
-            let snap = build(&registry.borrow_and_update());
-            if tx.send(snap).is_err() {
+            let snap = build(registry.borrow_and_update().clone());
+            // An unchanged snapshot (no cluster changed) wakes nobody.
+            tx.send_if_modified(|current| {
+                if Arc::ptr_eq(current, &snap) {
+                    return false;
+                }
+                *current = snap;
+                true
+            });
+            if tx.is_closed() {
                 break;
             }
         }
@@ -148,7 +275,6 @@ pub fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::Instance;
 
     fn inst(id: &str, ip: &str, status: Status, vips: &[&str], svips: &[&str]) -> Instance {
         Instance {
@@ -166,12 +292,10 @@ mod tests {
 
     #[test]
     fn up_instances_become_endpoints_of_each_vip_they_list() {
-        let reg = Registry {
-            instances: vec![
-                inst("a", "10.0.0.2", Status::Up, &["hello", "greet"], &["hello"]),
-                inst("b", "10.0.0.1", Status::Up, &["hello"], &[]),
-            ],
-        };
+        let reg = Registry::from_iter([
+            inst("a", "10.0.0.2", Status::Up, &["hello", "greet"], &["hello"]),
+            inst("b", "10.0.0.1", Status::Up, &["hello"], &[]),
+        ]);
         let snap = Snapshot::from_registry(&reg);
         let hello = snap.get("hello.vip").unwrap();
         let ips: Vec<String> = hello.endpoints.iter().map(|e| e.ip.to_string()).collect();
@@ -185,9 +309,7 @@ mod tests {
 
     #[test]
     fn instances_that_are_not_up_register_the_vip_without_endpoints() {
-        let reg = Registry {
-            instances: vec![inst("a", "10.0.0.1", Status::Down, &["hello"], &[])],
-        };
+        let reg = Registry::from_iter([inst("a", "10.0.0.1", Status::Down, &["hello"], &[])]);
         let snap = Snapshot::from_registry(&reg);
         let hello = snap.get("hello.vip").unwrap();
         assert!(hello.endpoints.is_empty());
@@ -199,7 +321,7 @@ mod tests {
     fn a_vip_without_its_port_has_no_endpoints() {
         let mut i = inst("a", "10.0.0.1", Status::Up, &["hello"], &[]);
         i.port = None;
-        let snap = Snapshot::from_registry(&Registry { instances: vec![i] });
+        let snap = Snapshot::from_registry(&Registry::from_iter([i]));
         assert!(snap.get("hello.vip").unwrap().endpoints.is_empty());
     }
 
@@ -208,9 +330,7 @@ mod tests {
         let (tx, rx) = watch::channel(Arc::new(Registry::default()));
         let (mut snaps, _task) = follow(rx, Arc::new(Metrics::default()));
         assert!(snaps.borrow_and_update().is_empty());
-        let reg = Registry {
-            instances: vec![inst("a", "10.0.0.1", Status::Up, &["hello"], &[])],
-        };
+        let reg = Registry::from_iter([inst("a", "10.0.0.1", Status::Up, &["hello"], &[])]);
         tx.send(Arc::new(reg)).unwrap();
         tokio::time::timeout(std::time::Duration::from_secs(5), snaps.changed())
             .await
@@ -221,22 +341,168 @@ mod tests {
 
     #[test]
     fn changed_since_sees_only_the_clusters_that_changed() {
-        let before = Snapshot::from_registry(&Registry {
-            instances: vec![
-                inst("a", "10.0.0.1", Status::Up, &["one"], &[]),
-                inst("b", "10.0.0.2", Status::Up, &["two"], &[]),
-            ],
-        });
-        let after = Snapshot::from_registry(&Registry {
-            instances: vec![
-                inst("a", "10.0.0.1", Status::Up, &["one"], &[]),
-                inst("b", "10.0.0.2", Status::Down, &["two"], &[]),
-                inst("c", "10.0.0.3", Status::Up, &["three"], &[]),
-            ],
-        });
+        let before = Snapshot::from_registry(&Registry::from_iter([
+            inst("a", "10.0.0.1", Status::Up, &["one"], &[]),
+            inst("b", "10.0.0.2", Status::Up, &["two"], &[]),
+        ]));
+        let after = Snapshot::from_registry(&Registry::from_iter([
+            inst("a", "10.0.0.1", Status::Up, &["one"], &[]),
+            inst("b", "10.0.0.2", Status::Down, &["two"], &[]),
+            inst("c", "10.0.0.3", Status::Up, &["three"], &[]),
+        ]));
         assert!(!after.changed_since(&before, "one.vip"));
         assert!(after.changed_since(&before, "two.vip"));
         assert!(after.changed_since(&before, "three.vip"));
         assert!(!after.changed_since(&before, "none.vip"));
+    }
+
+    /// The snapshot's clusters built the plain way, one pass over every instance: what
+    /// [`SnapshotBuilder`] must agree with.
+    fn reference(reg: &Registry) -> HashMap<String, ClusterInfo> {
+        let mut out: HashMap<String, ClusterInfo> = HashMap::new();
+        for inst in &reg.instances {
+            let sides = [
+                (Kind::Vip, &inst.vips, inst.port),
+                (Kind::Svip, &inst.svips, inst.secure_port),
+            ];
+            for (kind, vips, port) in sides {
+                for vip in vips {
+                    let info = out
+                        .entry(cluster_name(vip, kind))
+                        .or_insert_with(|| ClusterInfo {
+                            vip: vip.clone(),
+                            kind,
+                            endpoints: Vec::new(),
+                            instances: 0,
+                        });
+                    info.instances += 1;
+                    if let (Status::Up, Some(port)) = (inst.status, port) {
+                        info.endpoints.push(Endpoint {
+                            zone: inst.zone.clone(),
+                            ip: inst.ip,
+                            port,
+                        });
+                    }
+                }
+            }
+        }
+        for info in out.values_mut() {
+            info.endpoints.sort();
+            info.endpoints.dedup();
+        }
+        out
+    }
+
+    fn clusters(snap: &Snapshot) -> HashMap<String, ClusterInfo> {
+        snap.iter()
+            .map(|(name, info)| (name.to_owned(), (**info).clone()))
+            .collect()
+    }
+
+    #[test]
+    fn every_update_gives_what_a_full_build_gives() {
+        // xorshift64: a fixed, varied sequence of registry changes.
+        let mut state = 0x2545_F491_4F6C_DD1D_u64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n) as usize
+        };
+        let vips = ["a", "b", "c", "d", "e"];
+        let statuses = [Status::Up, Status::Down, Status::OutOfService];
+        let make = |id: usize, next: &mut dyn FnMut(u64) -> usize| {
+            let mut i = inst(
+                &format!("i{id}"),
+                &format!("10.0.0.{}", next(6)),
+                statuses[next(3)],
+                &[vips[next(5)], vips[next(5)]],
+                if next(3) == 0 { &["s"] } else { &[] },
+            );
+            i.vips.dedup();
+            i.zone = (next(2) == 0).then(|| "z1".to_owned());
+            Arc::new(i)
+        };
+        let mut instances: Vec<Arc<Instance>> = (0..12).map(|id| make(id, &mut next)).collect();
+        let mut builder = SnapshotBuilder::default();
+        let mut previous = Arc::new(Snapshot::default());
+        for step in 0..400 {
+            match next(7) {
+                // One instance changes (status, VIPs, address...), under the same id.
+                0 | 1 => {
+                    let at = next(instances.len() as u64);
+                    let id: usize = instances[at].instance_id[1..].parse().unwrap();
+                    instances[at] = make(id, &mut next);
+                }
+                2 if instances.len() > 1 => {
+                    instances.remove(next(instances.len() as u64));
+                }
+                // A new instance, sometimes with the id of one already there.
+                3 => {
+                    let id = next(30);
+                    let at = next(instances.len() as u64 + 1);
+                    instances.insert(at, make(id, &mut next));
+                }
+                // Two instances swap places.
+                4 => {
+                    let (x, y) = (next(instances.len() as u64), next(instances.len() as u64));
+                    instances.swap(x, y);
+                }
+                // Every instance read again (a file source): equal, but nothing shared.
+                5 => instances = instances.iter().map(|i| Arc::new((**i).clone())).collect(),
+                // An exact copy of an instance.
+                _ => instances.push(instances[next(instances.len() as u64)].clone()),
+            }
+            let reg = Registry {
+                instances: instances.clone(),
+            };
+            let snap = builder.update(Arc::new(reg.clone())).snapshot;
+            assert_eq!(clusters(&snap), reference(&reg), "step {step}");
+            for (name, info) in snap.iter() {
+                if let Some(old) = previous.get(name) {
+                    assert!(
+                        Arc::ptr_eq(info, old) || **info != **old,
+                        "step {step}: {name} unchanged but not shared"
+                    );
+                }
+            }
+            previous = snap;
+        }
+    }
+
+    #[test]
+    fn a_change_rebuilds_only_the_clusters_of_the_instances_that_changed() {
+        let mut instances: Vec<Arc<Instance>> = (0..100)
+            .map(|i| {
+                let vip = format!("v{}", i / 10);
+                let ip = format!("10.0.0.{i}");
+                Arc::new(inst(&format!("i{i}"), &ip, Status::Up, &[&vip], &[]))
+            })
+            .collect();
+        let mut builder = SnapshotBuilder::default();
+        let first = builder.update(Arc::new(Registry {
+            instances: instances.clone(),
+        }));
+        assert_eq!(first.clusters_rebuilt, 10);
+        let mut down = (*instances[42]).clone();
+        down.status = Status::Down;
+        instances[42] = Arc::new(down);
+        let second = builder.update(Arc::new(Registry {
+            instances: instances.clone(),
+        }));
+        assert_eq!(
+            second.instances_changed, 2,
+            "the old and the new form of i42"
+        );
+        assert_eq!(second.clusters_rebuilt, 1);
+        assert_eq!(second.snapshot.get("v4.vip").unwrap().endpoints.len(), 9);
+        assert!(Arc::ptr_eq(
+            first.snapshot.get("v3.vip").unwrap(),
+            second.snapshot.get("v3.vip").unwrap()
+        ));
+        // The same registry again: the same snapshot, nothing built.
+        let third = builder.update(Arc::new(Registry { instances }));
+        assert!(Arc::ptr_eq(&third.snapshot, &second.snapshot));
+        assert_eq!(third.clusters_rebuilt, 0);
     }
 }

@@ -48,7 +48,7 @@ fn inst(vip: &str, ip: &str, status: Status) -> Instance {
 }
 
 fn snapshot(instances: Vec<Instance>) -> Arc<Snapshot> {
-    Arc::new(Snapshot::from_registry(&Registry { instances }))
+    Arc::new(Snapshot::from_registry(&Registry::from_iter(instances)))
 }
 
 /// A running server and what a test needs to drive and observe it.

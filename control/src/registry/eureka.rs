@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
@@ -491,7 +492,7 @@ impl Applications {
         for app in &self.application {
             for (index, info) in app.instance.iter().enumerate() {
                 match info.to_instance(&app.name, index, &mut parsed.warnings) {
-                    Ok(inst) => parsed.registry.instances.push(inst),
+                    Ok(inst) => parsed.registry.instances.push(Arc::new(inst)),
                     Err(e) => parsed.warnings.push(e),
                 }
             }

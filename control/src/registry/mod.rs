@@ -3,6 +3,8 @@
 //! A source (a watched file, a Eureka server, the embedded registry) turns what it reads into
 //! a [`Registry`]; everything above this layer sees only that.
 
+use std::sync::Arc;
+
 /// The status of an instance, as Eureka names it. Only [`Status::Up`] carries traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -66,9 +68,37 @@ pub struct Instance {
 }
 
 /// Every instance a source knows of, in the order it read them.
+///
+/// Instances are shared: a source that keeps what it converted (the embedded registry) can
+/// publish a new registry without copying the instances that did not change, and
+/// [`Registry::changes_since`] skips those by pointer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Registry {
-    pub instances: Vec<Instance>,
+    pub instances: Vec<Arc<Instance>>,
+}
+
+impl FromIterator<Instance> for Registry {
+    fn from_iter<I: IntoIterator<Item = Instance>>(instances: I) -> Registry {
+        Registry {
+            instances: instances.into_iter().map(Arc::new).collect(),
+        }
+    }
+}
+
+/// What changed between two registries, as multisets of instances: the instances of the
+/// older registry that are gone, and those of the newer one that are new. An instance that
+/// changed is in both (its old and its new form).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistryChanges {
+    pub removed: Vec<Arc<Instance>>,
+    pub added: Vec<Arc<Instance>>,
+}
+
+impl RegistryChanges {
+    /// Whether the registries hold the same instances.
+    pub fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.added.is_empty()
+    }
 }
 
 pub mod eureka;
@@ -148,21 +178,66 @@ pub fn reconcile_hash_code(statuses: impl IntoIterator<Item = Status>) -> String
 
 /// Sends `registry` on `tx` if it differs from the one there (receivers are woken only by
 /// a real change); returns whether it was sent.
-pub fn publish(
-    tx: &tokio::sync::watch::Sender<std::sync::Arc<Registry>>,
-    registry: Registry,
-) -> bool {
+pub fn publish(tx: &tokio::sync::watch::Sender<Arc<Registry>>, registry: Registry) -> bool {
     tx.send_if_modified(|current| {
         if **current == registry {
             false
         } else {
-            *current = std::sync::Arc::new(registry);
+            *current = Arc::new(registry);
             true
         }
     })
 }
 
 impl Registry {
+    /// What changed from `older` to `self`: O(instances), and cheap for instances shared
+    /// with `older` (one pointer comparison each).
+    ///
+    /// Both are walked side by side, ordered by (app, instance id), as every source lists
+    /// them or nearly: an instance at the same position with the same key is compared, the
+    /// one with the smaller key is taken as removed or added. The result is always correct,
+    /// whatever the order: what is paired is equal and cancels out, everything else is
+    /// listed. Out of order, it lists more than changed (a moved instance is removed and
+    /// added again), which costs the caller work but no accuracy.
+    pub fn changes_since(&self, older: &Registry) -> RegistryChanges {
+        use std::cmp::Ordering;
+        fn key(i: &Instance) -> (&str, &str) {
+            (&i.app, &i.instance_id)
+        }
+        let (old, new) = (&older.instances, &self.instances);
+        let mut changes = RegistryChanges::default();
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() && j < new.len() {
+            let (o, n) = (&old[i], &new[j]);
+            if Arc::ptr_eq(o, n) {
+                i += 1;
+                j += 1;
+                continue;
+            }
+            match key(o).cmp(&key(n)) {
+                Ordering::Less => {
+                    changes.removed.push(o.clone());
+                    i += 1;
+                }
+                Ordering::Greater => {
+                    changes.added.push(n.clone());
+                    j += 1;
+                }
+                Ordering::Equal => {
+                    if o != n {
+                        changes.removed.push(o.clone());
+                        changes.added.push(n.clone());
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        changes.removed.extend(old[i..].iter().cloned());
+        changes.added.extend(new[j..].iter().cloned());
+        changes
+    }
+
     /// Eureka's reconcile hash code of this registry (see [`reconcile_hash_code`]).
     pub fn reconcile_hash_code(&self) -> String {
         reconcile_hash_code(self.instances.iter().map(|i| i.status))
@@ -196,26 +271,85 @@ mod tests {
 
     #[test]
     fn publish_sends_only_a_changed_registry() {
-        let (tx, mut rx) = tokio::sync::watch::channel(std::sync::Arc::new(Registry::default()));
+        let (tx, mut rx) = tokio::sync::watch::channel(Arc::new(Registry::default()));
         assert!(!publish(&tx, Registry::default()));
         assert!(!rx.has_changed().unwrap());
-        let one = Registry {
-            instances: vec![Instance {
-                app: "HELLO".into(),
-                instance_id: "h1".into(),
-                ip: std::net::Ipv4Addr::LOCALHOST.into(),
-                port: Some(8080),
-                secure_port: None,
-                vips: vec!["hello".into()],
-                svips: Vec::new(),
-                status: Status::Up,
-                zone: None,
-            }],
-        };
+        let one = Registry::from_iter([Instance {
+            app: "HELLO".into(),
+            instance_id: "h1".into(),
+            ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            port: Some(8080),
+            secure_port: None,
+            vips: vec!["hello".into()],
+            svips: Vec::new(),
+            status: Status::Up,
+            zone: None,
+        }]);
         assert!(publish(&tx, one.clone()));
         assert_eq!(**rx.borrow_and_update(), one);
         assert!(!publish(&tx, one));
         assert!(!rx.has_changed().unwrap());
+    }
+
+    fn instance(id: &str, status: Status) -> Instance {
+        Instance {
+            app: "HELLO".into(),
+            instance_id: id.into(),
+            ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            port: Some(8080),
+            secure_port: None,
+            vips: vec!["hello".into()],
+            svips: Vec::new(),
+            status,
+            zone: None,
+        }
+    }
+
+    fn ids(list: &[Arc<Instance>]) -> Vec<(&str, Status)> {
+        list.iter()
+            .map(|i| (i.instance_id.as_str(), i.status))
+            .collect()
+    }
+
+    #[test]
+    fn changes_since_lists_what_was_removed_added_and_changed() {
+        use Status::*;
+        let old = Registry::from_iter([instance("a", Up), instance("b", Up), instance("c", Up)]);
+        // b goes down, c leaves, d arrives; a is the very same instance (shared).
+        let new = Registry {
+            instances: vec![
+                old.instances[0].clone(),
+                Arc::new(instance("b", Down)),
+                Arc::new(instance("d", Up)),
+            ],
+        };
+        let changes = new.changes_since(&old);
+        assert_eq!(ids(&changes.removed), [("b", Up), ("c", Up)]);
+        assert_eq!(ids(&changes.added), [("b", Down), ("d", Up)]);
+        assert!(new.changes_since(&new).is_empty());
+        // Equal instances read again (nothing shared) are no change either.
+        let reread = Registry::from_iter(new.instances.iter().map(|i| (**i).clone()));
+        assert!(reread.changes_since(&new).is_empty());
+    }
+
+    #[test]
+    fn changes_since_is_right_whatever_the_order() {
+        use Status::*;
+        let old = Registry::from_iter([instance("c", Up), instance("a", Up), instance("b", Up)]);
+        let new = Registry::from_iter([instance("a", Up), instance("b", Down), instance("c", Up)]);
+        let changes = new.changes_since(&old);
+        // Whatever it lists, old - removed + added must be new.
+        let mut result = ids(&old.instances);
+        for gone in ids(&changes.removed) {
+            let at = result
+                .iter()
+                .position(|x| *x == gone)
+                .expect("removed from old");
+            result.remove(at);
+        }
+        result.extend(ids(&changes.added));
+        result.sort();
+        assert_eq!(result, [("a", Up), ("b", Down), ("c", Up)]);
     }
 
     #[test]

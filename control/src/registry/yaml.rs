@@ -29,6 +29,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::de::value::{
@@ -318,7 +319,7 @@ impl<'de> Shape<'de> for InstancesShape {
             index: registry.instances.len(),
         }))? {
             match inst {
-                Ok(inst) => registry.instances.push(inst),
+                Ok(inst) => registry.instances.push(Arc::new(inst)),
                 Err(e) => {
                     error = Some(e);
                     break;
@@ -341,7 +342,7 @@ impl<'de> Shape<'de> for InstancesShape {
 }
 
 /// The first instance whose app and id an earlier instance already has.
-fn first_duplicate_id(instances: &[Instance]) -> Option<InvalidInstance> {
+fn first_duplicate_id(instances: &[Arc<Instance>]) -> Option<InvalidInstance> {
     let mut ids = HashSet::with_capacity(instances.len());
     let (index, inst) = instances
         .iter()

@@ -61,5 +61,8 @@ pub async fn wait_registry(
 
 /// The instance with this id in the registry, if any.
 pub fn find<'a>(reg: &'a Registry, id: &str) -> Option<&'a odmesh_control::registry::Instance> {
-    reg.instances.iter().find(|i| i.instance_id == id)
+    reg.instances
+        .iter()
+        .find(|i| i.instance_id == id)
+        .map(|i| &**i)
 }

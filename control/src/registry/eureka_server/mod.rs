@@ -683,7 +683,7 @@ fn to_registry(state: &Ledger) -> Parsed {
     for (name, leases) in &state.apps {
         for (index, lease) in leases.values().enumerate() {
             match lease.info.to_instance(name, index, &mut parsed.warnings) {
-                Ok(instance) => parsed.registry.instances.push(instance),
+                Ok(instance) => parsed.registry.instances.push(Arc::new(instance)),
                 Err(e) => parsed.warnings.push(e),
             }
         }
