@@ -40,7 +40,8 @@ mod xml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -60,7 +61,7 @@ use super::eureka::{
     ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
     DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo,
 };
-use super::{Parsed, Registry, SourceHealth, Status, split_vips};
+use super::{Instance, InvalidInstance, Parsed, Registry, SourceHealth, Status, split_vips};
 
 /// Where the embedded registry listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8761";
@@ -107,6 +108,10 @@ struct Shared {
     tx: watch::Sender<Arc<Registry>>,
     health: SourceHealth,
     metrics: Arc<Metrics>,
+    /// Set by every change, cleared by the publish that takes it in.
+    dirty: AtomicBool,
+    /// Held by the one thread publishing; see [`EurekaRegistry::publish`].
+    publishing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -132,9 +137,33 @@ struct Lease {
     overridden: Option<Status>,
     renewed: Instant,
     duration: Duration,
+    /// The instance as the mesh sees it, converted once per change of the lease, so that
+    /// publishing a registry of a million instances converts none of them again.
+    converted: Converted,
+}
+
+#[derive(Default)]
+struct Converted {
+    /// `None` when the mesh cannot use the instance at all (no valid IP).
+    instance: Option<Arc<Instance>>,
+    /// What was left out of it, and why.
+    warnings: Vec<InvalidInstance>,
 }
 
 impl Lease {
+    /// Converts `info` again; after every change of it.
+    fn convert(&mut self, app: &str) {
+        let mut warnings = Vec::new();
+        let instance = match self.info.to_instance(app, 0, &mut warnings) {
+            Ok(instance) => Some(Arc::new(instance)),
+            Err(e) => {
+                warnings.push(e);
+                None
+            }
+        };
+        self.converted = Converted { instance, warnings };
+    }
+
     /// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance
     /// that says `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is
     /// that.
@@ -222,11 +251,11 @@ impl EurekaRegistry {
                 tx,
                 health,
                 metrics,
+                dirty: AtomicBool::new(false),
+                publishing: Mutex::new(()),
             }),
         };
-        let state = registry.lock();
-        registry.publish(&state);
-        drop(state);
+        registry.publish();
         registry
     }
 
@@ -354,8 +383,10 @@ impl EurekaRegistry {
             overridden,
             renewed: Instant::now(),
             duration,
+            converted: Converted::default(),
         };
         lease.refresh_status();
+        lease.convert(&app);
         let snapshot = lease.info.clone();
         state
             .apps
@@ -365,7 +396,8 @@ impl EurekaRegistry {
         self.record(&mut state, &app, &id, snapshot, ActionType::Added);
         Metrics::inc(&self.shared.metrics.eureka_registrations_total);
         tracing::info!(app, id, status = reported.as_str(), "eureka: registered");
-        self.publish(&state);
+        drop(state);
+        self.publish();
         Ok(())
     }
 
@@ -410,7 +442,8 @@ impl EurekaRegistry {
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
         Metrics::inc(&self.shared.metrics.eureka_cancels_total);
         tracing::info!(app, id, "eureka: cancelled");
-        self.publish(&state);
+        drop(state);
+        self.publish();
         Ok(())
     }
 
@@ -463,9 +496,11 @@ impl EurekaRegistry {
         };
         change(lease);
         lease.info.last_updated_timestamp = Some(now_ms());
+        lease.convert(&app);
         let snapshot = lease.info.clone();
         self.record(&mut state, &app, id, snapshot, ActionType::Modified);
-        self.publish(&state);
+        drop(state);
+        self.publish();
         Ok(())
     }
 
@@ -493,8 +528,9 @@ impl EurekaRegistry {
                 Metrics::inc(&self.shared.metrics.eureka_evictions_total);
             }
         }
+        drop(state);
         if !expired.is_empty() {
-            self.publish(&state);
+            self.publish();
         }
         expired.len()
     }
@@ -605,18 +641,41 @@ impl EurekaRegistry {
         prune(state, self.shared.config.delta_retention);
     }
 
-    /// Converts the state to the plain model and publishes it if it changed.
-    fn publish(&self, state: &Ledger) {
-        let parsed = to_registry(state);
-        let new_warnings = self.shared.health.record_success(
-            &self.shared.metrics,
-            &parsed.registry,
-            &parsed.warnings,
-        );
-        for w in new_warnings {
-            tracing::warn!("eureka: registered instance not fully usable: {w}");
+    /// Publishes the registry, after a change, if it changed. Call it without the state lock.
+    ///
+    /// One thread publishes at a time. A change made meanwhile is left to that thread, which
+    /// publishes again before it stops: under a burst of registrations the registry is
+    /// published once per batch, not once per registration (publishing is linear in the
+    /// registry's size, though cheap: instances are converted when they change). Alone,
+    /// the caller publishes its own change before it returns.
+    fn publish(&self) {
+        let shared = &self.shared;
+        shared.dirty.store(true, Ordering::SeqCst);
+        loop {
+            let _publishing = match shared.publishing.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            while shared.dirty.swap(false, Ordering::SeqCst) {
+                let parsed = to_registry(&self.lock());
+                let new_warnings = shared.health.record_success(
+                    &shared.metrics,
+                    &parsed.registry,
+                    &parsed.warnings,
+                );
+                for w in new_warnings {
+                    tracing::warn!("eureka: registered instance not fully usable: {w}");
+                }
+                super::publish(&shared.tx, parsed.registry);
+            }
+            drop(_publishing);
+            // A change that came after the last check, while this thread still held the
+            // guard, was left to it: take it.
+            if !shared.dirty.load(Ordering::SeqCst) {
+                return;
+            }
         }
-        super::publish(&self.shared.tx, parsed.registry);
     }
 }
 
@@ -677,15 +736,15 @@ fn full_applications(state: &Ledger) -> Applications {
 }
 
 /// The plain model of the registry: what `full_applications(state).to_registry()` gives,
-/// without copying every instance first.
+/// from the instances each lease converted when it changed.
 fn to_registry(state: &Ledger) -> Parsed {
     let mut parsed = Parsed::default();
-    for (name, leases) in &state.apps {
+    for leases in state.apps.values() {
         for (index, lease) in leases.values().enumerate() {
-            match lease.info.to_instance(name, index, &mut parsed.warnings) {
-                Ok(instance) => parsed.registry.instances.push(Arc::new(instance)),
-                Err(e) => parsed.warnings.push(e),
-            }
+            let Converted { instance, warnings } = &lease.converted;
+            parsed.registry.instances.extend(instance.clone());
+            let at_index = |w: &InvalidInstance| InvalidInstance { index, ..w.clone() };
+            parsed.warnings.extend(warnings.iter().map(at_index));
         }
     }
     parsed

@@ -700,3 +700,25 @@ async fn heartbeats_and_reads_do_not_publish() {
     f.get_json("/eureka/apps/delta").await;
     assert!(!rx.has_changed().unwrap());
 }
+
+#[test]
+fn registrations_from_many_threads_are_all_published_when_the_last_returns() {
+    // Publishes are combined: a thread that finds another publishing leaves its change to
+    // that one. None may be lost, and each is out before its publishing thread returns.
+    let f = fixture();
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let eureka = &f.eureka;
+            scope.spawn(move || {
+                for i in 0..50 {
+                    let id = format!("t{t}-{i}");
+                    let body = json!({ "instance": instance(&id, "HELLO", "hello", 8080) });
+                    eureka.register("HELLO", body.to_string().as_bytes()).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(f.published().instances.len(), 400);
+    let m = f.metrics.render();
+    assert!(m.contains("odmesh_registry_instances 400"), "{m}");
+}
