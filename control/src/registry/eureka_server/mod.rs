@@ -40,8 +40,7 @@ mod xml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -108,10 +107,10 @@ struct Shared {
     tx: watch::Sender<Arc<Registry>>,
     health: SourceHealth,
     metrics: Arc<Metrics>,
-    /// Set by every change, cleared by the publish that takes it in.
-    dirty: AtomicBool,
-    /// Held by the one thread publishing; see [`EurekaRegistry::publish`].
-    publishing: Mutex<()>,
+    /// Counts changes; [`EurekaRegistry::run_publisher`] waits on it.
+    changes: watch::Sender<u64>,
+    /// The count of changes published so far.
+    published: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -251,11 +250,11 @@ impl EurekaRegistry {
                 tx,
                 health,
                 metrics,
-                dirty: AtomicBool::new(false),
-                publishing: Mutex::new(()),
+                changes: watch::Sender::new(0),
+                published: watch::Sender::new(0),
             }),
         };
-        registry.publish();
+        registry.publish_now();
         registry
     }
 
@@ -641,41 +640,52 @@ impl EurekaRegistry {
         prune(state, self.shared.config.delta_retention);
     }
 
-    /// Publishes the registry, after a change, if it changed. Call it without the state lock.
-    ///
-    /// One thread publishes at a time. A change made meanwhile is left to that thread, which
-    /// publishes again before it stops: under a burst of registrations the registry is
-    /// published once per batch, not once per registration (publishing is linear in the
-    /// registry's size, though cheap: instances are converted when they change). Alone,
-    /// the caller publishes its own change before it returns.
+    /// Notes a change for the publisher ([`EurekaRegistry::run_publisher`]).
     fn publish(&self) {
-        let shared = &self.shared;
-        shared.dirty.store(true, Ordering::SeqCst);
+        self.shared.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Publishes every change, until the registry is dropped. Runs beside the REST API
+    /// (see [`serve`]).
+    ///
+    /// Publishing is linear in the registry's size (cheap: instances are converted when they
+    /// change, and shared), so it is kept off the requests: a registration or status change
+    /// only counts a change and returns, and this task publishes whatever changed since its
+    /// last publish. A burst of registrations is published in a few batches, not once per
+    /// registration.
+    pub async fn run_publisher(self) {
+        let mut changes = self.shared.changes.subscribe();
         loop {
-            let _publishing = match shared.publishing.try_lock() {
-                Ok(guard) => guard,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => return,
-            };
-            while shared.dirty.swap(false, Ordering::SeqCst) {
-                let parsed = to_registry(&self.lock());
-                let new_warnings = shared.health.record_success(
-                    &shared.metrics,
-                    &parsed.registry,
-                    &parsed.warnings,
-                );
-                for w in new_warnings {
-                    tracing::warn!("eureka: registered instance not fully usable: {w}");
-                }
-                super::publish(&shared.tx, parsed.registry);
-            }
-            drop(_publishing);
-            // A change that came after the last check, while this thread still held the
-            // guard, was left to it: take it.
-            if !shared.dirty.load(Ordering::SeqCst) {
+            let upto = *changes.borrow_and_update();
+            self.publish_now();
+            self.shared.published.send_replace(upto);
+            if changes.changed().await.is_err() {
                 return;
             }
         }
+    }
+
+    /// Waits until every change made before the call is published (its registry sent to
+    /// the mesh). Needs [`EurekaRegistry::run_publisher`] running.
+    pub async fn published(&self) {
+        let want = *self.shared.changes.borrow();
+        let mut published = self.shared.published.subscribe();
+        // The sender lives in `self`, so the wait cannot fail.
+        let _ = published.wait_for(|&n| n >= want).await;
+    }
+
+    /// Converts the state to the plain model and publishes it if it changed.
+    fn publish_now(&self) {
+        let shared = &self.shared;
+        let parsed = to_registry(&self.lock());
+        let new_warnings =
+            shared
+                .health
+                .record_success(&shared.metrics, &parsed.registry, &parsed.warnings);
+        for w in new_warnings {
+            tracing::warn!("eureka: registered instance not fully usable: {w}");
+        }
+        super::publish(&shared.tx, parsed.registry);
     }
 }
 
@@ -750,12 +760,13 @@ fn to_registry(state: &Ledger) -> Parsed {
     parsed
 }
 
-/// Runs the REST API on `listener` and the eviction of expired leases, until the server
-/// fails.
+/// Runs the REST API on `listener`, the publisher of changes and the eviction of expired
+/// leases, until the server fails.
 pub async fn serve(listener: TcpListener, registry: EurekaRegistry) -> std::io::Result<()> {
-    // One future for both, so that dropping (or aborting) it stops both.
+    // One future for all three, so that dropping (or aborting) it stops them all.
     tokio::select! {
         result = axum::serve(listener, registry.router()) => result,
+        () = registry.clone().run_publisher() => Ok(()),
         () = registry.clone().run_eviction() => Ok(()),
     }
 }

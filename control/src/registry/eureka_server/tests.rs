@@ -12,6 +12,13 @@ struct Fixture {
     eureka: EurekaRegistry,
     rx: watch::Receiver<Arc<Registry>>,
     metrics: Arc<Metrics>,
+    publisher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.publisher.abort();
+    }
 }
 
 fn fixture() -> Fixture {
@@ -22,10 +29,12 @@ fn fixture_with(config: ServerConfig) -> Fixture {
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = watch::channel(Arc::new(Registry::default()));
     let eureka = EurekaRegistry::new(config, tx, metrics.clone());
+    let publisher = tokio::spawn(eureka.clone().run_publisher());
     Fixture {
         eureka,
         rx,
         metrics,
+        publisher,
     }
 }
 
@@ -94,12 +103,16 @@ impl Fixture {
         .status
     }
 
-    fn published(&self) -> Arc<Registry> {
+    /// The registry the mesh has, once every change made so far is published.
+    async fn published(&self) -> Arc<Registry> {
+        let wait = tokio::time::timeout(Duration::from_secs(10), self.eureka.published());
+        wait.await.expect("changes published within 10 s");
         self.rx.borrow().clone()
     }
 
-    fn status_of(&self, id: &str) -> Option<Status> {
+    async fn status_of(&self, id: &str) -> Option<Status> {
         self.published()
+            .await
             .instances
             .iter()
             .find(|i| i.instance_id == id)
@@ -142,7 +155,7 @@ async fn a_registration_is_answered_204_and_published_at_once() {
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 
-    let reg = f.published();
+    let reg = f.published().await;
     assert_eq!(reg.instances.len(), 1);
     let inst = &reg.instances[0];
     assert_eq!(inst.app, "HELLO");
@@ -186,7 +199,7 @@ async fn a_registration_for_another_app_than_the_path_is_refused() {
     let mut no_ip = instance("h1", "HELLO", "hello", 8080);
     no_ip.as_object_mut().unwrap().remove("ipAddr");
     assert_eq!(f.register("HELLO", no_ip).await, StatusCode::BAD_REQUEST);
-    assert!(f.published().instances.is_empty());
+    assert!(f.published().await.instances.is_empty());
 }
 
 #[tokio::test]
@@ -280,6 +293,7 @@ async fn cancel_removes_the_instance_and_its_vip() {
     );
     let ids: Vec<_> = f
         .published()
+        .await
         .instances
         .iter()
         .map(|i| i.instance_id.clone())
@@ -293,7 +307,7 @@ async fn cancel_removes_the_instance_and_its_vip() {
         f.send(Method::DELETE, "/eureka/apps/HELLO/h2").await,
         StatusCode::OK
     );
-    assert!(f.published().instances.is_empty());
+    assert!(f.published().await.instances.is_empty());
     assert_eq!(
         f.get_json("/eureka/vips/hello").await.status,
         StatusCode::NOT_FOUND
@@ -312,7 +326,7 @@ async fn an_out_of_service_override_drains_the_instance_and_deleting_it_restores
         )
         .await;
     assert_eq!(st, StatusCode::OK);
-    assert_eq!(f.status_of("h1"), Some(Status::OutOfService));
+    assert_eq!(f.status_of("h1").await, Some(Status::OutOfService));
     let json = f.get_json("/eureka/apps/HELLO/h1").await.json();
     assert_eq!(json["instance"]["status"], "OUT_OF_SERVICE");
     assert_eq!(json["instance"]["overriddenStatus"], "OUT_OF_SERVICE");
@@ -324,13 +338,13 @@ async fn an_out_of_service_override_drains_the_instance_and_deleting_it_restores
     );
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
-    assert_eq!(f.status_of("h1"), Some(Status::OutOfService));
+    assert_eq!(f.status_of("h1").await, Some(Status::OutOfService));
 
     assert_eq!(
         f.send(Method::DELETE, "/eureka/apps/HELLO/h1/status").await,
         StatusCode::OK
     );
-    assert_eq!(f.status_of("h1"), Some(Status::Up));
+    assert_eq!(f.status_of("h1").await, Some(Status::Up));
     assert_eq!(
         f.get_json("/eureka/apps/HELLO/h1").await.json()["instance"]["overriddenStatus"],
         "UNKNOWN"
@@ -373,7 +387,7 @@ async fn an_instance_that_reports_down_stays_down_under_an_up_override() {
     f.register("HELLO", down).await;
     f.send(Method::PUT, "/eureka/apps/HELLO/h1/status?value=UP")
         .await;
-    assert_eq!(f.status_of("h1"), Some(Status::Down));
+    assert_eq!(f.status_of("h1").await, Some(Status::Down));
 }
 
 #[tokio::test]
@@ -384,7 +398,7 @@ async fn an_instance_that_reports_unknown_stays_unknown_under_an_up_override() {
     f.register("HELLO", unknown).await;
     f.send(Method::PUT, "/eureka/apps/HELLO/h1/status?value=UP")
         .await;
-    assert_eq!(f.status_of("h1"), Some(Status::Unknown));
+    assert_eq!(f.status_of("h1").await, Some(Status::Unknown));
     let served = f.get_json("/eureka/apps/HELLO/h1").await.json();
     assert_eq!(served["instance"]["status"], "UNKNOWN");
     assert_eq!(served["instance"]["overriddenStatus"], "UP");
@@ -408,7 +422,10 @@ async fn metadata_updates_merge_into_the_instance() {
         json["instance"]["metadata"],
         json!({"version": "1", "zone": "zone-a", "owner": "team"})
     );
-    assert_eq!(f.published().instances[0].zone.as_deref(), Some("zone-a"));
+    assert_eq!(
+        f.published().await.instances[0].zone.as_deref(),
+        Some("zone-a")
+    );
     assert_eq!(
         f.send(Method::PUT, "/eureka/apps/HELLO/nope/metadata?a=b")
             .await,
@@ -639,6 +656,7 @@ async fn a_lease_expires_after_its_duration_without_heartbeat_and_the_instance_l
     assert_eq!(f.eureka.evict_expired(), 1);
     let ids: Vec<_> = f
         .published()
+        .await
         .instances
         .iter()
         .map(|i| i.instance_id.clone())
@@ -693,18 +711,20 @@ async fn heartbeats_and_reads_do_not_publish() {
     let f = fixture();
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
+    f.published().await;
     let mut rx = f.rx.clone();
     rx.mark_unchanged();
     f.send(Method::PUT, "/eureka/apps/HELLO/h1").await;
     f.get_json("/eureka/apps").await;
     f.get_json("/eureka/apps/delta").await;
+    f.published().await;
     assert!(!rx.has_changed().unwrap());
 }
 
-#[test]
-fn registrations_from_many_threads_are_all_published_when_the_last_returns() {
-    // Publishes are combined: a thread that finds another publishing leaves its change to
-    // that one. None may be lost, and each is out before its publishing thread returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_from_many_threads_are_all_published() {
+    // The publisher takes in whatever changed since its last publish, while registrations
+    // go on: none may be lost.
     let f = fixture();
     std::thread::scope(|scope| {
         for t in 0..8 {
@@ -713,12 +733,14 @@ fn registrations_from_many_threads_are_all_published_when_the_last_returns() {
                 for i in 0..50 {
                     let id = format!("t{t}-{i}");
                     let body = json!({ "instance": instance(&id, "HELLO", "hello", 8080) });
-                    eureka.register("HELLO", body.to_string().as_bytes()).unwrap();
+                    eureka
+                        .register("HELLO", body.to_string().as_bytes())
+                        .unwrap();
                 }
             });
         }
     });
-    assert_eq!(f.published().instances.len(), 400);
+    assert_eq!(f.published().await.instances.len(), 400);
     let m = f.metrics.render();
     assert!(m.contains("odmesh_registry_instances 400"), "{m}");
 }
