@@ -40,6 +40,7 @@ mod xml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -123,6 +124,11 @@ struct Ledger {
     recent: BTreeMap<u64, Change>,
     /// (APP, id) → the key of that instance's change in `recent`.
     latest: HashMap<(String, String), u64>,
+    /// (APP, id) → the instance as the mesh sees it, converted when its lease changed: what
+    /// is published, kept apart from the leases so that publishing reads only this.
+    instances: BTreeMap<(String, String), Arc<Instance>>,
+    /// (APP, id) → what was left out of the instance, and why; only instances with warnings.
+    warned: BTreeMap<(String, String), Vec<InvalidInstance>>,
     /// Bumped on every change; served as `versions__delta`.
     version: u64,
 }
@@ -136,33 +142,38 @@ struct Lease {
     overridden: Option<Status>,
     renewed: Instant,
     duration: Duration,
-    /// The instance as the mesh sees it, converted once per change of the lease, so that
-    /// publishing a registry of a million instances converts none of them again.
-    converted: Converted,
 }
 
-#[derive(Default)]
-struct Converted {
-    /// `None` when the mesh cannot use the instance at all (no valid IP).
-    instance: Option<Arc<Instance>>,
-    /// What was left out of it, and why.
-    warnings: Vec<InvalidInstance>,
+impl Ledger {
+    /// Converts the instance `app`/`id` for the mesh again after its lease changed, or
+    /// forgets it if the lease is gone. Publishing a registry of a million instances thus
+    /// converts none of them.
+    fn convert(&mut self, app: &str, id: &str) {
+        let key = (app.to_owned(), id.to_owned());
+        let mut warnings = Vec::new();
+        let instance = match self.apps.get(app).and_then(|leases| leases.get(id)) {
+            None => None,
+            Some(lease) => match lease.info.to_instance(app, 0, &mut warnings) {
+                Ok(instance) => Some(Arc::new(instance)),
+                Err(e) => {
+                    warnings.push(e);
+                    None
+                }
+            },
+        };
+        match instance {
+            Some(instance) => self.instances.insert(key.clone(), instance),
+            None => self.instances.remove(&key),
+        };
+        if warnings.is_empty() {
+            self.warned.remove(&key);
+        } else {
+            self.warned.insert(key, warnings);
+        }
+    }
 }
 
 impl Lease {
-    /// Converts `info` again; after every change of it.
-    fn convert(&mut self, app: &str) {
-        let mut warnings = Vec::new();
-        let instance = match self.info.to_instance(app, 0, &mut warnings) {
-            Ok(instance) => Some(Arc::new(instance)),
-            Err(e) => {
-                warnings.push(e);
-                None
-            }
-        };
-        self.converted = Converted { instance, warnings };
-    }
-
     /// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance
     /// that says `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is
     /// that.
@@ -382,16 +393,15 @@ impl EurekaRegistry {
             overridden,
             renewed: Instant::now(),
             duration,
-            converted: Converted::default(),
         };
         lease.refresh_status();
-        lease.convert(&app);
         let snapshot = lease.info.clone();
         state
             .apps
             .entry(app.clone())
             .or_default()
             .insert(id.clone(), lease);
+        state.convert(&app, &id);
         self.record(&mut state, &app, &id, snapshot, ActionType::Added);
         Metrics::inc(&self.shared.metrics.eureka_registrations_total);
         tracing::info!(app, id, status = reported.as_str(), "eureka: registered");
@@ -495,8 +505,8 @@ impl EurekaRegistry {
         };
         change(lease);
         lease.info.last_updated_timestamp = Some(now_ms());
-        lease.convert(&app);
         let snapshot = lease.info.clone();
+        state.convert(&app, id);
         self.record(&mut state, &app, id, snapshot, ActionType::Modified);
         drop(state);
         self.publish();
@@ -695,6 +705,7 @@ fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
     if leases.is_empty() {
         state.apps.remove(app);
     }
+    state.convert(app, id);
     Some(lease)
 }
 
@@ -746,18 +757,22 @@ fn full_applications(state: &Ledger) -> Applications {
 }
 
 /// The plain model of the registry: what `full_applications(state).to_registry()` gives,
-/// from the instances each lease converted when it changed.
+/// from the instances converted when their leases changed.
 fn to_registry(state: &Ledger) -> Parsed {
-    let mut parsed = Parsed::default();
-    for leases in state.apps.values() {
-        for (index, lease) in leases.values().enumerate() {
-            let Converted { instance, warnings } = &lease.converted;
-            parsed.registry.instances.extend(instance.clone());
-            let at_index = |w: &InvalidInstance| InvalidInstance { index, ..w.clone() };
-            parsed.warnings.extend(warnings.iter().map(at_index));
-        }
+    let registry = Registry {
+        instances: state.instances.values().cloned().collect(),
+    };
+    let mut warnings = Vec::new();
+    for ((app, id), list) in &state.warned {
+        // The instance's position in its app, as the full document counts.
+        let index = state.apps.get(app).map_or(0, |leases| {
+            leases
+                .range::<str, _>((Bound::Unbounded, Bound::Excluded(id.as_str())))
+                .count()
+        });
+        warnings.extend(list.iter().map(|w| InvalidInstance { index, ..w.clone() }));
     }
-    parsed
+    Parsed { registry, warnings }
 }
 
 /// Runs the REST API on `listener`, the publisher of changes and the eviction of expired
