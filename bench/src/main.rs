@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod first_request;
+mod http1;
 mod log_time;
 mod procstat;
 mod push_all;

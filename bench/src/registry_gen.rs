@@ -73,7 +73,7 @@ pub fn vip_name(prefix: &str, index: usize) -> String {
 /// `index % 100 == 0`.
 pub fn changing_vips(vips: usize, instances: usize) -> BTreeSet<usize> {
     (0..vips * instances)
-        .step_by(100)
+        .filter(|&i| is_changing(i))
         .map(|i| i / instances)
         .collect()
 }
@@ -87,12 +87,57 @@ fn address(a: &GenArgs, i: usize, k: usize) -> String {
     }
 }
 
-fn status(a: &GenArgs, i: usize) -> &'static str {
-    if a.down && i.is_multiple_of(100) {
-        "DOWN"
-    } else {
-        "UP"
-    }
+/// One generated instance: instance `k` of VIP `vip`, number `index` over the whole registry.
+#[derive(Clone, Debug)]
+pub struct GenInstance {
+    pub index: usize,
+    pub vip: String,
+    pub app: String,
+    pub id: String,
+    pub ip: String,
+    pub status: &'static str,
+    pub zone: String,
+}
+
+/// Every instance of the registry `a` describes, VIP by VIP.
+pub fn instances(a: &GenArgs) -> impl Iterator<Item = GenInstance> + '_ {
+    (0..a.vips).flat_map(move |v| {
+        let vip = vip_name(&a.prefix, v);
+        (0..a.instances).map(move |k| {
+            let index = v * a.instances + k;
+            GenInstance {
+                index,
+                app: vip.to_uppercase(),
+                id: format!("{vip}-{k}"),
+                vip: vip.clone(),
+                ip: address(a, index, k),
+                status: if a.down && index.is_multiple_of(100) {
+                    "DOWN"
+                } else {
+                    "UP"
+                },
+                zone: format!("zone-{}", k % 3),
+            }
+        })
+    })
+}
+
+/// Whether instance `index` is one of the 1% whose status the scale benchmark changes.
+pub fn is_changing(index: usize) -> bool {
+    index.is_multiple_of(100)
+}
+
+/// The instance as Eureka's JSON has it (in `/eureka/apps`, and as a registration).
+pub fn eureka_json(i: &GenInstance, port: u16) -> String {
+    format!(
+        "{{\"instanceId\":\"{id}\",\"hostName\":\"{ip}\",\"app\":\"{app}\",\"ipAddr\":\"{ip}\",\"status\":\"{st}\",\"port\":{{\"$\":{port},\"@enabled\":\"true\"}},\"securePort\":{{\"$\":443,\"@enabled\":\"false\"}},\"vipAddress\":\"{vip}\",\"dataCenterInfo\":{{\"@class\":\"com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo\",\"name\":\"MyOwn\"}},\"metadata\":{{\"zone\":\"{zone}\"}}}}",
+        id = i.id,
+        ip = i.ip,
+        app = i.app,
+        st = i.status,
+        vip = i.vip,
+        zone = i.zone,
+    )
 }
 
 /// The file's contents.
@@ -105,42 +150,34 @@ pub fn render(a: &GenArgs) -> String {
     } else {
         s.push_str("instances:\n");
     }
-    for v in 0..a.vips {
-        let vip = vip_name(&a.prefix, v);
+    for inst in instances(a) {
+        let k = inst.index % a.instances.max(1);
         if a.json {
-            if v > 0 {
+            if k == 0 {
+                if inst.index > 0 {
+                    s.push_str("]},");
+                }
+                let _ = write!(s, "{{\"name\":\"{}\",\"instance\":[", inst.app);
+            } else {
                 s.push(',');
             }
-            let _ = write!(s, "{{\"name\":\"{}\",\"instance\":[", vip.to_uppercase());
-        }
-        for k in 0..a.instances {
-            let i = v * a.instances + k;
-            let ip = address(a, i, k);
-            let st = status(a, i);
-            let zone = k % 3;
-            if a.json {
-                if k > 0 {
-                    s.push(',');
-                }
-                let _ = write!(
-                    s,
-                    "{{\"instanceId\":\"{vip}-{k}\",\"hostName\":\"{ip}\",\"app\":\"{app}\",\"ipAddr\":\"{ip}\",\"status\":\"{st}\",\"port\":{{\"$\":{port},\"@enabled\":\"true\"}},\"securePort\":{{\"$\":443,\"@enabled\":\"false\"}},\"vipAddress\":\"{vip}\",\"dataCenterInfo\":{{\"@class\":\"com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo\",\"name\":\"MyOwn\"}},\"metadata\":{{\"zone\":\"zone-{zone}\"}}}}",
-                    app = vip.to_uppercase(),
-                    port = a.port,
-                );
-            } else {
-                let _ = writeln!(
-                    s,
-                    "  - {{app: {vip}, ip: {ip}, port: {port}, vip: {vip}, status: {st}, zone: zone-{zone}}}",
-                    port = a.port,
-                );
-            }
-        }
-        if a.json {
-            s.push_str("]}");
+            s.push_str(&eureka_json(&inst, a.port));
+        } else {
+            let _ = writeln!(
+                s,
+                "  - {{app: {vip}, ip: {ip}, port: {port}, vip: {vip}, status: {st}, zone: {zone}}}",
+                vip = inst.vip,
+                ip = inst.ip,
+                port = a.port,
+                st = inst.status,
+                zone = inst.zone,
+            );
         }
     }
     if a.json {
+        if a.vips * a.instances > 0 {
+            s.push_str("]}");
+        }
         s.push_str("]}}\n");
     }
     s
@@ -183,7 +220,7 @@ pub fn parse_and_report(path: &Path) -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "file": path,
-            "instances": parsed.registry.instances.len(),
+            "instances": parsed.registry.len(),
             "clusters": snapshot.len(),
             "parse_seconds": parse_s,
             "snapshot_seconds": snapshot_s,
@@ -221,7 +258,7 @@ mod tests {
     fn both_formats_parse_to_the_same_registry_shape() {
         for json in [false, true] {
             let reg = parse(&args(json, false));
-            assert_eq!(reg.instances.len(), 300);
+            assert_eq!(reg.len(), 300);
             assert_eq!(Snapshot::from_registry(&reg).len(), 30);
         }
     }
@@ -230,11 +267,7 @@ mod tests {
     fn the_down_flip_changes_one_percent_of_instances_in_the_vips_it_names() {
         let a = args(false, true);
         let reg = parse(&a);
-        let down: Vec<_> = reg
-            .instances
-            .iter()
-            .filter(|i| i.status != Status::Up)
-            .collect();
+        let down: Vec<_> = reg.instances().filter(|i| i.status != Status::Up).collect();
         assert_eq!(down.len(), 3);
         let vips: BTreeSet<String> = down.iter().map(|i| i.vips[0].clone()).collect();
         let expected: BTreeSet<String> = changing_vips(30, 10)

@@ -14,6 +14,12 @@
 //!    `registry loaded` log line (the file is parsed; the change now goes through the snapshot,
 //!    cache and streams), and also from the rename.
 //!
+//! With `--eureka`, the registry is the control plane's embedded one (`--serve-eureka`):
+//! every instance is registered over its REST API first (timed), and a flip sets or removes
+//! the `OUT_OF_SERVICE` status override of the same 1% of instances, one request each, over
+//! a few connections; each changed VIP's time runs from sending its request to each
+//! subscribed proxy's receipt of the new load assignment.
+//!
 //! The control plane's RSS and CPU seconds come from `/proc/<control-pid>`.
 
 use std::collections::{BTreeSet, HashMap};
@@ -31,8 +37,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
-use crate::registry_gen::{self, GenArgs, vip_name};
+use crate::http1::Conn;
+use crate::registry_gen::{self, GenArgs, GenInstance, vip_name};
 use crate::{log_time, procstat};
+
+/// Connections the REST requests are spread over.
+const REST_CONNECTIONS: usize = 8;
 
 /// What `xds-load` does.
 #[derive(Clone, Debug, Args)]
@@ -47,8 +57,15 @@ pub struct LoadArgs {
     #[arg(long)]
     pub control_log: PathBuf,
     /// The registry file the control plane watches; rewritten for each flip.
+    #[arg(long, required_unless_present = "eureka")]
+    pub registry: Option<PathBuf>,
+    /// Instead of a file: the control plane's embedded Eureka registry (`host:port`), which
+    /// this tool fills and changes over REST.
+    #[arg(long, requires = "admin")]
+    pub eureka: Option<String>,
+    /// The control plane's admin address (`host:port`), to see when the registry is in.
     #[arg(long)]
-    pub registry: PathBuf,
+    pub admin: Option<String>,
     /// VIPs in the registry.
     #[arg(long)]
     pub vips: usize,
@@ -276,6 +293,10 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
     let pid = a.control_pid;
     let mut rng = Rng(a.seed);
     let idle = rss(pid);
+    let registered = match (&a.eureka, &a.admin) {
+        (Some(eureka), Some(admin)) => Some(register_all(&a, eureka, admin).await?),
+        _ => None,
+    };
     let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel::<Arrival>();
 
     // 1. Connect and subscribe, 50 proxies at a time.
@@ -333,6 +354,49 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
 
     // 3. Registry changes.
     let changing = registry_gen::changing_vips(a.vips, a.instances);
+    let fanout = match (&a.eureka, &a.registry) {
+        (Some(eureka), _) => flip_eureka(&a, eureka, &proxies, &changing, &mut arrivals).await?,
+        (None, Some(registry)) => {
+            flip_file(&a, registry, &proxies, &changing, &mut arrivals).await?
+        }
+        (None, None) => bail!("need --registry or --eureka"),
+    };
+
+    let out = json!({
+        "vips": a.vips,
+        "instances_per_vip": a.instances,
+        "endpoints": a.vips * a.instances,
+        "proxies": a.proxies,
+        "subs_per_proxy": a.subs,
+        "rss_idle": idle,
+        "rss_connected": connected,
+        "connect_seconds": connect_s,
+        "connect_cpu_seconds": connect_cpu,
+        "setup_cds_ms": summary(setup_cds),
+        "answer_cds_ms": summary(cds_ms),
+        "answer_eds_ms": summary(eds_ms),
+        "changing_vips": changing.len(),
+        "registered": registered,
+        "rss_end": rss(pid),
+    });
+    let mut out = out;
+    if let (Some(out), serde_json::Value::Object(fanout)) = (out.as_object_mut(), fanout) {
+        out.extend(fanout);
+    }
+    println!("{out}");
+    drop(proxies);
+    Ok(())
+}
+
+/// Rewrites the registry file `flips` times, 1% of the instances changing status each time,
+/// and times each change to every proxy subscribed to a changed VIP.
+async fn flip_file(
+    a: &LoadArgs,
+    registry: &std::path::Path,
+    proxies: &[Proxy],
+    changing: &BTreeSet<usize>,
+    arrivals: &mut mpsc::UnboundedReceiver<Arrival>,
+) -> anyhow::Result<serde_json::Value> {
     let changing_names: BTreeSet<String> = changing.iter().map(|&v| cluster_name(v)).collect();
     let expected: BTreeSet<usize> = proxies
         .iter()
@@ -345,12 +409,12 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
     let mut all_from_applied = Vec::new();
     for f in 0..a.flips {
         let down = f % 2 == 0;
-        let gen_args = GenArgs::scale(a.registry.clone(), a.vips, a.instances, down);
+        let gen_args = GenArgs::scale(registry.to_path_buf(), a.vips, a.instances, down);
         let body = registry_gen::render(&gen_args);
-        let cpu_before = procstat::cpu_seconds(pid).unwrap_or(0.0);
-        let tmp = a.registry.with_extension("tmp");
+        let cpu_before = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0);
+        let tmp = registry.with_extension("tmp");
         std::fs::write(&tmp, body)?;
-        std::fs::rename(&tmp, &a.registry)?;
+        std::fs::rename(&tmp, registry)?;
         let t_rename = unix_now();
         let mut got: HashMap<usize, f64> = HashMap::new();
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -365,12 +429,12 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
                 _ => break,
             }
         }
-        let cpu_to_last = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
-        let peak = rss(pid);
+        let cpu_to_last = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0) - cpu_before;
+        let peak = rss(a.control_pid);
         // The file source re-reads a recently modified file on each poll for two seconds:
         // that is part of what a change costs.
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        let cpu_total = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+        let cpu_total = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0) - cpu_before;
         let log = std::fs::read_to_string(&a.control_log).unwrap_or_default();
         let loaded = log_time::times_of(&log, "registry loaded")
             .into_iter()
@@ -406,26 +470,180 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
         while arrivals.try_recv().is_ok() {}
     }
 
-    let out = json!({
-        "vips": a.vips,
-        "instances_per_vip": a.instances,
-        "endpoints": a.vips * a.instances,
-        "proxies": a.proxies,
-        "subs_per_proxy": a.subs,
-        "rss_idle": idle,
-        "rss_connected": connected,
-        "connect_seconds": connect_s,
-        "connect_cpu_seconds": connect_cpu,
-        "setup_cds_ms": summary(setup_cds),
-        "answer_cds_ms": summary(cds_ms),
-        "answer_eds_ms": summary(eds_ms),
-        "changing_vips": changing.len(),
+    Ok(json!({
         "flips": flips,
         "fanout_from_loaded_ms": summary(all_from_loaded),
         "fanout_from_applied_ms": summary(all_from_applied),
-        "rss_end": rss(pid),
-    });
-    println!("{out}");
-    drop(proxies);
-    Ok(())
+    }))
+}
+
+/// Sends `requests` over [`REST_CONNECTIONS`] connections to `addr`; answers, per request,
+/// when it was sent (Unix seconds). Any answer but 2xx is an error.
+async fn send_all(
+    addr: &str,
+    requests: Vec<(&'static str, String, String)>,
+) -> anyhow::Result<Vec<f64>> {
+    let requests = std::sync::Arc::new(requests);
+    let mut tasks = Vec::new();
+    for c in 0..REST_CONNECTIONS {
+        let (addr, requests) = (addr.to_owned(), requests.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::connect(&addr).await?;
+            let mut sent = Vec::new();
+            for i in (c..requests.len()).step_by(REST_CONNECTIONS) {
+                let (method, path, body) = &requests[i];
+                let at = unix_now();
+                let (status, answer) = conn.request(method, path, body.as_bytes()).await?;
+                if !(200..300).contains(&status) {
+                    bail!(
+                        "{method} {path}: HTTP {status}: {}",
+                        String::from_utf8_lossy(&answer)
+                    );
+                }
+                sent.push((i, at));
+            }
+            anyhow::Ok(sent)
+        }));
+    }
+    let mut at = vec![f64::NAN; requests.len()];
+    for t in tasks {
+        for (i, sent) in t.await?? {
+            at[i] = sent;
+        }
+    }
+    Ok(at)
+}
+
+/// Registers every instance of the generated registry with the embedded Eureka registry
+/// at `eureka`, then waits until the control plane serves every VIP (its `/metrics`).
+async fn register_all(
+    a: &LoadArgs,
+    eureka: &str,
+    admin: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let gen_args = GenArgs::scale(PathBuf::new(), a.vips, a.instances, false);
+    let requests: Vec<_> = registry_gen::instances(&gen_args)
+        .map(|i| {
+            let body = format!("{{\"instance\":{}}}", registry_gen::eureka_json(&i, 8080));
+            ("POST", format!("/eureka/apps/{}", i.app), body)
+        })
+        .collect();
+    let n = requests.len();
+    let cpu0 = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0);
+    let t = Instant::now();
+    send_all(eureka, requests).await?;
+    let sent_s = t.elapsed().as_secs_f64();
+    let want = format!("odmesh_registry_clusters {}\n", a.vips);
+    let mut conn = Conn::connect(admin).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, metrics) = conn.request("GET", "/metrics", b"").await?;
+        if String::from_utf8_lossy(&metrics).contains(&want) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the control plane did not serve {} VIPs within 120 s",
+                a.vips
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let loaded_s = t.elapsed().as_secs_f64();
+    Ok(json!({
+        "instances": n,
+        "register_seconds": sent_s,
+        "registrations_per_second": n as f64 / sent_s,
+        "registered_to_served_seconds": loaded_s,
+        "cpu_seconds": procstat::cpu_seconds(a.control_pid).unwrap_or(0.0) - cpu0,
+        "rss": rss(a.control_pid),
+    }))
+}
+
+/// Sets, then removes, the `OUT_OF_SERVICE` override of 1% of the instances, `flips` times,
+/// and times each changed VIP to every proxy subscribed to it.
+async fn flip_eureka(
+    a: &LoadArgs,
+    eureka: &str,
+    proxies: &[Proxy],
+    changing: &BTreeSet<usize>,
+    arrivals: &mut mpsc::UnboundedReceiver<Arrival>,
+) -> anyhow::Result<serde_json::Value> {
+    let gen_args = GenArgs::scale(PathBuf::new(), a.vips, a.instances, false);
+    let changed: Vec<GenInstance> = registry_gen::instances(&gen_args)
+        .filter(|i| registry_gen::is_changing(i.index))
+        .collect();
+    let mut flips = Vec::new();
+    let mut all = Vec::new();
+    for f in 0..a.flips {
+        let down = f % 2 == 0;
+        while arrivals.try_recv().is_ok() {}
+        let requests: Vec<_> = changed
+            .iter()
+            .map(|i| {
+                let path = format!("/eureka/apps/{}/{}/status", i.app, i.id);
+                if down {
+                    ("PUT", format!("{path}?value=OUT_OF_SERVICE"), String::new())
+                } else {
+                    ("DELETE", format!("{path}?value=UP"), String::new())
+                }
+            })
+            .collect();
+        let cpu_before = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0);
+        let t = Instant::now();
+        let sent_at = send_all(eureka, requests).await?;
+        let send_s = t.elapsed().as_secs_f64();
+        // When each changed VIP's request went out.
+        let mut vip_sent: HashMap<String, f64> = HashMap::new();
+        for (i, at) in changed.iter().zip(&sent_at) {
+            vip_sent.insert(cluster_name(i.index / a.instances), *at);
+        }
+        // Every (proxy, changed cluster) pair still to arrive.
+        let mut waiting: BTreeSet<(usize, String)> = proxies
+            .iter()
+            .enumerate()
+            .flat_map(|(p, proxy)| {
+                proxy
+                    .subscribed
+                    .iter()
+                    .filter(|v| changing.contains(v))
+                    .map(move |&v| (p, cluster_name(v)))
+            })
+            .collect();
+        let expected = waiting.len();
+        let mut times = Vec::with_capacity(expected);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, arrivals.recv()).await {
+                Ok(Some(arr)) => {
+                    for name in &arr.names {
+                        let Some(&sent) = vip_sent.get(name) else {
+                            continue;
+                        };
+                        if arr.at >= sent && waiting.remove(&(arr.proxy, name.clone())) {
+                            times.push((arr.at - sent) * 1e3);
+                        }
+                    }
+                }
+                _ => break,
+            }
+        }
+        let cpu = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0) - cpu_before;
+        all.extend(times.iter().copied());
+        flips.push(json!({
+            "down": down,
+            "requests": changed.len(),
+            "send_seconds": send_s,
+            "expected": expected,
+            "reached": times.len(),
+            "change_to_proxy_ms": summary(times),
+            "cpu_seconds": cpu,
+            "rss": rss(a.control_pid),
+        }));
+    }
+    Ok(json!({
+        "flips": flips,
+        "change_to_proxy_ms": summary(all),
+    }))
 }

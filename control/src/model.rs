@@ -238,7 +238,7 @@ pub fn follow(
     let mut builder = SnapshotBuilder::default();
     let mut build = move |reg: Arc<Registry>| {
         let started = std::time::Instant::now();
-        let instances = reg.instances.len();
+        let instances = reg.len();
         let update = builder.update(reg);
         Metrics::set(&metrics.registry_clusters, update.snapshot.len() as u64);
         tracing::debug!(
@@ -360,7 +360,7 @@ mod tests {
     /// [`SnapshotBuilder`] must agree with.
     fn reference(reg: &Registry) -> HashMap<String, ClusterInfo> {
         let mut out: HashMap<String, ClusterInfo> = HashMap::new();
-        for inst in &reg.instances {
+        for inst in reg.instances() {
             let sides = [
                 (Kind::Vip, &inst.vips, inst.port),
                 (Kind::Svip, &inst.svips, inst.secure_port),
@@ -370,7 +370,7 @@ mod tests {
                     let info = out
                         .entry(cluster_name(vip, kind))
                         .or_insert_with(|| ClusterInfo {
-                            vip: vip.clone(),
+                            vip: vip.to_string(),
                             kind,
                             endpoints: Vec::new(),
                             instances: 0,
@@ -453,9 +453,7 @@ mod tests {
                 // An exact copy of an instance.
                 _ => instances.push(instances[next(instances.len() as u64)].clone()),
             }
-            let reg = Registry {
-                instances: instances.clone(),
-            };
+            let reg = Registry::from_iter(instances.clone());
             let snap = builder.update(Arc::new(reg.clone())).snapshot;
             assert_eq!(clusters(&snap), reference(&reg), "step {step}");
             for (name, info) in snap.iter() {
@@ -480,16 +478,12 @@ mod tests {
             })
             .collect();
         let mut builder = SnapshotBuilder::default();
-        let first = builder.update(Arc::new(Registry {
-            instances: instances.clone(),
-        }));
+        let first = builder.update(Arc::new(Registry::from_iter(instances.clone())));
         assert_eq!(first.clusters_rebuilt, 10);
         let mut down = (*instances[42]).clone();
         down.status = Status::Down;
         instances[42] = Arc::new(down);
-        let second = builder.update(Arc::new(Registry {
-            instances: instances.clone(),
-        }));
+        let second = builder.update(Arc::new(Registry::from_iter(instances.clone())));
         assert_eq!(
             second.instances_changed, 2,
             "the old and the new form of i42"
@@ -501,7 +495,7 @@ mod tests {
             second.snapshot.get("v3.vip").unwrap()
         ));
         // The same registry again: the same snapshot, nothing built.
-        let third = builder.update(Arc::new(Registry { instances }));
+        let third = builder.update(Arc::new(Registry::from_iter(instances)));
         assert!(Arc::ptr_eq(&third.snapshot, &second.snapshot));
         assert_eq!(third.clusters_rebuilt, 0);
     }

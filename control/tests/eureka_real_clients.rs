@@ -262,7 +262,11 @@ async fn a_real_client_registers_heartbeats_drains_reregisters_stops_and_expires
     // An operator removes it: its next heartbeat gets 404 and it registers again.
     let (status, _) = http("DELETE", &format!("{base}/apps/{app_upper}/{id}"), None).await;
     assert_eq!(status, 200);
-    assert!(find(&rx.borrow(), &id).is_none());
+    // The removal is published at once (the client's next heartbeat is a second away).
+    wait_registry(&rx, &format!("{id} removed"), DEADLINE, |r| {
+        find(r, &id).is_none()
+    })
+    .await;
     wait_registry(
         &rx,
         &format!("{id} registered again after a 404 heartbeat"),
@@ -329,11 +333,7 @@ async fn a_real_client_registers_heartbeats_drains_reregisters_stops_and_expires
         metrics.eureka_evictions_total.load(Ordering::Relaxed),
         evictions + 1
     );
-    assert!(
-        reg.instances
-            .iter()
-            .all(|i| !i.vips.contains(&app.to_owned()))
-    );
+    assert!(reg.instances().all(|i| !i.vips.contains(&app.to_owned())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

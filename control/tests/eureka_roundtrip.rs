@@ -87,7 +87,7 @@ async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_t
         find(r, "r1").is_none()
     })
     .await;
-    assert_eq!(reg.instances.len(), 1);
+    assert_eq!(reg.len(), 1);
     // The follower and the registry agree on the whole model.
     assert_eq!(*reg, **server.registry.borrow());
 }

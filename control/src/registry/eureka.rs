@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Instance, InvalidInstance, Parsed, Status, check_vip, split_vips};
+use super::{Instance, InvalidInstance, Parsed, Registry, Status, check_vip, split_vips};
 
 /// The whole answer of `GET /apps` or `GET /apps/delta`: `{"applications": {...}}`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -488,16 +488,22 @@ impl Applications {
     /// The plain registry: every instance that has a valid IP address, with the VIPs of
     /// its enabled ports that are valid names. What is left out is in `warnings`.
     pub fn to_registry(&self) -> Parsed {
-        let mut parsed = Parsed::default();
+        let mut warnings = Vec::new();
+        let mut groups: Vec<super::Group> = Vec::new();
         for app in &self.application {
+            let mut group = Vec::with_capacity(app.instance.len());
             for (index, info) in app.instance.iter().enumerate() {
-                match info.to_instance(&app.name, index, &mut parsed.warnings) {
-                    Ok(inst) => parsed.registry.instances.push(Arc::new(inst)),
-                    Err(e) => parsed.warnings.push(e),
+                match info.to_instance(&app.name, index, &mut warnings) {
+                    Ok(inst) => group.push(Arc::new(inst)),
+                    Err(e) => warnings.push(e),
                 }
             }
+            groups.push(group.into());
         }
-        parsed
+        Parsed {
+            registry: Registry::from_groups(groups),
+            warnings,
+        }
     }
 
     /// Eureka's reconcile hash code of this document's instances, as a Eureka client
@@ -774,8 +780,7 @@ mod tests {
     }
 
     fn find<'a>(reg: &'a Registry, id: &str) -> &'a Instance {
-        reg.instances
-            .iter()
+        reg.instances()
             .find(|i| i.instance_id == id)
             .unwrap_or_else(|| panic!("no instance {id}"))
     }
@@ -784,7 +789,7 @@ mod tests {
     fn a_real_apps_document_parses_every_instance() {
         let parsed = parse_registry(&testdata("eureka-apps.json")).unwrap();
         let reg = &parsed.registry;
-        assert_eq!(reg.instances.len(), 9, "{:#?}", reg.instances);
+        assert_eq!(reg.len(), 9, "{:#?}", reg);
         assert!(parsed.warnings.is_empty(), "{:#?}", parsed.warnings);
 
         let hello = find(reg, "hello-1.internal:hello:8080");
@@ -813,11 +818,7 @@ mod tests {
         let reg = parse_registry(&testdata("eureka-apps.json"))
             .unwrap()
             .registry;
-        let billing: Vec<_> = reg
-            .instances
-            .iter()
-            .filter(|i| i.app == "BILLING")
-            .collect();
+        let billing: Vec<_> = reg.instances().filter(|i| i.app == "BILLING").collect();
         assert_eq!(billing.len(), 1);
         assert_eq!(billing[0].vips, ["billing"]);
     }
@@ -827,8 +828,8 @@ mod tests {
         let reg = parse_registry(&testdata("eureka-apps-single.json"))
             .unwrap()
             .registry;
-        assert_eq!(reg.instances.len(), 1);
-        let inst = &reg.instances[0];
+        assert_eq!(reg.len(), 1);
+        let inst = &reg.instances().next().unwrap();
         assert_eq!(inst.app, "MSDA-DEMO-SERVICE");
         assert_eq!(inst.port, Some(8080), "`$` given as a string");
         assert_eq!(inst.secure_port, None);
@@ -867,7 +868,7 @@ mod tests {
                 "secureVipAddress": "hello", "port": {"$": 80, "@enabled": false},
                 "securePort": {"$": 443, "@enabled": true}}"#,
         );
-        let inst = &p.registry.instances[0];
+        let inst = &p.registry.instances().next().unwrap();
         assert_eq!((inst.port, inst.secure_port), (None, Some(443)));
         assert!(inst.vips.is_empty());
         assert_eq!(inst.svips, ["hello"]);
@@ -880,7 +881,7 @@ mod tests {
                 "port": {"$": "8080", "@enabled": true},
                 "securePort": {"$": 8443, "@enabled": "TRUE"}}"#,
         );
-        let inst = &p.registry.instances[0];
+        let inst = &p.registry.instances().next().unwrap();
         assert_eq!((inst.port, inst.secure_port), (Some(8080), Some(8443)));
     }
 
@@ -890,7 +891,7 @@ mod tests {
             r#"{"instanceId": "a", "ipAddr": "10.0.0.1", "vipAddress": "hello",
                 "secureVipAddress": "hello", "port": {"$": 8080}, "securePort": 8443}"#,
         );
-        let inst = &p.registry.instances[0];
+        let inst = &p.registry.instances().next().unwrap();
         assert_eq!((inst.port, inst.secure_port), (Some(8080), None));
     }
 
@@ -908,7 +909,10 @@ mod tests {
             r#"{"instanceId": "a", "ipAddr": "10.0.0.1",
                 "vipAddress": " Hello, HELLO.internal ,,hello ", "port": {"$": 80, "@enabled": "true"}}"#,
         );
-        assert_eq!(p.registry.instances[0].vips, ["hello", "hello.internal"]);
+        assert_eq!(
+            p.registry.instances().next().unwrap().vips,
+            ["hello", "hello.internal"]
+        );
         assert!(p.warnings.is_empty());
     }
 
@@ -918,7 +922,7 @@ mod tests {
             r#"{"instanceId": "a", "ipAddr": "10.0.0.1",
                 "vipAddress": "hello,bad vip!,10.1.2.3", "port": {"$": 80, "@enabled": "true"}}"#,
         );
-        assert_eq!(p.registry.instances[0].vips, ["hello"]);
+        assert_eq!(p.registry.instances().next().unwrap().vips, ["hello"]);
         assert_eq!(p.warnings.len(), 2, "{:#?}", p.warnings);
         assert_eq!(p.warnings[0].field, "vipAddress");
         assert_eq!(p.warnings[0].instance_id.as_deref(), Some("a"));
@@ -935,7 +939,7 @@ mod tests {
             r#"{"instanceId": "a", "app": "HELLO", "ipAddr": "hello-1.internal",
                 "vipAddress": "hello", "port": {"$": 80, "@enabled": "true"}}"#,
         );
-        assert!(p.registry.instances.is_empty());
+        assert!(p.registry.is_empty());
         assert_eq!(p.warnings.len(), 1);
         assert_eq!(p.warnings[0].field, "ipAddr");
         assert_eq!(p.warnings[0].app, "HELLO");
@@ -944,7 +948,7 @@ mod tests {
     #[test]
     fn an_unreadable_instance_is_skipped_and_the_others_kept() {
         let parsed = parse_registry(&testdata("eureka-apps-one-bad-instance.json")).unwrap();
-        assert_eq!(parsed.registry.instances.len(), 1);
+        assert_eq!(parsed.registry.len(), 1);
         assert_eq!(parsed.warnings.len(), 1, "{:#?}", parsed.warnings);
         let w = &parsed.warnings[0];
         assert_eq!((w.index, w.app.as_str()), (1, "HELLO"));
@@ -969,7 +973,7 @@ mod tests {
     fn missing_optional_fields_and_unknown_fields_are_fine() {
         let p =
             one_instance(r#"{"ipAddr": "::1", "port": 8080, "vipAddress": "hello", "novel": [1]}"#);
-        let inst = &p.registry.instances[0];
+        let inst = &p.registry.instances().next().unwrap();
         assert_eq!(inst.app, "HELLO", "from the application");
         assert_eq!(inst.instance_id, "::1:8080");
         assert_eq!(inst.status, Status::Up, "Eureka's default");
@@ -979,7 +983,10 @@ mod tests {
     #[test]
     fn an_unknown_status_word_means_unknown() {
         let p = one_instance(r#"{"ipAddr": "10.0.0.1", "status": "SLEEPY"}"#);
-        assert_eq!(p.registry.instances[0].status, Status::Unknown);
+        assert_eq!(
+            p.registry.instances().next().unwrap().status,
+            Status::Unknown
+        );
     }
 
     #[test]
@@ -1038,7 +1045,7 @@ mod tests {
             br#"{"applications": {"versions__delta": "1", "apps__hashcode": "", "application": []}}"#,
         )
         .unwrap();
-        assert!(p.registry.instances.is_empty());
+        assert!(p.registry.is_empty());
     }
 
     #[test]

@@ -228,7 +228,7 @@ impl Watcher {
                     .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
                 tracing::info!(
                     path = %self.path.display(),
-                    instances = parsed.registry.instances.len(),
+                    instances = parsed.registry.len(),
                     "registry loaded"
                 );
             }
@@ -365,11 +365,8 @@ mod tests {
     use crate::registry::testdata::path as testdata;
 
     async fn wait_for_instances(source: &mut FileSource, n: usize) {
-        let found = tokio::time::timeout(
-            DEADLINE,
-            source.registry.wait_for(|r| r.instances.len() == n),
-        )
-        .await;
+        let found =
+            tokio::time::timeout(DEADLINE, source.registry.wait_for(|r| r.len() == n)).await;
         assert!(
             matches!(found, Ok(Ok(_))),
             "registry never had {n} instances; status {:?}",
@@ -400,21 +397,10 @@ mod tests {
     #[test]
     fn both_fixture_formats_load() {
         assert_eq!(
-            load(&testdata("eureka-apps.json"))
-                .unwrap()
-                .registry
-                .instances
-                .len(),
+            load(&testdata("eureka-apps.json")).unwrap().registry.len(),
             9
         );
-        assert_eq!(
-            load(&testdata("registry.yaml"))
-                .unwrap()
-                .registry
-                .instances
-                .len(),
-            5
-        );
+        assert_eq!(load(&testdata("registry.yaml")).unwrap().registry.len(), 5);
     }
 
     #[test]
@@ -467,7 +453,7 @@ mod tests {
         let source = start(&path, DEFAULT_POLL_INTERVAL, metrics.clone())
             .await
             .unwrap();
-        assert_eq!(source.registry.borrow().instances.len(), 2);
+        assert_eq!(source.registry.borrow().len(), 2);
         let st = source.health.snapshot();
         assert!(st.loaded && st.last_error.is_none() && st.last_success.is_some());
         assert_eq!(st.instances, 2);
@@ -535,7 +521,7 @@ mod tests {
         let st = source.health.snapshot();
         assert!(st.loaded, "still serving the last good registry");
         assert!(st.last_error.unwrap().contains("not-an-ip"));
-        assert_eq!(source.registry.borrow().instances.len(), 2);
+        assert_eq!(source.registry.borrow().len(), 2);
         assert!(
             !source.registry.has_changed().unwrap(),
             "nothing was published"
@@ -571,7 +557,7 @@ mod tests {
             health.snapshot().last_error.is_some()
         })
         .await;
-        assert_eq!(source.registry.borrow().instances.len(), 1);
+        assert_eq!(source.registry.borrow().len(), 1);
 
         std::fs::write(&path, TWO).unwrap();
         wait_for_instances(&mut source, 2).await;

@@ -67,21 +67,81 @@ pub struct Instance {
     pub zone: Option<String>,
 }
 
-/// Every instance a source knows of, in the order it read them.
+/// The instances of one app (or of part of one), next to each other.
+pub type Group = Arc<[Arc<Instance>]>;
+
+/// Every instance a source knows of, in the order it read them, in groups of one app.
 ///
-/// Instances are shared: a source that keeps what it converted (the embedded registry) can
-/// publish a new registry without copying the instances that did not change, and
-/// [`Registry::changes_since`] skips those by pointer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+/// Shared, in two levels: a source that keeps what it converted (the embedded registry)
+/// publishes a new registry by sharing the groups of the apps that did not change (one
+/// pointer per app, not per instance), and [`Registry::changes_since`] skips a shared
+/// group, or a shared instance, by pointer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registry {
-    pub instances: Vec<Arc<Instance>>,
+    /// Not empty, each.
+    groups: Vec<Group>,
+    len: usize,
+}
+
+impl Registry {
+    /// A registry of `groups`, each the instances of one app (an app may have several).
+    pub fn from_groups(groups: impl IntoIterator<Item = Group>) -> Registry {
+        let groups: Vec<Group> = groups.into_iter().filter(|g| !g.is_empty()).collect();
+        let len = groups.iter().map(|g| g.len()).sum();
+        Registry { groups, len }
+    }
+
+    /// Every instance, in order.
+    pub fn instances(&self) -> impl Iterator<Item = &Arc<Instance>> {
+        self.groups.iter().flat_map(|g| g.iter())
+    }
+
+    /// How many instances there are.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there is no instance.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl FromIterator<Arc<Instance>> for Registry {
+    /// Groups consecutive instances of the same app.
+    fn from_iter<I: IntoIterator<Item = Arc<Instance>>>(instances: I) -> Registry {
+        let mut groups: Vec<Group> = Vec::new();
+        let mut group: Vec<Arc<Instance>> = Vec::new();
+        for inst in instances {
+            if group.last().is_some_and(|last| last.app != inst.app) {
+                groups.push(std::mem::take(&mut group).into());
+            }
+            group.push(inst);
+        }
+        groups.push(group.into());
+        Registry::from_groups(groups)
+    }
 }
 
 impl FromIterator<Instance> for Registry {
     fn from_iter<I: IntoIterator<Item = Instance>>(instances: I) -> Registry {
-        Registry {
-            instances: instances.into_iter().map(Arc::new).collect(),
+        instances.into_iter().map(Arc::new).collect()
+    }
+}
+
+impl serde::Serialize for Registry {
+    /// As `{"instances": [...]}`, every instance in order.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Instances<'a>(&'a Registry);
+        impl serde::Serialize for Instances<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.instances())
+            }
         }
+        let mut out = serializer.serialize_struct("Registry", 1)?;
+        out.serialize_field("instances", &Instances(self))?;
+        out.end()
     }
 }
 
@@ -190,23 +250,22 @@ pub fn publish(tx: &tokio::sync::watch::Sender<Arc<Registry>>, registry: Registr
 }
 
 impl Registry {
-    /// What changed from `older` to `self`: O(instances), and cheap for instances shared
-    /// with `older` (one pointer comparison each).
+    /// What changed from `older` to `self`: one pointer comparison per group shared with
+    /// `older`, and per instance shared within the others.
     ///
-    /// Both are walked side by side, ordered by (app, instance id), as every source lists
-    /// them or nearly: an instance at the same position with the same key is compared, the
-    /// one with the smaller key is taken as removed or added. The result is always correct,
+    /// Both are walked side by side, ordered by app and then instance id, as every source
+    /// lists them or nearly: a group (then an instance) at the same position with the same
+    /// key is compared, the one with the smaller key is taken as removed or added. The
+    /// result is always correct,
     /// whatever the order: what is paired is equal and cancels out, everything else is
     /// listed. Out of order, it lists more than changed (a moved instance is removed and
     /// added again), which costs the caller work but no accuracy.
     pub fn changes_since(&self, older: &Registry) -> RegistryChanges {
         use std::cmp::Ordering;
-        fn key(i: &Instance) -> (&str, &str) {
-            (&i.app, &i.instance_id)
-        }
-        let (old, new) = (&older.instances, &self.instances);
         let mut changes = RegistryChanges::default();
+        let (old, new) = (&older.groups, &self.groups);
         let (mut i, mut j) = (0, 0);
+        // Group by group first: a shared group is skipped whole.
         while i < old.len() && j < new.len() {
             let (o, n) = (&old[i], &new[j]);
             if Arc::ptr_eq(o, n) {
@@ -214,34 +273,72 @@ impl Registry {
                 j += 1;
                 continue;
             }
-            match key(o).cmp(&key(n)) {
+            match o[0].app.cmp(&n[0].app) {
                 Ordering::Less => {
-                    changes.removed.push(o.clone());
+                    changes.removed.extend(o.iter().cloned());
                     i += 1;
                 }
                 Ordering::Greater => {
-                    changes.added.push(n.clone());
+                    changes.added.extend(n.iter().cloned());
                     j += 1;
                 }
                 Ordering::Equal => {
-                    if o != n {
-                        changes.removed.push(o.clone());
-                        changes.added.push(n.clone());
-                    }
+                    diff_instances(o, n, &mut changes);
                     i += 1;
                     j += 1;
                 }
             }
         }
-        changes.removed.extend(old[i..].iter().cloned());
-        changes.added.extend(new[j..].iter().cloned());
+        changes
+            .removed
+            .extend(old[i..].iter().flat_map(|g| g.iter().cloned()));
+        changes
+            .added
+            .extend(new[j..].iter().flat_map(|g| g.iter().cloned()));
         changes
     }
 
     /// Eureka's reconcile hash code of this registry (see [`reconcile_hash_code`]).
     pub fn reconcile_hash_code(&self) -> String {
-        reconcile_hash_code(self.instances.iter().map(|i| i.status))
+        reconcile_hash_code(self.instances().map(|i| i.status))
     }
+}
+
+/// [`Registry::changes_since`] within one group: instances side by side, by id.
+fn diff_instances(old: &[Arc<Instance>], new: &[Arc<Instance>], changes: &mut RegistryChanges) {
+    use std::cmp::Ordering;
+    fn key(i: &Instance) -> (&str, &str) {
+        (&i.app, &i.instance_id)
+    }
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() && j < new.len() {
+        let (o, n) = (&old[i], &new[j]);
+        if Arc::ptr_eq(o, n) {
+            i += 1;
+            j += 1;
+            continue;
+        }
+        match key(o).cmp(&key(n)) {
+            Ordering::Less => {
+                changes.removed.push(o.clone());
+                i += 1;
+            }
+            Ordering::Greater => {
+                changes.added.push(n.clone());
+                j += 1;
+            }
+            Ordering::Equal => {
+                if o != n {
+                    changes.removed.push(o.clone());
+                    changes.added.push(n.clone());
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    changes.removed.extend(old[i..].iter().cloned());
+    changes.added.extend(new[j..].iter().cloned());
 }
 
 #[cfg(test)]
@@ -316,20 +413,36 @@ mod tests {
         use Status::*;
         let old = Registry::from_iter([instance("a", Up), instance("b", Up), instance("c", Up)]);
         // b goes down, c leaves, d arrives; a is the very same instance (shared).
-        let new = Registry {
-            instances: vec![
-                old.instances[0].clone(),
-                Arc::new(instance("b", Down)),
-                Arc::new(instance("d", Up)),
-            ],
-        };
+        let new = Registry::from_iter([
+            old.instances().next().unwrap().clone(),
+            Arc::new(instance("b", Down)),
+            Arc::new(instance("d", Up)),
+        ]);
         let changes = new.changes_since(&old);
         assert_eq!(ids(&changes.removed), [("b", Up), ("c", Up)]);
         assert_eq!(ids(&changes.added), [("b", Down), ("d", Up)]);
         assert!(new.changes_since(&new).is_empty());
         // Equal instances read again (nothing shared) are no change either.
-        let reread = Registry::from_iter(new.instances.iter().map(|i| (**i).clone()));
+        let reread = Registry::from_iter(new.instances().map(|i| (**i).clone()));
         assert!(reread.changes_since(&new).is_empty());
+    }
+
+    #[test]
+    fn a_shared_group_is_skipped_and_others_are_compared_instance_by_instance() {
+        use Status::*;
+        let mut other = instance("x", Up);
+        other.app = "OTHER".into();
+        let hello: Group = vec![Arc::new(instance("a", Up)), Arc::new(instance("b", Up))].into();
+        let old = Registry::from_groups([hello.clone(), vec![Arc::new(other.clone())].into()]);
+        let mut other_down = other.clone();
+        other_down.status = Down;
+        let new = Registry::from_groups([hello, vec![Arc::new(other_down)].into()]);
+        let changes = new.changes_since(&old);
+        assert_eq!(ids(&changes.removed), [("x", Up)]);
+        assert_eq!(ids(&changes.added), [("x", Down)]);
+        assert_eq!((new.len(), new.is_empty()), (3, false));
+        let json = serde_json::to_value(&new).unwrap();
+        assert_eq!(json["instances"].as_array().unwrap().len(), 3);
     }
 
     #[test]
@@ -339,7 +452,8 @@ mod tests {
         let new = Registry::from_iter([instance("a", Up), instance("b", Down), instance("c", Up)]);
         let changes = new.changes_since(&old);
         // Whatever it lists, old - removed + added must be new.
-        let mut result = ids(&old.instances);
+        let all: Vec<Arc<Instance>> = old.instances().cloned().collect();
+        let mut result = ids(&all);
         for gone in ids(&changes.removed) {
             let at = result
                 .iter()

@@ -102,7 +102,7 @@ impl SourceHealth {
             st.loaded = true;
             st.last_error = None;
             st.last_success = Some(now);
-            st.instances = registry.instances.len();
+            st.instances = registry.len();
             st.warnings = texts.iter().take(MAX_WARNINGS).cloned().collect();
             if texts.len() > MAX_WARNINGS {
                 let more = texts.len() - MAX_WARNINGS;
@@ -114,7 +114,7 @@ impl SourceHealth {
         Metrics::inc(&metrics.registry_loads_total);
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Metrics::set(&metrics.registry_last_success_seconds, secs);
-        Metrics::set(&metrics.registry_instances, registry.instances.len() as u64);
+        Metrics::set(&metrics.registry_instances, registry.len() as u64);
         new
     }
 

@@ -313,13 +313,13 @@ impl<'de> Shape<'de> for InstancesShape {
     }
 
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Instances, A::Error> {
-        let mut registry = Registry::default();
+        let mut instances = Vec::new();
         let mut error = None;
         while let Some(inst) = seq.next_element_seed(Any(InstanceShape {
-            index: registry.instances.len(),
+            index: instances.len(),
         }))? {
             match inst {
-                Ok(inst) => registry.instances.push(Arc::new(inst)),
+                Ok(inst) => instances.push(Arc::new(inst)),
                 Err(e) => {
                     error = Some(e);
                     break;
@@ -331,12 +331,12 @@ impl<'de> Shape<'de> for InstancesShape {
             while seq.next_element::<Value>()?.is_some() {}
         }
         // Two instances with the same id, before the first invalid instance, come first.
-        if let Some(e) = first_duplicate_id(&registry.instances) {
+        if let Some(e) = first_duplicate_id(&instances) {
             return Ok(Instances::List(Err(e)));
         }
         Ok(Instances::List(match error {
             Some(e) => Err(e),
-            None => Ok(registry),
+            None => Ok(instances.into_iter().collect()),
         }))
     }
 }
@@ -668,9 +668,9 @@ mod tests {
     #[test]
     fn the_example_registry_parses_with_its_defaults() {
         let reg = parse(&testdata("registry.yaml")).unwrap();
-        assert_eq!(reg.instances.len(), 5);
+        assert_eq!(reg.len(), 5);
 
-        let first = &reg.instances[0];
+        let first = &reg.instances().next().unwrap();
         assert_eq!(first.app, "hello");
         assert_eq!(first.instance_id, "hello:127.0.0.1:8081:s8443");
         assert_eq!((first.port, first.secure_port), (Some(8081), Some(8443)));
@@ -679,17 +679,20 @@ mod tests {
         assert_eq!(first.status, Status::Up);
         assert_eq!(first.zone.as_deref(), Some("local-a"));
 
-        assert_eq!(reg.instances[1].vips, ["hello", "hello.internal"]);
-        assert!(reg.instances[1].svips.is_empty());
-        assert_eq!(reg.instances[2].status, Status::Down);
+        assert_eq!(
+            reg.instances().nth(1).unwrap().vips,
+            ["hello", "hello.internal"]
+        );
+        assert!(reg.instances().nth(1).unwrap().svips.is_empty());
+        assert_eq!(reg.instances().nth(2).unwrap().status, Status::Down);
 
-        let payments = &reg.instances[3];
+        let payments = &reg.instances().nth(3).unwrap();
         assert_eq!(payments.ip, "::1".parse::<IpAddr>().unwrap());
         assert!(payments.vips.is_empty(), "no port, so no VIP side");
         assert_eq!(payments.svips, ["payments.secure"]);
         assert_eq!(payments.instance_id, "payments:[::1]:s9443");
 
-        let greeter = &reg.instances[4];
+        let greeter = &reg.instances().nth(4).unwrap();
         assert_eq!(greeter.instance_id, "greeter-canary");
         assert_eq!(greeter.vips, ["greeter-v2"]);
         assert_eq!(greeter.status, Status::OutOfService);
@@ -699,8 +702,8 @@ mod tests {
     fn svip_defaults_to_an_explicit_vip() {
         let reg =
             parse(b"instances: [{app: hello, ip: 10.0.0.1, secure_port: 443, vip: Hi}]").unwrap();
-        assert_eq!(reg.instances[0].svips, ["hi"]);
-        assert!(reg.instances[0].vips.is_empty());
+        assert_eq!(reg.instances().next().unwrap().svips, ["hi"]);
+        assert!(reg.instances().next().unwrap().vips.is_empty());
     }
 
     #[test]
@@ -794,7 +797,7 @@ mod tests {
         let reg =
             parse(b"instances: [{app: hello, ip: 10.0.0.1, port: 80, status: out_of_service}]")
                 .unwrap();
-        assert_eq!(reg.instances[0].status, Status::OutOfService);
+        assert_eq!(reg.instances().next().unwrap().status, Status::OutOfService);
     }
 
     #[test]

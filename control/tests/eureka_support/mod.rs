@@ -54,15 +54,12 @@ pub async fn wait_registry(
         Ok(Err(_)) => panic!("{what}: the registry source stopped"),
         Err(_) => panic!(
             "{what}: not within {deadline:?}; registry: {:#?}",
-            rx.borrow().instances
+            rx.borrow().instances().collect::<Vec<_>>()
         ),
     }
 }
 
 /// The instance with this id in the registry, if any.
 pub fn find<'a>(reg: &'a Registry, id: &str) -> Option<&'a odmesh_control::registry::Instance> {
-    reg.instances
-        .iter()
-        .find(|i| i.instance_id == id)
-        .map(|i| &**i)
+    reg.instances().find(|i| i.instance_id == id).map(|i| &**i)
 }

@@ -432,7 +432,7 @@ impl Follower {
             tracing::warn!("Eureka instance left out: {w}");
         }
         self.loaded.notify_one();
-        let instances = parsed.registry.instances.len();
+        let instances = parsed.registry.len();
         if super::publish(tx, parsed.registry) {
             tracing::info!(instances, "Eureka registry changed");
         }

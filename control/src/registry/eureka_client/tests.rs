@@ -142,17 +142,13 @@ async fn follow(urls: Vec<String>) -> (EurekaSource, Arc<Metrics>) {
 }
 
 fn ids(reg: &Registry) -> Vec<String> {
-    let mut ids: Vec<_> = reg
-        .instances
-        .iter()
-        .map(|i| i.instance_id.clone())
-        .collect();
+    let mut ids: Vec<_> = reg.instances().map(|i| i.instance_id.clone()).collect();
     ids.sort();
     ids
 }
 
 fn has(reg: &Registry, id: &str) -> bool {
-    reg.instances.iter().any(|i| i.instance_id == id)
+    reg.instances().any(|i| i.instance_id == id)
 }
 
 /// A port on which nothing listens.
@@ -226,8 +222,7 @@ fn a_delta_applied_to_the_full_fixture_adds_modifies_and_deletes() {
     assert!(has(&reg, "hello-4"));
     assert!(!has(&reg, "greeter-2"));
     let hello3 = reg
-        .instances
-        .iter()
+        .instances()
         .find(|i| i.instance_id == "hello-3.internal:hello:8080")
         .unwrap();
     assert_eq!(hello3.status, Status::Up, "was DOWN before the delta");
@@ -267,7 +262,7 @@ async fn the_first_full_fetch_asks_for_json_and_publishes_the_fixture_registry()
     let (source, metrics) = follow(vec![url]).await;
     assert!(source.health.is_loaded(), "start waits for the first fetch");
     let reg = source.registry.borrow().clone();
-    assert_eq!(reg.instances.len(), 9);
+    assert_eq!(reg.len(), 9);
     assert_eq!(mock.0.lock().unwrap().accept[0], "application/json");
     assert!(source.age_of_last_fetch().unwrap() < Duration::from_secs(5));
     assert_eq!(count(&metrics.eureka_full_fetches_total), 1);
@@ -324,7 +319,7 @@ async fn a_delta_whose_hash_code_does_not_match_forces_a_full_fetch() {
     );
     let reg = wait_registry(&source, |r| has(r, "billing-2")).await;
     assert!(has(&reg, "payments-3"));
-    assert_eq!(reg.instances.len(), 11);
+    assert_eq!(reg.len(), 11);
     assert!(count(&metrics.eureka_hash_mismatches_total) >= 1);
     assert!(mock.hits().0 >= 2);
     // Once in step, the same delta (with the same hash) needs no more full fetches.
@@ -401,7 +396,7 @@ async fn the_next_url_is_used_when_the_first_does_not_answer() {
     .await;
     let (source, metrics) = follow(vec![dead_url().await, url]).await;
     assert!(source.health.is_loaded());
-    assert_eq!(source.registry.borrow().instances.len(), 9);
+    assert_eq!(source.registry.borrow().len(), 9);
     assert_eq!(count(&metrics.eureka_failovers_total), 1);
     assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
 }
@@ -436,10 +431,10 @@ async fn start_returns_unloaded_when_no_server_answers_in_time_and_loads_later()
     assert!(started.elapsed() < Duration::from_secs(2));
     assert!(!source.health.is_loaded());
     assert!(source.age_of_last_fetch().is_none());
-    assert!(source.registry.borrow().instances.is_empty());
+    assert!(source.registry.borrow().is_empty());
 
     mock.set(Some(Reply::Body(testdata("eureka-apps.json"))), None);
-    wait_registry(&source, |r| r.instances.len() == 9).await;
+    wait_registry(&source, |r| r.len() == 9).await;
     assert!(source.health.is_loaded());
 }
 

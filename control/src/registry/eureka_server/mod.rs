@@ -61,7 +61,7 @@ use super::eureka::{
     ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
     DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo,
 };
-use super::{Instance, InvalidInstance, Parsed, Registry, SourceHealth, Status, split_vips};
+use super::{Group, Instance, InvalidInstance, Parsed, Registry, SourceHealth, Status, split_vips};
 
 /// Where the embedded registry listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8761";
@@ -124,9 +124,10 @@ struct Ledger {
     recent: BTreeMap<u64, Change>,
     /// (APP, id) → the key of that instance's change in `recent`.
     latest: HashMap<(String, String), u64>,
-    /// (APP, id) → the instance as the mesh sees it, converted when its lease changed: what
-    /// is published, kept apart from the leases so that publishing reads only this.
-    instances: BTreeMap<(String, String), Arc<Instance>>,
+    /// APP → its instances as the mesh sees them, converted when their lease changed: what
+    /// is published, kept apart from the leases, one shared group per app, so that a publish
+    /// copies one pointer per app.
+    published: BTreeMap<String, Published>,
     /// (APP, id) → what was left out of the instance, and why; only instances with warnings.
     warned: BTreeMap<(String, String), Vec<InvalidInstance>>,
     /// Bumped on every change; served as `versions__delta`.
@@ -144,10 +145,19 @@ struct Lease {
     duration: Duration,
 }
 
+/// One app's instances, converted for the mesh.
+#[derive(Default)]
+struct Published {
+    /// id → instance.
+    by_id: BTreeMap<String, Arc<Instance>>,
+    /// The same instances, in id order, as they are published.
+    group: Group,
+}
+
 impl Ledger {
     /// Converts the instance `app`/`id` for the mesh again after its lease changed, or
-    /// forgets it if the lease is gone. Publishing a registry of a million instances thus
-    /// converts none of them.
+    /// forgets it if the lease is gone, and rebuilds its app's group. Publishing a registry
+    /// of a million instances thus converts none of them.
     fn convert(&mut self, app: &str, id: &str) {
         let key = (app.to_owned(), id.to_owned());
         let mut warnings = Vec::new();
@@ -161,10 +171,16 @@ impl Ledger {
                 }
             },
         };
+        let published = self.published.entry(app.to_owned()).or_default();
         match instance {
-            Some(instance) => self.instances.insert(key.clone(), instance),
-            None => self.instances.remove(&key),
+            Some(instance) => published.by_id.insert(id.to_owned(), instance),
+            None => published.by_id.remove(id),
         };
+        if published.by_id.is_empty() {
+            self.published.remove(app);
+        } else {
+            published.group = published.by_id.values().cloned().collect::<Vec<_>>().into();
+        }
         if warnings.is_empty() {
             self.warned.remove(&key);
         } else {
@@ -759,9 +775,7 @@ fn full_applications(state: &Ledger) -> Applications {
 /// The plain model of the registry: what `full_applications(state).to_registry()` gives,
 /// from the instances converted when their leases changed.
 fn to_registry(state: &Ledger) -> Parsed {
-    let registry = Registry {
-        instances: state.instances.values().cloned().collect(),
-    };
+    let registry = Registry::from_groups(state.published.values().map(|p| p.group.clone()));
     let mut warnings = Vec::new();
     for ((app, id), list) in &state.warned {
         // The instance's position in its app, as the full document counts.

@@ -113,8 +113,7 @@ impl Fixture {
     async fn status_of(&self, id: &str) -> Option<Status> {
         self.published()
             .await
-            .instances
-            .iter()
+            .instances()
             .find(|i| i.instance_id == id)
             .map(|i| i.status)
     }
@@ -156,8 +155,8 @@ async fn a_registration_is_answered_204_and_published_at_once() {
     assert_eq!(status, StatusCode::NO_CONTENT);
 
     let reg = f.published().await;
-    assert_eq!(reg.instances.len(), 1);
-    let inst = &reg.instances[0];
+    assert_eq!(reg.len(), 1);
+    let inst = &reg.instances().next().unwrap();
     assert_eq!(inst.app, "HELLO");
     assert_eq!(inst.instance_id, "h1");
     assert_eq!(inst.port, Some(8080));
@@ -199,7 +198,7 @@ async fn a_registration_for_another_app_than_the_path_is_refused() {
     let mut no_ip = instance("h1", "HELLO", "hello", 8080);
     no_ip.as_object_mut().unwrap().remove("ipAddr");
     assert_eq!(f.register("HELLO", no_ip).await, StatusCode::BAD_REQUEST);
-    assert!(f.published().await.instances.is_empty());
+    assert!(f.published().await.is_empty());
 }
 
 #[tokio::test]
@@ -294,8 +293,7 @@ async fn cancel_removes_the_instance_and_its_vip() {
     let ids: Vec<_> = f
         .published()
         .await
-        .instances
-        .iter()
+        .instances()
         .map(|i| i.instance_id.clone())
         .collect();
     assert_eq!(ids, ["h2"]);
@@ -307,7 +305,7 @@ async fn cancel_removes_the_instance_and_its_vip() {
         f.send(Method::DELETE, "/eureka/apps/HELLO/h2").await,
         StatusCode::OK
     );
-    assert!(f.published().await.instances.is_empty());
+    assert!(f.published().await.is_empty());
     assert_eq!(
         f.get_json("/eureka/vips/hello").await.status,
         StatusCode::NOT_FOUND
@@ -423,7 +421,13 @@ async fn metadata_updates_merge_into_the_instance() {
         json!({"version": "1", "zone": "zone-a", "owner": "team"})
     );
     assert_eq!(
-        f.published().await.instances[0].zone.as_deref(),
+        f.published()
+            .await
+            .instances()
+            .nth(0)
+            .unwrap()
+            .zone
+            .as_deref(),
         Some("zone-a")
     );
     assert_eq!(
@@ -611,7 +615,7 @@ async fn the_published_model_is_that_of_the_full_document() {
     let state = f.eureka.lock();
     let direct = to_registry(&state);
     assert_eq!(direct, full_applications(&state).to_registry());
-    assert_eq!(direct.registry.instances.len(), 3);
+    assert_eq!(direct.registry.len(), 3);
     assert_eq!(direct.warnings.len(), 1, "{:?}", direct.warnings);
 }
 
@@ -657,8 +661,7 @@ async fn a_lease_expires_after_its_duration_without_heartbeat_and_the_instance_l
     let ids: Vec<_> = f
         .published()
         .await
-        .instances
-        .iter()
+        .instances()
         .map(|i| i.instance_id.clone())
         .collect();
     assert_eq!(ids, ["h2"]);
@@ -696,13 +699,10 @@ async fn the_configured_lease_duration_applies_to_instances_that_do_not_say() {
     f.register("HELLO", silent).await;
     let eviction = tokio::spawn(f.eureka.clone().run_eviction());
     let mut rx = f.rx.clone();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        rx.wait_for(|r| r.instances.is_empty()),
-    )
-    .await
-    .expect("evicted within the lease and one eviction interval")
-    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|r| r.is_empty()))
+        .await
+        .expect("evicted within the lease and one eviction interval")
+        .unwrap();
     eviction.abort();
 }
 
@@ -740,7 +740,7 @@ async fn registrations_from_many_threads_are_all_published() {
             });
         }
     });
-    assert_eq!(f.published().await.instances.len(), 400);
+    assert_eq!(f.published().await.len(), 400);
     let m = f.metrics.render();
     assert!(m.contains("odmesh_registry_instances 400"), "{m}");
 }
