@@ -424,7 +424,7 @@ async fn metadata_updates_merge_into_the_instance() {
         f.published()
             .await
             .instances()
-            .nth(0)
+            .next()
             .unwrap()
             .zone
             .as_deref(),
