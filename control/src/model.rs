@@ -227,8 +227,15 @@ fn clusters_of(inst: &Instance) -> impl Iterator<Item = (String, &str, Kind)> {
         .map(|(vip, kind)| (cluster_name(vip, kind), vip.as_str(), kind))
 }
 
+/// After building a snapshot, [`follow`] waits this long before it builds the next, so
+/// that the registry changes arriving meanwhile (a burst of registrations, a rolling
+/// restart) are taken together: the first change after a quiet time goes out at once, the
+/// ones right behind it wait at most this long. Each snapshot costs time whatever it holds:
+/// every proxy stream is woken to check its subscriptions.
+pub const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Follows a registry source: publishes a new [`Snapshot`] each time the registry changes
-/// in a way that changes a cluster.
+/// in a way that changes a cluster, at most one per [`SNAPSHOT_INTERVAL`].
 ///
 /// The task ends when the source's sender is dropped or nobody listens to the snapshots.
 pub fn follow(
@@ -267,6 +274,7 @@ pub fn follow(
             if tx.is_closed() {
                 break;
             }
+            tokio::time::sleep(SNAPSHOT_INTERVAL).await;
         }
     });
     (rx, task)

@@ -63,6 +63,11 @@ use super::eureka::{
 };
 use super::{Group, Instance, InvalidInstance, Parsed, Registry, SourceHealth, Status, split_vips};
 
+/// After a publish, the publisher waits this long before the next, so that changes
+/// arriving together (a burst of registrations) are published together; a change after a
+/// quiet time is published at once.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(5);
+
 /// Where the embedded registry listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8761";
 
@@ -688,6 +693,8 @@ impl EurekaRegistry {
             if changes.changed().await.is_err() {
                 return;
             }
+            // Changes right behind this one are published together, after a short wait.
+            tokio::time::sleep(PUBLISH_INTERVAL).await;
         }
     }
 
