@@ -3,7 +3,7 @@
 
     bench/run.py --quick     # under 5 minutes, smaller counts (make bench-quick)
     bench/run.py             # the full set (make bench)
-    bench/run.py --only first,overhead,memory,scale,filter
+    bench/run.py --only first,overhead,memory,scale,eureka,filter
 
 Needs (make bench builds them): target/release/odmesh-control, target/release/odmesh-bench,
 dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk. Writes docs/bench/latest.md, latest.json
@@ -178,12 +178,16 @@ http {{
 
 
 def start_control(procs, registry, name="control"):
-    xds, admin = free_port(), free_port()
-    p = procs.start(name, [CONTROL, "--registry", registry, "--xds", f"127.0.0.1:{xds}",
-                           "--admin", f"127.0.0.1:{admin}"], env={"NO_COLOR": "1", "RUST_LOG": "info,odmesh_control::model=debug,odmesh_control::cache=debug"})
+    """odmesh-control on `registry` (a file), or with registry=None its embedded Eureka registry."""
+    xds, admin, eureka = free_port(), free_port(), free_port()
+    source = ["--registry", registry] if registry else ["--serve-eureka", f"127.0.0.1:{eureka}"]
+    # The embedded registry logs every registration at info; at a million that is the log's whole size.
+    log_level = "info" if registry else "warn"
+    p = procs.start(name, [CONTROL, *source, "--xds", f"127.0.0.1:{xds}", "--admin", f"127.0.0.1:{admin}"],
+                    env={"NO_COLOR": "1", "RUST_LOG": f"{log_level},odmesh_control::model=debug,odmesh_control::cache=debug"})
     wait_for("control plane ready", lambda: http_get(f"http://127.0.0.1:{admin}/readyz") is not None,
              timeout=600, every=0.1)
-    p.xds, p.admin = xds, admin
+    p.xds, p.admin, p.eureka = xds, admin, eureka
     return p
 
 
@@ -481,6 +485,28 @@ def bench_scale(cfg, workdir, results):
     results["scale"] = out
 
 
+def bench_scale_eureka(cfg, workdir, results):
+    """Section 4 again through the default source: the embedded Eureka registry, filled and changed over REST."""
+    out = []
+    for n in cfg["scale_eureka_vips"]:
+        procs = Procs(workdir)
+        try:
+            cp = start_control(procs, None, name=f"control-eureka-{n}")
+            load = bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
+                              "--control-log", cp.logpath, "--eureka", f"127.0.0.1:{cp.eureka}",
+                              "--admin", f"127.0.0.1:{cp.admin}", "--vips", n, "--instances", 10,
+                              "--proxies", cfg["scale_proxies"], "--samples", cfg["scale_samples"],
+                              "--flips", cfg["scale_flips"])
+            out.append(load)
+            r = load["registered"]
+            log(f"scale (embedded registry) {n}: {r['registrations_per_second']:.0f} registrations/s, rss "
+                f"{load['rss_connected']['rss_bytes'] / 2**20:.0f} MiB, change to proxy p50 "
+                f"{load['change_to_proxy_ms']['p50']:.0f} ms p99 {load['change_to_proxy_ms']['p99']:.0f} ms")
+        finally:
+            procs.stop_all()
+    results["scale_eureka"] = out
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. The filter
 
@@ -617,6 +643,26 @@ def write_report(cfg, results, argv):
               "The file source's poll (200 ms) and YAML parse come before that. CPU per change includes the "
               "file source's re-reads of a just-modified file (2 s). Targets: 1M endpoints < 1 GiB, answer "
               "p99 < 1 ms, fan-out p99 < 100 ms.", "", "![control-plane scaling](control-plane-scaling.svg)", ""]
+    if results.get("scale_eureka"):
+        L += ["### Through the embedded Eureka registry (the default source)", "",
+              "The same load generator against `odmesh-control --serve-eureka`: every instance registered first "
+              f"(POST `/eureka/apps/{{APP}}`, 8 connections), then {cfg['scale_flips']} changes of the same 1% of "
+              "the instances, each its own REST call (`PUT .../status?value=OUT_OF_SERVICE`, then `DELETE "
+              ".../status`), sent as fast as the registry answers. Change to proxy: from sending a VIP's status "
+              "change to each subscribed proxy's receipt of that VIP's new load assignment, over every "
+              "(proxy, changed VIP) pair.", "",
+              "| VIPs | instances | registrations/s | CP RSS registered / proxies connected | answer p50 / p99 | "
+              "1% of statuses sent in | change to proxy p50 / p90 / p99 | CPU s per 1% change |",
+              "|---|---|---|---|---|---|---|---|"]
+        for s in results["scale_eureka"]:
+            r, c = s["registered"], s["change_to_proxy_ms"]
+            send = statistics.median(f["send_seconds"] for f in s["flips"]) if s["flips"] else float("nan")
+            cpu = statistics.median(f["cpu_seconds"] for f in s["flips"]) if s["flips"] else float("nan")
+            L.append(f"| {s['vips']:,} | {r['instances']:,} | {r['registrations_per_second']:,.0f} | "
+                     f"{r['rss']['rss_bytes'] / 2**20:.0f} / {s['rss_connected']['rss_bytes'] / 2**20:.0f} MiB | "
+                     f"{s['answer_cds_ms']['p50']:.3f} / {s['answer_cds_ms']['p99']:.3f} ms | {send:.2f} s | "
+                     f"{c['p50']:.0f} / {c['p90']:.0f} / {c['p99']:.0f} ms | {cpu:.2f} |")
+        L.append("")
     if "filter" in results:
         fl = results["filter"]
         L += ["## 5. The filter", "", f"- `dist/odmesh_filter.wasm`: {fl['wasm_bytes']:,} bytes",
@@ -647,12 +693,12 @@ def write_report(cfg, results, argv):
 
 QUICK = {"quick": True, "first_vips": 200, "first_reps": 1, "overhead_rounds": 3, "overhead_seconds": 5,
          "push_all_vips": [1000], "scale_vips": [1000, 10000], "scale_proxies": 200, "scale_samples": 300,
-         "scale_flips": 2}
+         "scale_flips": 2, "scale_eureka_vips": [1000]}
 FULL = {"quick": False, "first_vips": 250, "first_reps": 3, "overhead_rounds": 6, "overhead_seconds": 10,
         "push_all_vips": [1000, 10000], "scale_vips": [1000, 10000, 100000], "scale_proxies": 1000,
-        "scale_samples": 2000, "scale_flips": 4}
+        "scale_samples": 2000, "scale_flips": 4, "scale_eureka_vips": [1000, 10000, 100000]}
 SECTIONS = {"first": bench_first, "overhead": bench_overhead, "memory": bench_push_all, "scale": bench_scale,
-            "filter": bench_filter}
+            "eureka": bench_scale_eureka, "filter": bench_filter}
 
 
 def main():
