@@ -69,10 +69,36 @@ impl ClusterInfo {
     }
 }
 
-/// The registry, indexed by cluster name. Cheap to share: clusters are behind `Arc`.
-#[derive(Clone, Debug, Default)]
+/// How many parts a snapshot's index is cut into. A new snapshot copies only the parts
+/// holding a cluster that changed and shares the others: with 100,000 clusters, a change
+/// copies a few hundred entries, not 100,000.
+const SHARDS: usize = 256;
+
+type Shard = Arc<HashMap<String, Arc<ClusterInfo>>>;
+
+/// The part of the index `name` is in (FNV-1a, so the same in every process).
+fn shard_of(name: &str) -> usize {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (hash % SHARDS as u64) as usize
+}
+
+/// The registry, indexed by cluster name. Cheap to share: clusters are behind `Arc`, and so
+/// are the parts of the index.
+#[derive(Clone, Debug)]
 pub struct Snapshot {
-    clusters: HashMap<String, Arc<ClusterInfo>>,
+    shards: Vec<Shard>,
+    len: usize,
+}
+
+impl Default for Snapshot {
+    fn default() -> Snapshot {
+        Snapshot {
+            shards: vec![Shard::default(); SHARDS],
+            len: 0,
+        }
+    }
 }
 
 impl Snapshot {
@@ -86,31 +112,50 @@ impl Snapshot {
 
     /// The cluster called `name`, if the registry lists its VIP.
     pub fn get(&self, name: &str) -> Option<&Arc<ClusterInfo>> {
-        self.clusters.get(name)
+        self.shards[shard_of(name)].get(name)
     }
 
     /// How many clusters the registry defines.
     pub fn len(&self) -> usize {
-        self.clusters.len()
+        self.len
     }
 
     /// Whether the registry defines no cluster.
     pub fn is_empty(&self) -> bool {
-        self.clusters.is_empty()
+        self.len == 0
     }
 
     /// Every cluster, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<ClusterInfo>)> {
-        self.clusters.iter().map(|(k, v)| (k.as_str(), v))
+        (self.shards.iter())
+            .flat_map(|shard| shard.iter())
+            .map(|(k, v)| (k.as_str(), v))
     }
 
-    /// Whether cluster `name` differs between `self` and `older` (added, removed or changed).
-    pub fn changed_since(&self, older: &Snapshot, name: &str) -> bool {
-        match (self.get(name), older.get(name)) {
-            (None, None) => false,
-            (Some(a), Some(b)) => !Arc::ptr_eq(a, b) && a != b,
-            _ => true,
+    /// The names of the clusters that differ between `self` and `older` (added, removed or
+    /// changed), in no particular order: a look inside only the parts of the index that are
+    /// not shared.
+    pub fn changed_names<'a>(&'a self, older: &'a Snapshot) -> Vec<&'a str> {
+        let mut names = Vec::new();
+        for (new, old) in self.shards.iter().zip(&older.shards) {
+            if Arc::ptr_eq(new, old) {
+                continue;
+            }
+            for (name, info) in new.iter() {
+                if old
+                    .get(name)
+                    .is_none_or(|o| !Arc::ptr_eq(o, info) && o != info)
+                {
+                    names.push(name.as_str());
+                }
+            }
+            names.extend(
+                (old.keys())
+                    .filter(|name| !new.contains_key(*name))
+                    .map(String::as_str),
+            );
         }
+        names
     }
 }
 
@@ -186,7 +231,7 @@ impl SnapshotBuilder {
         // Clusters whose members changed but whose content did not (an instance moved, or
         // changed in a field Envoy does not see) keep their `Arc`, and if no cluster changed,
         // the snapshot is the previous one.
-        let mut clusters: Option<HashMap<String, Arc<ClusterInfo>>> = None;
+        let mut next: Option<Snapshot> = None;
         let mut clusters_rebuilt = 0;
         for name in &touched {
             let info = match self.members.get(name) {
@@ -202,14 +247,25 @@ impl SnapshotBuilder {
                 continue;
             }
             clusters_rebuilt += 1;
-            let clusters = clusters.get_or_insert_with(|| self.snapshot.clusters.clone());
+            // The parts of the index are shared with the previous snapshot until one is
+            // written to: `make_mut` copies that part then, once.
+            let next = next.get_or_insert_with(|| (*self.snapshot).clone());
+            let shard = Arc::make_mut(&mut next.shards[shard_of(name)]);
             match info {
-                Some(info) => clusters.insert(name.clone(), Arc::new(info)),
-                None => clusters.remove(name),
-            };
+                Some(info) => {
+                    if shard.insert(name.clone(), Arc::new(info)).is_none() {
+                        next.len += 1;
+                    }
+                }
+                None => {
+                    if shard.remove(name).is_some() {
+                        next.len -= 1;
+                    }
+                }
+            }
         }
-        if let Some(clusters) = clusters {
-            self.snapshot = Arc::new(Snapshot { clusters });
+        if let Some(next) = next {
+            self.snapshot = Arc::new(next);
         }
         Update {
             snapshot: self.snapshot.clone(),
@@ -348,20 +404,24 @@ mod tests {
     }
 
     #[test]
-    fn changed_since_sees_only_the_clusters_that_changed() {
-        let before = Snapshot::from_registry(&Registry::from_iter([
-            inst("a", "10.0.0.1", Status::Up, &["one"], &[]),
-            inst("b", "10.0.0.2", Status::Up, &["two"], &[]),
-        ]));
-        let after = Snapshot::from_registry(&Registry::from_iter([
-            inst("a", "10.0.0.1", Status::Up, &["one"], &[]),
-            inst("b", "10.0.0.2", Status::Down, &["two"], &[]),
-            inst("c", "10.0.0.3", Status::Up, &["three"], &[]),
-        ]));
-        assert!(!after.changed_since(&before, "one.vip"));
-        assert!(after.changed_since(&before, "two.vip"));
-        assert!(after.changed_since(&before, "three.vip"));
-        assert!(!after.changed_since(&before, "none.vip"));
+    fn changed_names_lists_added_removed_and_changed_clusters() {
+        let mut builder = SnapshotBuilder::default();
+        let one = inst("a", "10.0.0.1", Status::Up, &["one"], &[]);
+        let two = inst("b", "10.0.0.2", Status::Up, &["two"], &[]);
+        let before = builder
+            .update(Arc::new(Registry::from_iter([one.clone(), two.clone()])))
+            .snapshot;
+        let mut two_down = two.clone();
+        two_down.status = Status::Down;
+        let three = inst("c", "10.0.0.3", Status::Up, &["three"], &[]);
+        let after = builder
+            .update(Arc::new(Registry::from_iter([two_down, three])))
+            .snapshot;
+        let mut names = after.changed_names(&before);
+        names.sort();
+        assert_eq!(names, ["one.vip", "three.vip", "two.vip"]);
+        assert!(after.changed_names(&after).is_empty());
+        assert_eq!(after.len(), 2);
     }
 
     /// The snapshot's clusters built the plain way, one pass over every instance: what
@@ -463,7 +523,19 @@ mod tests {
             }
             let reg = Registry::from_iter(instances.clone());
             let snap = builder.update(Arc::new(reg.clone())).snapshot;
-            assert_eq!(clusters(&snap), reference(&reg), "step {step}");
+            let want = reference(&reg);
+            assert_eq!(snap.len(), want.len(), "step {step}");
+            assert_eq!(clusters(&snap), want, "step {step}");
+            let mut changed = snap.changed_names(&previous);
+            changed.sort();
+            let (now, before) = (clusters(&snap), clusters(&previous));
+            let mut differ: Vec<&str> = (now.keys().chain(before.keys()))
+                .filter(|name| now.get(*name) != before.get(*name))
+                .map(String::as_str)
+                .collect();
+            differ.sort();
+            differ.dedup();
+            assert_eq!(changed, differ, "step {step}");
             for (name, info) in snap.iter() {
                 if let Some(old) = previous.get(name) {
                     assert!(
