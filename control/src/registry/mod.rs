@@ -272,40 +272,27 @@ impl Registry {
     /// listed. Out of order, it lists more than changed (a moved instance is removed and
     /// added again), which costs the caller work but no accuracy.
     pub fn changes_since(&self, older: &Registry) -> RegistryChanges {
-        use std::cmp::Ordering;
         let mut changes = RegistryChanges::default();
-        let (old, new) = (&older.groups, &self.groups);
-        let (mut i, mut j) = (0, 0);
         // Group by group first: a shared group is skipped whole.
-        while i < old.len() && j < new.len() {
-            let (o, n) = (&old[i], &new[j]);
-            if Arc::ptr_eq(o, n) {
-                i += 1;
-                j += 1;
-                continue;
+        let by_app = |o: &[Arc<Instance>], n: &[Arc<Instance>]| o[0].app.cmp(&n[0].app);
+        merge(&older.groups, &self.groups, by_app, |step| match step {
+            Step::Removed(group) => changes.removed.extend(group.iter().cloned()),
+            Step::Added(group) => changes.added.extend(group.iter().cloned()),
+            Step::Paired(o, n) => {
+                let by_id = |o: &Instance, n: &Instance| {
+                    (&o.app, &o.instance_id).cmp(&(&n.app, &n.instance_id))
+                };
+                merge(o, n, by_id, |step| match step {
+                    Step::Removed(inst) => changes.removed.push(inst.clone()),
+                    Step::Added(inst) => changes.added.push(inst.clone()),
+                    Step::Paired(o, n) if o != n => {
+                        changes.removed.push(o.clone());
+                        changes.added.push(n.clone());
+                    }
+                    Step::Paired(..) => {}
+                });
             }
-            match o[0].app.cmp(&n[0].app) {
-                Ordering::Less => {
-                    changes.removed.extend(o.iter().cloned());
-                    i += 1;
-                }
-                Ordering::Greater => {
-                    changes.added.extend(n.iter().cloned());
-                    j += 1;
-                }
-                Ordering::Equal => {
-                    diff_instances(o, n, &mut changes);
-                    i += 1;
-                    j += 1;
-                }
-            }
-        }
-        changes
-            .removed
-            .extend(old[i..].iter().flat_map(|g| g.iter().cloned()));
-        changes
-            .added
-            .extend(new[j..].iter().flat_map(|g| g.iter().cloned()));
+        });
         changes
     }
 
@@ -315,12 +302,26 @@ impl Registry {
     }
 }
 
-/// [`Registry::changes_since`] within one group: instances side by side, by id.
-fn diff_instances(old: &[Arc<Instance>], new: &[Arc<Instance>], changes: &mut RegistryChanges) {
+/// One step of [`merge`].
+enum Step<'a, T: ?Sized> {
+    /// Only in the older list.
+    Removed(&'a Arc<T>),
+    /// Only in the newer list.
+    Added(&'a Arc<T>),
+    /// At the same place in both, with the same key, not the same `Arc`.
+    Paired(&'a Arc<T>, &'a Arc<T>),
+}
+
+/// Walks `old` and `new` side by side, ordered by `cmp`: an element shared by pointer is
+/// skipped; of two with different keys, the smaller is removed or added; two with the same
+/// key are paired. Elements out of order come out as removed and added.
+fn merge<'a, T: ?Sized>(
+    old: &'a [Arc<T>],
+    new: &'a [Arc<T>],
+    cmp: impl Fn(&T, &T) -> std::cmp::Ordering,
+    mut step: impl FnMut(Step<'a, T>),
+) {
     use std::cmp::Ordering;
-    fn key(i: &Instance) -> (&str, &str) {
-        (&i.app, &i.instance_id)
-    }
     let (mut i, mut j) = (0, 0);
     while i < old.len() && j < new.len() {
         let (o, n) = (&old[i], &new[j]);
@@ -329,27 +330,24 @@ fn diff_instances(old: &[Arc<Instance>], new: &[Arc<Instance>], changes: &mut Re
             j += 1;
             continue;
         }
-        match key(o).cmp(&key(n)) {
+        match cmp(o, n) {
             Ordering::Less => {
-                changes.removed.push(o.clone());
+                step(Step::Removed(o));
                 i += 1;
             }
             Ordering::Greater => {
-                changes.added.push(n.clone());
+                step(Step::Added(n));
                 j += 1;
             }
             Ordering::Equal => {
-                if o != n {
-                    changes.removed.push(o.clone());
-                    changes.added.push(n.clone());
-                }
+                step(Step::Paired(o, n));
                 i += 1;
                 j += 1;
             }
         }
     }
-    changes.removed.extend(old[i..].iter().cloned());
-    changes.added.extend(new[j..].iter().cloned());
+    old[i..].iter().for_each(|o| step(Step::Removed(o)));
+    new[j..].iter().for_each(|n| step(Step::Added(n)));
 }
 
 #[cfg(test)]
