@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod contexts;
 pub mod mapping;
 
 // The glue needs the proxy-wasm host, so it is built for the wasm target only; unit tests
