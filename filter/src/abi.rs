@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `proxy_abi_version_0_2_1` | the host reads the ABI version from this name; without it, it refuses the module |
 //! | `proxy_on_memory_allocate` | required: the host allocates in the VM through it, e.g. to hand over a header value |
-//! | `_initialize` | the WASI reactor entry, called once per VM: runs the static constructors |
+//! | `_initialize` | the WASI reactor entry, called once per VM: runs the static constructors, sets the panic hook |
 //! | `proxy_on_context_create` | names the root context (plugin) of each new HTTP context ([`crate::contexts`]) |
 //! | `proxy_on_configure` | reads and checks the plugin configuration; `false` refuses it |
 //! | `proxy_on_request_headers` | the filter's work |
@@ -128,6 +128,7 @@ pub extern "C" fn _initialize() {
     unsafe {
         __wasm_call_ctors();
     }
+    glue::on_initialize();
 }
 
 /// Allocates `size` bytes for the host to write into; the filter takes them over with

@@ -1,6 +1,7 @@
 //! The filter's callbacks: the thin layer between the host ([`crate::abi`]) and
 //! [`crate::mapping`].
 //!
+//! - `on_initialize` sends panic messages to Envoy's log;
 //! - `on_configure` parses a root context's plugin configuration once, refuses a bad one with a
 //!   critical log line that names the field (Envoy then refuses the filter), and defines the
 //!   counters;
@@ -73,6 +74,14 @@ impl Counters {
 struct Plugin {
     config: Config,
     counters: Counters,
+}
+
+/// `_initialize`: a panic (a bug: the filter has no `unwrap` on its paths) aborts the VM; the
+/// hook first puts its message in Envoy's log, as the SDK's did.
+pub fn on_initialize() {
+    std::panic::set_hook(Box::new(|info| {
+        abi::log(LogLevel::Critical, &info.to_string())
+    }));
 }
 
 /// `proxy_on_configure`: parses root context `root`'s plugin configuration.
