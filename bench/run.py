@@ -8,9 +8,13 @@
 Needs (make bench builds them): target/release/odmesh-control, target/release/odmesh-bench,
 dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk. Writes docs/bench/latest.md, latest.json
 and the SVG plots (--quick: under docs/bench/quick/). Standard library only.
+
+ODMESH_WASM=/path/to/filter.wasm runs Envoy with another build of the filter (an A/B of two
+builds); the report names the filter's size and sha256.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -29,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "target/release/odmesh-bench"
 CONTROL = Path(os.environ.get("ODMESH_CONTROL", ROOT / "target/release/odmesh-control"))
-WASM = ROOT / "dist/odmesh_filter.wasm"
+WASM = Path(os.environ.get("ODMESH_WASM", ROOT / "dist/odmesh_filter.wasm")).resolve()
 OUT = ROOT / "docs/bench"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import svg  # noqa: E402
@@ -400,6 +404,8 @@ def bench_overhead(cfg, workdir, results):
                 a["cpu_us_per_req"] / b["cpu_us_per_req"] for a, b in zip(rows["static"], rows["wasm"])),
             "wasm_share_of_odmesh_cpu": (med["wasm"]["cpu_us_per_req"] - base["cpu_us_per_req"])
             / med["odmesh"]["cpu_us_per_req"],
+            "wasm": {"path": str(WASM), "bytes": WASM.stat().st_size,
+                     "sha256": hashlib.sha256(WASM.read_bytes()).hexdigest()},
         }
         o = results["overhead"]
         log(f"overhead: static {base['cpu_us_per_req']:.1f} us/req, wasm {med['wasm']['cpu_us_per_req']:.1f}, "
@@ -569,7 +575,8 @@ def write_report(cfg, results, argv):
         med = o["median"]
         L += ["## 2. Per-request overhead (and 5. the filter's share)", "",
               f"wrk -t1 -c32, {cfg['overhead_seconds']} s windows, {cfg['overhead_rounds']} rounds alternating the "
-              "three Envoys (each `--concurrency 1`, same nginx upstream); Envoy CPU from /proc/<pid>/stat.", "",
+              "three Envoys (each `--concurrency 1`, same nginx upstream); Envoy CPU from /proc/<pid>/stat."
+              + (f" Filter: {o['wasm']['bytes']:,} bytes, sha256 {o['wasm']['sha256'][:12]}." if "wasm" in o else ""), "",
               "| configuration | Envoy CPU per request (median) | requests/s (median) | ratio of baseline (CPU) | ratio (req/s) |",
               "|---|---|---|---|---|"]
         base = med["static"]

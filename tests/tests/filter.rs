@@ -1,6 +1,7 @@
 //! The odmesh filter in real Envoy: hosts reach the right static cluster, invalid hosts get a
-//! clear 400, clients cannot pick a cluster or leak the secure header, counters move, and a
-//! bad plugin configuration is refused. Needs `make envoy` and `make wasm`.
+//! clear 400, clients cannot pick a cluster or leak the secure header, counters move, a
+//! bad plugin configuration is refused, and two plugins in one VM keep their own
+//! configurations. Needs `make envoy` and `make wasm`.
 
 use std::time::Duration;
 
@@ -226,4 +227,48 @@ fn envoy_validate_mode_refuses_a_plugin_configuration_with_a_bad_value() {
         log.contains("field `secure_ports`: port 0 is not a port"),
         "Envoy's log should name the bad field:\n{log}"
     );
+}
+
+#[test]
+fn two_plugins_in_one_vm_each_route_with_their_own_configuration() {
+    let env = TestEnv::new("filter_two_plugins");
+    let vip = EchoUpstream::start("hello.vip");
+    let svip = EchoUpstream::start("hello.svip");
+    let bootstrap = render(
+        include_str!("../envoy/filter-two-plugins.yaml"),
+        &[
+            ("WASM", &filter_wasm().to_string_lossy()),
+            ("VIP_PORT", &vip.port().to_string()),
+            ("SVIP_PORT", &svip.port().to_string()),
+        ],
+    );
+    let envoy = Envoy::start(&env, "envoy", &bootstrap);
+    // Both plugins share each VM: with one plugin Envoy 1.40 also has 3 (the base VM, the main
+    // thread's and the worker's, at --concurrency 1); with a VM per plugin it has 6.
+    assert_eq!(envoy.stat("wasm.envoy.wasm.runtime.v8.active"), Some(3));
+    let egress = envoy.listener("egress");
+    let internal = envoy.listener("internal");
+
+    // Alternating, so that each request follows one of the other plugin.
+    for round in 0..3 {
+        let response = get("hello.mesh.internal").send(internal);
+        assert_eq!(response.status, 200, "round {round}: {}", response.text());
+        let echo = response.json();
+        assert_eq!(echo["upstream"], "hello.vip");
+        assert_eq!(echo["headers"]["x-route-to"], "hello.vip");
+        assert!(echo["headers"].get("x-odmesh-cluster").is_none(), "{echo}");
+
+        // The default configuration strips no suffix: no such cluster.
+        let response = get("hello.mesh.internal").send(egress);
+        assert_eq!(response.status, 503, "round {round}: {}", response.text());
+
+        let response = get("hello:8443").send(egress);
+        assert_eq!(response.status, 200, "round {round}: {}", response.text());
+        let echo = response.json();
+        assert_eq!(echo["upstream"], "hello.svip");
+        assert_eq!(echo["headers"]["x-odmesh-cluster"], "hello.svip");
+        assert!(echo["headers"].get("x-route-to").is_none(), "{echo}");
+    }
+    assert_eq!(vip.requests(), 3);
+    assert_eq!(svip.requests(), 3);
 }
