@@ -498,11 +498,17 @@ def bench_scale_eureka(cfg, workdir, results):
         procs = Procs(workdir)
         try:
             cp = start_control(procs, None, name=f"control-eureka-{n}")
-            load = bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
-                              "--control-log", cp.logpath, "--eureka", f"127.0.0.1:{cp.eureka}",
-                              "--admin", f"127.0.0.1:{cp.admin}", "--vips", n, "--instances", 10,
-                              "--proxies", cfg["scale_proxies"], "--samples", cfg["scale_samples"],
-                              "--flips", cfg["scale_flips"])
+            try:
+                load = bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
+                                  "--control-log", cp.logpath, "--eureka", f"127.0.0.1:{cp.eureka}",
+                                  "--admin", f"127.0.0.1:{cp.admin}", "--vips", n, "--instances", 10,
+                                  "--proxies", cfg["scale_proxies"], "--samples", cfg["scale_samples"],
+                                  "--flips", cfg["scale_flips"])
+            except RuntimeError as e:
+                # One size failing (say, out of memory) must not lose the others' figures.
+                log(f"scale (embedded registry) {n}: failed: {e}")
+                out.append({"vips": n, "failed": str(e)[-500:]})
+                continue
             out.append(load)
             r = load["registered"]
             log(f"scale (embedded registry) {n}: {r['registrations_per_second']:.0f} registrations/s, rss "
@@ -662,6 +668,9 @@ def write_report(cfg, results, argv):
               "1% of statuses sent in | change to proxy p50 / p90 / p99 | CPU s per 1% change |",
               "|---|---|---|---|---|---|---|---|"]
         for s in results["scale_eureka"]:
+            if "failed" in s:
+                L.append(f"| {s['vips']:,} | failed: see latest.json | | | | | | |")
+                continue
             r, c = s["registered"], s["change_to_proxy_ms"]
             send = statistics.median(f["send_seconds"] for f in s["flips"]) if s["flips"] else float("nan")
             cpu = statistics.median(f["cpu_seconds"] for f in s["flips"]) if s["flips"] else float("nan")

@@ -524,7 +524,13 @@ async fn register_all(
     let gen_args = GenArgs::scale(PathBuf::new(), a.vips, a.instances, false);
     let requests: Vec<_> = registry_gen::instances(&gen_args)
         .map(|i| {
-            let body = format!("{{\"instance\":{}}}", registry_gen::eureka_json(&i, 8080));
+            // A lease of an hour: this tool sends no heartbeats, and registering a million
+            // instances takes longer than Eureka's default lease (90 s).
+            let instance = registry_gen::eureka_json(&i, 8080);
+            let body = format!(
+                "{{\"instance\":{{\"leaseInfo\":{{\"durationInSecs\":3600}},{}}}",
+                &instance[1..]
+            );
             ("POST", format!("/eureka/apps/{}", i.app), body)
         })
         .collect();
