@@ -459,6 +459,14 @@ def bench_push_all(cfg, workdir, results):
 # 4. Control-plane scale
 
 
+def xds_load(cfg, cp, n, *source):
+    """odmesh-bench xds-load against control plane `cp` (a registry of `n` VIPs), with `source`'s arguments."""
+    return bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
+                      "--control-log", cp.logpath, *source, "--vips", n, "--instances", 10,
+                      "--proxies", cfg["scale_proxies"], "--samples", cfg["scale_samples"],
+                      "--flips", cfg["scale_flips"])
+
+
 def bench_scale(cfg, workdir, results):
     out = []
     for n in cfg["scale_vips"]:
@@ -477,10 +485,7 @@ def bench_scale(cfg, workdir, results):
             t0 = time.time()
             cp = start_control(procs, reg)
             ready_s = time.time() - t0
-            load = bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
-                              "--control-log", cp.logpath, "--registry", reg, "--vips", n, "--instances", 10,
-                              "--proxies", cfg["scale_proxies"], "--samples", cfg["scale_samples"],
-                              "--flips", cfg["scale_flips"])
+            load = xds_load(cfg, cp, n, "--registry", reg)
             load.update({"registry_bytes": gen["bytes"], "parse": parse, "ready_seconds": ready_s})
             out.append(load)
             log(f"scale {n}: rss {load['rss_connected']['rss_bytes'] / 2**20:.0f} MiB, answer p50 "
@@ -499,11 +504,7 @@ def bench_scale_eureka(cfg, workdir, results):
         try:
             cp = start_control(procs, None, name=f"control-eureka-{n}")
             try:
-                load = bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
-                                  "--control-log", cp.logpath, "--eureka", f"127.0.0.1:{cp.eureka}",
-                                  "--admin", f"127.0.0.1:{cp.admin}", "--vips", n, "--instances", 10,
-                                  "--proxies", cfg["scale_proxies"], "--samples", cfg["scale_samples"],
-                                  "--flips", cfg["scale_flips"])
+                load = xds_load(cfg, cp, n, "--eureka", f"127.0.0.1:{cp.eureka}", "--admin", f"127.0.0.1:{cp.admin}")
             except RuntimeError as e:
                 # One size failing (say, out of memory) must not lose the others' figures.
                 log(f"scale (embedded registry) {n}: failed: {e}")
