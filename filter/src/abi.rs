@@ -4,8 +4,8 @@
 //!
 //! **Exports.** Envoy's proxy-wasm host (proxy-wasm-cpp-host) looks each callback up by name
 //! when it loads the module, and for a callback the module does not export it skips the call
-//! into the VM. Entering the VM is what costs, per callback per request, so the filter exports
-//! only what it needs:
+//! into the VM. Such calls cost Envoy CPU on every request (docs/benchmarks.md, section 2,
+//! measures how much), so the filter exports only what it needs:
 //!
 //! | export | why |
 //! |---|---|

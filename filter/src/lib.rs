@@ -14,8 +14,8 @@
 //!
 //! The glue speaks the proxy-wasm ABI itself, without an SDK, so that the module exports only
 //! the callbacks the filter uses: Envoy enters the wasm VM for every exported callback of
-//! every request, and those entries were most of the filter's cost (`abi` lists what is
-//! exported and why). `abi` is the one module allowed `unsafe` code.
+//! every request (`abi` lists what is exported and why). `abi` is the one module allowed
+//! `unsafe` code.
 #![deny(unsafe_code, clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
