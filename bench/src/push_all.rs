@@ -130,8 +130,8 @@ pub async fn serve(registry: &Path, listen: SocketAddr) -> anyhow::Result<()> {
     let mut clusters = Vec::with_capacity(snapshot.len());
     let mut endpoints = HashMap::with_capacity(snapshot.len());
     for (name, info) in snapshot.iter() {
-        let built =
-            xds::build(name, Some(info), &opts).map_err(|e| anyhow::anyhow!("{name}: {e:?}"))?;
+        let built = xds::build(name, xds::Lookup::Registered(info), &opts)
+            .map_err(|e| anyhow::anyhow!("{name}: {e:?}"))?;
         clusters.push(built.cluster);
         endpoints.insert(name.to_owned(), built.endpoints);
     }

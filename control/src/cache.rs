@@ -28,14 +28,40 @@ use crate::xds::{self, ResourceType, Versioned, XdsOptions};
 pub enum Known {
     /// Nothing yet: the resource must be sent (or its removal, if it does not exist).
     Nothing,
-    /// The client was sent (or told on reconnect it has) this version.
+    /// The client was sent this version.
     Version(String),
+    /// The client said, subscribing on a new stream, that it kept this version from an
+    /// earlier one (after a control-plane restart, say). Like [`Known::Version`], except
+    /// that while the registry is still loading it is left alone: see [`diff`].
+    Kept(String),
     /// The client was told the resource does not exist.
     Removed,
 }
 
 /// Names the wildcard subscription in delta xDS.
 pub const WILDCARD: &str = "*";
+
+/// Bounds on what one stream may subscribe, so that a client sending random names (a flood
+/// of random `Host`s through Envoy, or a hostile xDS client) costs bounded memory here and
+/// in Envoy. A name over a bound is answered with a removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubscriptionLimits {
+    /// Names one stream may subscribe to, for one type.
+    pub max_names: usize,
+    /// Names not registered when first asked for that one stream is served as clusters
+    /// (without endpoints). Each is a cluster in Envoy's memory, kept for the stream's life.
+    pub max_unregistered: usize,
+}
+
+impl Default for SubscriptionLimits {
+    /// Generous for any real proxy: 10,000 names, 100 of them unregistered.
+    fn default() -> SubscriptionLimits {
+        SubscriptionLimits {
+            max_names: 10_000,
+            max_unregistered: 100,
+        }
+    }
+}
 
 /// One stream's subscriptions for one resource type.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +70,14 @@ pub struct Subscriptions {
     /// Names the server added on the client's behalf (see [`Subscriptions::presubscribe`])
     /// whose subscribe from the client has not arrived yet.
     presubscribed: BTreeSet<String>,
+    limits: SubscriptionLimits,
+    /// Subscribed names admitted while unregistered (at most `limits.max_unregistered`).
+    unregistered: BTreeSet<String>,
+    /// Subscribed names over `limits.max_unregistered`: answered with a removal until they
+    /// are registered.
+    refused: BTreeSet<String>,
+    /// Names over `limits.max_names`, not tracked: each is answered with a removal once.
+    overflow: Vec<String>,
 }
 
 /// How a request changed a [`Subscriptions`]: names new to it and names gone from it.
@@ -53,11 +87,21 @@ pub struct SubscriptionChange {
     pub added: Vec<String>,
     /// Names that were subscribed and are not any more.
     pub removed: Vec<String>,
+    /// Names over [`SubscriptionLimits::max_names`]: not subscribed, answered with a removal.
+    pub over_limit: usize,
     /// The request asked for the wildcard (`*`), which odmesh does not serve.
     pub wildcard: bool,
 }
 
 impl Subscriptions {
+    /// Empty subscriptions bounded by `limits`.
+    pub fn with_limits(limits: SubscriptionLimits) -> Subscriptions {
+        Subscriptions {
+            limits,
+            ..Subscriptions::default()
+        }
+    }
+
     /// Applies one request's `resource_names_subscribe`, `resource_names_unsubscribe` and
     /// `initial_resource_versions`.
     ///
@@ -94,7 +138,12 @@ impl Subscriptions {
             }
             let known = initial_versions
                 .get(name)
-                .map_or(Known::Nothing, |v| Known::Version(v.clone()));
+                .map_or(Known::Nothing, |v| Known::Kept(v.clone()));
+            if !self.names.contains_key(name) && self.names.len() >= self.limits.max_names {
+                change.over_limit += 1;
+                self.overflow.push(name.clone());
+                continue;
+            }
             if self.names.insert(name.clone(), known).is_none() {
                 change.added.push(name.clone());
             }
@@ -103,11 +152,36 @@ impl Subscriptions {
         // nothing for them, not even a removal.
         for name in unsubscribe {
             self.presubscribed.remove(name);
+            self.unregistered.remove(name);
+            self.refused.remove(name);
             if self.names.remove(name).is_some() {
                 change.removed.push(name.clone());
             }
         }
         change
+    }
+
+    /// Admits `name`, subscribed and not registered, within
+    /// [`SubscriptionLimits::max_unregistered`]; over it, the name is refused: answered with
+    /// a removal until it is registered. Returns whether it was admitted. Names the client
+    /// kept from an earlier stream are always admitted: it holds them already.
+    pub fn admit_unregistered(&mut self, name: &str) -> bool {
+        let kept = matches!(self.names.get(name), Some(Known::Kept(_)));
+        if kept || self.unregistered.contains(name) {
+            return true;
+        }
+        if self.unregistered.len() < self.limits.max_unregistered {
+            self.unregistered.insert(name.to_owned());
+            true
+        } else {
+            self.refused.insert(name.to_owned());
+            false
+        }
+    }
+
+    /// Whether `name` is refused (see [`Subscriptions::admit_unregistered`]).
+    pub fn is_refused(&self, name: &str) -> bool {
+        self.refused.contains(name)
     }
 
     /// Subscribes `names` on the client's behalf, ahead of the client's own subscribe, which the
@@ -117,7 +191,10 @@ impl Subscriptions {
     pub fn presubscribe(&mut self, names: &[String]) -> Vec<String> {
         let mut added = Vec::new();
         for name in names {
-            if name == WILDCARD || self.names.contains_key(name) {
+            if name == WILDCARD
+                || self.names.contains_key(name)
+                || self.names.len() >= self.limits.max_names
+            {
                 continue;
             }
             self.names.insert(name.clone(), Known::Nothing);
@@ -135,12 +212,19 @@ impl Subscriptions {
             if let Some(known) = self.names.get_mut(&r.name) {
                 *known = Known::Version(r.version.clone());
             }
+            // A registered cluster is an ordinary subscription from now on, whatever it
+            // becomes: it counts against no bound.
+            if r.registered {
+                self.unregistered.remove(&r.name);
+                self.refused.remove(&r.name);
+            }
         }
         for name in &delta.remove {
             if let Some(known) = self.names.get_mut(name) {
                 *known = Known::Removed;
             }
         }
+        self.overflow.clear();
     }
 
     /// The subscribed names, sorted.
@@ -185,20 +269,33 @@ impl Delta {
 ///
 /// odmesh answers every valid cluster name with a resource (an unregistered VIP is a cluster
 /// marked `registered: false`), so a removal is only ever sent for a name that is not an
-/// odmesh cluster name at all; see [`Cache`].
+/// odmesh cluster name at all (see [`Cache`]), or for a name over the stream's
+/// [`SubscriptionLimits`] (a refused name, until it is registered).
+///
+/// `loading`: the registry is still loading (the control plane just restarted, say). What a
+/// client kept from an earlier stream ([`Known::Kept`]) is then left as it is, whatever the
+/// registry says so far: a registry that does not list a VIP *yet* must not take a working
+/// cluster away from a proxy. Once the registry is complete, kept names are compared like
+/// any other.
 pub fn diff(
     subs: &Subscriptions,
+    loading: bool,
     mut current: impl FnMut(&str) -> Option<Arc<Versioned>>,
 ) -> Delta {
     let mut delta = Delta::default();
     for (name, known) in &subs.names {
-        match (known, current(name)) {
-            (Known::Version(have), Some(now)) if *have == now.version => {}
+        if loading && matches!(known, Known::Kept(_)) {
+            continue;
+        }
+        let now = current(name).filter(|r| r.registered || !subs.refused.contains(name));
+        match (known, now) {
+            (Known::Version(have) | Known::Kept(have), Some(now)) if *have == now.version => {}
             (_, Some(now)) => delta.send.push(now),
             (Known::Removed, None) => {}
             (_, None) => delta.remove.push(name.clone()),
         }
     }
+    delta.remove.extend(subs.overflow.iter().cloned());
     delta
 }
 
@@ -311,6 +408,16 @@ impl Cache {
                     rebuilt.push(name.to_owned());
                 }
             }
+            // A registry that finished loading turns every name it does not list from "not
+            // known yet" into "not registered".
+            if snapshot.is_complete() != old.is_complete() {
+                for (name, entry) in entries.iter_mut() {
+                    if entry.built.as_ref().is_some_and(|b| !b.cluster.registered) {
+                        entry.built = build(name, snapshot, &self.options);
+                        rebuilt.push(name.clone());
+                    }
+                }
+            }
             state.generation += 1;
             state.generation
         };
@@ -324,6 +431,7 @@ impl Cache {
         // lock is released and subscribers are woken.
         drop(old);
         rebuilt.sort();
+        rebuilt.dedup();
         rebuilt
     }
 
@@ -384,10 +492,19 @@ impl Cache {
         lookup(&state, &self.options, ty, name)
     }
 
+    /// Whether the registry lists `name` now; `None` when it is not an odmesh cluster name.
+    pub fn is_registered(&self, name: &str) -> Option<bool> {
+        let state = self.lock();
+        lookup(&state, &self.options, ResourceType::Cluster, name).map(|r| r.registered)
+    }
+
     /// [`diff`] of `subs` (of type `ty`) against the resources now.
     pub fn delta(&self, ty: ResourceType, subs: &Subscriptions) -> Delta {
         let state = self.lock();
-        diff(subs, |name| lookup(&state, &self.options, ty, name))
+        let loading = !state.snapshot.is_complete();
+        diff(subs, loading, |name| {
+            lookup(&state, &self.options, ty, name)
+        })
     }
 }
 
@@ -404,8 +521,7 @@ fn lookup(
 }
 
 fn build(name: &str, snapshot: &Snapshot, options: &XdsOptions) -> Option<Built> {
-    let info = snapshot.get(name).map(Arc::as_ref);
-    let r = xds::build(name, info, options).ok()?;
+    let r = xds::build(name, xds::Lookup::in_snapshot(snapshot, name), options).ok()?;
     Some(Built {
         cluster: Arc::new(r.cluster),
         endpoints: Arc::new(r.endpoints),
@@ -675,6 +791,190 @@ mod tests {
         assert_eq!(cache.watched(), 1);
         cache.unwatch(["x.vip"]);
         assert_eq!(cache.watched(), 0);
+    }
+
+    fn loading(instances: Vec<Instance>) -> Arc<Snapshot> {
+        let registry = Registry::from_iter(instances).still_loading(true);
+        Arc::new(Snapshot::from_registry(&registry))
+    }
+
+    fn reason(r: &Versioned) -> String {
+        let c = Cluster::decode(r.resource.value.as_slice()).unwrap();
+        let meta = &c.metadata.unwrap().filter_metadata[xds::METADATA_NAMESPACE];
+        match &meta.fields["reason"].kind {
+            Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(s)) => s.clone(),
+            other => panic!("reason is not a string: {other:?}"),
+        }
+    }
+
+    /// Subscribes on a new stream, as a reconnecting client that kept `kept` (name, version).
+    fn reconnect(cache: &Cache, subs: &mut Subscriptions, kept: &[(&str, &str)]) {
+        let initial: HashMap<String, String> = kept
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        let names: Vec<String> = initial.keys().cloned().collect();
+        let change = subs.update(&names, &[], &initial);
+        cache.watch(&change.added);
+    }
+
+    #[test]
+    fn what_a_reconnecting_client_kept_stays_as_it_is_while_the_registry_is_loading() {
+        // Before the restart: hello has an endpoint, and the client holds that version.
+        let before = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
+        let held = before.resource(ResourceType::Cluster, "hello.vip").unwrap();
+        let held_eds = before
+            .resource(ResourceType::Endpoints, "hello.vip")
+            .unwrap();
+
+        // A restarted control plane whose registry is still loading, and empty so far.
+        let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), loading(vec![]));
+        let (mut cds, mut eds) = (Subscriptions::default(), Subscriptions::default());
+        reconnect(&cache, &mut cds, &[("hello.vip", &held.version)]);
+        reconnect(&cache, &mut eds, &[("hello.vip", &held_eds.version)]);
+        assert!(send(&cache, ResourceType::Cluster, &mut cds).is_empty());
+        assert!(send(&cache, ResourceType::Endpoints, &mut eds).is_empty());
+
+        // Still loading, the VIP comes back with another endpoint: still left alone.
+        cache.set_snapshot(loading(vec![inst("hello", "10.0.0.2", Status::Up)]));
+        assert!(send(&cache, ResourceType::Endpoints, &mut eds).is_empty());
+
+        // Loaded: the kept names are compared like any other, and what differs is sent.
+        cache.set_snapshot(snapshot(vec![inst("hello", "10.0.0.2", Status::Up)]));
+        assert!(
+            send(&cache, ResourceType::Cluster, &mut cds).is_empty(),
+            "the same cluster: nothing to send"
+        );
+        let update = send(&cache, ResourceType::Endpoints, &mut eds);
+        assert_eq!(sent_names(&update), ["hello.vip"]);
+        assert_eq!(endpoint_count(&update.send[0]), 1);
+    }
+
+    #[test]
+    fn a_kept_name_the_complete_registry_does_not_list_becomes_unregistered_once_loaded() {
+        let before = cache(vec![inst("gone", "10.0.0.1", Status::Up)]);
+        let held = before.resource(ResourceType::Cluster, "gone.vip").unwrap();
+        let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), loading(vec![]));
+        let mut cds = Subscriptions::default();
+        reconnect(&cache, &mut cds, &[("gone.vip", &held.version)]);
+        assert!(send(&cache, ResourceType::Cluster, &mut cds).is_empty());
+        cache.set_snapshot(snapshot(vec![]));
+        let update = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(sent_names(&update), ["gone.vip"]);
+        assert_eq!(reason(&update.send[0]), "VIP gone is not registered");
+    }
+
+    #[test]
+    fn a_new_name_while_loading_is_not_known_yet_and_not_registered_once_loaded() {
+        let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), loading(vec![]));
+        let mut cds = Subscriptions::default();
+        subscribe(&cache, &mut cds, &["new.vip"]);
+        let first = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(
+            reason(&first.send[0]),
+            "VIP new is not known yet: the control plane is still loading its registry"
+        );
+        assert!(!first.send[0].registered);
+        let rebuilt = cache.set_snapshot(snapshot(vec![]));
+        assert_eq!(rebuilt, ["new.vip"]);
+        let second = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(reason(&second.send[0]), "VIP new is not registered");
+    }
+
+    fn limited(max_names: usize, max_unregistered: usize) -> Subscriptions {
+        Subscriptions::with_limits(SubscriptionLimits {
+            max_names,
+            max_unregistered,
+        })
+    }
+
+    #[test]
+    fn names_over_the_stream_bound_are_answered_with_a_removal_once_and_not_kept() {
+        let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+        let mut cds = limited(2, 10);
+        let change = cds.update(
+            &names(&["a.vip", "b.vip", "c.vip", "d.vip"]),
+            &[],
+            &HashMap::new(),
+        );
+        assert_eq!(change.added, ["a.vip", "b.vip"]);
+        assert_eq!(change.over_limit, 2);
+        cache.watch(&change.added);
+        let delta = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(sent_names(&delta), ["a.vip", "b.vip"]);
+        assert_eq!(delta.remove, ["c.vip", "d.vip"]);
+        assert_eq!(cds.len(), 2, "the names over the bound are not kept");
+        assert!(
+            send(&cache, ResourceType::Cluster, &mut cds).is_empty(),
+            "removed once"
+        );
+        // Room again after an unsubscribe.
+        cds.update(&[], &names(&["b.vip"]), &HashMap::new());
+        let change = cds.update(&names(&["c.vip"]), &[], &HashMap::new());
+        assert_eq!(change.added, ["c.vip"]);
+    }
+
+    #[test]
+    fn unregistered_names_over_their_bound_are_refused_until_they_are_registered() {
+        let cache = cache(vec![inst("real", "10.0.0.1", Status::Up)]);
+        let mut cds = limited(100, 2);
+        subscribe(
+            &cache,
+            &mut cds,
+            &["real.vip", "x1.vip", "x2.vip", "x3.vip"],
+        );
+        let admitted: Vec<bool> = ["real.vip", "x1.vip", "x2.vip", "x3.vip"]
+            .iter()
+            .filter(|n| cache.is_registered(n) == Some(false))
+            .map(|n| cds.admit_unregistered(n))
+            .collect();
+        assert_eq!(
+            admitted,
+            [true, true, false],
+            "real.vip is registered: not counted"
+        );
+        assert!(cds.is_refused("x3.vip"));
+        let delta = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(sent_names(&delta), ["real.vip", "x1.vip", "x2.vip"]);
+        assert_eq!(delta.remove, ["x3.vip"]);
+        assert!(send(&cache, ResourceType::Cluster, &mut cds).is_empty());
+
+        // x3 registers: it is sent like any cluster and is an ordinary subscription from
+        // then on, even once it is gone again (a cluster with no endpoints, not a removal).
+        cache.set_snapshot(snapshot(vec![
+            inst("real", "10.0.0.1", Status::Up),
+            inst("x3", "10.0.0.3", Status::Up),
+        ]));
+        assert_eq!(
+            sent_names(&send(&cache, ResourceType::Cluster, &mut cds)),
+            ["x3.vip"]
+        );
+        assert!(!cds.is_refused("x3.vip"));
+        cache.set_snapshot(snapshot(vec![inst("real", "10.0.0.1", Status::Up)]));
+        let gone = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(sent_names(&gone), ["x3.vip"]);
+        assert!(gone.remove.is_empty());
+    }
+
+    #[test]
+    fn unsubscribing_an_unregistered_name_makes_room_for_another() {
+        let mut cds = limited(100, 1);
+        cds.update(&names(&["x1.vip", "x2.vip"]), &[], &HashMap::new());
+        assert!(cds.admit_unregistered("x1.vip"));
+        assert!(!cds.admit_unregistered("x2.vip"));
+        cds.update(&[], &names(&["x1.vip", "x2.vip"]), &HashMap::new());
+        cds.update(&names(&["x3.vip"]), &[], &HashMap::new());
+        assert!(cds.admit_unregistered("x3.vip"));
+        assert!(!cds.is_refused("x2.vip"));
+    }
+
+    #[test]
+    fn a_name_the_client_kept_is_always_admitted_it_holds_it_already() {
+        let mut cds = limited(100, 0);
+        let initial = HashMap::from([("x.vip".to_string(), "v1".to_string())]);
+        cds.update(&names(&["x.vip", "y.vip"]), &[], &initial);
+        assert!(cds.admit_unregistered("x.vip"));
+        assert!(!cds.admit_unregistered("y.vip"));
     }
 
     #[tokio::test]

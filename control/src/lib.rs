@@ -4,11 +4,15 @@
 //! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints)
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
 //! (versions, subscriptions, the delta diff) → [`server`] (tonic: the xDS streams).
-//! [`admin`] and [`metrics`] watch from the side.
+//! [`admin`] and [`metrics`] watch from the side; [`listen`] and [`logs`] bound what clients
+//! can make the servers hold and log.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod cache;
+pub mod http_server;
+pub mod listen;
+pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod registry;

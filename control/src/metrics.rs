@@ -82,6 +82,11 @@ metrics! {
     xds_nacks_total: "counter",
     /// Cluster subscriptions held by connected proxies now.
     xds_cluster_subscriptions: "gauge",
+    /// xDS connections closed on arrival because --xds-max-connections were open.
+    xds_connections_refused_total: "counter",
+    /// Names answered with a removal because a stream was over --xds-max-names or
+    /// --xds-max-unregistered.
+    xds_names_refused_total: "counter",
 }
 
 impl Metrics {

@@ -90,13 +90,17 @@ fn shard_of(name: &str) -> usize {
 pub struct Snapshot {
     shards: Vec<Shard>,
     len: usize,
+    /// Whether the registry was complete (see [`Registry::is_complete`]).
+    complete: bool,
 }
 
 impl Default for Snapshot {
+    /// An empty snapshot of a complete (empty) registry.
     fn default() -> Snapshot {
         Snapshot {
             shards: vec![Shard::default(); SHARDS],
             len: 0,
+            complete: true,
         }
     }
 }
@@ -118,6 +122,12 @@ impl Snapshot {
     /// How many clusters the registry defines.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the registry is all its source knows; `false` while the source is still
+    /// loading, when a cluster missing here may just not be known yet.
+    pub fn is_complete(&self) -> bool {
+        self.complete
     }
 
     /// Whether the registry defines no cluster.
@@ -264,7 +274,14 @@ impl SnapshotBuilder {
                 }
             }
         }
-        if let Some(next) = next {
+        // A registry that finished loading (or, rarely, started again) is news even when
+        // no cluster changed: the cache stops holding back what proxies kept.
+        let complete = self.registry.is_complete();
+        if next.is_none() && self.snapshot.complete != complete {
+            next = Some((*self.snapshot).clone());
+        }
+        if let Some(mut next) = next {
+            next.complete = complete;
             self.snapshot = Arc::new(next);
         }
         Update {
@@ -401,6 +418,24 @@ mod tests {
             .expect("a new snapshot within 5 s")
             .unwrap();
         assert!(snaps.borrow().get("hello.vip").is_some());
+    }
+
+    #[test]
+    fn a_registry_that_finishes_loading_is_a_new_snapshot_even_with_the_same_clusters() {
+        let one = inst("a", "10.0.0.1", Status::Up, &["one"], &[]);
+        let mut builder = SnapshotBuilder::default();
+        let loading = Registry::from_iter([one.clone()]).still_loading(true);
+        let first = builder.update(Arc::new(loading)).snapshot;
+        assert!(!first.is_complete());
+        let second = builder
+            .update(Arc::new(Registry::from_iter([one])))
+            .snapshot;
+        assert!(second.is_complete());
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(
+            second.changed_names(&first).is_empty(),
+            "no cluster changed"
+        );
     }
 
     #[test]

@@ -39,7 +39,9 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::cache::{Cache, Delta, Subscriptions};
+use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions};
+use crate::listen::ConnectionLimit;
+use crate::logs::{self, RateLimit, clip};
 use crate::metrics::Metrics;
 use crate::xds::ResourceType;
 
@@ -47,6 +49,40 @@ use crate::xds::ResourceType;
 const STREAM_BUFFER: usize = 16;
 /// HTTP/2 pings on idle connections, so a vanished proxy's stream is noticed and dropped.
 const KEEPALIVE: Duration = Duration::from_secs(30);
+/// How long a client may take to complete its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most so many bytes of a proxy's node id, node cluster and nonces are kept.
+const MAX_NODE_FIELD: usize = 256;
+/// At most so many bytes of a NACK's message are kept and logged.
+const MAX_NACK_MESSAGE: usize = 4096;
+/// The largest request the server decodes (tonic's default): bounds the names one request
+/// can subscribe.
+const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// Bounds and transport security of the xDS server.
+#[derive(Clone, Debug)]
+pub struct XdsConfig {
+    /// What one stream may subscribe (per type).
+    pub subscriptions: SubscriptionLimits,
+    /// Connections served at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// HTTP/2 streams one connection may open at once (Envoy needs one, for ADS).
+    pub max_streams_per_connection: u32,
+    /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+impl Default for XdsConfig {
+    /// Plaintext; 10,000 connections of at most 8 streams; [`SubscriptionLimits::default`].
+    fn default() -> XdsConfig {
+        XdsConfig {
+            subscriptions: SubscriptionLimits::default(),
+            max_connections: 10_000,
+            max_streams_per_connection: 8,
+            tls: None,
+        }
+    }
+}
 
 /// Why the xDS server stopped.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +103,7 @@ pub struct XdsServer {
 struct Shared {
     cache: Arc<Cache>,
     metrics: Arc<Metrics>,
+    config: XdsConfig,
     streams: Mutex<BTreeMap<u64, Arc<Mutex<StreamState>>>>,
     next_stream_id: AtomicU64,
     /// Set to `true` on shutdown: every stream task ends, so graceful shutdown is not held up
@@ -97,6 +134,8 @@ pub struct ProxyStatus {
     pub nacks: u64,
     /// The last rejection, with Envoy's message.
     pub last_nack: Option<NackStatus>,
+    /// Names answered with a removal because they were over the stream's bounds.
+    pub refused: u64,
 }
 
 /// A response a proxy rejected.
@@ -162,6 +201,7 @@ struct StreamState {
     acks: u64,
     nacks: u64,
     last_nack: Option<NackStatus>,
+    refused: u64,
     wildcard_warned: bool,
 }
 
@@ -185,6 +225,7 @@ impl StreamState {
             acks: self.acks,
             nacks: self.nacks,
             last_nack: self.last_nack.clone(),
+            refused: self.refused,
         }
     }
 }
@@ -199,13 +240,20 @@ fn unix_seconds(t: SystemTime) -> u64 {
 }
 
 impl XdsServer {
-    /// A server answering from `cache`, counting into `metrics`.
+    /// A server answering from `cache`, counting into `metrics`, with the default
+    /// [`XdsConfig`].
     pub fn new(cache: Arc<Cache>, metrics: Arc<Metrics>) -> XdsServer {
+        XdsServer::with_config(cache, metrics, XdsConfig::default())
+    }
+
+    /// A server answering from `cache`, counting into `metrics`, bounded by `config`.
+    pub fn with_config(cache: Arc<Cache>, metrics: Arc<Metrics>, config: XdsConfig) -> XdsServer {
         let (closing, _) = watch::channel(false);
         XdsServer {
             shared: Arc::new(Shared {
                 cache,
                 metrics,
+                config,
                 streams: Mutex::new(BTreeMap::new()),
                 next_stream_id: AtomicU64::new(1),
                 closing,
@@ -226,31 +274,56 @@ impl XdsServer {
 
     /// The gRPC services (delta ADS, CDS, EDS), for a caller that runs its own tonic server.
     pub fn routes(&self) -> tonic::service::Routes {
-        tonic::service::Routes::new(AggregatedDiscoveryServiceServer::new(self.clone()))
-            .add_service(ClusterDiscoveryServiceServer::new(self.clone()))
-            .add_service(EndpointDiscoveryServiceServer::new(self.clone()))
+        tonic::service::Routes::new(
+            AggregatedDiscoveryServiceServer::new(self.clone())
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            ClusterDiscoveryServiceServer::new(self.clone())
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            EndpointDiscoveryServiceServer::new(self.clone())
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
     }
 
     /// Serves xDS on `listener` (with `TCP_NODELAY`) until `shutdown` completes; then ends
-    /// every stream and returns once connections are closed.
+    /// every stream and returns once connections are closed. Connections over
+    /// [`XdsConfig::max_connections`] are closed when accepted (metric
+    /// `xds_connections_refused_total`).
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
+        let config = &self.shared.config;
         if let Ok(addr) = listener.local_addr() {
-            info!(%addr, "xDS server listening (delta ADS, CDS, EDS)");
+            let security = match &config.tls {
+                Some(_) => "TLS",
+                None => "plaintext",
+            };
+            info!(%addr, security, "xDS server listening (delta ADS, CDS, EDS)");
         }
         let incoming = TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(KEEPALIVE));
+        let metrics = self.shared.metrics.clone();
+        let incoming = ConnectionLimit::new(config.max_connections).incoming(incoming, move || {
+            Metrics::inc(&metrics.xds_connections_refused_total);
+        });
         let shared = self.shared.clone();
         let signal = async move {
             shutdown.await;
             shared.closing.send_replace(true);
         };
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(KEEPALIVE))
+            .max_concurrent_streams(Some(config.max_streams_per_connection));
+        if let Some(tls) = &config.tls {
+            builder = builder.tls_config(tls.clone().timeout(TLS_HANDSHAKE_TIMEOUT))?;
+        }
+        builder
             .add_routes(self.routes())
             .serve_with_incoming_shutdown(incoming, signal)
             .await?;
@@ -271,12 +344,13 @@ impl XdsServer {
             connected_since: SystemTime::now(),
             node_id: String::new(),
             node_cluster: String::new(),
-            clusters: Subscriptions::default(),
-            endpoints: Subscriptions::default(),
+            clusters: Subscriptions::with_limits(shared.config.subscriptions),
+            endpoints: Subscriptions::with_limits(shared.config.subscriptions),
             next_nonce: 1,
             acks: 0,
             nacks: 0,
             last_nack: None,
+            refused: 0,
             wildcard_warned: false,
         }));
         lock(&shared.streams).insert(id, state.clone());
@@ -367,6 +441,9 @@ impl StreamTask {
         let second =
             (ty == ResourceType::Cluster && self.service == Service::Ads && !added.is_empty())
                 .then(|| {
+                    let added: Vec<String> = (added.into_iter())
+                        .filter(|name| !state.clusters.is_refused(name))
+                        .collect();
                     let presubscribed = state.endpoints.presubscribe(&added);
                     self.shared.cache.watch(&presubscribed);
                     self.respond(&mut state, ResourceType::Endpoints)
@@ -388,9 +465,10 @@ impl StreamTask {
         if let Some(node) = &req.node
             && state.node_id.is_empty()
         {
-            state.node_id.clone_from(&node.id);
-            state.node_cluster.clone_from(&node.cluster);
-            info!(stream = state.id, node = %node.id, service = self.service.as_str(), "proxy connected");
+            // Kept for the admin: bounded, whatever the client sent.
+            state.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
+            state.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
+            info!(stream = state.id, node = %clip(&node.id), service = self.service.as_str(), "proxy connected");
         }
         let Some(ty) = self.service.resource_type(&req.type_url) else {
             debug!(stream = state.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
@@ -408,18 +486,22 @@ impl StreamTask {
                 Some(error) => {
                     state.nacks += 1;
                     Metrics::inc(&metrics.xds_nacks_total);
-                    warn!(
-                        stream = state.id,
-                        node = %state.node_id,
-                        resource_type = ty.as_str(),
-                        nonce = %req.response_nonce,
-                        error = %error.message,
-                        "proxy rejected an xDS response (NACK); it is sent again only when it changes"
-                    );
+                    static LOG: RateLimit = logs::per_second();
+                    if let Some(suppressed) = LOG.check() {
+                        warn!(
+                            suppressed,
+                            stream = state.id,
+                            node = %clip(&state.node_id),
+                            resource_type = ty.as_str(),
+                            nonce = %clip(&req.response_nonce),
+                            error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
+                            "proxy rejected an xDS response (NACK); it is sent again only when it changes"
+                        );
+                    }
                     state.last_nack = Some(NackStatus {
                         resource_type: ty.as_str(),
-                        nonce: req.response_nonce.clone(),
-                        message: error.message.clone(),
+                        nonce: logs::truncated(&req.response_nonce, MAX_NODE_FIELD),
+                        message: logs::truncated(&error.message, MAX_NACK_MESSAGE),
                         at_unix: unix_seconds(SystemTime::now()),
                     });
                 }
@@ -438,7 +520,7 @@ impl StreamTask {
             state.wildcard_warned = true;
             warn!(
                 stream = state.id,
-                node = %state.node_id,
+                node = %clip(&state.node_id),
                 resource_type = ty.as_str(),
                 "proxy asked for every resource (wildcard); odmesh serves named, on-demand subscriptions only"
             );
@@ -446,16 +528,55 @@ impl StreamTask {
         let cache = &self.shared.cache;
         cache.watch(&change.added);
         cache.unwatch(change.removed.iter().map(String::as_str));
+        let mut refused = change.over_limit;
         if ty == ResourceType::Cluster {
             let gauge = &metrics.xds_cluster_subscriptions;
             gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
             gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+            // Every unregistered name is a cluster in Envoy for the stream's life: a client
+            // sending random `Host`s must not grow that without bound.
+            for name in &change.added {
+                if cache.is_registered(name) == Some(false)
+                    && !state.clusters.admit_unregistered(name)
+                {
+                    refused += 1;
+                }
+            }
+        }
+        if refused > 0 {
+            state.refused += refused as u64;
+            metrics
+                .xds_names_refused_total
+                .fetch_add(refused as u64, Ordering::Relaxed);
+            static LOG: RateLimit = logs::per_second();
+            if let Some(suppressed) = LOG.check() {
+                warn!(
+                    suppressed,
+                    stream = state.id,
+                    node = %clip(&state.node_id),
+                    resource_type = ty.as_str(),
+                    refused,
+                    limits = ?self.shared.config.subscriptions,
+                    "names over the stream's bounds answered with a removal"
+                );
+            }
+        }
+        let kept = req.initial_resource_versions.len();
+        if kept > 0 && !cache.snapshot().is_complete() {
+            info!(
+                stream = state.id,
+                node = %clip(&state.node_id),
+                resource_type = ty.as_str(),
+                kept,
+                "proxy reconnected with resources it kept; they stay as they are until the registry is loaded"
+            );
         }
         debug!(
             stream = state.id,
             resource_type = ty.as_str(),
-            subscribed = ?req.resource_names_subscribe,
-            unsubscribed = ?req.resource_names_unsubscribe,
+            subscribed = req.resource_names_subscribe.len(),
+            unsubscribed = req.resource_names_unsubscribe.len(),
+            first = ?req.resource_names_subscribe.first().map(|n| clip(n)),
             "subscriptions changed"
         );
         // Names the client says it has (on reconnect) are not new to it: their load
@@ -520,7 +641,7 @@ impl Drop for StreamTask {
             .xds_cluster_subscriptions
             .fetch_sub(state.clusters.len() as u64, Ordering::Relaxed);
         metrics.xds_streams_active.fetch_sub(1, Ordering::Relaxed);
-        info!(stream = state.id, node = %state.node_id, "xDS stream closed");
+        info!(stream = state.id, node = %clip(&state.node_id), "xDS stream closed");
     }
 }
 

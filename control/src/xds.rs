@@ -40,7 +40,7 @@ use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Val
 use odmesh_names::{InvalidClusterName, Kind, parse_cluster_name};
 use prost::Message;
 
-use crate::model::{ClusterInfo, Endpoint};
+use crate::model::{ClusterInfo, Endpoint, Snapshot};
 
 /// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -142,6 +142,9 @@ pub struct Versioned {
     pub name: String,
     pub version: String,
     pub resource: Any,
+    /// Whether the registry lists the cluster (a resource for an unregistered name is a
+    /// cluster without endpoints).
+    pub registered: bool,
 }
 
 impl Versioned {
@@ -173,26 +176,52 @@ impl ClusterResources {
     }
 }
 
-/// Builds and versions both resources for cluster `name`; `info` is `None` when the registry
-/// does not list it. Fails only when `name` is not an odmesh cluster name.
+/// What the registry says about one cluster name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// Some instance lists the VIP.
+    Registered(&'a ClusterInfo),
+    /// No instance lists the VIP, and the registry is complete.
+    Unregistered,
+    /// No instance lists the VIP so far, but the registry is still loading (after a
+    /// restart, before the source's first good read): it may well exist.
+    NotYetKnown,
+}
+
+impl<'a> Lookup<'a> {
+    /// What `snapshot` says about `name`.
+    pub fn in_snapshot(snapshot: &'a Snapshot, name: &str) -> Lookup<'a> {
+        match snapshot.get(name) {
+            Some(info) => Lookup::Registered(info),
+            None if snapshot.is_complete() => Lookup::Unregistered,
+            None => Lookup::NotYetKnown,
+        }
+    }
+}
+
+/// Builds and versions both resources for cluster `name`. Fails only when `name` is not an
+/// odmesh cluster name.
 pub fn build(
     name: &str,
-    info: Option<&ClusterInfo>,
+    lookup: Lookup<'_>,
     opts: &XdsOptions,
 ) -> Result<ClusterResources, InvalidClusterName> {
-    let target = Target::new(name, info)?;
+    let target = Target::new(name, lookup)?;
     let cluster_version = target.cluster_version(opts);
     let endpoints_version = target.endpoints_version(cluster_version);
+    let registered = target.state == State::Registered;
     Ok(ClusterResources {
         cluster: Versioned {
             name: name.to_owned(),
             version: format!("{cluster_version:016x}"),
             resource: any(CLUSTER_TYPE_URL, &target.cluster(opts)),
+            registered,
         },
         endpoints: Versioned {
             name: name.to_owned(),
             version: format!("{endpoints_version:016x}"),
             resource: any(ENDPOINTS_TYPE_URL, &target.load_assignment()),
+            registered,
         },
     })
 }
@@ -200,18 +229,26 @@ pub fn build(
 /// The `Cluster` for `name`; see the module docs.
 pub fn cluster(
     name: &str,
-    info: Option<&ClusterInfo>,
+    lookup: Lookup<'_>,
     opts: &XdsOptions,
 ) -> Result<Cluster, InvalidClusterName> {
-    Ok(Target::new(name, info)?.cluster(opts))
+    Ok(Target::new(name, lookup)?.cluster(opts))
 }
 
 /// The `ClusterLoadAssignment` for `name`: UP endpoints grouped by zone (empty when unknown).
 pub fn load_assignment(
     name: &str,
-    info: Option<&ClusterInfo>,
+    lookup: Lookup<'_>,
 ) -> Result<ClusterLoadAssignment, InvalidClusterName> {
-    Ok(Target::new(name, info)?.load_assignment())
+    Ok(Target::new(name, lookup)?.load_assignment())
+}
+
+/// [`Lookup`] without the cluster, as it shapes a resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Unregistered = 0,
+    Registered = 1,
+    NotYetKnown = 2,
 }
 
 /// Everything a resource is made of, checked once. The version hashes read exactly these
@@ -220,28 +257,30 @@ struct Target<'a> {
     name: &'a str,
     vip: &'a str,
     kind: Kind,
-    registered: bool,
+    state: State,
     endpoints: &'a [Endpoint],
 }
 
 impl<'a> Target<'a> {
-    fn new(name: &'a str, info: Option<&'a ClusterInfo>) -> Result<Target<'a>, InvalidClusterName> {
+    fn new(name: &'a str, lookup: Lookup<'a>) -> Result<Target<'a>, InvalidClusterName> {
         let (vip, kind) = parse_cluster_name(name)?;
-        Ok(match info {
-            Some(info) => Target {
+        let missing = |state| Target {
+            name,
+            vip,
+            kind,
+            state,
+            endpoints: &[],
+        };
+        Ok(match lookup {
+            Lookup::Registered(info) => Target {
                 name,
                 vip: &info.vip,
                 kind: info.kind,
-                registered: true,
+                state: State::Registered,
                 endpoints: &info.endpoints,
             },
-            None => Target {
-                name,
-                vip,
-                kind,
-                registered: false,
-                endpoints: &[],
-            },
+            Lookup::Unregistered => missing(State::Unregistered),
+            Lookup::NotYetKnown => missing(State::NotYetKnown),
         })
     }
 
@@ -253,7 +292,7 @@ impl<'a> Target<'a> {
         h.str(self.name);
         h.str(self.vip);
         h.str(self.kind.as_str());
-        h.bytes(&[u8::from(self.registered)]);
+        h.bytes(&[self.state as u8]);
         h.bytes(&opts.connect_timeout.as_nanos().to_le_bytes());
         if self.kind == Kind::Svip {
             // TLS settings shape `.svip` clusters only; a new CA must not re-warm plain ones.
@@ -312,7 +351,7 @@ impl<'a> Target<'a> {
             (
                 "registered".to_owned(),
                 Value {
-                    kind: Some(value::Kind::BoolValue(self.registered)),
+                    kind: Some(value::Kind::BoolValue(self.state == State::Registered)),
                 },
             ),
         ]);
@@ -328,13 +367,16 @@ impl<'a> Target<'a> {
             Kind::Vip => "VIP",
             Kind::Svip => "SVIP",
         };
-        if self.registered {
-            format!(
+        match self.state {
+            State::Registered => format!(
                 "{side} {} has no healthy endpoint: no instance of it is UP",
                 self.vip
-            )
-        } else {
-            format!("{side} {} is not registered", self.vip)
+            ),
+            State::Unregistered => format!("{side} {} is not registered", self.vip),
+            State::NotYetKnown => format!(
+                "{side} {} is not known yet: the control plane is still loading its registry",
+                self.vip
+            ),
         }
     }
 
@@ -512,7 +554,7 @@ mod tests {
     #[test]
     fn a_vip_cluster_is_eds_over_ads_with_its_own_service_name() {
         let hello = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
-        let c = cluster("hello.vip", Some(&hello), &opts()).unwrap();
+        let c = cluster("hello.vip", Lookup::Registered(&hello), &opts()).unwrap();
         assert_eq!(c.name, "hello.vip");
         assert_eq!(
             c.cluster_discovery_type,
@@ -535,7 +577,7 @@ mod tests {
     #[test]
     fn cluster_metadata_says_vip_kind_and_registered() {
         let hello = info("hello", Kind::Vip, vec![]);
-        let c = cluster("hello.vip", Some(&hello), &opts()).unwrap();
+        let c = cluster("hello.vip", Lookup::Registered(&hello), &opts()).unwrap();
         let meta = odmesh_meta(&c);
         assert_eq!(meta["vip"], string_value("hello"));
         assert_eq!(meta["kind"], string_value("vip"));
@@ -548,7 +590,7 @@ mod tests {
 
     #[test]
     fn an_unknown_vip_is_a_normal_cluster_marked_unregistered_with_no_endpoints() {
-        let c = cluster("nobody.vip", None, &opts()).unwrap();
+        let c = cluster("nobody.vip", Lookup::Unregistered, &opts()).unwrap();
         assert_eq!(
             c.eds_cluster_config.as_ref().unwrap().service_name,
             "nobody.vip",
@@ -563,15 +605,39 @@ mod tests {
             ))
         );
         assert_eq!(meta["vip"], string_value("nobody"));
-        let cla = load_assignment("nobody.vip", None).unwrap();
+        let cla = load_assignment("nobody.vip", Lookup::Unregistered).unwrap();
         assert_eq!(cla.cluster_name, "nobody.vip");
         assert!(cla.endpoints.is_empty());
     }
 
     #[test]
+    fn a_vip_not_known_yet_says_so_and_is_versioned_apart_from_an_unregistered_one() {
+        let c = cluster("late.vip", Lookup::NotYetKnown, &opts()).unwrap();
+        let meta = odmesh_meta(&c);
+        assert_eq!(meta["registered"].kind, Some(value::Kind::BoolValue(false)));
+        assert_eq!(
+            meta["reason"],
+            string_value(
+                "VIP late is not known yet: the control plane is still loading its registry"
+            )
+        );
+        let not_yet = build("late.vip", Lookup::NotYetKnown, &opts()).unwrap();
+        let unregistered = build("late.vip", Lookup::Unregistered, &opts()).unwrap();
+        assert_ne!(not_yet.cluster.version, unregistered.cluster.version);
+        assert!(!not_yet.cluster.registered && !unregistered.endpoints.registered);
+        let hello = info("hello", Kind::Vip, vec![]);
+        assert!(
+            build("hello.vip", Lookup::Registered(&hello), &opts())
+                .unwrap()
+                .cluster
+                .registered
+        );
+    }
+
+    #[test]
     fn an_svip_cluster_talks_tls_with_the_svip_as_sni_and_the_configured_ca() {
         let secure = info("hello", Kind::Svip, vec![ep(None, "10.0.0.1", 8443)]);
-        let c = cluster("hello.svip", Some(&secure), &opts()).unwrap();
+        let c = cluster("hello.svip", Lookup::Registered(&secure), &opts()).unwrap();
         let socket = c.transport_socket.unwrap();
         assert_eq!(socket.name, "envoy.transport_sockets.tls");
         let Some(transport_socket::ConfigType::TypedConfig(any)) = socket.config_type else {
@@ -622,7 +688,7 @@ mod tests {
                 ep(Some("a"), "10.0.0.2", 81),
             ],
         );
-        let cla = load_assignment("hello.vip", Some(&hello)).unwrap();
+        let cla = load_assignment("hello.vip", Lookup::Registered(&hello)).unwrap();
         assert_eq!(cla.cluster_name, "hello.vip");
         let zones: Vec<Option<&str>> = cla
             .endpoints
@@ -647,15 +713,15 @@ mod tests {
 
     #[test]
     fn names_that_are_not_odmesh_clusters_are_refused() {
-        assert!(build("xds_cluster", None, &opts()).is_err());
-        assert!(build("Bad!.vip", None, &opts()).is_err());
+        assert!(build("xds_cluster", Lookup::Unregistered, &opts()).is_err());
+        assert!(build("Bad!.vip", Lookup::Unregistered, &opts()).is_err());
     }
 
     #[test]
     fn equal_inputs_give_equal_versions_however_the_metadata_map_encodes() {
-        let a = build("hello.vip", None, &opts()).unwrap();
+        let a = build("hello.vip", Lookup::Unregistered, &opts()).unwrap();
         for _ in 0..20 {
-            let b = build("hello.vip", None, &opts()).unwrap();
+            let b = build("hello.vip", Lookup::Unregistered, &opts()).unwrap();
             assert_eq!(a.cluster.version, b.cluster.version);
             assert_eq!(a.endpoints.version, b.endpoints.version);
         }
@@ -669,8 +735,8 @@ mod tests {
             Kind::Vip,
             vec![ep(None, "10.0.0.1", 80), ep(None, "10.0.0.2", 80)],
         );
-        let a = build("hello.vip", Some(&one), &opts()).unwrap();
-        let b = build("hello.vip", Some(&two), &opts()).unwrap();
+        let a = build("hello.vip", Lookup::Registered(&one), &opts()).unwrap();
+        let b = build("hello.vip", Lookup::Registered(&two), &opts()).unwrap();
         assert_eq!(a.cluster.version, b.cluster.version);
         assert_ne!(a.endpoints.version, b.endpoints.version);
     }
@@ -678,8 +744,8 @@ mod tests {
     #[test]
     fn registering_a_vip_changes_both_versions_even_with_no_endpoints() {
         let empty = info("hello", Kind::Vip, vec![]);
-        let before = build("hello.vip", None, &opts()).unwrap();
-        let after = build("hello.vip", Some(&empty), &opts()).unwrap();
+        let before = build("hello.vip", Lookup::Unregistered, &opts()).unwrap();
+        let after = build("hello.vip", Lookup::Registered(&empty), &opts()).unwrap();
         assert_ne!(before.cluster.version, after.cluster.version);
         assert_ne!(
             before.endpoints.version, after.endpoints.version,
@@ -690,17 +756,17 @@ mod tests {
     #[test]
     fn the_upstream_ca_is_part_of_the_version_of_svip_clusters_only() {
         let other = XdsOptions::new(Some("/other.pem".into()));
-        let a = build("hello.svip", None, &opts()).unwrap();
-        let b = build("hello.svip", None, &other).unwrap();
+        let a = build("hello.svip", Lookup::Unregistered, &opts()).unwrap();
+        let b = build("hello.svip", Lookup::Unregistered, &other).unwrap();
         assert_ne!(a.cluster.version, b.cluster.version);
-        let a = build("hello.vip", None, &opts()).unwrap();
-        let b = build("hello.vip", None, &other).unwrap();
+        let a = build("hello.vip", Lookup::Unregistered, &opts()).unwrap();
+        let b = build("hello.vip", Lookup::Unregistered, &other).unwrap();
         assert_eq!(a.cluster.version, b.cluster.version);
     }
 
     #[test]
     fn resources_carry_their_type_url_and_decode_back() {
-        let r = build("hello.vip", None, &opts()).unwrap();
+        let r = build("hello.vip", Lookup::Unregistered, &opts()).unwrap();
         assert_eq!(
             r.get(ResourceType::Cluster).resource.type_url,
             CLUSTER_TYPE_URL

@@ -76,17 +76,37 @@ pub type Group = Arc<[Arc<Instance>]>;
 /// publishes a new registry by sharing the groups of the apps that did not change (one
 /// pointer per app, not per instance), and [`Registry::changes_since`] skips a shared
 /// group, or a shared instance, by pointer.
-#[derive(Clone, Debug, Default, Eq)]
+///
+/// A registry is *complete* when it is all its source knows, or *still loading* when the
+/// source may not have everything yet: a Eureka source before its first good fetch, the
+/// embedded registry while its clients register again after a restart. What a proxy already
+/// holds is not taken away on the word of a registry that is still loading (see
+/// [`cache`](crate::cache)).
+#[derive(Clone, Debug, Eq)]
 pub struct Registry {
     /// Not empty, each.
     groups: Vec<Group>,
     len: usize,
+    complete: bool,
+}
+
+impl Default for Registry {
+    /// An empty, complete registry.
+    fn default() -> Registry {
+        Registry {
+            groups: Vec::new(),
+            len: 0,
+            complete: true,
+        }
+    }
 }
 
 impl PartialEq for Registry {
-    /// The same instances in the same groups; a shared group is equal without a look inside.
+    /// The same instances in the same groups, and equally complete; a shared group is equal
+    /// without a look inside.
     fn eq(&self, other: &Registry) -> bool {
         self.len == other.len
+            && self.complete == other.complete
             && self.groups.len() == other.groups.len()
             && (self.groups.iter())
                 .zip(&other.groups)
@@ -99,7 +119,27 @@ impl Registry {
     pub fn from_groups(groups: impl IntoIterator<Item = Group>) -> Registry {
         let groups: Vec<Group> = groups.into_iter().filter(|g| !g.is_empty()).collect();
         let len = groups.iter().map(|g| g.len()).sum();
-        Registry { groups, len }
+        Registry {
+            groups,
+            len,
+            complete: true,
+        }
+    }
+
+    /// An empty registry of a source that has loaded nothing yet.
+    pub fn loading() -> Registry {
+        Registry::default().still_loading(true)
+    }
+
+    /// This registry, marked as still loading (`true`) or complete (`false`).
+    pub fn still_loading(mut self, loading: bool) -> Registry {
+        self.complete = !loading;
+        self
+    }
+
+    /// Whether this is all the source knows (see the type's docs).
+    pub fn is_complete(&self) -> bool {
+        self.complete
     }
 
     /// Every instance, in order.
@@ -141,7 +181,7 @@ impl FromIterator<Instance> for Registry {
 }
 
 impl serde::Serialize for Registry {
-    /// As `{"instances": [...]}`, every instance in order.
+    /// As `{"complete": bool, "instances": [...]}`, every instance in order.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         struct Instances<'a>(&'a Registry);
@@ -150,7 +190,8 @@ impl serde::Serialize for Registry {
                 serializer.collect_seq(self.0.instances())
             }
         }
-        let mut out = serializer.serialize_struct("Registry", 1)?;
+        let mut out = serializer.serialize_struct("Registry", 2)?;
+        out.serialize_field("complete", &self.complete)?;
         out.serialize_field("instances", &Instances(self))?;
         out.end()
     }

@@ -1,0 +1,417 @@
+//! Serving HTTP/1.1 within bounds, for the embedded registry and the admin endpoint: a
+//! connection limit, a time limit on each request's headers (which is also the idle limit of
+//! a kept-alive connection), optional TLS with a handshake time limit, and a graceful stop.
+//!
+//! Bodies are the handlers' business: [`read_body`] reads one within a size and a time
+//! limit, and answers 413 or 408 in words.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::listen::ConnectionLimit;
+
+/// The bounds of one HTTP server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Connections served at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers, counted from when the server
+    /// waits for them: on a kept-alive connection that includes the idle time before the
+    /// next request, so this is also the idle timeout.
+    pub header_timeout: Duration,
+    /// How long a client may take to complete a TLS handshake.
+    pub tls_handshake_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    /// 1,024 connections, 10 s for headers (and idle), 10 s for a TLS handshake.
+    fn default() -> HttpLimits {
+        HttpLimits {
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            tls_handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a server reports for its metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpEvent {
+    /// A connection over [`HttpLimits::max_connections`] was closed on arrival.
+    ConnectionRefused,
+    /// A connection was closed because its client did not send headers in time (or sat
+    /// idle for longer than that).
+    HeaderTimeout,
+    /// A TLS handshake failed or took too long.
+    TlsFailed,
+}
+
+/// How long a graceful stop waits for open requests before it drops their connections.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves `router` on `listener` within `limits`, over TLS when `tls` is given, until
+/// `shutdown` completes; then lets open requests finish (for at most 5 s). Reports each
+/// [`HttpEvent`] to `on_event`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
+    on_event: impl Fn(HttpEvent) + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let slots = ConnectionLimit::new(limits.max_connections);
+    let graceful = GracefulShutdown::new();
+    let on_event = Arc::new(on_event);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Out of file descriptors, say: wait a moment rather than spin.
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Some(slot) = slots.try_acquire() else {
+            on_event(HttpEvent::ConnectionRefused);
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let builder = builder.clone();
+        let on_event = on_event.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let result = match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                    watcher.watch(conn).await
+                }
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(tcp);
+                    let stream =
+                        match tokio::time::timeout(limits.tls_handshake_timeout, handshake).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                on_event(HttpEvent::TlsFailed);
+                                tracing::debug!(error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                on_event(HttpEvent::TlsFailed);
+                                tracing::debug!("TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    watcher.watch(conn).await
+                }
+            };
+            if let Err(e) = result {
+                if e.is_timeout() {
+                    on_event(HttpEvent::HeaderTimeout);
+                }
+                tracing::debug!(error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(STOP_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("open HTTP connections dropped after the grace period");
+    }
+    Ok(())
+}
+
+/// Why a request body was not read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBody {
+    /// Larger than allowed: answer 413.
+    #[error("the body is larger than the limit of {max} bytes")]
+    TooLarge { max: usize },
+    /// Not all there in time: answer 408.
+    #[error("the body did not arrive within {after:?}")]
+    TooSlow { after: Duration },
+    /// The connection failed while reading it.
+    #[error("reading the body failed: {reason}")]
+    Broken { reason: String },
+}
+
+impl InvalidBody {
+    /// The HTTP status that answers it.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            InvalidBody::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            InvalidBody::TooSlow { .. } => StatusCode::REQUEST_TIMEOUT,
+            InvalidBody::Broken { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// How much of a refused body is read and thrown away (and for how long), so the client,
+/// still sending, reads the answer instead of a reset connection.
+const DRAIN_BYTES: usize = 16 * 1024 * 1024;
+
+/// Reads `body`, of at most `max` bytes, within `timeout`. A body announced larger
+/// (`Content-Length`) is refused before a byte of it is read; one that turns out larger, or
+/// too slow, is refused too. Either way, the rest of a refused body is read and discarded in
+/// the background (up to 16 MiB, within `timeout`), so the client gets the answer.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+    timeout: Duration,
+) -> Result<Bytes, InvalidBody> {
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > max as u64) {
+        drain(body, timeout);
+        return Err(InvalidBody::TooLarge { max });
+    }
+    let mut stream = body.into_data_stream();
+    let mut out: Vec<u8> = Vec::new();
+    let read = tokio::time::timeout(timeout, async {
+        use futures::StreamExt;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| InvalidBody::Broken {
+                reason: e.to_string(),
+            })?;
+            if out.len() + chunk.len() > max {
+                return Err(InvalidBody::TooLarge { max });
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(())
+    })
+    .await;
+    let refused = match read {
+        Ok(Ok(())) => return Ok(Bytes::from(out)),
+        Ok(Err(e)) => e,
+        Err(_) => InvalidBody::TooSlow { after: timeout },
+    };
+    if !matches!(refused, InvalidBody::Broken { .. }) {
+        drain(Body::from_stream(stream), timeout);
+    }
+    Err(refused)
+}
+
+/// Reads and discards what is left of a refused body, in the background, bounded.
+fn drain(body: Body, timeout: Duration) {
+    tokio::spawn(async move {
+        let limited = Limited::new(body, DRAIN_BYTES);
+        let _ = tokio::time::timeout(timeout, limited.collect()).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::post;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// A server whose one route echoes the body's length, read with a 1 KiB limit.
+    async fn start(
+        limits: HttpLimits,
+    ) -> (
+        std::net::SocketAddr,
+        Arc<[AtomicUsize; 3]>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route(
+            "/",
+            post(|headers: HeaderMap, body: Body| async move {
+                match read_body(&headers, body, 1024, Duration::from_secs(1)).await {
+                    Ok(bytes) => (StatusCode::OK, format!("{}", bytes.len())),
+                    Err(e) => (e.status(), e.to_string()),
+                }
+            }),
+        );
+        let events = Arc::new([const { AtomicUsize::new(0) }; 3]);
+        let counts = events.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            None,
+            move |event| {
+                let i = match event {
+                    HttpEvent::ConnectionRefused => 0,
+                    HttpEvent::HeaderTimeout => 1,
+                    HttpEvent::TlsFailed => 2,
+                };
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            },
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        (addr, events, stop)
+    }
+
+    /// Sends `raw`, then reads until the server closes or `WAIT` passes.
+    async fn exchange(addr: std::net::SocketAddr, raw: &[u8]) -> String {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(raw).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(WAIT, conn.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_body_announced_too_large_gets_413_before_it_is_sent() {
+        let (addr, _, _stop) = start(HttpLimits::default()).await;
+        let answer = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(
+            answer.contains("larger than the limit of 1024 bytes"),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_a_huge_body_anyway_reads_the_413_not_a_reset() {
+        let (addr, _, _stop) = start(HttpLimits::default()).await;
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        let body = vec![b'x'; 10 * 1024 * 1024];
+        let head = format!(
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let (mut rd, mut wr) = conn.split();
+        let send = async {
+            wr.write_all(head.as_bytes()).await?;
+            wr.write_all(&body).await
+        };
+        let mut out = Vec::new();
+        let receive = tokio::time::timeout(WAIT, rd.read_to_end(&mut out));
+        let (sent, received) = tokio::join!(send, receive);
+        let answer = String::from_utf8_lossy(&out);
+        assert!(sent.is_ok(), "the whole body could be sent: {sent:?}");
+        assert!(matches!(received, Ok(Ok(_))), "{received:?}");
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_length_that_grows_too_large_gets_413() {
+        let (addr, _, _stop) = start(HttpLimits::default()).await;
+        let chunk = format!("{:x}\r\n{}\r\n", 2000, "y".repeat(2000));
+        let raw = format!(
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{chunk}0\r\n\r\n"
+        );
+        let answer = exchange(addr, raw.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stalls_gets_408() {
+        let (addr, _, _stop) = start(HttpLimits::default()).await;
+        let answer = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_small_body_is_read() {
+        let (addr, _, _stop) = start(HttpLimits::default()).await;
+        let answer = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\n5"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_headers_is_cut_off_and_counted() {
+        let limits = HttpLimits {
+            header_timeout: Duration::from_millis(300),
+            ..HttpLimits::default()
+        };
+        let (addr, events, _stop) = start(limits).await;
+        let started = std::time::Instant::now();
+        let answer = exchange(addr, b"POST / HTTP/1.1\r\nhost: x\r\n").await;
+        assert!(
+            started.elapsed() < WAIT,
+            "closed by the server, not the test"
+        );
+        assert!(!answer.contains("200"), "{answer}");
+        let deadline = std::time::Instant::now() + WAIT;
+        while events[1].load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no header timeout counted"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_limit_are_closed_and_counted() {
+        let limits = HttpLimits {
+            max_connections: 1,
+            ..HttpLimits::default()
+        };
+        let (addr, events, _stop) = start(limits).await;
+        // The first connection is served (so it holds the only slot), and kept alive.
+        let mut held = TcpStream::connect(addr).await.unwrap();
+        held.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut first = [0u8; 12];
+        tokio::time::timeout(WAIT, held.read_exact(&mut first))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200");
+        let answer = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(answer.is_empty(), "{answer}");
+        assert_eq!(events[0].load(Ordering::Relaxed), 1);
+    }
+}

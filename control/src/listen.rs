@@ -1,0 +1,173 @@
+//! Accepting connections within a bound, for the xDS and HTTP servers: a connection over
+//! the limit is closed as soon as it is accepted, so a flood of connections costs a file
+//! descriptor for a moment, not a task and buffers for as long as the client likes.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// At most so many connections at once.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimit {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionLimit {
+    /// At most `max` connections at once.
+    pub fn new(max: usize) -> ConnectionLimit {
+        ConnectionLimit {
+            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            max,
+        }
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// A slot for one more connection, if there is one; the connection holds it until it
+    /// is dropped.
+    pub fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// `incoming` with every connection over the limit closed at once (`refused` is called
+    /// for each); the others hold a slot while they live.
+    pub fn incoming<S>(
+        self,
+        incoming: S,
+        refused: impl Fn() + Send + 'static,
+    ) -> impl Stream<Item = io::Result<Counted<TcpStream>>> + Send + 'static
+    where
+        S: Stream<Item = io::Result<TcpStream>> + Send + 'static,
+    {
+        incoming.filter_map(move |accepted| {
+            let out = match accepted {
+                Ok(io) => match self.try_acquire() {
+                    Some(permit) => Some(Ok(Counted { io, _slot: permit })),
+                    None => {
+                        refused();
+                        drop(io);
+                        None
+                    }
+                },
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(out)
+        })
+    }
+}
+
+/// A connection holding one slot of a [`ConnectionLimit`].
+#[derive(Debug)]
+pub struct Counted<IO> {
+    io: IO,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Counted<TcpStream> {
+    type ConnectInfo = <TcpStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+    use tokio_stream::wrappers::TcpListenerStream;
+
+    #[tokio::test]
+    async fn a_connection_over_the_limit_is_closed_and_counted_and_a_freed_slot_is_reused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let refused = Arc::new(AtomicUsize::new(0));
+        let counter = refused.clone();
+        let mut incoming = Box::pin(ConnectionLimit::new(1).incoming(
+            TcpListenerStream::new(listener),
+            move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+            },
+        ));
+        let wait = std::time::Duration::from_secs(5);
+
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let held = tokio::time::timeout(wait, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+
+        // The second is accepted and closed while the first holds the only slot.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let pending = tokio::time::timeout(std::time::Duration::from_millis(300), incoming.next());
+        assert!(
+            pending.await.is_err(),
+            "no connection over the limit is yielded"
+        );
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(wait, second.read(&mut byte))
+            .await
+            .unwrap();
+        assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+        assert_eq!(refused.load(Ordering::Relaxed), 1);
+
+        drop(held);
+        let _third = TcpStream::connect(addr).await.unwrap();
+        let third = tokio::time::timeout(wait, incoming.next()).await.unwrap();
+        assert!(matches!(third, Some(Ok(_))), "a freed slot is used again");
+        assert_eq!(refused.load(Ordering::Relaxed), 1);
+    }
+}
