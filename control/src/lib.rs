@@ -4,7 +4,7 @@
 //! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints)
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
 //! (versions, subscriptions, the delta diff) → [`server`] (tonic: the xDS streams).
-//! [`admin`] and [`metrics`] watch from the side.
+//! [`admin`] and [`metrics`] watch from the side; [`tls`] holds what several layers need of TLS.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -13,4 +13,5 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod server;
+pub mod tls;
 pub mod xds;
