@@ -5,7 +5,7 @@
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
 //! (versions, subscriptions, the delta diff) → [`server`] (tonic: the xDS streams).
 //! [`admin`] and [`metrics`] watch from the side; [`listen`] and [`logs`] bound what clients
-//! can make the servers hold and log.
+//! can make the servers hold and log; [`tls`] holds what several layers need of TLS.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod server;
+pub mod tls;
 pub mod xds;

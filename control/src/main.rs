@@ -41,9 +41,21 @@ struct Args {
     /// Follow a Eureka server, e.g. `http://eureka:8761/eureka`: a full fetch of `/apps`,
     /// then `/apps/delta` every --eureka-interval, reconciled by Eureka's hash code. Repeat
     /// the flag for several servers, tried in turn. While none answers, the last good
-    /// registry stays in use.
+    /// registry stays in use. `https://` URLs are verified against --eureka-ca;
+    /// `https://user:password@eureka/eureka` (percent-encoded) sends Basic authentication,
+    /// but other users of this host can read a password here in the process list.
     #[arg(long, value_name = "URL")]
     eureka: Vec<String>,
+
+    /// CA bundle (PEM) that signs the certificates of the `https://` Eureka servers, which
+    /// must also name the URL's host. Default: the system CA bundle.
+    #[arg(long, value_name = "FILE", requires = "eureka")]
+    eureka_ca: Option<PathBuf>,
+
+    /// File whose content (trimmed) is sent to the Eureka servers as `Authorization: Bearer`;
+    /// a URL with its own `user:password@` sends that instead. Read once, at start.
+    #[arg(long, value_name = "FILE", requires = "eureka")]
+    eureka_token_file: Option<PathBuf>,
 
     /// Seconds between two polls of Eureka's delta (as Eureka's own clients do).
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
@@ -104,13 +116,18 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
     }
     if !args.eureka.is_empty() {
         let interval = seconds("--eureka-interval", args.eureka_interval)?;
-        let src = eureka_client::start(args.eureka.clone(), interval, metrics.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("--eureka: {e}"))?;
+        let config = eureka_client::ClientConfig {
+            ca_file: args.eureka_ca.clone(),
+            token_file: args.eureka_token_file.clone(),
+            ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
+        };
+        // The error names the flag and the problem; its chain says the cause.
+        let src = eureka_client::start_with(config, metrics.clone()).await?;
         return Ok(Source {
             registry: src.registry,
+            // The URLs as the source shows them: passwords as ***.
+            description: src.health.snapshot().description,
             health: src.health,
-            description: format!("Eureka {}", args.eureka.join(", ")),
             task: src.task,
         });
     }

@@ -54,15 +54,9 @@ const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
 const UPSTREAM_TLS_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 
-/// Where distributions keep the system CA bundle, most common first. Envoy 1.40 has no working
-/// "use the system roots" switch (`system_root_certs` is not implemented), so odmesh names a
-/// bundle file.
-pub const SYSTEM_CA_BUNDLES: &[&str] = &[
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/ca-bundle.pem",
-    "/etc/ssl/cert.pem",
-];
+/// Envoy 1.40 has no working "use the system roots" switch (`system_root_certs` is not
+/// implemented), so odmesh names a bundle file: the first of these that exists.
+pub use crate::tls::SYSTEM_CA_BUNDLES;
 
 /// The two resource types odmesh serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -14,21 +14,33 @@
 //!   `min(interval, 1 s)` up to `max_backoff` (the interval by default).
 //! - Every HTTP call has a timeout (`request_timeout`, 10 s by default).
 //! - A new registry is published only when the plain model changed.
+//! - `https://` URLs are verified by rustls against `--eureka-ca` (a PEM bundle) or the
+//!   system CA bundle: the certificate must chain to one of those CAs and name the URL's
+//!   host. `http://` and `https://` URLs can be mixed. A failed handshake is an unreachable
+//!   server (the next URL is tried) and its error carries rustls's reason.
+//! - Credentials: `user:password@` in a URL (percent-encoded, as in Eureka's `serviceUrl`)
+//!   is sent as `Authorization: Basic`, and a `--eureka-token-file` as `Authorization:
+//!   Bearer` to the URLs without their own. A 401 or 403 says to check them. Wherever a URL
+//!   is shown (logs, errors, `/readyz`, `/debug/registry`) its password is `***`; sending
+//!   credentials over plain http to a host other than loopback is warned about at start.
 //!
 //! The age of the last good fetch is the [`SourceHealth`]'s `last_success` (also the gauge
 //! `registry_last_success_seconds`); see [`EurekaSource::age_of_last_fetch`].
 //!
-//! Limits: `http://` only (no TLS, no basic auth in the URL yet); an instance on the server
-//! that odmesh cannot read at all (see [`eureka::parse_document`]) is missing from the local
-//! copy, so its status is missing from the hash code and every poll becomes a full fetch
-//! (still correct, logged as a hash mismatch).
+//! Limits: the token file and the CA bundle are read once, at start (a rotated token needs a
+//! restart); no client certificates (mutual TLS); an instance on the server that odmesh
+//! cannot read at all (see [`eureka::parse_document`]) is missing from the local copy, so
+//! its status is missing from the hash code and every poll becomes a full fetch (still
+//! correct, logged as a hash mismatch).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
-use hyper::header::ACCEPT;
+use hyper::header::{ACCEPT, AUTHORIZATION};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -36,9 +48,15 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
+use crate::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
 
 use super::eureka::{self, ActionType, Applications, InvalidDocument};
 use super::{Registry, SourceHealth};
+
+mod access;
+
+use access::Access;
+pub use access::{ServerUrl, redact_url};
 
 /// Eureka clients poll every 30 s.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
@@ -50,10 +68,17 @@ pub const DEFAULT_FIRST_FETCH_WAIT: Duration = Duration::from_secs(5);
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// How to follow the Eureka servers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// Base URLs of the Eureka servers, e.g. `http://eureka:8761/eureka`, tried in turn.
+    /// Base URLs of the Eureka servers, e.g. `https://user:password@eureka:8761/eureka`,
+    /// tried in turn (see [`ServerUrl::parse`]).
     pub urls: Vec<String>,
+    /// The CAs (PEM bundle) that sign the `https://` servers' certificates; `None`: the
+    /// system CA bundle.
+    pub ca_file: Option<PathBuf>,
+    /// A file holding a token sent as `Authorization: Bearer` to every server whose URL has
+    /// no `user:password@` of its own.
+    pub token_file: Option<PathBuf>,
     /// Time between two polls of the delta.
     pub interval: Duration,
     /// The bound on every HTTP call.
@@ -69,6 +94,8 @@ impl ClientConfig {
     pub fn new(urls: Vec<String>, interval: Duration) -> ClientConfig {
         ClientConfig {
             urls,
+            ca_file: None,
+            token_file: None,
             interval,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_backoff: interval,
@@ -77,12 +104,54 @@ impl ClientConfig {
     }
 }
 
+// By hand, so that a logged configuration never shows a password.
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
+        f.debug_struct("ClientConfig")
+            .field("urls", &urls)
+            .field("ca_file", &self.ca_file)
+            .field("token_file", &self.token_file)
+            .field("interval", &self.interval)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_backoff", &self.max_backoff)
+            .field("first_fetch_wait", &self.first_fetch_wait)
+            .finish()
+    }
+}
+
 /// A `--eureka` URL that cannot be followed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid Eureka URL {url:?}: {reason}")]
 pub struct InvalidEurekaUrl {
+    /// The URL as given, with any password shown as `***` ([`redact_url`]).
     pub url: String,
     pub reason: String,
+}
+
+/// Why the Eureka source cannot start: a flag names something it cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidEurekaConfig {
+    #[error(transparent)]
+    Url(#[from] InvalidEurekaUrl),
+    #[error("no Eureka URL given")]
+    NoUrl,
+    #[error("--eureka-ca")]
+    CaBundle(#[source] InvalidCaBundle),
+    #[error("https:// Eureka URLs need trusted CAs: give --eureka-ca FILE")]
+    NoCa(#[source] InvalidCaBundle),
+    #[error("TLS client for Eureka")]
+    Tls(#[source] rustls::Error),
+    #[error("--eureka-token-file {}: cannot read it", path.display())]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--eureka-token-file {}: empty", path.display())]
+    EmptyToken { path: PathBuf },
+    #[error("--eureka-token-file {}: the token holds characters no HTTP header can carry", path.display())]
+    BadToken { path: PathBuf },
 }
 
 /// Why one fetch from one Eureka server failed.
@@ -94,6 +163,21 @@ pub enum FetchError {
     Timeout { url: String, after: Duration },
     #[error("{url}: answered HTTP {status}")]
     Status { url: String, status: u16 },
+    #[error("{url}: Eureka answered {status}: {}", unauthorized_hint(*.credentials))]
+    Unauthorized {
+        url: String,
+        status: u16,
+        /// Whether credentials were sent.
+        credentials: bool,
+    },
+    #[error("{url}: TLS handshake failed: {source} (trusted CAs: {trust})")]
+    Tls {
+        url: String,
+        /// Which CAs the client trusts: `--eureka-ca FILE` or the system bundle.
+        trust: String,
+        #[source]
+        source: rustls::Error,
+    },
     #[error("{url}: {source}")]
     Document {
         url: String,
@@ -105,10 +189,20 @@ impl FetchError {
     /// Whether the server is unreachable (as opposed to answering something unusable).
     fn is_unreachable(&self) -> bool {
         match self {
-            FetchError::Transport { .. } | FetchError::Timeout { .. } => true,
+            FetchError::Transport { .. } | FetchError::Timeout { .. } | FetchError::Tls { .. } => {
+                true
+            }
             FetchError::Status { status, .. } => *status >= 500,
-            FetchError::Document { .. } => false,
+            FetchError::Unauthorized { .. } | FetchError::Document { .. } => false,
         }
+    }
+}
+
+fn unauthorized_hint(credentials: bool) -> &'static str {
+    if credentials {
+        "check the credentials"
+    } else {
+        "it wants credentials: user:password@ in the URL, or --eureka-token-file"
     }
 }
 
@@ -137,33 +231,43 @@ pub async fn start(
     urls: Vec<String>,
     interval: Duration,
     metrics: Arc<Metrics>,
-) -> Result<EurekaSource, InvalidEurekaUrl> {
+) -> Result<EurekaSource, InvalidEurekaConfig> {
     start_with(ClientConfig::new(urls, interval), metrics).await
 }
 
-/// Checks the URLs, spawns the follower, and waits for its first good fetch for at most
-/// `first_fetch_wait`. When Eureka does not answer in time, the source is returned unloaded
-/// (`health.is_loaded()` is false, `/readyz` says not ready, the registry is empty) and
-/// keeps trying in the background.
+/// Checks the URLs, the CA bundle and the token file, spawns the follower, and waits for
+/// its first good fetch for at most `first_fetch_wait`. When Eureka does not answer in time,
+/// the source is returned unloaded (`health.is_loaded()` is false, `/readyz` says not ready,
+/// the registry is empty) and keeps trying in the background.
 pub async fn start_with(
     config: ClientConfig,
     metrics: Arc<Metrics>,
-) -> Result<EurekaSource, InvalidEurekaUrl> {
-    let urls = config
+) -> Result<EurekaSource, InvalidEurekaConfig> {
+    start_trusting(config, metrics, SYSTEM_CA_BUNDLES).await
+}
+
+/// [`start_with`], with the system CA bundle looked for in `system_bundles`.
+async fn start_trusting(
+    config: ClientConfig,
+    metrics: Arc<Metrics>,
+    system_bundles: &[&str],
+) -> Result<EurekaSource, InvalidEurekaConfig> {
+    let access = Access::new(&config, system_bundles)?;
+    for url in access
         .urls
         .iter()
-        .map(|u| normalize_url(u))
-        .collect::<Result<Vec<_>, _>>()?;
-    if urls.is_empty() {
-        return Err(InvalidEurekaUrl {
-            url: String::new(),
-            reason: "no Eureka URL given".into(),
-        });
+        .filter(|u| u.sends_credentials_in_clear())
+    {
+        tracing::warn!(
+            %url,
+            "credentials go to this Eureka server over plain http, readable on the way; use https://"
+        );
     }
-    let health = SourceHealth::new(format!("eureka {}", urls.join(" ")));
+    let shown: Vec<String> = access.urls.iter().map(ToString::to_string).collect();
+    let health = SourceHealth::new(format!("eureka {}", shown.join(" ")));
     let (tx, registry) = watch::channel(Arc::new(Registry::default()));
     let loaded = Arc::new(Notify::new());
-    let follower = Follower::new(urls, config.clone(), metrics, health.clone(), &loaded);
+    let follower = Follower::new(access, config.clone(), metrics, health.clone(), &loaded);
     let task = tokio::spawn(follower.run(tx));
     if tokio::time::timeout(config.first_fetch_wait, loaded.notified())
         .await
@@ -179,35 +283,6 @@ pub async fn start_with(
         health,
         task,
     })
-}
-
-/// Checks a base URL and removes its trailing `/`; a URL without a path means `/eureka`.
-pub fn normalize_url(url: &str) -> Result<String, InvalidEurekaUrl> {
-    let invalid = |reason: &str| InvalidEurekaUrl {
-        url: url.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let uri: hyper::Uri = url
-        .trim()
-        .parse()
-        .map_err(|e: hyper::http::uri::InvalidUri| invalid(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(invalid("https is not supported yet; use http://")),
-        _ => return Err(invalid("expected http://HOST[:PORT]/PATH")),
-    }
-    let Some(authority) = uri.authority() else {
-        return Err(invalid("no host"));
-    };
-    if authority.as_str().contains('@') {
-        return Err(invalid("credentials in the URL are not supported yet"));
-    }
-    if uri.query().is_some() {
-        return Err(invalid("a base URL takes no query"));
-    }
-    let path = uri.path().trim_end_matches('/');
-    let path = if path.is_empty() { "/eureka" } else { path };
-    Ok(format!("http://{authority}{path}"))
 }
 
 /// The wait before attempt `failures + 1`: `base` doubled per failure beyond the first,
@@ -259,12 +334,14 @@ pub fn apply_delta(local: &mut Applications, delta: &Applications) {
     local.versions_delta.clone_from(&delta.versions_delta);
 }
 
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// The polling state, and where it reports.
 struct Follower {
     http: HttpClient,
-    urls: Vec<String>,
+    urls: Vec<ServerUrl>,
+    /// Which CAs are trusted, for TLS errors.
+    trust: String,
     /// The URL that answered last; tried first.
     current: usize,
     config: ClientConfig,
@@ -280,21 +357,28 @@ struct Follower {
 
 impl Follower {
     fn new(
-        urls: Vec<String>,
+        access: Access,
         config: ClientConfig,
         metrics: Arc<Metrics>,
         health: SourceHealth,
         loaded: &Arc<Notify>,
     ) -> Follower {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.request_timeout));
-        connector.set_nodelay(true);
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(config.request_timeout));
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(access.tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
         Follower {
             http,
-            urls,
+            urls: access.urls,
+            trust: access.trust,
             current: 0,
             config,
             metrics,
@@ -383,7 +467,7 @@ impl Follower {
                 Ok(apps) => {
                     if i != self.current {
                         Metrics::inc(&self.metrics.eureka_failovers_total);
-                        tracing::info!(url = self.urls[i], "following another Eureka server");
+                        tracing::info!(url = %self.urls[i], "following another Eureka server");
                         self.current = i;
                     }
                     Metrics::inc(&self.metrics.eureka_full_fetches_total);
@@ -405,9 +489,10 @@ impl Follower {
 
     /// One `GET` from URL `i`, bounded by the request timeout, parsed as Eureka JSON.
     async fn fetch_one(&self, i: usize, path: &str) -> Result<Applications, FetchError> {
-        let url = format!("{}{path}", self.urls[i]);
+        let server = &self.urls[i];
+        let url = format!("{server}{path}");
         let after = self.config.request_timeout;
-        let body = tokio::time::timeout(after, get(&self.http, &url))
+        let body = tokio::time::timeout(after, get(&self.http, server, path, &self.trust))
             .await
             .map_err(|_| FetchError::Timeout {
                 url: url.clone(),
@@ -439,25 +524,50 @@ impl Follower {
     }
 }
 
-async fn get(http: &HttpClient, url: &str) -> Result<Bytes, FetchError> {
+/// `GET` of `path` under `server`, with its credentials; errors show the URL redacted.
+async fn get(
+    http: &HttpClient,
+    server: &ServerUrl,
+    path: &str,
+    trust: &str,
+) -> Result<Bytes, FetchError> {
+    let url = format!("{server}{path}");
     let transport = |reason: String| FetchError::Transport {
-        url: url.to_owned(),
+        url: url.clone(),
         reason,
     };
-    let request = hyper::Request::get(url)
-        .header(ACCEPT, "application/json")
+    let mut request =
+        hyper::Request::get(format!("{}{path}", server.base())).header(ACCEPT, "application/json");
+    if let Some(authorization) = server.authorization() {
+        request = request.header(AUTHORIZATION, authorization.clone());
+    }
+    let request = request
         .body(Empty::new())
         .map_err(|e| transport(e.to_string()))?;
     let response = http.request(request).await.map_err(|e| {
+        if let Some(source) = tls::find_rustls_error(&e) {
+            return FetchError::Tls {
+                url: url.clone(),
+                trust: trust.to_owned(),
+                source: source.clone(),
+            };
+        }
         // The legacy client's error says little; its source says what happened.
         let reason =
             std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
         transport(reason)
     })?;
     let status = response.status();
+    if matches!(status.as_u16(), 401 | 403) {
+        return Err(FetchError::Unauthorized {
+            url,
+            status: status.as_u16(),
+            credentials: server.authorization().is_some(),
+        });
+    }
     if !status.is_success() {
         return Err(FetchError::Status {
-            url: url.to_owned(),
+            url,
             status: status.as_u16(),
         });
     }

@@ -1,5 +1,6 @@
-//! The Eureka source against recorded Eureka documents served by a scripted HTTP server on a
-//! loopback port, and its pure parts (URLs, backoff, delta application).
+//! The Eureka source against recorded Eureka documents served by a scripted HTTP (or HTTPS,
+//! with the test certificates of `testdata/tls/`) server on a loopback port, and its pure
+//! parts (URLs and credentials, backoff, delta application).
 
 use super::*;
 use std::sync::Mutex;
@@ -10,8 +11,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tower::ServiceExt;
 
 use crate::registry::Status;
+use crate::registry::testdata::path as testdata_path;
 
 /// Bounds every wait; the intervals below make the real latencies tens of milliseconds.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -34,6 +40,12 @@ struct Script {
     full_hits: usize,
     delta_hits: usize,
     accept: Vec<String>,
+    /// When set, a request without exactly this `Authorization` is answered 401.
+    authorization: Option<String>,
+    /// The `Authorization` of every request, in order.
+    seen_authorization: Vec<Option<String>>,
+    /// The certificate an HTTPS mock presents to the next connection.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// A scripted Eureka server on a free loopback port.
@@ -41,22 +53,81 @@ struct Script {
 struct Mock(Arc<Mutex<Script>>);
 
 impl Mock {
-    async fn start(full: Reply, delta: Reply) -> (Mock, String) {
-        let mock = Mock(Arc::new(Mutex::new(Script {
+    fn new(full: Reply, delta: Reply) -> Mock {
+        Mock(Arc::new(Mutex::new(Script {
             full,
             delta,
             full_hits: 0,
             delta_hits: 0,
             accept: Vec::new(),
-        })));
-        let app = Router::new()
+            authorization: None,
+            seen_authorization: Vec::new(),
+            tls: None,
+        })))
+    }
+
+    fn app(&self) -> Router {
+        Router::new()
             .route("/eureka/apps", get(full_handler))
             .route("/eureka/apps/delta", get(delta_handler))
-            .with_state(mock.clone());
+            .with_state(self.clone())
+    }
+
+    async fn start(full: Reply, delta: Reply) -> (Mock, String) {
+        let mock = Mock::new(full, delta);
+        let app = mock.app();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
         (mock, format!("http://{addr}/eureka/"))
+    }
+
+    /// An HTTPS mock presenting the test certificate `cert` (see [`server_tls`]); its URL
+    /// is `https://127.0.0.1:PORT/eureka/`. Each connection serves one request, so that
+    /// every request shakes hands with the certificate of the moment.
+    async fn start_tls(full: Reply, delta: Reply, cert: &str) -> (Mock, String) {
+        let mock = Mock::new(full, delta);
+        mock.set_certificate(cert);
+        let app = mock.app();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let script = mock.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let tls = script.0.lock().unwrap().tls.clone().unwrap();
+                let app = app.clone();
+                tokio::spawn(async move {
+                    // A refused handshake is what some tests want; nothing to serve then.
+                    let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(
+                        move |request: hyper::Request<hyper::body::Incoming>| {
+                            app.clone().oneshot(request)
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(false)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (mock, format!("https://{addr}/eureka/"))
+    }
+
+    /// Presents the test certificate `cert` to the next connections.
+    fn set_certificate(&self, cert: &str) {
+        self.0.lock().unwrap().tls = Some(server_tls(cert));
+    }
+
+    /// Answers 401 to every request without exactly this `Authorization`.
+    fn require_authorization(&self, value: &str) {
+        self.0.lock().unwrap().authorization = Some(value.to_owned());
+    }
+
+    fn seen_authorization(&self) -> Vec<Option<String>> {
+        self.0.lock().unwrap().seen_authorization.clone()
     }
 
     fn set(&self, full: Option<Reply>, delta: Option<Reply>) {
@@ -92,6 +163,16 @@ async fn reply(r: Reply) -> Response {
     }
 }
 
+/// Records the request's `Authorization`; the 401 to answer when it is not the one required.
+fn check_authorization(s: &mut Script, headers: &HeaderMap) -> Option<Reply> {
+    let seen = headers
+        .get("authorization")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let refused = s.authorization.is_some() && s.authorization != seen;
+    s.seen_authorization.push(seen);
+    refused.then_some(Reply::Status(401))
+}
+
 async fn full_handler(State(m): State<Mock>, headers: HeaderMap) -> Response {
     let r = {
         let mut s = m.0.lock().unwrap();
@@ -100,18 +181,71 @@ async fn full_handler(State(m): State<Mock>, headers: HeaderMap) -> Response {
             .get("accept")
             .map(|v| v.to_str().unwrap().to_owned());
         s.accept.push(accept.unwrap_or_default());
-        s.full.clone()
+        check_authorization(&mut s, &headers).unwrap_or_else(|| s.full.clone())
     };
     reply(r).await
 }
 
-async fn delta_handler(State(m): State<Mock>) -> Response {
+async fn delta_handler(State(m): State<Mock>, headers: HeaderMap) -> Response {
     let r = {
         let mut s = m.0.lock().unwrap();
         s.delta_hits += 1;
-        s.delta.clone()
+        check_authorization(&mut s, &headers).unwrap_or_else(|| s.delta.clone())
     };
     reply(r).await
+}
+
+/// A rustls server configuration presenting `testdata/tls/{cert}.pem` with its key.
+fn server_tls(cert: &str) -> Arc<rustls::ServerConfig> {
+    let certs = CertificateDer::pem_file_iter(testdata_path(&format!("tls/{cert}.pem")))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(testdata_path(&format!("tls/{cert}.key"))).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    Arc::new(config)
+}
+
+/// A configuration that trusts the test CA (`testdata/tls/ca.pem`).
+fn tls_config(urls: Vec<String>) -> ClientConfig {
+    ClientConfig {
+        ca_file: Some(testdata_path("tls/ca.pem")),
+        ..config(urls)
+    }
+}
+
+/// An error and its sources, as `main` shows them.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+/// The source's last error, once there is one.
+async fn wait_error(source: &EurekaSource) -> String {
+    wait_until(|| source.health.snapshot().last_error.is_some()).await;
+    source.health.snapshot().last_error.unwrap()
+}
+
+/// A source that does not wait for its first fetch (which the test expects to fail).
+async fn follow_unloaded(cfg: ClientConfig) -> (EurekaSource, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let cfg = ClientConfig {
+        first_fetch_wait: Duration::ZERO,
+        ..cfg
+    };
+    let source = start_with(cfg, metrics.clone()).await.unwrap();
+    (source, metrics)
 }
 
 async fn wait_until(mut cond: impl FnMut() -> bool) {
@@ -128,6 +262,8 @@ async fn wait_until(mut cond: impl FnMut() -> bool) {
 fn config(urls: Vec<String>) -> ClientConfig {
     ClientConfig {
         urls,
+        ca_file: None,
+        token_file: None,
         interval: Duration::from_millis(50),
         request_timeout: Duration::from_millis(300),
         max_backoff: Duration::from_millis(100),
@@ -175,29 +311,197 @@ fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
 }
 
+fn base(url: &str) -> String {
+    ServerUrl::parse(url).unwrap().base().to_owned()
+}
+
 #[test]
-fn urls_are_normalized_and_non_http_urls_refused() {
+fn urls_are_normalized_and_bad_urls_refused() {
     assert_eq!(
-        normalize_url("http://eureka:8761/eureka/").unwrap(),
+        base("http://eureka:8761/eureka/"),
         "http://eureka:8761/eureka"
     );
+    assert_eq!(base("http://eureka:8761"), "http://eureka:8761/eureka");
     assert_eq!(
-        normalize_url("http://eureka:8761").unwrap(),
-        "http://eureka:8761/eureka"
-    );
-    assert_eq!(
-        normalize_url(" http://10.0.0.1/eureka/v2 ").unwrap(),
+        base(" http://10.0.0.1/eureka/v2 "),
         "http://10.0.0.1/eureka/v2"
     );
+    assert_eq!(base("https://eureka/eureka/"), "https://eureka/eureka");
+    assert!(ServerUrl::parse("https://eureka/eureka").unwrap().is_tls());
+    assert_eq!(base("http://u:p@eureka/eureka"), "http://eureka/eureka");
+    assert_eq!(base("http://[::1]:8761/eureka"), "http://[::1]:8761/eureka");
     for bad in [
         "eureka:8761",
-        "https://eureka/eureka",
         "ftp://x/",
-        "http://u:p@eureka/eureka",
+        "http://eureka/eureka?x=1",
+        "http://eureka:port/eureka",
+        "http://eureka:/eureka",
+        "http://[::1]:99999/eureka",
+        "http://user@eureka/eureka",
+        "http://:password@eureka/eureka",
+        "http://a%3Ab:password@eureka/eureka",
         "",
     ] {
-        assert!(normalize_url(bad).is_err(), "{bad:?} accepted");
+        assert!(ServerUrl::parse(bad).is_err(), "{bad:?} accepted");
     }
+}
+
+#[test]
+fn credentials_in_a_url_are_percent_decoded_into_basic_authentication_and_shown_as_stars() {
+    let url = ServerUrl::parse("https://app%40corp:p%3Ass%2Fw0rd@eureka:8761/eureka/").unwrap();
+    assert_eq!(url.base(), "https://eureka:8761/eureka");
+    assert_eq!(url.to_string(), "https://app%40corp:***@eureka:8761/eureka");
+    assert_eq!(
+        format!("{url:?}"),
+        "https://app%40corp:***@eureka:8761/eureka"
+    );
+    let authorization = url.authorization().unwrap();
+    // base64("app@corp:p:ss/w0rd")
+    assert_eq!(authorization, "Basic YXBwQGNvcnA6cDpzcy93MHJk");
+    assert!(
+        authorization.is_sensitive(),
+        "kept out of hyper's debug output"
+    );
+    assert_eq!(
+        ServerUrl::parse("http://eureka/eureka")
+            .unwrap()
+            .authorization(),
+        None
+    );
+}
+
+#[test]
+fn a_bad_url_or_a_logged_configuration_never_shows_the_password() {
+    for (bad, shown) in [
+        (
+            "http://user:s3cret@eureka:port/eureka",
+            "http://user:***@eureka:port/eureka",
+        ),
+        (
+            "http://user:s3/cret@eureka/eureka",
+            "http://user:***@eureka/eureka",
+        ),
+        (
+            "http://user:s3cr@t@eureka/eureka?x",
+            "http://user:***@eureka/eureka?x",
+        ),
+        ("ftp://user:s3cret@eureka/", "ftp://user:***@eureka/"),
+        ("user:s3cret@eureka:8761", "user:***@eureka:8761"),
+        ("http://s3cret@eureka/", "http://***@eureka/"),
+    ] {
+        let err = ServerUrl::parse(bad).unwrap_err();
+        assert_eq!(err.url, shown);
+        assert!(!err.to_string().contains("s3"), "{err}");
+    }
+    assert_eq!(redact_url("http://eureka/eureka"), "http://eureka/eureka");
+    let cfg = config(vec!["https://user:s3cret@eureka/eureka".into()]);
+    let debug = format!("{cfg:?}");
+    assert!(debug.contains("https://user:***@eureka/eureka"), "{debug}");
+    assert!(!debug.contains("s3cret"), "{debug}");
+}
+
+#[test]
+fn credentials_over_plain_http_to_another_host_are_flagged() {
+    let in_clear = |url: &str| ServerUrl::parse(url).unwrap().sends_credentials_in_clear();
+    assert!(in_clear("http://u:p@eureka/eureka"));
+    assert!(in_clear("http://u:p@10.0.0.1/eureka"));
+    assert!(!in_clear("https://u:p@eureka/eureka"));
+    assert!(!in_clear("http://u:p@127.0.0.1:8761/eureka"));
+    assert!(!in_clear("http://u:p@LOCALHOST:8761/eureka"));
+    assert!(!in_clear("http://u:p@[::1]:8761/eureka"));
+    assert!(!in_clear("http://eureka/eureka"), "nothing to read");
+
+    let cfg = ClientConfig {
+        token_file: Some(testdata_path("eureka-token.txt")),
+        ..config(vec!["http://eureka/eureka".into()])
+    };
+    let access = Access::new(&cfg, &[]).unwrap();
+    assert!(access.urls[0].sends_credentials_in_clear(), "the token too");
+}
+
+#[test]
+fn the_token_goes_to_every_url_without_credentials_of_its_own() {
+    let cfg = ClientConfig {
+        token_file: Some(testdata_path("eureka-token.txt")),
+        ..config(vec![
+            "http://eureka-1/eureka".into(),
+            "http://odmesh:p%40ss@eureka-2/eureka".into(),
+        ])
+    };
+    let access = Access::new(&cfg, &[]).unwrap();
+    let sent: Vec<_> = access
+        .urls
+        .iter()
+        .map(|u| u.authorization().unwrap())
+        .collect();
+    // base64("odmesh:p@ss")
+    assert_eq!(sent, ["Bearer s3cret-token", "Basic b2RtZXNoOnBAc3M="]);
+    assert!(sent[0].is_sensitive());
+}
+
+#[test]
+fn an_unreadable_empty_or_unsendable_token_file_is_a_clear_start_error() {
+    for (file, expected) in [
+        ("nosuch-token.txt", "nosuch-token.txt: cannot read it: "),
+        ("eureka-token-empty.txt", "eureka-token-empty.txt: empty"),
+        (
+            "eureka-token-bad.txt",
+            "eureka-token-bad.txt: the token holds characters no HTTP header can carry",
+        ),
+    ] {
+        let cfg = ClientConfig {
+            token_file: Some(testdata_path(file)),
+            ..config(vec!["http://eureka/eureka".into()])
+        };
+        let err = chain(&Access::new(&cfg, &[]).err().unwrap());
+        assert!(err.starts_with("--eureka-token-file "), "{err}");
+        assert!(err.contains(expected), "{err}");
+    }
+}
+
+#[test]
+fn a_bad_eureka_ca_is_a_start_error_naming_the_file_even_for_http_urls() {
+    for (file, expected) in [
+        ("tls/nosuch.pem", "tls/nosuch.pem: cannot read it: "),
+        ("tls/server.key", "tls/server.key: no certificate in it"),
+        (
+            "tls/broken-ca.pem",
+            "tls/broken-ca.pem: certificate 2 is not a usable CA",
+        ),
+    ] {
+        let cfg = ClientConfig {
+            ca_file: Some(testdata_path(file)),
+            ..config(vec!["http://eureka/eureka".into()])
+        };
+        let err = chain(&Access::new(&cfg, &[]).err().unwrap());
+        assert!(err.starts_with("--eureka-ca: CA bundle "), "{err}");
+        assert!(err.contains(expected), "{err}");
+    }
+}
+
+#[test]
+fn https_without_eureka_ca_uses_the_system_bundle_and_fails_clearly_without_one() {
+    let https = config(vec![
+        "http://eureka-1/eureka".into(),
+        "https://eureka-2/eureka".into(),
+    ]);
+    let err = chain(&Access::new(&https, &["/nonexistent/ca.crt"]).err().unwrap());
+    assert_eq!(
+        err,
+        "https:// Eureka URLs need trusted CAs: give --eureka-ca FILE: \
+         no system CA bundle (looked for /nonexistent/ca.crt)"
+    );
+    let ca = testdata_path("tls/ca.pem");
+    let access = Access::new(&https, &["/nonexistent/ca.crt", ca.to_str().unwrap()]).unwrap();
+    assert_eq!(
+        access.trust,
+        format!("the system CA bundle {}", ca.display())
+    );
+    let http = config(vec!["http://eureka/eureka".into()]);
+    assert!(
+        Access::new(&http, &["/nonexistent/ca.crt"]).is_ok(),
+        "plain http needs no CA"
+    );
 }
 
 #[test]
@@ -467,8 +771,217 @@ async fn no_urls_or_a_bad_url_is_an_error() {
             .await
             .is_err()
     );
-    let err = start(vec!["https://x/eureka".into()], DEFAULT_INTERVAL, metrics)
+    let err = start(vec!["ftp://x/eureka".into()], DEFAULT_INTERVAL, metrics)
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("https"), "{err}");
+    assert!(err.to_string().contains("http(s)://"), "{err}");
+}
+
+#[tokio::test]
+async fn https_is_followed_with_the_eureka_ca() {
+    let (mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Body(testdata("eureka-delta.json")),
+        "server",
+    )
+    .await;
+    let metrics = Arc::new(Metrics::default());
+    let source = start_with(tls_config(vec![url]), metrics.clone())
+        .await
+        .unwrap();
+    assert!(source.health.is_loaded(), "start waits for the first fetch");
+    assert_eq!(source.registry.borrow().len(), 9);
+    wait_registry(&source, |r| has(r, "hello-4")).await;
+    mock.wait_delta_hits(2).await;
+    assert_eq!(mock.hits().0, 1, "deltas over https too");
+    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+    let description = source.health.snapshot().description;
+    assert!(
+        description.starts_with("eureka https://127.0.0.1:"),
+        "{description}"
+    );
+}
+
+#[tokio::test]
+async fn the_system_bundle_is_trusted_without_eureka_ca() {
+    let (_mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Status(404),
+        "server",
+    )
+    .await;
+    let ca = testdata_path("tls/ca.pem");
+    let source = start_trusting(
+        config(vec![url]),
+        Arc::new(Metrics::default()),
+        &[ca.to_str().unwrap()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(source.registry.borrow().len(), 9);
+}
+
+#[tokio::test]
+async fn a_host_name_is_checked_against_the_certificate() {
+    let (mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Status(404),
+        "server",
+    )
+    .await;
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let (source, _) = follow_unloaded(tls_config(vec![by_name])).await;
+    wait_registry(&source, |r| r.len() == 9).await;
+
+    mock.set_certificate("wrong-name");
+    let (source, _) = follow_unloaded(tls_config(vec![url])).await;
+    let err = wait_error(&source).await;
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    assert!(err.contains("not valid for name"), "{err}");
+    assert!(source.registry.borrow().is_empty());
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_is_refused_clearly_and_the_last_good_registry_stays() {
+    let (mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Status(404),
+        "server",
+    )
+    .await;
+    let metrics = Arc::new(Metrics::default());
+    let source = start_with(tls_config(vec![url]), metrics.clone())
+        .await
+        .unwrap();
+    let good = source.registry.borrow().clone();
+    assert_eq!(good.len(), 9);
+
+    mock.set_certificate("other-server");
+    let errors = count(&metrics.eureka_fetch_errors_total);
+    wait_until(|| count(&metrics.eureka_fetch_errors_total) >= errors + 2).await;
+    let err = wait_error(&source).await;
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    assert!(err.contains("UnknownIssuer"), "rustls's reason: {err}");
+    assert!(err.contains("(trusted CAs: --eureka-ca "), "{err}");
+    assert!(err.contains("tls/ca.pem)"), "{err}");
+    assert_eq!(*source.registry.borrow(), good);
+    assert!(source.health.is_loaded());
+
+    mock.set_certificate("server");
+    mock.set(
+        Some(Reply::Body(testdata(
+            "eureka-apps-after-missed-change.json",
+        ))),
+        None,
+    );
+    wait_registry(&source, |r| has(r, "billing-2")).await;
+    wait_until(|| source.health.snapshot().last_error.is_none()).await;
+}
+
+#[tokio::test]
+async fn basic_authentication_from_the_url_is_sent_with_every_request() {
+    let (mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Body(testdata("eureka-delta.json")),
+        "server",
+    )
+    .await;
+    // base64("odmesh:p@ss")
+    mock.require_authorization("Basic b2RtZXNoOnBAc3M=");
+    let url = url.replace("https://", "https://odmesh:p%40ss@");
+    let metrics = Arc::new(Metrics::default());
+    let source = start_with(tls_config(vec![url]), metrics.clone())
+        .await
+        .unwrap();
+    assert_eq!(source.registry.borrow().len(), 9);
+    mock.wait_delta_hits(2).await;
+    let seen = mock.seen_authorization();
+    assert!(seen.len() >= 3);
+    assert!(
+        seen.iter()
+            .all(|a| a.as_deref() == Some("Basic b2RtZXNoOnBAc3M=")),
+        "{seen:?}"
+    );
+    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+    let description = source.health.snapshot().description;
+    assert!(
+        description.contains("https://odmesh:***@127.0.0.1:"),
+        "{description}"
+    );
+    assert!(!description.contains("p%40ss"), "{description}");
+}
+
+#[tokio::test]
+async fn a_bearer_token_from_the_token_file_is_sent_trimmed() {
+    let (mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Status(404),
+        "server",
+    )
+    .await;
+    mock.require_authorization("Bearer s3cret-token");
+    let cfg = ClientConfig {
+        token_file: Some(testdata_path("eureka-token.txt")),
+        ..tls_config(vec![url])
+    };
+    let source = start_with(cfg, Arc::new(Metrics::default())).await.unwrap();
+    assert_eq!(source.registry.borrow().len(), 9);
+    assert_eq!(
+        mock.seen_authorization()[0].as_deref(),
+        Some("Bearer s3cret-token")
+    );
+}
+
+#[tokio::test]
+async fn wrong_or_missing_credentials_are_a_clear_error_that_never_shows_the_password() {
+    let (mock, url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Status(404),
+        "server",
+    )
+    .await;
+    mock.require_authorization("Basic b2RtZXNoOnBAc3M=");
+
+    let wrong = url.replace("https://", "https://odmesh:wr0ng-s3cret@");
+    let (source, metrics) = follow_unloaded(tls_config(vec![wrong])).await;
+    let err = wait_error(&source).await;
+    assert!(
+        err.ends_with("/eureka/apps: Eureka answered 401: check the credentials"),
+        "{err}"
+    );
+    assert!(err.starts_with("https://odmesh:***@127.0.0.1:"), "{err}");
+    let status = serde_json::to_string(&source.health.snapshot()).unwrap();
+    assert!(!status.contains("wr0ng-s3cret"), "{status}");
+    assert!(!source.health.is_loaded());
+    assert!(count(&metrics.eureka_fetch_errors_total) >= 1);
+
+    let (source, _) = follow_unloaded(tls_config(vec![url])).await;
+    let err = wait_error(&source).await;
+    assert!(
+        err.contains("Eureka answered 401: it wants credentials"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_next_url_is_used_when_an_https_server_fails_its_handshake() {
+    let (_bad, bad_url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps-single.json")),
+        Reply::Status(404),
+        "other-server",
+    )
+    .await;
+    let (_good, good_url) = Mock::start_tls(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Status(404),
+        "server",
+    )
+    .await;
+    let metrics = Arc::new(Metrics::default());
+    let urls = vec![dead_url().await, bad_url, good_url];
+    let source = start_with(tls_config(urls), metrics.clone()).await.unwrap();
+    assert!(source.health.is_loaded());
+    assert_eq!(source.registry.borrow().len(), 9);
+    assert_eq!(count(&metrics.eureka_failovers_total), 1);
+    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
 }

@@ -1,0 +1,196 @@
+//! TLS pieces that more than one layer needs: where distributions keep the system CA bundle,
+//! and a rustls client (ring provider) that trusts the CAs of a PEM bundle.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::{self, PemObject};
+
+/// Where distributions keep the system CA bundle, most common first.
+pub const SYSTEM_CA_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// A CA bundle that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidCaBundle {
+    #[error("CA bundle {}: cannot read it", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("CA bundle {}: not a PEM file", path.display())]
+    Pem {
+        path: PathBuf,
+        #[source]
+        source: pem::Error,
+    },
+    #[error("CA bundle {}: no certificate in it (expected -----BEGIN CERTIFICATE-----)", path.display())]
+    Empty { path: PathBuf },
+    #[error("CA bundle {}: certificate {number} is not a usable CA certificate", path.display())]
+    Certificate {
+        path: PathBuf,
+        /// 1 for the first certificate of the file.
+        number: usize,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("no system CA bundle (looked for {})", candidates.join(", "))]
+    NoSystemBundle { candidates: Vec<String> },
+}
+
+/// The first of `candidates` that is a file.
+pub fn find_system_bundle(candidates: &[&str]) -> Option<PathBuf> {
+    candidates.iter().map(PathBuf::from).find(|p| p.is_file())
+}
+
+/// Every certificate of the PEM bundle at `path`, as trust anchors. Each must be usable: a
+/// bundle an operator names is refused whole, naming the certificate, rather than trusted in
+/// part.
+pub fn load_bundle(path: &Path) -> Result<RootCertStore, InvalidCaBundle> {
+    let mut roots = RootCertStore::empty();
+    for (i, cert) in read_certificates(path)?.into_iter().enumerate() {
+        roots
+            .add(cert)
+            .map_err(|source| InvalidCaBundle::Certificate {
+                path: path.to_owned(),
+                number: i + 1,
+                source,
+            })?;
+    }
+    Ok(roots)
+}
+
+/// The system CA bundle, the first of `candidates` that exists, and its trust anchors. A
+/// certificate in it that webpki cannot use is skipped (as `rustls-native-certs` does): the
+/// distribution chose it, and the others still count.
+pub fn load_system_bundle(
+    candidates: &[&str],
+) -> Result<(PathBuf, RootCertStore), InvalidCaBundle> {
+    let path = find_system_bundle(candidates).ok_or_else(|| InvalidCaBundle::NoSystemBundle {
+        candidates: candidates.iter().map(|c| (*c).to_owned()).collect(),
+    })?;
+    let mut roots = RootCertStore::empty();
+    let (added, ignored) = roots.add_parsable_certificates(read_certificates(&path)?);
+    if added == 0 {
+        return Err(InvalidCaBundle::Empty { path });
+    }
+    if ignored > 0 {
+        tracing::debug!(path = %path.display(), ignored, "system CA certificates webpki cannot use were skipped");
+    }
+    Ok((path, roots))
+}
+
+fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, InvalidCaBundle> {
+    let bytes = std::fs::read(path).map_err(|source| InvalidCaBundle::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| InvalidCaBundle::Pem {
+            path: path.to_owned(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(InvalidCaBundle::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+/// A rustls client configuration (ring; TLS 1.2 and 1.3) that trusts `roots` and verifies
+/// the server's certificate and name as rustls does by default.
+pub fn client_config(roots: RootCertStore) -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The first [`rustls::Error`] behind `error`, following sources and the errors that
+/// `std::io::Error`s wrap (whose `source()` skips them): what a TLS handshake failure says.
+pub fn find_rustls_error<'a>(
+    mut error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    loop {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|e| e as &(dyn std::error::Error + 'static));
+        error = match inner {
+            Some(inner) => inner,
+            None => error.source()?,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::testdata::path as testdata;
+
+    #[test]
+    fn a_pem_bundle_of_ca_certificates_loads() {
+        let roots = load_bundle(&testdata("tls/ca.pem")).unwrap();
+        assert_eq!(roots.len(), 1);
+    }
+
+    #[test]
+    fn a_missing_file_a_file_without_certificates_or_a_broken_certificate_is_refused() {
+        let err = load_bundle(&testdata("tls/nosuch.pem")).unwrap_err();
+        assert!(matches!(err, InvalidCaBundle::Read { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("tls/nosuch.pem: cannot read"),
+            "{err}"
+        );
+
+        let err = load_bundle(&testdata("tls/server.key")).unwrap_err();
+        assert!(matches!(err, InvalidCaBundle::Empty { .. }), "{err:?}");
+        assert!(err.to_string().contains("no certificate in it"), "{err}");
+
+        let err = load_bundle(&testdata("tls/broken-ca.pem")).unwrap_err();
+        assert!(
+            matches!(err, InvalidCaBundle::Certificate { number: 2, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn without_a_system_bundle_the_error_lists_where_it_looked() {
+        let err = load_system_bundle(&["/nonexistent/a.crt", "/nonexistent/b.pem"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no system CA bundle (looked for /nonexistent/a.crt, /nonexistent/b.pem)"
+        );
+        let (path, roots) = load_system_bundle(&[
+            "/nonexistent/a.crt",
+            testdata("tls/ca.pem").to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(path, testdata("tls/ca.pem"));
+        assert_eq!(roots.len(), 1);
+    }
+
+    #[test]
+    fn a_rustls_error_is_found_inside_io_errors() {
+        let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            tls.clone(),
+        ));
+        assert_eq!(find_rustls_error(&wrapped), Some(&tls));
+        assert_eq!(find_rustls_error(&std::io::Error::other("reset")), None);
+    }
+}
