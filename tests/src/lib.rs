@@ -28,6 +28,8 @@ pub mod mesh;
 pub mod paths;
 pub mod process;
 pub mod registry;
+#[cfg(test)]
+mod test_server;
 pub mod tls;
 pub mod wait;
 
@@ -35,7 +37,7 @@ pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
 pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Registration};
-pub use http::{Request, Response};
+pub use http::{Connection, Request, Response};
 pub use mesh::{Mesh, odmesh_bootstrap};
 pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
