@@ -56,6 +56,9 @@ pub struct LoadConfig {
     /// Each thread keeps its connection alive across requests (otherwise every request
     /// opens its own and says `connection: close`).
     pub keep_alive: bool,
+    /// A response header whose value each [`Record`] keeps (e.g. `x-echo-upstream`: which
+    /// instance answered).
+    pub record_header: Option<String>,
 }
 
 impl LoadConfig {
@@ -67,6 +70,7 @@ impl LoadConfig {
             max_in_flight: 16,
             timeout: Duration::from_secs(2),
             keep_alive: false,
+            record_header: None,
         }
     }
 
@@ -85,6 +89,12 @@ impl LoadConfig {
     /// Keeps each thread's connection alive across requests.
     pub fn keep_alive(mut self) -> LoadConfig {
         self.keep_alive = true;
+        self
+    }
+
+    /// Keeps the value of response header `name` in each [`Record`].
+    pub fn record_header(mut self, name: &str) -> LoadConfig {
+        self.record_header = Some(name.to_owned());
         self
     }
 }
@@ -135,6 +145,8 @@ pub struct Record {
     pub outcome: Outcome,
     /// For a non-2xx response, the first [`BODY_PREFIX`] bytes of its body (lossy UTF-8).
     pub body: Option<String>,
+    /// The value of [`LoadConfig::record_header`] in the response, if it had one.
+    pub header: Option<String>,
 }
 
 /// A tick of the schedule that sent nothing, because `max_in_flight` requests were still
@@ -422,7 +434,7 @@ fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>, addr: SocketAddr, config: 
             None => send_raw_within(addr, &job.request.to_bytes(), config.timeout),
         };
         let latency = started.elapsed();
-        let record = record(job, sent, latency, result);
+        let record = record(job, sent, latency, result, config.record_header.as_deref());
         if !record.outcome.is_success() {
             shared.failed.fetch_add(1, Ordering::SeqCst);
         }
@@ -434,7 +446,17 @@ fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>, addr: SocketAddr, config: 
     }
 }
 
-fn record(job: Job, sent: Duration, latency: Duration, result: io::Result<Response>) -> Record {
+fn record(
+    job: Job,
+    sent: Duration,
+    latency: Duration,
+    result: io::Result<Response>,
+    header: Option<&str>,
+) -> Record {
+    let kept = match (&result, header) {
+        (Ok(response), Some(name)) => response.header(name).map(str::to_owned),
+        _ => None,
+    };
     let (outcome, body) = match result {
         Ok(response) => {
             let outcome = Outcome::Status(response.status);
@@ -460,6 +482,7 @@ fn record(job: Job, sent: Duration, latency: Duration, result: io::Result<Respon
         latency,
         outcome,
         body,
+        header: kept,
     }
 }
 
@@ -730,6 +753,16 @@ impl LoadReport {
             let outcomes: Vec<String> = outcomes.iter().map(|(k, n)| format!("{k}×{n}")).collect();
             let _ = write!(out, "; {label}: {}", outcomes.join(" "));
         }
+        if let Some(name) = &self.config.record_header {
+            let mut values: BTreeMap<&str, usize> = BTreeMap::new();
+            for r in &self.records {
+                *values
+                    .entry(r.header.as_deref().unwrap_or("-"))
+                    .or_default() += 1;
+            }
+            let values: Vec<String> = values.iter().map(|(v, n)| format!("{v}×{n}")).collect();
+            let _ = write!(out, "; {name}: {}", values.join(" "));
+        }
         let pause = self.longest_pause();
         let _ = write!(
             out,
@@ -996,6 +1029,7 @@ mod tests {
                     latency: Duration::from_millis(1),
                     outcome: Outcome::Status(200),
                     body: None,
+                    header: None,
                 })
                 .collect(),
             skipped: Vec::new(),
