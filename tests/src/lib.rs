@@ -35,6 +35,7 @@ pub mod registry;
 mod test_server;
 pub mod tls;
 pub mod wait;
+pub mod xds_flood;
 
 pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
@@ -50,3 +51,4 @@ pub use process::{ChildGuard, TestEnv};
 pub use registry::{Instance, RegistryFile};
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
 pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};
+pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};
