@@ -17,6 +17,21 @@
 //! assert_eq!(response.status, 200);
 //! assert_eq!(response.json()["upstream"], "hello.vip");
 //! ```
+//!
+//! ## Chaos tests
+//!
+//! A chaos test breaks something while traffic flows and counts what every request got.
+//! It starts a [`Load`] on the egress listener (N requests per second over some Hosts,
+//! bounded in flight, each with a timeout), [`Load::mark`]s each thing it does ("killed the
+//! control plane"), waits with bounded polls for what must follow, and ends with
+//! [`Load::stop`]: the [`LoadReport`] says what each Host got, places every failure after
+//! the last mark, and asserts ([`LoadReport::assert_no_failures`]) and that the load really
+//! ran all along ([`LoadReport::assert_no_pause_longer_than`]). The breakage comes from the
+//! pieces: [`ControlPlane::kill`] and `restart`, a [`RegistryFile`] rewrite, an
+//! [`EchoUpstream`] stopped, a [`FakeEureka`] switched to down, hanging, garbage or empty
+//! ([`FakeEureka::set_mode`]), or an [`XdsFlood`] subscribing a million names; an
+//! [`RssSampler`] on Envoy and the control plane ([`ChildGuard::rss_bytes`] for one reading)
+//! says whether memory stayed bounded. `tests/tests/drain.rs` is a whole example.
 #![forbid(unsafe_code)]
 
 pub mod control;
