@@ -8,21 +8,29 @@
 //! ```
 //! Header names are lowercased; repeated headers are joined with `,`.
 
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-/// A running echo server on a loopback port the OS picked; stops accepting when dropped.
+/// The connections an echo server has open, by number, so [`EchoUpstream::stop`] can close
+/// them.
+type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;
+
+/// A running echo server on a loopback port the OS picked; stopped
+/// ([`EchoUpstream::stop`]) when dropped.
 pub struct EchoUpstream {
     name: String,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     requests: Arc<AtomicU64>,
+    conns: Conns,
+    acceptor: Option<JoinHandle<()>>,
 }
 
 impl EchoUpstream {
@@ -40,19 +48,27 @@ impl EchoUpstream {
             requests: requests.clone(),
         };
         let stop_flag = stop.clone();
-        thread::Builder::new()
+        let conns: Conns = Arc::default();
+        let open = conns.clone();
+        let acceptor = thread::Builder::new()
             .name(format!("echo {name}"))
             .spawn(move || {
-                for conn in listener.incoming() {
+                for (id, conn) in listener.incoming().enumerate() {
                     if stop_flag.load(Ordering::SeqCst) {
                         break;
                     }
-                    if let Ok(conn) = conn {
-                        let server = server.clone();
-                        let _ = thread::Builder::new()
-                            .name(format!("echo {} conn", server.name))
-                            .spawn(move || server.serve(conn));
+                    let Ok(conn) = conn else { continue };
+                    let id = id as u64;
+                    if let Ok(kept) = conn.try_clone() {
+                        lock(&open).insert(id, kept);
                     }
+                    let (server, open) = (server.clone(), open.clone());
+                    let _ = thread::Builder::new()
+                        .name(format!("echo {} conn", server.name))
+                        .spawn(move || {
+                            server.serve(conn);
+                            lock(&open).remove(&id);
+                        });
                 }
             })
             .unwrap_or_else(|e| panic!("echo upstream {name}: cannot start its thread: {e}"));
@@ -61,6 +77,23 @@ impl EchoUpstream {
             addr,
             stop,
             requests,
+            conns,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    /// Stops it as a stopped process would stop: when this returns, its port refuses
+    /// connections and every connection it had open is closed (a request in progress gets
+    /// no answer). Dropping it does the same.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag and closes the listener.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        for (_, conn) in lock(&self.conns).drain() {
+            let _ = conn.shutdown(Shutdown::Both);
         }
     }
 
@@ -87,10 +120,12 @@ impl EchoUpstream {
 
 impl Drop for EchoUpstream {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        self.stop();
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[derive(Clone)]
@@ -128,8 +163,11 @@ impl Server {
                 self.name,
                 if close { "connection: close\r\n" } else { "" }
             );
-            if writer.write_all(head.as_bytes()).is_err()
-                || writer.write_all(body.as_bytes()).is_err()
+            // One write: head and body in two would wait for the peer's delayed ACK (Nagle),
+            // 40 ms per answer on a kept-alive connection.
+            if writer
+                .write_all(format!("{head}{body}").as_bytes())
+                .is_err()
             {
                 return;
             }
@@ -214,6 +252,24 @@ mod tests {
         assert_eq!(body["path"], "/p");
         assert_eq!(body["headers"]["host"], "h");
         assert_eq!(body["headers"]["x-thing"], "1,2");
+        assert_eq!(echo.requests(), 1);
+    }
+
+    #[test]
+    fn a_stopped_echo_refuses_connections_and_closes_the_open_ones() {
+        let mut echo = EchoUpstream::start("stopping");
+        let mut kept = crate::http::Connection::new(echo.addr());
+        let request = Request::get("/").host("h");
+        assert_eq!(
+            kept.send(&request, Duration::from_secs(5))
+                .expect("up")
+                .status,
+            200
+        );
+        echo.stop();
+        let refused = TcpStream::connect_timeout(&echo.addr(), Duration::from_secs(1));
+        assert!(refused.is_err(), "a stopped echo still accepts connections");
+        assert!(kept.send(&request, Duration::from_secs(5)).is_err());
         assert_eq!(echo.requests(), 1);
     }
 }

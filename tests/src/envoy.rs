@@ -174,6 +174,16 @@ impl Envoy {
         self.stats().remove(name)
     }
 
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// The process, read-only (its log, its memory).
+    pub fn child(&self) -> &ChildGuard {
+        &self.process
+    }
+
     /// The process (its log, its id, whether it exited).
     pub fn process(&mut self) -> &mut ChildGuard {
         &mut self.process

@@ -17,28 +17,53 @@
 //! assert_eq!(response.status, 200);
 //! assert_eq!(response.json()["upstream"], "hello.vip");
 //! ```
+//!
+//! ## Chaos tests
+//!
+//! A chaos test breaks something while traffic flows and counts what every request got.
+//! It starts a [`Load`] on the egress listener (N requests per second over some Hosts,
+//! bounded in flight, each with a timeout), [`Load::mark`]s each thing it does ("killed the
+//! control plane"), waits with bounded polls for what must follow, and ends with
+//! [`Load::stop`]: the [`LoadReport`] says what each Host got, places every failure after
+//! the last mark, and asserts ([`LoadReport::assert_no_failures`]) and that the load really
+//! ran all along ([`LoadReport::assert_no_pause_longer_than`]). The breakage comes from the
+//! pieces: [`ControlPlane::kill`] and `restart`, a [`RegistryFile`] rewrite, an
+//! [`EchoUpstream`] stopped, a [`FakeEureka`] switched to down, hanging, garbage or empty
+//! ([`FakeEureka::set_mode`]), or an [`XdsFlood`] subscribing a million names; an
+//! [`RssSampler`] on Envoy and the control plane ([`ChildGuard::rss_bytes`] for one reading)
+//! says whether memory stayed bounded. `tests/tests/drain.rs` is a whole example.
 #![forbid(unsafe_code)]
 
 pub mod control;
 pub mod echo;
 pub mod envoy;
 pub mod eureka;
+pub mod fake_eureka;
 pub mod http;
+pub mod load;
+pub mod memory;
 pub mod mesh;
 pub mod paths;
 pub mod process;
 pub mod registry;
+#[cfg(test)]
+mod test_server;
 pub mod tls;
 pub mod wait;
+pub mod xds_flood;
 
 pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
 pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Registration};
-pub use http::{Request, Response};
+pub use fake_eureka::{FakeEureka, Garbage, Mode};
+pub use http::{Connection, Request, Response};
+pub use load::{Load, LoadConfig, LoadReport, Outcome};
+pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap};
 pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
 pub use registry::{Instance, RegistryFile};
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
 pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};
+pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use serde_json::{Value, json};
+
 /// One registry instance. [`Instance::new`] makes an `UP` instance of `app` on
 /// `127.0.0.1:<port>`, whose VIP is the app's name.
 #[derive(Clone, Debug)]
@@ -63,6 +65,45 @@ impl Instance {
     pub fn status(mut self, status: &str) -> Instance {
         self.status = status.to_owned();
         self
+    }
+
+    /// The app's name as Eureka spells it (uppercase).
+    pub fn eureka_app(&self) -> String {
+        self.app.to_ascii_uppercase()
+    }
+
+    /// The instance as a Eureka server lists it in `GET /eureka/apps` (JSON): the same
+    /// instance the YAML form describes (id default `127.0.0.1:<app>:<port>`, as Spring
+    /// Cloud names instances).
+    pub fn to_eureka(&self) -> Value {
+        let vip = self.vip.clone().unwrap_or_else(|| self.app.clone());
+        let svip = self.svip.clone().unwrap_or_else(|| vip.clone());
+        let id = self.id.clone().unwrap_or_else(|| {
+            let port = self.port.or(self.secure_port).unwrap_or(0);
+            format!("127.0.0.1:{}:{port}", self.app)
+        });
+        let port = |port: Option<u16>, default: u16| json!({"$": port.unwrap_or(default), "@enabled": port.is_some().to_string()});
+        let mut instance = json!({
+            "instanceId": id,
+            "hostName": "127.0.0.1",
+            "app": self.eureka_app(),
+            "ipAddr": "127.0.0.1",
+            "status": self.status,
+            "overriddenStatus": "UNKNOWN",
+            "port": port(self.port, 80),
+            "securePort": port(self.secure_port, 443),
+            "vipAddress": vip,
+            "dataCenterInfo": {
+                "@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo",
+                "name": "MyOwn"
+            },
+            "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": 90},
+            "metadata": {"@class": "java.util.Collections$EmptyMap"}
+        });
+        if self.secure_port.is_some() || self.svip.is_some() {
+            instance["secureVipAddress"] = Value::String(svip);
+        }
+        instance
     }
 
     fn write_yaml(&self, out: &mut String) {
@@ -170,5 +211,27 @@ mod tests {
             "# written by an odmesh end-to-end test\ninstances:\n  - app: hello\n    ip: 127.0.0.1\n    id: hello-1\n    port: 8080\n    status: UP\n  - app: pay\n    ip: 127.0.0.1\n    secure_port: 8443\n    svip: \"pay.secure\"\n    status: DOWN\n"
         );
         assert!(registry_yaml(&[]).ends_with("instances: []\n"));
+    }
+
+    #[test]
+    fn an_instance_reads_as_eureka_json_with_its_ports_vips_and_status() {
+        let plain = Instance::new("hello", 8080)
+            .status("OUT_OF_SERVICE")
+            .to_eureka();
+        assert_eq!(plain["instanceId"], "127.0.0.1:hello:8080");
+        assert_eq!(plain["app"], "HELLO");
+        assert_eq!(plain["status"], "OUT_OF_SERVICE");
+        assert_eq!(plain["port"], json!({"$": 8080, "@enabled": "true"}));
+        assert_eq!(plain["securePort"]["@enabled"], "false");
+        assert_eq!(plain["vipAddress"], "hello");
+        assert!(plain.get("secureVipAddress").is_none());
+        let secure = Instance::secure("pay", 8443)
+            .id("pay-1")
+            .svip("pay.secure")
+            .to_eureka();
+        assert_eq!(secure["instanceId"], "pay-1");
+        assert_eq!(secure["port"]["@enabled"], "false");
+        assert_eq!(secure["securePort"], json!({"$": 8443, "@enabled": "true"}));
+        assert_eq!(secure["secureVipAddress"], "pay.secure");
     }
 }

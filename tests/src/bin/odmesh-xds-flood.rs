@@ -1,0 +1,415 @@
+//! `odmesh-xds-flood`: a raw xDS client that floods a control plane with subscriptions.
+//!
+//! It opens one delta ADS stream (`envoy.service.discovery.v3.AggregatedDiscoveryService/
+//! DeltaAggregatedResources`) to `--xds`, subscribes `--names` random cluster names
+//! (`flood-<16 hex digits>.vip`) in requests of `--batch` names, as fast as the stream takes
+//! them (or at `--rate` names per second), ACKs every response as Envoy does, and with
+//! `--endpoints` also subscribes the load assignment of every cluster it gets (as Envoy
+//! does). It counts what it gets.
+//!
+//! Every `--progress-interval` it writes `odmesh-xds-flood progress {json}` on stderr; when
+//! stdin closes (unless `--ignore-stdin`), after `--duration`, or when the server ends the
+//! stream, it writes the same JSON, with `ended` saying why, as one line on stdout and exits
+//! (0; 2 for bad arguments). The JSON: `ended`, `elapsed_seconds`, `names_requested`,
+//! `names_sent`, `batches_sent`, `all_sent_seconds`, `responses`, `resources` and `removed`
+//! (per type: `cluster`, `endpoints`, `other`), `response_bytes`, `acks_sent`,
+//! `endpoint_subscriptions_sent`, `first_response_seconds`, `all_answered_seconds` (when
+//! as many clusters had come as names were requested).
+//!
+//! The end-to-end tests run it through `odmesh_e2e::XdsFlood`.
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use prost::Message;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tonic::transport::Endpoint;
+
+const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const ENDPOINTS_TYPE_URL: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// Floods a control plane's delta ADS with random cluster subscriptions.
+#[derive(Parser, Debug)]
+#[command(name = "odmesh-xds-flood")]
+struct Args {
+    /// The control plane's xDS address, `host:port`.
+    #[arg(long)]
+    xds: String,
+    /// How many random cluster names to subscribe.
+    #[arg(long, default_value_t = 1_000_000)]
+    names: u64,
+    /// Names per subscribe request.
+    #[arg(long, default_value_t = 1000)]
+    batch: u64,
+    /// Names per second; 0: as fast as the stream takes them.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Seed of the random names (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Also subscribe the load assignment of every cluster received, as Envoy does.
+    #[arg(long)]
+    endpoints: bool,
+    /// Do not stop when stdin closes.
+    #[arg(long)]
+    ignore_stdin: bool,
+    /// The node id in the first request.
+    #[arg(long, default_value = "odmesh-xds-flood")]
+    node_id: String,
+    /// Seconds between progress lines on stderr.
+    #[arg(long, default_value_t = 1.0)]
+    progress_interval: f64,
+    /// Seconds to wait for the connection.
+    #[arg(long, default_value_t = 5.0)]
+    connect_timeout: f64,
+}
+
+/// SplitMix64: enough for names nobody registered.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// What the flood counted.
+#[derive(Debug, Default)]
+struct Stats {
+    names_sent: u64,
+    batches_sent: u64,
+    all_sent: Option<Duration>,
+    responses: u64,
+    resources: [u64; 3],
+    removed: [u64; 3],
+    response_bytes: u64,
+    acks_sent: u64,
+    endpoint_subscriptions_sent: u64,
+    first_response: Option<Duration>,
+    all_answered: Option<Duration>,
+}
+
+fn type_index(type_url: &str) -> usize {
+    match type_url {
+        CLUSTER_TYPE_URL => 0,
+        ENDPOINTS_TYPE_URL => 1,
+        _ => 2,
+    }
+}
+
+fn per_type(counts: &[u64; 3]) -> Value {
+    json!({"cluster": counts[0], "endpoints": counts[1], "other": counts[2]})
+}
+
+fn seconds(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(d.as_secs_f64()))
+}
+
+impl Stats {
+    fn json(&self, args: &Args, elapsed: Duration, ended: Option<&str>) -> Value {
+        json!({
+            "ended": ended,
+            "xds": args.xds,
+            "node_id": args.node_id,
+            "elapsed_seconds": elapsed.as_secs_f64(),
+            "names_requested": args.names,
+            "names_sent": self.names_sent,
+            "batches_sent": self.batches_sent,
+            "all_sent_seconds": seconds(self.all_sent),
+            "responses": self.responses,
+            "resources": per_type(&self.resources),
+            "removed": per_type(&self.removed),
+            "response_bytes": self.response_bytes,
+            "acks_sent": self.acks_sent,
+            "endpoint_subscriptions_sent": self.endpoint_subscriptions_sent,
+            "first_response_seconds": seconds(self.first_response),
+            "all_answered_seconds": seconds(self.all_answered),
+        })
+    }
+}
+
+/// Events from the batch sender to the main loop.
+enum Sent {
+    Batch(u64),
+    Done,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    if args.batch == 0
+        || args.rate.is_nan()
+        || args.rate < 0.0
+        || args.progress_interval.is_nan()
+        || args.progress_interval <= 0.0
+    {
+        eprintln!(
+            "odmesh-xds-flood: --batch must be above 0, --rate 0 or more, --progress-interval above 0"
+        );
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("odmesh-xds-flood: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = Instant::now();
+    let mut stats = Stats::default();
+    let ended = runtime.block_on(flood(&args, started, &mut stats));
+    println!("{}", stats.json(&args, started.elapsed(), Some(&ended)));
+    ExitCode::SUCCESS
+}
+
+/// Closes `tx` when stdin reaches its end (a blocking thread: std's stdin).
+fn watch_stdin(tx: oneshot::Sender<()>) {
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 1024];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        let _ = tx.send(());
+    });
+}
+
+/// Runs the flood; returns why it ended.
+async fn flood(args: &Args, started: Instant, stats: &mut Stats) -> String {
+    let (stdin_tx, mut stdin_closed) = oneshot::channel();
+    // With --ignore-stdin the sender stays here, unused, so the end of stdin never comes.
+    let _never_sent = if args.ignore_stdin {
+        Some(stdin_tx)
+    } else {
+        watch_stdin(stdin_tx);
+        None
+    };
+    let deadline = args
+        .duration
+        .map(|s| tokio::time::Instant::from_std(started) + Duration::from_secs_f64(s.max(0.0)));
+    let until_deadline = async {
+        match deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(until_deadline);
+
+    let endpoint = match Endpoint::from_shared(format!("http://{}", args.xds)) {
+        Ok(e) => e
+            .connect_timeout(Duration::from_secs_f64(args.connect_timeout))
+            .tcp_nodelay(true),
+        Err(e) => return format!("bad --xds {}: {e}", args.xds),
+    };
+    let channel = tokio::select! {
+        c = endpoint.connect() => match c {
+            Ok(c) => c,
+            Err(e) => return format!("cannot connect to {}: {e}", args.xds),
+        },
+        _ = &mut stdin_closed => return "stdin closed".into(),
+        () = &mut until_deadline => return "duration".into(),
+    };
+    let mut client =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
+
+    // ACKs (and endpoint subscriptions) never wait behind the batches: the reader must not
+    // block while the server blocks on a full stream.
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<DeltaDiscoveryRequest>();
+    let (batch_tx, batch_rx) = mpsc::channel::<DeltaDiscoveryRequest>(2);
+    let outbound = UnboundedReceiverStream::new(ack_rx).merge(ReceiverStream::new(batch_rx));
+    let (sent_tx, mut sent_rx) = mpsc::unbounded_channel::<Sent>();
+    let seed = args.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id())
+    });
+    let sender = tokio::spawn(send_batches(
+        batch_tx,
+        sent_tx,
+        Node {
+            id: args.node_id.clone(),
+            cluster: "odmesh-xds-flood".into(),
+            ..Default::default()
+        },
+        seed,
+        args.names,
+        args.batch,
+        args.rate,
+    ));
+
+    let mut inbound = tokio::select! {
+        r = client.delta_aggregated_resources(outbound) => match r {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                sender.abort();
+                return format!("stream refused: {:?}: {}", status.code(), status.message());
+            }
+        },
+        _ = &mut stdin_closed => return "stdin closed".into(),
+        () = &mut until_deadline => return "duration".into(),
+    };
+
+    let mut progress = tokio::time::interval(Duration::from_secs_f64(args.progress_interval));
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sending = true;
+    let ended = loop {
+        tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(response)) => {
+                    on_response(args, started, stats, &ack_tx, response);
+                }
+                Ok(None) => break "stream closed by the server".to_owned(),
+                Err(status) => {
+                    break format!("stream ended: {:?}: {}", status.code(), status.message())
+                }
+            },
+            sent = sent_rx.recv(), if sending => match sent {
+                Some(Sent::Batch(n)) => {
+                    stats.names_sent += n;
+                    stats.batches_sent += 1;
+                }
+                Some(Sent::Done) | None => {
+                    sending = false;
+                    if stats.names_sent == args.names {
+                        stats.all_sent = Some(started.elapsed());
+                    }
+                }
+            },
+            _ = progress.tick() => {
+                eprintln!("odmesh-xds-flood progress {}", stats.json(args, started.elapsed(), None));
+            }
+            _ = &mut stdin_closed => break "stdin closed".to_owned(),
+            () = &mut until_deadline => break "duration".to_owned(),
+        }
+    };
+    sender.abort();
+    // Count what was handed to the stream before the end.
+    while let Ok(Sent::Batch(n)) = sent_rx.try_recv() {
+        stats.names_sent += n;
+        stats.batches_sent += 1;
+    }
+    ended
+}
+
+/// Counts a response, ACKs it, and with `--endpoints` subscribes its clusters' load
+/// assignments.
+fn on_response(
+    args: &Args,
+    started: Instant,
+    stats: &mut Stats,
+    ack_tx: &mpsc::UnboundedSender<DeltaDiscoveryRequest>,
+    response: DeltaDiscoveryResponse,
+) {
+    let at = started.elapsed();
+    stats.first_response.get_or_insert(at);
+    stats.responses += 1;
+    stats.response_bytes += response.encoded_len() as u64;
+    let kind = type_index(&response.type_url);
+    stats.resources[kind] += response.resources.len() as u64;
+    stats.removed[kind] += response.removed_resources.len() as u64;
+    if stats.all_answered.is_none() && stats.resources[0] >= args.names {
+        stats.all_answered = Some(at);
+    }
+    let mut out = vec![DeltaDiscoveryRequest {
+        type_url: response.type_url.clone(),
+        response_nonce: response.nonce.clone(),
+        ..Default::default()
+    }];
+    stats.acks_sent += 1;
+    if args.endpoints && kind == 0 {
+        let names: Vec<String> = response
+            .resources
+            .iter()
+            .map(|r| {
+                r.resource
+                    .as_ref()
+                    .and_then(|any| Cluster::decode(any.value.as_slice()).ok())
+                    .and_then(|c| c.eds_cluster_config)
+                    .map(|eds| eds.service_name)
+                    .filter(|name| !name.is_empty())
+                    .unwrap_or_else(|| r.name.clone())
+            })
+            .collect();
+        if !names.is_empty() {
+            stats.endpoint_subscriptions_sent += names.len() as u64;
+            out.push(DeltaDiscoveryRequest {
+                type_url: ENDPOINTS_TYPE_URL.into(),
+                resource_names_subscribe: names,
+                ..Default::default()
+            });
+        }
+    }
+    for request in out {
+        let _ = ack_tx.send(request);
+    }
+}
+
+/// Sends `names` random cluster names in requests of `batch`, paced at `rate` names per
+/// second (0: as fast as the stream takes them); the first request carries the node.
+async fn send_batches(
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    sent: mpsc::UnboundedSender<Sent>,
+    node: Node,
+    seed: u64,
+    names: u64,
+    batch: u64,
+    rate: f64,
+) {
+    let mut rng = Rng(seed);
+    let mut node = Some(node);
+    let start = tokio::time::Instant::now();
+    let mut done = 0u64;
+    while done < names {
+        if rate > 0.0 {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(done as f64 / rate)).await;
+        }
+        let n = batch.min(names - done);
+        let request = DeltaDiscoveryRequest {
+            node: node.take(),
+            type_url: CLUSTER_TYPE_URL.into(),
+            resource_names_subscribe: (0..n)
+                .map(|_| format!("flood-{:016x}.vip", rng.next()))
+                .collect(),
+            ..Default::default()
+        };
+        if tx.send(request).await.is_err() {
+            break;
+        }
+        done += n;
+        let _ = sent.send(Sent::Batch(n));
+    }
+    let _ = sent.send(Sent::Done);
+    // Keep the request stream open: closing it would end the stream for the server.
+    std::future::pending::<()>().await;
+}

@@ -1,0 +1,118 @@
+//! Instance churn done right, under steady load through real Envoy: an instance is drained
+//! in the registry (`OUT_OF_SERVICE`), and stopped only once Envoy no longer lists it. Not
+//! one request may fail, and the load must have run all along. Also the worked example of
+//! the chaos harness: [`Load`] with marks, the report, [`RssSampler`]s on Envoy and the
+//! control plane. Needs `make envoy`, `make wasm` and `cargo build -p odmesh-control`.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use odmesh_e2e::{
+    EchoUpstream, Instance, Load, LoadConfig, Mesh, RssSampler, TestEnv, wait_until,
+    wait_until_since,
+};
+
+/// How soon a registry change must reach Envoy (SPEC.md).
+const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
+/// The load: requests per second on the VIP.
+const RATE: u32 = 100;
+/// The longest the load may go without starting a request: a few ticks (10 ms apart) and
+/// a slow, shared machine.
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// Requests the load completes in each phase: one second's worth at [`RATE`].
+const PHASE: u64 = RATE as u64;
+
+/// The addresses Envoy lists for `cluster` in its admin `/clusters`
+/// (`<cluster>::<address>::<stat>::<value>` lines).
+fn envoy_hosts<R>(mesh: &Mesh<R>, cluster: &str) -> BTreeSet<String> {
+    let prefix = format!("{cluster}::");
+    mesh.envoy
+        .admin_get("/clusters")
+        .text()
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .filter_map(|rest| rest.split("::").next())
+        .filter(|address| address.contains(':'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn an_instance_drained_in_the_registry_then_stopped_fails_no_request_of_its_vip() {
+    let env = TestEnv::new("drain_then_stop");
+    let first = EchoUpstream::start("hello-1");
+    let mut second = EchoUpstream::start("hello-2");
+    let one = Instance::new("hello", first.port()).id("hello-1");
+    let two = Instance::new("hello", second.port()).id("hello-2");
+    let mesh = Mesh::start(&env, &[one.clone(), two.clone()]);
+    let envoy_memory = RssSampler::of(mesh.envoy.child());
+    let control_memory = RssSampler::of(mesh.control.process());
+
+    // Envoy discovers hello.vip on the first request, with both instances.
+    mesh.route("hello");
+    let both: BTreeSet<String> = [first.addr(), second.addr()]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    wait_until(
+        CHANGE_DEADLINE,
+        "Envoy to list both instances of hello.vip",
+        || envoy_hosts(&mesh, "hello.vip") == both,
+    );
+
+    let config = LoadConfig::rate(RATE)
+        .keep_alive()
+        .record_header("x-echo-upstream");
+    let load = Load::hosts(mesh.egress(), &["hello"], config);
+    load.wait_completed(PHASE, Duration::from_secs(10));
+
+    load.mark("hello-2 OUT_OF_SERVICE in the registry");
+    mesh.registry
+        .write_atomic(&[one.clone(), two.clone().status("OUT_OF_SERVICE")]);
+    let drained = Instant::now();
+    let gone = second.addr().to_string();
+    let to_unlisted = wait_until_since(
+        drained,
+        CHANGE_DEADLINE,
+        "Envoy to stop listing hello-2 in hello.vip",
+        || !envoy_hosts(&mesh, "hello.vip").contains(&gone),
+    );
+    load.mark("Envoy no longer lists hello-2");
+    load.wait_completed(PHASE, Duration::from_secs(10));
+
+    second.stop();
+    load.mark("hello-2 stopped");
+    load.wait_completed(PHASE, Duration::from_secs(10));
+    let report = load.stop();
+    let envoy_memory = envoy_memory.stop();
+    let control_memory = control_memory.stop();
+
+    eprintln!("{}", report.summary());
+    eprintln!("OUT_OF_SERVICE → Envoy no longer lists hello-2: {to_unlisted:?}");
+    eprintln!("{}", envoy_memory.summary());
+    eprintln!("{}", control_memory.summary());
+    report.assert_no_failures(&["hello"]);
+    report.assert_no_pause_longer_than(MAX_PAUSE);
+    // Both served before the drain; hello-2 none once Envoy had let it go.
+    let before: BTreeSet<String> = report
+        .records
+        .iter()
+        .filter(|r| r.sent < report.mark_at("hello-2 OUT_OF_SERVICE in the registry"))
+        .filter_map(|r| r.header.clone())
+        .collect();
+    assert_eq!(
+        before,
+        BTreeSet::from(["hello-1".to_owned(), "hello-2".to_owned()]),
+        "{report}"
+    );
+    let after: BTreeSet<String> = report
+        .sent_between("Envoy no longer lists hello-2", None)
+        .iter()
+        .filter_map(|r| r.header.clone())
+        .collect();
+    assert_eq!(after, BTreeSet::from(["hello-1".to_owned()]), "{report}");
+    assert!(
+        report.sent_between("hello-2 stopped", None).len() as u64 >= PHASE,
+        "{report}"
+    );
+}
