@@ -45,7 +45,8 @@ start() { # name, command...
   pids+=($!)
 }
 # The control plane, being the registry (the default without --registry or --eureka).
-start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --upstream-ca "$state/ca.pem"
+# The demo services run on this machine, at 127.0.0.1: a production registry refuses that.
+start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --allow-loopback-instances --upstream-ca "$state/ca.pem"
 start envoy "$ENVOY" -c envoy/odmesh.yaml --concurrency 2 --disable-hot-restart --log-level warn
 eureka=http://127.0.0.1:8761/eureka
 deadline=$((SECONDS + 20))

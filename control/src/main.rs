@@ -13,11 +13,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use odmesh_control::admin::{self, AdminView};
-use odmesh_control::cache::Cache;
+use odmesh_control::cache::{Cache, SubscriptionLimits};
+use odmesh_control::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model;
-use odmesh_control::registry::{self, Registry, SourceHealth, eureka_client, eureka_server, file};
-use odmesh_control::server::XdsServer;
+use odmesh_control::registry::eureka_server::auth::Authenticator;
+use odmesh_control::registry::eureka_server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
+use odmesh_control::registry::eureka_server::preservation::PreservationConfig;
+use odmesh_control::registry::guard::DropGuardConfig;
+use odmesh_control::registry::{Registry, SourceHealth, eureka_client, eureka_server, file};
+use odmesh_control::server::{XdsConfig, XdsServer};
+use odmesh_control::tls::ServerIdentity;
 use odmesh_control::xds::XdsOptions;
 
 /// The odmesh control plane: serves Envoy the clusters `<vip>.vip` and `<svip>.svip` on
@@ -89,6 +95,155 @@ struct Args {
     /// it names the SVIP (DNS subject alternative name).
     #[arg(long)]
     no_upstream_san_check: bool,
+
+    #[command(flatten)]
+    guards: GuardArgs,
+
+    #[command(flatten)]
+    embedded: EmbeddedArgs,
+
+    #[command(flatten)]
+    xds_limits: XdsArgs,
+}
+
+/// Guards against a source that loses most of the registry at once.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Registry source guards (--registry, --eureka)")]
+struct GuardArgs {
+    /// Share of the registry in use (from 10 instances up) that a new read of the file or of
+    /// Eureka may lose at once and still be followed at once. A read that loses more (an
+    /// empty Eureka after its restart, a truncated file) is held until the source still says
+    /// so --registry-drop-confirm later. 1 turns the guard off.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.5)]
+    max_registry_drop: f64,
+
+    /// Seconds a drop held by --max-registry-drop must persist before it is followed (for
+    /// Eureka, at the first fetch at least this long after the one that showed it).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    registry_drop_confirm: f64,
+}
+
+/// The embedded registry's guards and bounds.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Embedded registry (--serve-eureka)")]
+struct EmbeddedArgs {
+    /// Seconds after a start during which the registry counts as still loading, while its
+    /// clients register again (their heartbeats get 404 after a restart): proxies keep the
+    /// clusters they hold meanwhile. One renewal interval (30 s) and a margin.
+    #[arg(long, value_name = "SECS", default_value_t = 35.0)]
+    registry_warmup: f64,
+
+    /// Self-preservation: lease eviction stops while the renewals of the last
+    /// --self-preservation-window fall below this share of those expected, and one eviction
+    /// round takes at most the rest (15 %). 0 turns it off.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.85)]
+    self_preservation_threshold: f64,
+
+    /// Seconds over which renewals are counted for self-preservation.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    self_preservation_window: f64,
+
+    /// Self-preservation applies from this many registered instances (below, one dying
+    /// instance cannot be told from a partition).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    self_preservation_min_instances: usize,
+
+    /// The longest lease a registration may ask for (`leaseInfo.durationInSecs`); a longer
+    /// one is refused with 400.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    max_lease_duration: u64,
+
+    /// Accept instances at loopback addresses (127.0.0.0/8, ::1): for a registry whose
+    /// services and proxies all run on one machine (`make run`, tests). Never in production:
+    /// a registration would send the mesh's traffic to each proxy's own host.
+    #[arg(long)]
+    allow_loopback_instances: bool,
+
+    /// Accept instances only at addresses in this network (CIDR, e.g. 10.0.0.0/8); repeat
+    /// for several. Default: any address but loopback, link-local, unspecified, multicast.
+    #[arg(long, value_name = "CIDR")]
+    eureka_allow_network: Vec<Cidr>,
+
+    /// Tokens file (YAML) of the identities that may use the registry; with it, every
+    /// request needs `Authorization: Bearer <token>` or Basic name:token, and an identity
+    /// may change only the instances it registered and register only its VIPs. See the
+    /// README ("Running in production").
+    #[arg(long, value_name = "FILE")]
+    eureka_auth: Option<PathBuf>,
+
+    /// Serve the registry over HTTPS with this certificate chain (PEM); needs
+    /// --eureka-tls-key.
+    #[arg(long, value_name = "FILE", requires = "eureka_tls_key")]
+    eureka_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --eureka-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "eureka_tls_cert")]
+    eureka_tls_key: Option<PathBuf>,
+
+    /// Instances the registry holds at most; registering a new one beyond gets 503.
+    #[arg(long, value_name = "N", default_value_t = 2_000_000)]
+    eureka_max_instances: usize,
+
+    /// Metadata entries one instance may carry.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    eureka_max_metadata_entries: usize,
+
+    /// Bytes of metadata (keys and values) one instance may carry.
+    #[arg(long, value_name = "BYTES", default_value_t = 8192)]
+    eureka_max_metadata_bytes: usize,
+
+    /// The largest request body accepted; a larger one gets 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 16384)]
+    eureka_max_body: usize,
+
+    /// Seconds a request body may take to arrive; a slower one gets 408.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    eureka_body_timeout: f64,
+
+    /// Seconds a client may take to send a request's headers, counted from when the server
+    /// waits for them (so also how long a kept-alive connection may sit idle).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    eureka_header_timeout: f64,
+
+    /// Connections served at once; more are closed on arrival.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    eureka_max_connections: usize,
+}
+
+/// The xDS server's security and bounds.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "xDS server")]
+struct XdsArgs {
+    /// Serve xDS over TLS with this certificate chain (PEM); needs --xds-tls-key.
+    #[arg(long, value_name = "FILE", requires = "xds_tls_key")]
+    xds_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --xds-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "xds_tls_cert")]
+    xds_tls_key: Option<PathBuf>,
+
+    /// Require proxies to present a client certificate signed by this CA (mTLS); needs
+    /// --xds-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "xds_tls_cert")]
+    xds_client_ca: Option<PathBuf>,
+
+    /// Connections served at once; more are closed on arrival.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    xds_max_connections: usize,
+
+    /// HTTP/2 streams one connection may open at once (Envoy opens one, for ADS).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    xds_max_streams_per_connection: u32,
+
+    /// Names one stream may subscribe to, per type; more are answered with a removal.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    xds_max_names: usize,
+
+    /// Names not registered when asked for that one stream is served as clusters (each is
+    /// a cluster in that Envoy's memory); more are answered with a removal until they are
+    /// registered. A flood of random Hosts through one Envoy stops here.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    xds_max_unregistered: usize,
 }
 
 /// The registry source in use, whichever it is.
@@ -102,11 +257,20 @@ struct Source {
 
 /// Starts the source the flags name (the embedded registry when none is named).
 async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Source> {
+    let guard = DropGuardConfig {
+        max_drop: share("--max-registry-drop", args.guards.max_registry_drop)?,
+        confirm_after: seconds("--registry-drop-confirm", args.guards.registry_drop_confirm)?,
+    };
     if let Some(path) = &args.registry {
-        let src = registry::file::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
-            .await
-            // The error names the file, the format and the problem in one line.
-            .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
+        let src = file::start_guarded(
+            path.clone(),
+            file::DEFAULT_POLL_INTERVAL,
+            guard,
+            metrics.clone(),
+        )
+        .await
+        // The error names the file, the format and the problem in one line.
+        .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
         return Ok(Source {
             registry: src.registry,
             health: src.health,
@@ -119,6 +283,7 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
         let config = eureka_client::ClientConfig {
             ca_file: args.eureka_ca.clone(),
             token_file: args.eureka_token_file.clone(),
+            drop_guard: guard,
             ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
         };
         // The error names the flag and the problem; its chain says the cause.
@@ -135,19 +300,115 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
         Some(addr) => addr,
         None => eureka_server::DEFAULT_ADDR.parse()?,
     };
+    let e = &args.embedded;
+    let auth = match &e.eureka_auth {
+        Some(path) => Some(Arc::new(
+            Authenticator::load(path).context("--eureka-auth")?,
+        )),
+        None => None,
+    };
+    let tls = match (&e.eureka_tls_cert, &e.eureka_tls_key) {
+        (Some(cert), Some(key)) => Some(
+            ServerIdentity::load(cert, key)
+                .and_then(|id| id.https_acceptor())
+                .context("--eureka-tls-cert")?,
+        ),
+        _ => None,
+    };
+    if !addr.ip().is_loopback() && auth.is_none() {
+        tracing::warn!(
+            %addr,
+            "the embedded registry takes writes from other hosts without authentication: anyone who reaches it can register, drain or remove any instance (set --eureka-auth)"
+        );
+    }
     let config = eureka_server::ServerConfig {
         lease_duration: seconds("--lease-duration", args.lease_duration)?,
+        warmup: seconds_or_zero("--registry-warmup", e.registry_warmup)?,
+        preservation: PreservationConfig {
+            threshold: share(
+                "--self-preservation-threshold",
+                e.self_preservation_threshold,
+            )?,
+            window: seconds("--self-preservation-window", e.self_preservation_window)?,
+            min_instances: e.self_preservation_min_instances,
+        },
+        limits: RegistrationLimits {
+            max_instances: e.eureka_max_instances,
+            max_lease: Duration::from_secs(e.max_lease_duration),
+            max_metadata_entries: e.eureka_max_metadata_entries,
+            max_metadata_bytes: e.eureka_max_metadata_bytes,
+            networks: NetworkPolicy {
+                allow_loopback: e.allow_loopback_instances,
+                allowed: e.eureka_allow_network.clone(),
+            },
+        },
+        http: HttpLimits {
+            max_connections: e.eureka_max_connections,
+            header_timeout: seconds("--eureka-header-timeout", e.eureka_header_timeout)?,
+            ..HttpLimits::default()
+        },
+        max_body: e.eureka_max_body,
+        body_timeout: seconds("--eureka-body-timeout", e.eureka_body_timeout)?,
+        auth,
         ..Default::default()
     };
-    let src = eureka_server::start(addr, config, metrics.clone())
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let src = eureka_server::start(addr, config, tls, metrics.clone())
         .await
         .with_context(|| format!("--serve-eureka {addr}: cannot listen"))?;
     Ok(Source {
         registry: src.registry,
         health: src.health,
-        description: format!("embedded Eureka registry http://{}/eureka", src.local_addr),
+        description: format!(
+            "embedded Eureka registry {scheme}://{}/eureka",
+            src.local_addr
+        ),
         task: src.task,
     })
+}
+
+/// The xDS server's configuration from the flags.
+fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
+    let x = &args.xds_limits;
+    let tls = match (&x.xds_tls_cert, &x.xds_tls_key) {
+        (Some(cert), Some(key)) => Some(
+            ServerIdentity::load(cert, key)
+                .and_then(|id| id.grpc_config(x.xds_client_ca.as_deref()))
+                .context("--xds-tls-cert")?,
+        ),
+        _ => None,
+    };
+    if !args.xds.ip().is_loopback() && x.xds_client_ca.is_none() {
+        tracing::warn!(
+            xds = %args.xds,
+            "xDS is served to other hosts without client authentication: anyone who reaches it can read the registry's addresses (set --xds-tls-cert, --xds-tls-key and --xds-client-ca)"
+        );
+    }
+    Ok(XdsConfig {
+        subscriptions: SubscriptionLimits {
+            max_names: x.xds_max_names,
+            max_unregistered: x.xds_max_unregistered,
+        },
+        max_connections: x.xds_max_connections,
+        max_streams_per_connection: x.xds_max_streams_per_connection,
+        tls,
+    })
+}
+
+/// A share from 0 to 1 from flag `flag`.
+fn share(flag: &str, value: f64) -> anyhow::Result<f64> {
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        bail!("{flag} {value}: not a share from 0 to 1")
+    }
+}
+
+/// A finite, non-negative number of seconds from flag `flag` (0 allowed).
+fn seconds_or_zero(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .with_context(|| format!("{flag} {value}: not a number of seconds"))
 }
 
 /// A positive, finite number of seconds from flag `flag`.
@@ -201,7 +462,7 @@ async fn run() -> anyhow::Result<()> {
         let cache = cache.clone();
         async move { cache.follow(snapshots).await }
     });
-    let xds = XdsServer::new(cache, metrics.clone());
+    let xds = XdsServer::with_config(cache, metrics.clone(), xds_config(&args)?);
 
     let xds_listener = TcpListener::bind(args.xds)
         .await
@@ -224,11 +485,19 @@ async fn run() -> anyhow::Result<()> {
         registry: source.registry.clone(),
         xds: xds.clone(),
     });
-    let mut admin_task = tokio::spawn(
-        axum::serve(admin_listener, admin::router(view))
-            .with_graceful_shutdown(stopped())
-            .into_future(),
-    );
+    let admin_metrics = metrics.clone();
+    let mut admin_task = tokio::spawn(http_server::serve(
+        admin_listener,
+        admin::router(view),
+        HttpLimits::default(),
+        None,
+        move |event| {
+            if event == HttpEvent::ConnectionRefused {
+                Metrics::inc(&admin_metrics.admin_connections_refused_total);
+            }
+        },
+        stopped(),
+    ));
     let mut xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
     let mut source_task = source.task;
     tracing::info!(xds = %args.xds, admin = %args.admin, source = %source.description, "odmesh-control serving");
@@ -321,6 +590,8 @@ impl AdminView for View {
         let age = status.age_of_last_success(SystemTime::now());
         let mut json = serde_json::to_value(&status).unwrap_or_default();
         json["last_success_age_seconds"] = age.map(|a| a.as_secs_f64()).into();
+        // Still loading: proxies keep what they hold until it is complete.
+        json["complete"] = self.registry.borrow().is_complete().into();
         (status.loaded, json)
     }
 

@@ -44,6 +44,13 @@ metrics! {
     registry_instances: "gauge",
     /// Clusters (VIPs and SVIPs) the registry in use defines.
     registry_clusters: "gauge",
+    /// 1 while a source's drop of most of the registry is held (not followed yet).
+    registry_drop_held: "gauge",
+    /// Drops of most of the registry that a source made at once and that were held.
+    registry_drops_held_total: "counter",
+    /// 1 when the registry in use is complete; 0 while its source is still loading (after a
+    /// start: before Eureka's first answer, during the embedded registry's warm-up).
+    registry_complete: "gauge",
     /// Eureka source: fetches (full or delta) that a Eureka server answered with a usable document.
     eureka_fetches_total: "counter",
     /// Eureka source: full registry fetches (the first, and after a mismatch, bad delta or outage).
@@ -66,6 +73,37 @@ metrics! {
     eureka_evictions_total: "counter",
     /// Embedded Eureka registry: status overrides set or removed.
     eureka_status_updates_total: "counter",
+    /// Embedded Eureka registry: writes refused as invalid (400: names, address, lease,
+    /// metadata, not a registration).
+    eureka_refused_invalid_total: "counter",
+    /// Embedded Eureka registry: requests without valid credentials (401), with --eureka-auth.
+    eureka_refused_unauthenticated_total: "counter",
+    /// Embedded Eureka registry: writes an identity may not make (403): another's instance,
+    /// a VIP not granted to it.
+    eureka_refused_forbidden_total: "counter",
+    /// Embedded Eureka registry: bodies refused: too large (413), too slow (408), not JSON (415).
+    eureka_refused_body_total: "counter",
+    /// Embedded Eureka registry: registrations refused because --eureka-max-instances were
+    /// registered (503).
+    eureka_refused_full_total: "counter",
+    /// Embedded Eureka registry: 1 while self-preservation holds lease eviction.
+    eureka_self_preservation: "gauge",
+    /// Embedded Eureka registry: expired leases not evicted, held by self-preservation or by
+    /// the per-round eviction bound.
+    eureka_evictions_held_total: "counter",
+    /// Embedded Eureka registry: eviction rounds that ran late, whose delay was added to
+    /// every lease.
+    eureka_late_eviction_rounds_total: "counter",
+    /// Embedded Eureka registry: connections closed on arrival because
+    /// --eureka-max-connections were open.
+    eureka_http_connections_refused_total: "counter",
+    /// Embedded Eureka registry: connections closed because their client did not send a
+    /// request's headers within --eureka-header-timeout (or sat idle that long).
+    eureka_http_timeouts_total: "counter",
+    /// Embedded Eureka registry: TLS handshakes that failed or timed out.
+    eureka_http_tls_failures_total: "counter",
+    /// Admin connections closed on arrival because 1,024 were open.
+    admin_connections_refused_total: "counter",
     /// xDS streams open now.
     xds_streams_active: "gauge",
     /// xDS streams opened since start.

@@ -321,6 +321,10 @@ pub fn follow(
         let instances = reg.len();
         let update = builder.update(reg);
         Metrics::set(&metrics.registry_clusters, update.snapshot.len() as u64);
+        Metrics::set(
+            &metrics.registry_complete,
+            u64::from(update.snapshot.is_complete()),
+        );
         tracing::debug!(
             clusters = update.snapshot.len(),
             instances,

@@ -1,12 +1,15 @@
 //! TLS pieces that more than one layer needs: where distributions keep the system CA bundle,
-//! and a rustls client (ring provider) that trusts the CAs of a PEM bundle.
+//! a rustls client (ring provider) that trusts the CAs of a PEM bundle, and the server
+//! identity of the control plane's TLS listeners (xDS, the embedded registry), read and
+//! checked at start, so that a wrong path or a key that does not match its certificate is a
+//! start-up error naming the file, not a failed handshake later.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::RootCertStore;
-use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Where distributions keep the system CA bundle, most common first.
 pub const SYSTEM_CA_BUNDLES: &[&str] = &[
@@ -136,6 +139,127 @@ pub fn find_rustls_error<'a>(
     }
 }
 
+/// A TLS file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidTlsFile {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {what}")]
+    Pem { path: PathBuf, what: String },
+    #[error("{cert} and {key} do not make a usable server identity: {source}")]
+    Identity {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// A certificate chain and its private key, read from PEM files.
+#[derive(Debug)]
+pub struct ServerIdentity {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, InvalidTlsFile> {
+    std::fs::read(path).map_err(|source| InvalidTlsFile::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The certificates of a PEM file; at least one.
+pub fn certificates(
+    path: &Path,
+) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), InvalidTlsFile> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| InvalidTlsFile::Pem {
+            path: path.to_owned(),
+            what: format!("not a PEM certificate file: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(InvalidTlsFile::Pem {
+            path: path.to_owned(),
+            what: "no certificate in it (expected -----BEGIN CERTIFICATE-----)".into(),
+        });
+    }
+    Ok((pem, certs))
+}
+
+impl ServerIdentity {
+    /// Reads `cert` (the chain, leaf first) and `key` (PKCS#8, PKCS#1 or SEC1) and checks
+    /// that the key is the certificate's.
+    pub fn load(cert: &Path, key: &Path) -> Result<ServerIdentity, InvalidTlsFile> {
+        let (cert_pem, certs) = certificates(cert)?;
+        let key_pem = read(key)?;
+        let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| InvalidTlsFile::Pem {
+            path: key.to_owned(),
+            what: format!("no private key in it: {e}"),
+        })?;
+        let identity = ServerIdentity {
+            cert_path: cert.to_owned(),
+            key_path: key.to_owned(),
+            cert_pem,
+            key_pem,
+            certs,
+            key: private,
+        };
+        // Builds once to check that the key matches the certificate.
+        identity.rustls_config(&[])?;
+        Ok(identity)
+    }
+
+    /// A rustls server configuration with this identity, offering `alpn`.
+    fn rustls_config(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, InvalidTlsFile> {
+        let invalid = |source| InvalidTlsFile::Identity {
+            cert: self.cert_path.clone(),
+            key: self.key_path.clone(),
+            source,
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(invalid)?
+            .with_no_client_auth()
+            .with_single_cert(self.certs.clone(), self.key.clone_key())
+            .map_err(invalid)?;
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(config)
+    }
+
+    /// A TLS acceptor for an HTTP/1.1 server (the embedded registry).
+    pub fn https_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, InvalidTlsFile> {
+        let config = self.rustls_config(&[b"http/1.1"])?;
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+
+    /// tonic's TLS settings for the xDS server; with `client_ca`, clients must present a
+    /// certificate signed by it (mTLS).
+    pub fn grpc_config(
+        &self,
+        client_ca: Option<&Path>,
+    ) -> Result<tonic::transport::ServerTlsConfig, InvalidTlsFile> {
+        let identity = tonic::transport::Identity::from_pem(&self.cert_pem, &self.key_pem);
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = client_ca {
+            let (pem, _) = certificates(ca)?;
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(pem));
+        }
+        Ok(config)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +316,40 @@ mod tests {
         ));
         assert_eq!(find_rustls_error(&wrapped), Some(&tls));
         assert_eq!(find_rustls_error(&std::io::Error::other("reset")), None);
+    }
+
+    fn temp(name: &str, content: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("odmesh-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_missing_or_empty_file_is_an_error_that_names_it() {
+        let missing = Path::new("/nonexistent/odmesh/cert.pem");
+        let err = ServerIdentity::load(missing, missing).unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/odmesh/cert.pem"),
+            "{err}"
+        );
+        let empty = temp("empty.pem", "");
+        let err = ServerIdentity::load(&empty, &empty).unwrap_err();
+        assert!(err.to_string().contains("no certificate"), "{err}");
+    }
+
+    #[test]
+    fn a_certificate_without_a_key_is_an_error_that_names_the_key_file() {
+        let cert = temp(
+            "cert-only.pem",
+            "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n",
+        );
+        let err = ServerIdentity::load(&cert, &cert).unwrap_err();
+        assert!(
+            matches!(&err, InvalidTlsFile::Pem { path, .. } if *path == cert),
+            "{err}"
+        );
+        assert!(err.to_string().contains("no private key"), "{err}");
     }
 }

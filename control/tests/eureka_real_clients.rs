@@ -183,11 +183,17 @@ async fn start_registry() -> (EmbeddedSource, Arc<Metrics>) {
     let config = ServerConfig {
         lease_duration: Duration::from_secs(LEASE_SECS),
         eviction_interval: Duration::from_millis(200),
-        ..ServerConfig::default()
+        // The clients run on this machine.
+        ..ServerConfig::local()
     };
-    let source = eureka_server::start("127.0.0.1:0".parse().unwrap(), config, metrics.clone())
-        .await
-        .unwrap();
+    let source = eureka_server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        config,
+        None,
+        metrics.clone(),
+    )
+    .await
+    .unwrap();
     (source, metrics)
 }
 

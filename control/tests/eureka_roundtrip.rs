@@ -22,13 +22,23 @@ fn registration(id: &str, port: u16) -> serde_json::Value {
     }})
 }
 
+/// One machine (loopback instances), and complete at once: these tests are not about the
+/// warm-up after a restart.
+fn local_config() -> ServerConfig {
+    ServerConfig {
+        warmup: Duration::ZERO,
+        ..ServerConfig::local()
+    }
+}
+
 #[tokio::test]
 async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_the_embedded_registry()
  {
     let metrics = Arc::new(Metrics::default());
     let server = eureka_server::start(
         "127.0.0.1:0".parse().unwrap(),
-        ServerConfig::default(),
+        local_config(),
+        None,
         metrics.clone(),
     )
     .await
@@ -97,7 +107,8 @@ async fn a_registration_is_published_by_the_embedded_registry_within_millisecond
     let metrics = Arc::new(Metrics::default());
     let server = eureka_server::start(
         "127.0.0.1:0".parse().unwrap(),
-        ServerConfig::default(),
+        local_config(),
+        None,
         metrics,
     )
     .await

@@ -41,9 +41,14 @@ impl Source {
     fn args(&self, eureka: Option<SocketAddr>) -> Vec<OsString> {
         match self {
             Source::File(path) => vec!["--registry".into(), path.into()],
+            // The test's services register at 127.0.0.1, which a production registry refuses.
             Source::ServeEureka => {
                 let addr = eureka.map(|a| a.to_string()).unwrap_or_default();
-                vec!["--serve-eureka".into(), addr.into()]
+                vec![
+                    "--serve-eureka".into(),
+                    addr.into(),
+                    "--allow-loopback-instances".into(),
+                ]
             }
             Source::Eureka(urls) => urls
                 .iter()
@@ -258,6 +263,13 @@ fn spawn_ready(
         .arg("--admin")
         .arg(admin.to_string())
         .args(args);
+    // A fresh embedded registry is complete at once unless the test is about its warm-up
+    // after a restart (and says --registry-warmup): otherwise a VIP not registered yet would
+    // answer "not known yet" for the first 35 s of every test.
+    let embedded = source_args.iter().any(|a| a == "--serve-eureka");
+    if embedded && !args.iter().any(|a| a == "--registry-warmup") {
+        command.args(["--registry-warmup", "0"]);
+    }
     if std::env::var_os("RUST_LOG").is_none() {
         command.env("RUST_LOG", "info");
     }

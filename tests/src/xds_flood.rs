@@ -76,7 +76,7 @@ pub struct FloodStats {
     pub removed: u64,
     /// ACKs it sent.
     pub acks_sent: u64,
-    /// When as many clusters had come as names were asked for.
+    /// When as many clusters and cluster removals had come as names were asked for.
     pub all_answered: Option<Duration>,
     /// The whole JSON line.
     pub json: Value,
@@ -229,7 +229,7 @@ impl XdsFlood {
         self.wait_progress(
             timeout,
             &format!("the control plane to answer all {names} flooded names"),
-            |p| p.clusters >= names,
+            |p| p.clusters + p.removed >= names,
         )
     }
 

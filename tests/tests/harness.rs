@@ -17,7 +17,7 @@ const EUREKA_INTERVAL: &str = "0.5";
 const POLLS: Duration = Duration::from_secs(10);
 
 #[test]
-fn the_xds_flood_subscribes_every_name_and_acks_every_answer_of_the_control_plane() {
+fn a_flood_of_names_is_answered_within_the_control_planes_bounds_and_every_answer_acked() {
     let env = TestEnv::new("harness_xds_flood");
     let registry = RegistryFile::create(&env.log_dir().join("registry.yaml"), &[]);
     let control = ControlPlane::start(&env, "control", registry.path(), &[]);
@@ -43,11 +43,14 @@ fn the_xds_flood_subscribes_every_name_and_acks_every_answer_of_the_control_plan
                 .find(|p| p["node_id"] == "odmesh-xds-flood")
         },
     );
+    // Within the control plane's default bounds: 10,000 names kept per stream, 100 of them
+    // served as (unregistered) clusters, every other name answered with a removal.
     let clusters = proxy["clusters"].as_array().map_or(0, Vec::len);
     assert_eq!(
-        clusters as u64, names,
-        "subscribed clusters on the flood's stream"
+        clusters, 10_000,
+        "subscribed clusters kept for the flood's stream"
     );
+    assert_eq!(proxy["refused"], names - 100, "{proxy}");
     let metrics = control.wait_all_answered(Duration::from_secs(10));
     let memory = sampler.stop();
 
@@ -59,8 +62,8 @@ fn the_xds_flood_subscribes_every_name_and_acks_every_answer_of_the_control_plan
     eprintln!("{}", memory.summary());
     assert_eq!(report.ended.as_deref(), Some("stdin closed"));
     assert_eq!(report.names_sent, names);
-    assert!(report.clusters >= names, "{}", report.json);
-    assert_eq!(report.removed, 0, "{}", report.json);
+    assert_eq!(report.clusters, 100, "{}", report.json);
+    assert_eq!(report.removed, names - 100, "{}", report.json);
     assert_eq!(report.acks_sent, report.responses, "{}", report.json);
     assert_eq!(
         metrics["odmesh_xds_acks_total"], report.acks_sent,

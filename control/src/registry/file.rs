@@ -23,7 +23,8 @@ use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
 
-use super::{Parsed, Registry, SourceHealth, eureka, publish, yaml};
+use super::guard::{DropGuard, DropGuardConfig, publish_guarded};
+use super::{Parsed, Registry, SourceHealth, eureka, yaml};
 
 /// How often the file source looks at the file, unless told otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -118,6 +119,16 @@ pub async fn start(
     interval: Duration,
     metrics: Arc<Metrics>,
 ) -> Result<FileSource, LoadError> {
+    start_guarded(path, interval, DropGuardConfig::default(), metrics).await
+}
+
+/// [`start`], with a drop guard of `guard` (see [`super::guard`]).
+pub async fn start_guarded(
+    path: impl Into<PathBuf>,
+    interval: Duration,
+    guard: DropGuardConfig,
+    metrics: Arc<Metrics>,
+) -> Result<FileSource, LoadError> {
     let path = path.into();
     let health = SourceHealth::new(format!("file {}", path.display()));
     let mut watcher = Watcher::new(path, metrics, health.clone());
@@ -128,7 +139,7 @@ pub async fn start(
         Poll::Unchanged => Registry::default(),
     };
     let (tx, registry) = watch::channel(Arc::new(first));
-    let task = tokio::spawn(watcher.run(interval, tx));
+    let task = tokio::spawn(watcher.run(interval, DropGuard::new(guard), tx));
     Ok(FileSource {
         registry,
         health,
@@ -298,16 +309,30 @@ impl Watcher {
         })
     }
 
-    async fn run(mut self, interval: Duration, tx: watch::Sender<Arc<Registry>>) {
+    /// Publishes each new good registry, through `guard`: a file that lost most of the
+    /// registry is held until it has said so for the guard's confirmation time (every poll
+    /// of the unchanged file says so again).
+    async fn run(
+        mut self,
+        interval: Duration,
+        mut guard: DropGuard,
+        tx: watch::Sender<Arc<Registry>>,
+    ) {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held: Option<Registry> = None;
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
                 () = tx.closed() => return,
             }
-            if let Poll::Loaded(parsed) = self.poll().await {
-                publish(&tx, parsed.registry);
+            let next = match self.poll().await {
+                Poll::Loaded(parsed) => Some(parsed.registry),
+                _ => held.take(),
+            };
+            if let Some(next) = next {
+                publish_guarded(&mut guard, &tx, next.clone(), &self.health, &self.metrics);
+                held = guard.is_holding().then_some(next);
             }
         }
     }
@@ -636,6 +661,76 @@ mod tests {
             ..stamp
         };
         assert!(watcher.may_have_changed(&other), "a new stamp is read");
+    }
+
+    /// The YAML of `n` instances of hello.
+    fn instances(n: usize) -> String {
+        let mut yaml = String::from("instances:\n");
+        for i in 0..n {
+            yaml.push_str(&format!(
+                "  - {{app: hello, ip: 10.0.0.{}, port: 8081}}\n",
+                i + 1
+            ));
+        }
+        yaml
+    }
+
+    async fn start_with_guard(path: &Path, confirm_after: Duration) -> (FileSource, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::default());
+        let guard = DropGuardConfig {
+            max_drop: 0.5,
+            confirm_after,
+        };
+        let source = start_guarded(path, Duration::from_millis(50), guard, metrics.clone())
+            .await
+            .unwrap();
+        (source, metrics)
+    }
+
+    #[tokio::test]
+    async fn a_file_that_loses_most_of_the_registry_is_held_until_it_has_said_so_long_enough() {
+        let dir = TempDir::new("drop");
+        let path = dir.file("registry.yaml", &instances(20));
+        let confirm = Duration::from_millis(600);
+        let (mut source, metrics) = start_with_guard(&path, confirm).await;
+        assert_eq!(source.registry.borrow().len(), 20);
+
+        // A truncated file: 2 of 20 instances left.
+        dir.replace_atomically(&path, &instances(2));
+        let health = source.health.clone();
+        eventually("the drop to be held", || {
+            health.snapshot().holding.is_some()
+        })
+        .await;
+        let held_at = Instant::now();
+        assert_eq!(source.registry.borrow().len(), 20);
+        assert_eq!(metrics.registry_drops_held_total.load(Ordering::Relaxed), 1);
+
+        // The file keeps saying so: followed once the confirmation time has passed.
+        wait_for_instances(&mut source, 2).await;
+        assert!(
+            held_at.elapsed() + Duration::from_millis(100) >= confirm,
+            "followed after {:?}",
+            held_at.elapsed()
+        );
+        assert!(source.health.snapshot().holding.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_file_fixed_before_its_drop_is_confirmed_is_followed_and_the_drop_never_applied() {
+        let dir = TempDir::new("drop-fixed");
+        let path = dir.file("registry.yaml", &instances(20));
+        let (mut source, _metrics) = start_with_guard(&path, Duration::from_secs(3600)).await;
+        source.registry.mark_unchanged();
+        dir.replace_atomically(&path, "instances: []\n");
+        let health = source.health.clone();
+        eventually("the drop to be held", || {
+            health.snapshot().holding.is_some()
+        })
+        .await;
+        dir.replace_atomically(&path, &instances(19));
+        wait_for_instances(&mut source, 19).await;
+        assert!(source.health.snapshot().holding.is_none());
     }
 
     #[tokio::test]

@@ -217,6 +217,7 @@ pub mod eureka;
 pub mod eureka_client;
 pub mod eureka_server;
 pub mod file;
+pub mod guard;
 pub mod status;
 pub mod yaml;
 

@@ -28,6 +28,9 @@ pub struct SourceStatus {
     pub instances: usize,
     /// What the last good load left out (bad instances or VIPs), one line each.
     pub warnings: Vec<String>,
+    /// A drop of most of the registry that is held, not followed yet (see
+    /// [`guard`](super::guard)).
+    pub holding: Option<String>,
 }
 
 impl SourceStatus {
@@ -116,6 +119,11 @@ impl SourceHealth {
         Metrics::set(&metrics.registry_last_success_seconds, secs);
         Metrics::set(&metrics.registry_instances, registry.len() as u64);
         new
+    }
+
+    /// Records that the source's last good load is held (`Some`, saying why) or not.
+    pub fn set_holding(&self, holding: Option<String>) {
+        self.write().status.holding = holding;
     }
 
     /// Records a failed load: status, and the metric `registry_load_errors_total`.

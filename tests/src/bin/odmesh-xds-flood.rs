@@ -14,7 +14,7 @@
 //! `names_sent`, `batches_sent`, `all_sent_seconds`, `responses`, `resources` and `removed`
 //! (per type: `cluster`, `endpoints`, `other`), `response_bytes`, `acks_sent`,
 //! `endpoint_subscriptions_sent`, `first_response_seconds`, `all_answered_seconds` (when
-//! as many clusters had come as names were requested).
+//! as many clusters and cluster removals had come as names were requested).
 //!
 //! The end-to-end tests run it through `odmesh_e2e::XdsFlood`.
 #![forbid(unsafe_code)]
@@ -338,7 +338,8 @@ fn on_response(
     let kind = type_index(&response.type_url);
     stats.resources[kind] += response.resources.len() as u64;
     stats.removed[kind] += response.removed_resources.len() as u64;
-    if stats.all_answered.is_none() && stats.resources[0] >= args.names {
+    // Each cluster name is answered by a cluster or by a removal (over the server's bounds).
+    if stats.all_answered.is_none() && stats.resources[0] + stats.removed[0] >= args.names {
         stats.all_answered = Some(at);
     }
     let mut out = vec![DeltaDiscoveryRequest {

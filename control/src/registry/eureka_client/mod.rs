@@ -51,6 +51,7 @@ use crate::metrics::Metrics;
 use crate::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
 
 use super::eureka::{self, ActionType, Applications, InvalidDocument};
+use super::guard::{self, DropGuard, DropGuardConfig};
 use super::{Registry, SourceHealth};
 
 mod access;
@@ -68,7 +69,7 @@ pub const DEFAULT_FIRST_FETCH_WAIT: Duration = Duration::from_secs(5);
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// How to follow the Eureka servers.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 pub struct ClientConfig {
     /// Base URLs of the Eureka servers, e.g. `https://user:password@eureka:8761/eureka`,
     /// tried in turn (see [`ServerUrl::parse`]).
@@ -87,6 +88,8 @@ pub struct ClientConfig {
     pub max_backoff: Duration,
     /// How long [`start_with`] waits for the first good fetch.
     pub first_fetch_wait: Duration,
+    /// When a fetch that lost most of the registry is held rather than followed.
+    pub drop_guard: DropGuardConfig,
 }
 
 impl ClientConfig {
@@ -100,6 +103,7 @@ impl ClientConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_backoff: interval,
             first_fetch_wait: DEFAULT_FIRST_FETCH_WAIT,
+            drop_guard: DropGuardConfig::default(),
         }
     }
 }
@@ -265,7 +269,8 @@ async fn start_trusting(
     }
     let shown: Vec<String> = access.urls.iter().map(ToString::to_string).collect();
     let health = SourceHealth::new(format!("eureka {}", shown.join(" ")));
-    let (tx, registry) = watch::channel(Arc::new(Registry::default()));
+    // Nothing fetched yet: what proxies hold is not taken away meanwhile.
+    let (tx, registry) = watch::channel(Arc::new(Registry::loading()));
     let loaded = Arc::new(Notify::new());
     let follower = Follower::new(access, config.clone(), metrics, health.clone(), &loaded);
     let task = tokio::spawn(follower.run(tx));
@@ -352,6 +357,8 @@ struct Follower {
     /// The next poll must be a full fetch (after a failure).
     need_full: bool,
     failures: u32,
+    /// Holds a fetch that lost most of the registry until the next fetch confirms it.
+    guard: DropGuard,
     loaded: Arc<Notify>,
 }
 
@@ -375,6 +382,7 @@ impl Follower {
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
+        let drop_guard = config.drop_guard;
         Follower {
             http,
             urls: access.urls,
@@ -386,6 +394,7 @@ impl Follower {
             local: None,
             need_full: true,
             failures: 0,
+            guard: DropGuard::new(drop_guard),
             loaded: Arc::clone(loaded),
         }
     }
@@ -518,7 +527,14 @@ impl Follower {
         }
         self.loaded.notify_one();
         let instances = parsed.registry.len();
-        if super::publish(tx, parsed.registry) {
+        let published = guard::publish_guarded(
+            &mut self.guard,
+            tx,
+            parsed.registry,
+            &self.health,
+            &self.metrics,
+        );
+        if published {
             tracing::info!(instances, "Eureka registry changed");
         }
     }

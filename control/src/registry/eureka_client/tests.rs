@@ -268,6 +268,7 @@ fn config(urls: Vec<String>) -> ClientConfig {
         request_timeout: Duration::from_millis(300),
         max_backoff: Duration::from_millis(100),
         first_fetch_wait: Duration::from_secs(5),
+        drop_guard: DropGuardConfig::default(),
     }
 }
 
@@ -984,4 +985,109 @@ async fn the_next_url_is_used_when_an_https_server_fails_its_handshake() {
     assert_eq!(source.registry.borrow().len(), 9);
     assert_eq!(count(&metrics.eureka_failovers_total), 1);
     assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+}
+
+/// A Eureka `/apps` document with `n` UP instances of app HELLO.
+fn apps_document(n: usize) -> Vec<u8> {
+    let instances: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "instanceId": format!("h{i}"), "app": "HELLO", "ipAddr": format!("10.0.0.{}", i + 1),
+                "status": "UP", "port": {"$": 8080, "@enabled": "true"}, "vipAddress": "hello"
+            })
+        })
+        .collect();
+    let code = if n == 0 {
+        String::new()
+    } else {
+        format!("UP_{n}_")
+    };
+    serde_json::json!({"applications": {"versions__delta": "1", "apps__hashcode": code,
+        "application": [{"name": "HELLO", "instance": instances}]}})
+    .to_string()
+    .into_bytes()
+}
+
+/// Follows `url` (whose delta answers 404, so every poll is a full fetch) with a drop guard
+/// that confirms after `confirm_after`.
+async fn follow_guarded(url: String, confirm_after: Duration) -> (EurekaSource, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let cfg = ClientConfig {
+        drop_guard: DropGuardConfig {
+            max_drop: 0.5,
+            confirm_after,
+        },
+        ..config(vec![url])
+    };
+    (start_with(cfg, metrics.clone()).await.unwrap(), metrics)
+}
+
+#[tokio::test]
+async fn an_answer_that_loses_most_of_the_registry_is_held_until_a_later_fetch_confirms_it() {
+    let (mock, url) = Mock::start(Reply::Body(apps_document(12)), Reply::Status(404)).await;
+    let confirm = Duration::from_millis(400);
+    let (source, metrics) = follow_guarded(url, confirm).await;
+    wait_registry(&source, |r| r.len() == 12).await;
+
+    // Eureka restarted empty.
+    mock.set(Some(Reply::Body(apps_document(0))), None);
+    wait_until(|| source.health.snapshot().holding.is_some()).await;
+    let held_at = tokio::time::Instant::now();
+    assert_eq!(
+        source.registry.borrow().len(),
+        12,
+        "the registry in use stays"
+    );
+    let text = source.health.snapshot().holding.unwrap();
+    assert!(text.contains("lost 12 of 12"), "{text}");
+    assert_eq!(count(&metrics.registry_drops_held_total), 1);
+    assert_eq!(count(&metrics.registry_drop_held), 1);
+
+    // Still empty a fetch later than the confirmation time: followed.
+    wait_registry(&source, |r| r.is_empty()).await;
+    assert!(
+        held_at.elapsed() + Duration::from_millis(100) >= confirm,
+        "followed after {:?}, before the confirmation time {confirm:?}",
+        held_at.elapsed()
+    );
+    assert!(source.health.snapshot().holding.is_none());
+    assert_eq!(count(&metrics.registry_drop_held), 0);
+    assert_eq!(count(&metrics.registry_drops_held_total), 1);
+}
+
+#[tokio::test]
+async fn a_server_that_recovers_before_its_drop_is_confirmed_is_followed_and_the_drop_never_applied()
+ {
+    let (mock, url) = Mock::start(Reply::Body(apps_document(12)), Reply::Status(404)).await;
+    let (source, _metrics) = follow_guarded(url, Duration::from_secs(3600)).await;
+    let mut rx = source.registry.clone();
+    wait_registry(&source, |r| r.len() == 12).await;
+    rx.mark_unchanged();
+
+    mock.set(Some(Reply::Body(apps_document(2))), None);
+    wait_until(|| source.health.snapshot().holding.is_some()).await;
+    mock.set(Some(Reply::Body(apps_document(12))), None);
+    wait_until(|| source.health.snapshot().holding.is_none()).await;
+    assert!(
+        !rx.has_changed().unwrap(),
+        "the 2-instance registry was never published"
+    );
+    // A smaller loss is followed at once.
+    mock.set(Some(Reply::Body(apps_document(7))), None);
+    wait_registry(&source, |r| r.len() == 7).await;
+}
+
+#[tokio::test]
+async fn before_its_first_fetch_the_source_is_still_loading_and_complete_after() {
+    let (_mock, url) = Mock::start(Reply::Hang, Reply::Status(404)).await;
+    let metrics = Arc::new(Metrics::default());
+    let cfg = ClientConfig {
+        first_fetch_wait: Duration::from_millis(10),
+        ..config(vec![url])
+    };
+    let source = start_with(cfg, metrics).await.unwrap();
+    assert!(!source.registry.borrow().is_complete());
+    let (_mock, url) = Mock::start(Reply::Body(apps_document(1)), Reply::Status(404)).await;
+    let (source, _) = follow(vec![url]).await;
+    assert!(wait_registry(&source, |r| r.len() == 1).await.is_complete());
 }

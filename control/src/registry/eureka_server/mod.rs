@@ -25,9 +25,21 @@
 //! only between peers).
 //!
 //! Leases: an instance expires `leaseInfo.durationInSecs` after its last heartbeat (as
-//! Eureka does), or after the configured `lease_duration` when it does not say; a background
-//! task evicts expired instances every `eviction_interval`. There is no self-preservation
-//! mode and no peer replication: this registry is for one control plane.
+//! Eureka does, up to `max_lease`), or after the configured `lease_duration` when it does not
+//! say; a background task evicts expired instances every `eviction_interval`. Three guards,
+//! as in Eureka's server, keep a registry in trouble from emptying the mesh:
+//! - self-preservation ([`preservation`]): when far fewer renewals arrive than expected,
+//!   eviction stops; and one round evicts at most the share above the threshold;
+//! - late eviction rounds are compensated: if a round runs late (the process was paused, the
+//!   host overloaded), every lease is extended by the delay, since no heartbeat could be
+//!   received meanwhile;
+//! - warm-up: after a start, the registry is published as still loading for `warmup` (one
+//!   renewal interval and a margin), while its clients register again (their heartbeats get
+//!   404); meanwhile proxies keep the clusters they hold (see [`cache`](crate::cache)).
+//!
+//! Writes are checked ([`policy`]: names, addresses, lease, metadata, body size and type) and,
+//! with a tokens file, authenticated and authorised ([`auth`]). There is no peer replication:
+//! this registry is for one control plane.
 //!
 //! Where this differs from Netflix's server, on purpose: removing a status override restores
 //! the status the instance itself reported (Eureka sets `UNKNOWN` until the next heartbeat
@@ -36,6 +48,9 @@
 //! registration fills in a missing `hostName` (with `ipAddr`) and `dataCenterInfo` (`MyOwn`)
 //! instead of refusing the instance, so a hand-written `curl` registration works.
 
+pub mod auth;
+pub mod policy;
+pub mod preservation;
 mod xml;
 
 use std::collections::{BTreeMap, HashMap};
@@ -45,9 +60,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Path, Query, State as AxState};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::body::Body;
+use axum::extract::{Extension, Path, Query, Request, State as AxState};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use tokio::net::TcpListener;
@@ -55,7 +71,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::http_server::{self, HttpEvent, HttpLimits};
+use crate::logs::{self, RateLimit, clip};
 use crate::metrics::Metrics;
+
+use self::auth::{Authenticator, Caller};
+use self::policy::RegistrationLimits;
+use self::preservation::{PreservationConfig, SelfPreservation};
 
 use super::eureka::{
     ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
@@ -71,8 +93,8 @@ const PUBLISH_INTERVAL: Duration = Duration::from_millis(5);
 /// Where the embedded registry listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8761";
 
-/// How the embedded registry treats leases and deltas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the embedded registry treats leases, deltas and clients.
+#[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// How long an instance lives without a heartbeat, when its registration does not say
     /// (`leaseInfo.durationInSecs`). Eureka's default: 90 s.
@@ -81,14 +103,53 @@ pub struct ServerConfig {
     pub eviction_interval: Duration,
     /// How long a change stays in `/apps/delta`. Eureka's default: 3 minutes.
     pub delta_retention: Duration,
+    /// After a start, how long the registry is published as still loading, while clients
+    /// register again (see the module docs). 0: complete at once.
+    pub warmup: Duration,
+    /// When lease eviction stops.
+    pub preservation: PreservationConfig,
+    /// What a registration may hold, and how many instances the registry may hold.
+    pub limits: RegistrationLimits,
+    /// The HTTP server's bounds.
+    pub http: HttpLimits,
+    /// The largest request body accepted (413 beyond).
+    pub max_body: usize,
+    /// How long a request body may take to arrive (408 beyond).
+    pub body_timeout: Duration,
+    /// Who may use the registry; `None`: anyone.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
+impl ServerConfig {
+    /// The defaults, with instances at loopback addresses accepted: for a registry whose
+    /// services and proxies all run on one machine (`make run`, tests).
+    pub fn local() -> ServerConfig {
+        let mut config = ServerConfig::default();
+        config.limits.networks.allow_loopback = true;
+        config
+    }
+}
+
+/// After a start, the registry is still loading for one renewal interval of Eureka's clients
+/// (30 s) and a margin for their clocks and a slow network.
+pub const DEFAULT_WARMUP: Duration = Duration::from_secs(35);
+
 impl Default for ServerConfig {
+    /// Eureka's lease and delta defaults, [`DEFAULT_WARMUP`], self-preservation at 85 %, the
+    /// default [`RegistrationLimits`] and [`HttpLimits`], 16 KiB bodies within 10 s, no
+    /// authentication.
     fn default() -> ServerConfig {
         ServerConfig {
             lease_duration: Duration::from_secs(90),
             eviction_interval: Duration::from_secs(1),
             delta_retention: Duration::from_secs(180),
+            warmup: DEFAULT_WARMUP,
+            preservation: PreservationConfig::default(),
+            limits: RegistrationLimits::default(),
+            http: HttpLimits::default(),
+            max_body: 16 * 1024,
+            body_timeout: Duration::from_secs(10),
+            auth: None,
         }
     }
 }
@@ -109,6 +170,8 @@ impl std::fmt::Debug for EurekaRegistry {
 
 struct Shared {
     config: ServerConfig,
+    /// When this registry started: it is still loading until `config.warmup` after.
+    started: Instant,
     state: Mutex<Ledger>,
     tx: watch::Sender<Arc<Registry>>,
     health: SourceHealth,
@@ -137,6 +200,10 @@ struct Ledger {
     warned: BTreeMap<(String, String), Vec<InvalidInstance>>,
     /// Bumped on every change; served as `versions__delta`.
     version: u64,
+    /// Renewals counted for self-preservation.
+    preservation: Option<SelfPreservation>,
+    /// How many leases there are (all apps).
+    leases: usize,
 }
 
 struct Lease {
@@ -148,6 +215,12 @@ struct Lease {
     overridden: Option<Status>,
     renewed: Instant,
     duration: Duration,
+    /// When this lease began (registration), for self-preservation's expectations.
+    registered: Instant,
+    /// How often the client says it renews (`leaseInfo.renewalIntervalInSecs`).
+    renewal_interval: Duration,
+    /// The identity that registered it, when authentication is on.
+    owner: Option<String>,
 }
 
 /// One app's instances, converted for the mesh.
@@ -248,8 +321,22 @@ impl InvalidRequest {
     fn not_found(app: &str, id: &str) -> InvalidRequest {
         InvalidRequest::new(
             StatusCode::NOT_FOUND,
-            format!("instance {id:?} of app {app:?} is not registered"),
+            format!(
+                "instance {} of app {} is not registered",
+                clip(id),
+                clip(app)
+            ),
         )
+    }
+
+    fn forbidden(reason: String) -> InvalidRequest {
+        InvalidRequest::new(StatusCode::FORBIDDEN, reason)
+    }
+}
+
+impl From<policy::Refused> for InvalidRequest {
+    fn from(refused: policy::Refused) -> InvalidRequest {
+        InvalidRequest::new(StatusCode::BAD_REQUEST, refused.to_string())
     }
 }
 
@@ -275,10 +362,16 @@ impl EurekaRegistry {
         metrics: Arc<Metrics>,
     ) -> EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
+        let started = Instant::now();
+        let ledger = Ledger {
+            preservation: Some(SelfPreservation::new(config.preservation, started)),
+            ..Ledger::default()
+        };
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
                 config,
-                state: Mutex::new(Ledger::default()),
+                started,
+                state: Mutex::new(ledger),
                 tx,
                 health,
                 metrics,
@@ -296,11 +389,17 @@ impl EurekaRegistry {
     }
 
     /// The configuration it was made with.
-    pub fn config(&self) -> ServerConfig {
-        self.shared.config
+    pub fn config(&self) -> &ServerConfig {
+        &self.shared.config
     }
 
-    /// The REST API, under `/eureka` and `/eureka/v2`.
+    /// Whether the registry is still warming up after its start (see the module docs).
+    pub fn is_warming_up(&self) -> bool {
+        self.shared.started.elapsed() < self.shared.config.warmup
+    }
+
+    /// The REST API, under `/eureka` and `/eureka/v2`; with a tokens file, every request
+    /// must authenticate (see [`auth`]).
     pub fn router(&self) -> Router {
         let api = Router::new()
             .route("/apps", get(get_apps))
@@ -319,15 +418,31 @@ impl EurekaRegistry {
             .route("/instances/{id}", get(get_instance_by_id))
             .route("/vips/{vip}", get(get_vip))
             .route("/svips/{svip}", get(get_svip))
+            .layer(middleware::from_fn_with_state(self.clone(), authenticate))
             .with_state(self.clone());
         Router::new()
             .nest("/eureka/v2", api.clone())
             .nest("/eureka", api)
     }
 
-    /// Registers (or registers again) an instance of `app` from its JSON registration body.
+    /// Registers (or registers again) an instance of `app` from its JSON registration body,
+    /// as anyone (authentication off): see [`EurekaRegistry::register_as`].
     pub fn register(&self, app: &str, body: &[u8]) -> Result<(), InvalidRequest> {
+        self.register_as(&Caller::Anyone, app, body)
+    }
+
+    /// Registers (or registers again) an instance of `app` from its JSON registration body,
+    /// for `caller`. Refused, leaving the registry as it was: a body that is not a Eureka
+    /// registration or breaks the [`policy`] (400), a VIP the caller may not claim or an
+    /// instance another identity registered (403), a new instance in a full registry (503).
+    pub fn register_as(
+        &self,
+        caller: &Caller,
+        app: &str,
+        body: &[u8],
+    ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
+        policy::check_app(&app)?;
         if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
             return Err(InvalidRequest::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -370,6 +485,16 @@ impl EurekaRegistry {
             ));
         };
         info.instance_id = Some(id.clone());
+        let limits = &self.shared.config.limits;
+        policy::check_instance(&info, limits)?;
+        let claimed = split_vips(info.vip_address.as_deref().unwrap_or_default())
+            .into_iter()
+            .chain(split_vips(
+                info.secure_vip_address.as_deref().unwrap_or_default(),
+            ));
+        for vip in claimed {
+            caller.may_claim(&vip).map_err(InvalidRequest::forbidden)?;
+        }
         info.data_center_info
             .get_or_insert_with(DataCenterInfo::my_own);
         info.action_type = None;
@@ -381,8 +506,26 @@ impl EurekaRegistry {
             _ => self.shared.config.lease_duration,
         };
         let reported = info.status();
+        let renewal_interval =
+            Duration::from_secs(lease_info.renewal_interval_in_secs.unwrap_or(30).max(1));
         let mut state = self.lock();
         let existing = state.apps.get(&app).and_then(|leases| leases.get(&id));
+        match existing {
+            Some(lease) => caller
+                .may_change(lease.owner.as_deref())
+                .map_err(InvalidRequest::forbidden)?,
+            None if state.leases >= limits.max_instances => {
+                Metrics::inc(&self.shared.metrics.eureka_refused_full_total);
+                return Err(InvalidRequest::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "the registry is full: it holds {} instances, the most it may (odmesh-control --eureka-max-instances)",
+                        limits.max_instances
+                    ),
+                ));
+            }
+            None => {}
+        }
         let body_override = info
             .overridden_status
             .as_deref()
@@ -408,123 +551,166 @@ impl EurekaRegistry {
         info.last_updated_timestamp = Some(now);
         info.last_dirty_timestamp = Some(info.last_dirty_timestamp.unwrap_or(now));
         info.is_coordinating_discovery_server.get_or_insert(false);
+        let now_instant = Instant::now();
         let mut lease = Lease {
             info,
             reported,
             overridden,
-            renewed: Instant::now(),
+            renewed: now_instant,
             duration,
+            registered: now_instant,
+            renewal_interval,
+            owner: caller.owner().map(str::to_owned),
         };
         lease.refresh_status();
         let snapshot = lease.info.clone();
-        state
-            .apps
-            .entry(app.clone())
-            .or_default()
-            .insert(id.clone(), lease);
+        if (state.apps.entry(app.clone()).or_default())
+            .insert(id.clone(), lease)
+            .is_none()
+        {
+            state.leases += 1;
+        }
         state.convert(&app, &id);
         self.record(&mut state, &app, &id, snapshot, ActionType::Added);
         Metrics::inc(&self.shared.metrics.eureka_registrations_total);
-        tracing::info!(app, id, status = reported.as_str(), "eureka: registered");
+        tracing::info!(app = %clip(&app), id = %clip(&id), status = reported.as_str(), "eureka: registered");
         drop(state);
         self.publish();
         Ok(())
     }
 
-    /// Renews the lease of an instance (a heartbeat). A `last_dirty_timestamp` newer than
-    /// the registered one answers 404, so that the client registers its newer data.
+    /// Renews the lease of an instance (a heartbeat), for `caller`. A `last_dirty_timestamp`
+    /// newer than the registered one answers 404, so that the client registers its newer
+    /// data.
     pub fn renew(
         &self,
+        caller: &Caller,
         app: &str,
         id: &str,
         last_dirty_timestamp: Option<u64>,
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
+        let now = Instant::now();
         let mut state = self.lock();
         let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
             Metrics::inc(&self.shared.metrics.eureka_renewals_not_found_total);
-            tracing::debug!(app, id, "eureka: heartbeat for an unknown instance");
+            tracing::debug!(app = %clip(&app), id = %clip(id), "eureka: heartbeat for an unknown instance");
             return Err(InvalidRequest::not_found(&app, id));
         };
-        lease.renewed = Instant::now();
+        caller
+            .may_change(lease.owner.as_deref())
+            .map_err(InvalidRequest::forbidden)?;
+        lease.renewed = now;
         if let Some(l) = lease.info.lease_info.as_mut() {
             l.last_renewal_timestamp = Some(now_ms());
         }
-        Metrics::inc(&self.shared.metrics.eureka_renewals_total);
-        match (last_dirty_timestamp, lease.info.last_dirty_timestamp) {
+        let answer = match (last_dirty_timestamp, lease.info.last_dirty_timestamp) {
             (Some(theirs), Some(ours)) if theirs > ours => Err(InvalidRequest::new(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "instance {id:?} changed since it registered (lastDirtyTimestamp {theirs} > {ours}): register again"
+                    "instance {} changed since it registered (lastDirtyTimestamp {theirs} > {ours}): register again",
+                    clip(id)
                 ),
             )),
             _ => Ok(()),
+        };
+        if let Some(preservation) = state.preservation.as_mut() {
+            preservation.renewed(now);
         }
+        Metrics::inc(&self.shared.metrics.eureka_renewals_total);
+        answer
     }
 
-    /// Removes an instance (its client is shutting down).
-    pub fn cancel(&self, app: &str, id: &str) -> Result<(), InvalidRequest> {
+    /// Removes an instance (its client is shutting down), for `caller`.
+    pub fn cancel(&self, caller: &Caller, app: &str, id: &str) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
+        let Some(lease) = state.apps.get(&app).and_then(|l| l.get(id)) else {
+            return Err(InvalidRequest::not_found(&app, id));
+        };
+        caller
+            .may_change(lease.owner.as_deref())
+            .map_err(InvalidRequest::forbidden)?;
         let Some(lease) = remove(&mut state, &app, id) else {
             return Err(InvalidRequest::not_found(&app, id));
         };
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
         Metrics::inc(&self.shared.metrics.eureka_cancels_total);
-        tracing::info!(app, id, "eureka: cancelled");
+        tracing::info!(app = %clip(&app), id = %clip(id), "eureka: cancelled");
         drop(state);
         self.publish();
         Ok(())
     }
 
-    /// Sets (`Some`) or removes (`None`) the status override of an instance. Removing it
-    /// may also say which status the instance has now (`value` of `DELETE .../status`).
+    /// Sets (`Some`) or removes (`None`) the status override of an instance, for `caller`.
+    /// Removing it may also say which status the instance has now (`value` of
+    /// `DELETE .../status`).
     pub fn set_status_override(
         &self,
+        caller: &Caller,
         app: &str,
         id: &str,
         overridden: Option<Status>,
         reported: Option<Status>,
     ) -> Result<(), InvalidRequest> {
-        self.modify(app, id, |lease| {
+        self.modify(caller, app, id, |lease| {
             lease.overridden = overridden;
             if let Some(reported) = reported {
                 lease.reported = reported;
             }
             lease.refresh_status();
+            Ok(())
         })?;
         Metrics::inc(&self.shared.metrics.eureka_status_updates_total);
         tracing::info!(
-            app,
-            id,
+            app = %clip(app),
+            id = %clip(id),
             overridden = overridden.map_or("none", Status::as_str),
             "eureka: status override"
         );
         Ok(())
     }
 
-    /// Sets metadata entries of an instance.
+    /// Sets metadata entries of an instance, for `caller`, within the metadata bounds of
+    /// the [`policy`] (all or none).
     pub fn update_metadata(
         &self,
+        caller: &Caller,
         app: &str,
         id: &str,
         entries: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), InvalidRequest> {
-        self.modify(app, id, |lease| lease.info.metadata.extend(entries))
+        let limits = &self.shared.config.limits;
+        self.modify(caller, app, id, |lease| {
+            let mut merged = lease.info.metadata.clone();
+            merged.extend(entries);
+            let data_center = lease
+                .info
+                .data_center_info
+                .iter()
+                .flat_map(|dc| dc.metadata.iter());
+            policy::check_metadata(merged.iter().chain(data_center), limits)?;
+            lease.info.metadata = merged;
+            Ok(())
+        })
     }
 
     fn modify(
         &self,
+        caller: &Caller,
         app: &str,
         id: &str,
-        change: impl FnOnce(&mut Lease),
+        change: impl FnOnce(&mut Lease) -> Result<(), InvalidRequest>,
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
         let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
             return Err(InvalidRequest::not_found(&app, id));
         };
-        change(lease);
+        caller
+            .may_change(lease.owner.as_deref())
+            .map_err(InvalidRequest::forbidden)?;
+        change(lease)?;
         lease.info.last_updated_timestamp = Some(now_ms());
         let snapshot = lease.info.clone();
         state.convert(&app, id);
@@ -534,28 +720,94 @@ impl EurekaRegistry {
         Ok(())
     }
 
-    /// Evicts every instance whose lease expired by now; returns how many.
+    /// One eviction round, with no delay to make up: see [`EurekaRegistry::evict_round`].
     pub fn evict_expired(&self) -> usize {
+        self.evict_round(Duration::ZERO)
+    }
+
+    /// One eviction round: evicts the instances whose lease expired by now, unless
+    /// self-preservation holds eviction, and at most its per-round share (oldest first);
+    /// returns how many were evicted.
+    ///
+    /// `late`: how much later than planned this round runs. The registry could not take a
+    /// heartbeat meanwhile either (the process was paused, or starved), so every lease is
+    /// first extended by that much: a registry that stalls must not evict instances that
+    /// did nothing wrong.
+    pub fn evict_round(&self, late: Duration) -> usize {
         let now = Instant::now();
+        let metrics = &self.shared.metrics;
         let mut state = self.lock();
-        let expired: Vec<(String, String)> = state
+        if !late.is_zero() {
+            for lease in state.apps.values_mut().flat_map(BTreeMap::values_mut) {
+                lease.renewed += late;
+            }
+            Metrics::inc(&metrics.eureka_late_eviction_rounds_total);
+            tracing::warn!(
+                late_ms = late.as_millis() as u64,
+                "eureka: an eviction round ran late; every lease is extended by the delay"
+            );
+        }
+        let mut expired: Vec<(Instant, String, String)> = state
             .apps
             .iter()
             .flat_map(|(app, leases)| {
                 leases
                     .iter()
                     .filter(|(_, lease)| lease.expired(now))
-                    .map(move |(id, _)| (app.clone(), id.clone()))
+                    .map(move |(id, lease)| (lease.renewed, app.clone(), id.clone()))
             })
             .collect();
-        for (app, id) in &expired {
+        let leases = state.leases;
+        let Ledger {
+            apps, preservation, ..
+        } = &mut *state;
+        let mut limit = leases;
+        if let Some(preservation) = preservation.as_mut() {
+            let instances = (apps.values().flat_map(BTreeMap::values))
+                .map(|lease| (lease.registered, lease.renewal_interval));
+            let verdict = preservation.allows_eviction(now, instances);
+            Metrics::set(
+                &metrics.eureka_self_preservation,
+                u64::from(!verdict.allows_eviction),
+            );
+            if verdict.changed {
+                if verdict.allows_eviction {
+                    tracing::info!(
+                        renewals = verdict.renewals,
+                        expected = verdict.expected,
+                        "eureka: renewals recovered; self-preservation released, eviction resumes"
+                    );
+                } else {
+                    tracing::warn!(
+                        renewals = verdict.renewals,
+                        expected = verdict.expected,
+                        "eureka: renewals fell below the self-preservation threshold; eviction stops until they recover"
+                    );
+                }
+            }
+            limit = if verdict.allows_eviction {
+                preservation.eviction_limit(leases)
+            } else {
+                0
+            };
+        }
+        if expired.len() > limit {
+            let held = expired.len() - limit;
+            metrics
+                .eureka_evictions_held_total
+                .fetch_add(held as u64, std::sync::atomic::Ordering::Relaxed);
+            // The longest silent go first.
+            expired.sort();
+            expired.truncate(limit);
+        }
+        for (_, app, id) in &expired {
             if let Some(mut lease) = remove(&mut state, app, id) {
                 if let Some(l) = lease.info.lease_info.as_mut() {
                     l.eviction_timestamp = Some(now_ms());
                 }
-                tracing::info!(app, id, "eureka: lease expired; instance evicted");
+                tracing::info!(app = %clip(app), id = %clip(id), "eureka: lease expired; instance evicted");
                 self.record(&mut state, app, id, lease.info, ActionType::Deleted);
-                Metrics::inc(&self.shared.metrics.eureka_evictions_total);
+                Metrics::inc(&metrics.eureka_evictions_total);
             }
         }
         drop(state);
@@ -565,13 +817,23 @@ impl EurekaRegistry {
         expired.len()
     }
 
-    /// Evicts expired leases every `eviction_interval`, forever.
+    /// Runs an eviction round every `eviction_interval`, forever, telling each round how
+    /// late it runs (see [`EurekaRegistry::evict_round`]).
     pub async fn run_eviction(self) {
-        let mut ticks = tokio::time::interval(self.shared.config.eviction_interval);
+        let interval = self.shared.config.eviction_interval;
+        let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last: Option<Instant> = None;
         loop {
             ticks.tick().await;
-            self.evict_expired();
+            let now = Instant::now();
+            // A little jitter is normal; a round more than one interval late is not.
+            let late = last
+                .map(|last| now.saturating_duration_since(last).saturating_sub(interval))
+                .filter(|late| *late > interval)
+                .unwrap_or_default();
+            last = Some(now);
+            self.evict_round(late);
         }
     }
 
@@ -669,6 +931,15 @@ impl EurekaRegistry {
             },
         );
         prune(state, self.shared.config.delta_retention);
+        // Register-and-cancel churn with new ids must not grow the delta without bound:
+        // past the registry's own bound, the oldest changes go (a client that misses one
+        // sees a hash code mismatch and fetches the whole registry).
+        while state.recent.len() > self.shared.config.limits.max_instances.max(1) {
+            if let Some(oldest) = state.recent.first_entry() {
+                let change = oldest.remove();
+                state.latest.remove(&(change.app, change.id));
+            }
+        }
     }
 
     /// Notes a change for the publisher ([`EurekaRegistry::run_publisher`]).
@@ -684,14 +955,25 @@ impl EurekaRegistry {
     /// only counts a change and returns, and this task publishes whatever changed since its
     /// last publish. A burst of registrations is published in a few batches, not once per
     /// registration.
+    ///
+    /// It also publishes the end of the warm-up: the same instances, no longer loading.
     pub async fn run_publisher(self) {
         let mut changes = self.shared.changes.subscribe();
+        let warm = self.shared.started + self.shared.config.warmup;
         loop {
             let upto = *changes.borrow_and_update();
             self.publish_now();
             self.shared.published.send_replace(upto);
-            if changes.changed().await.is_err() {
-                return;
+            let warming = Instant::now() < warm;
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(warm), if warming => {
+                    tracing::info!(
+                        instances = self.shared.tx.borrow().len(),
+                        "eureka: warm-up over; the registry is complete"
+                    );
+                    continue;
+                }
             }
             // Changes right behind this one are published together, after a short wait.
             tokio::time::sleep(PUBLISH_INTERVAL).await;
@@ -710,7 +992,8 @@ impl EurekaRegistry {
     /// Converts the state to the plain model and publishes it if it changed.
     fn publish_now(&self) {
         let shared = &self.shared;
-        let parsed = to_registry(&self.lock());
+        let mut parsed = to_registry(&self.lock());
+        parsed.registry = parsed.registry.still_loading(self.is_warming_up());
         let new_warnings =
             shared
                 .health
@@ -728,6 +1011,7 @@ fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
     if leases.is_empty() {
         state.apps.remove(app);
     }
+    state.leases -= 1;
     state.convert(app, id);
     Some(lease)
 }
@@ -796,12 +1080,35 @@ fn to_registry(state: &Ledger) -> Parsed {
     Parsed { registry, warnings }
 }
 
-/// Runs the REST API on `listener`, the publisher of changes and the eviction of expired
-/// leases, until the server fails.
-pub async fn serve(listener: TcpListener, registry: EurekaRegistry) -> std::io::Result<()> {
+/// Runs the REST API on `listener` (over TLS with `tls`), within the configured
+/// [`HttpLimits`], beside the publisher of changes and the eviction of expired leases,
+/// until the server fails.
+pub async fn serve(
+    listener: TcpListener,
+    registry: EurekaRegistry,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> std::io::Result<()> {
+    let metrics = registry.shared.metrics.clone();
+    let on_event = move |event| {
+        let counter = match event {
+            HttpEvent::ConnectionRefused => &metrics.eureka_http_connections_refused_total,
+            HttpEvent::HeaderTimeout => &metrics.eureka_http_timeouts_total,
+            HttpEvent::TlsFailed => &metrics.eureka_http_tls_failures_total,
+        };
+        Metrics::inc(counter);
+    };
+    let limits = registry.shared.config.http;
+    let http = http_server::serve(
+        listener,
+        registry.router(),
+        limits,
+        tls,
+        on_event,
+        std::future::pending(),
+    );
     // One future for all three, so that dropping (or aborting) it stops them all.
     tokio::select! {
-        result = axum::serve(listener, registry.router()) => result,
+        result = http => result,
         () = registry.clone().run_publisher() => Ok(()),
         () = registry.clone().run_eviction() => Ok(()),
     }
@@ -823,24 +1130,33 @@ pub struct EmbeddedSource {
     pub eureka: EurekaRegistry,
 }
 
-/// Binds `addr` and serves the embedded registry there (see [`serve`]).
+/// Binds `addr` and serves the embedded registry there, over TLS with `tls` (see [`serve`]).
 pub async fn start(
     addr: SocketAddr,
     config: ServerConfig,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<EmbeddedSource> {
     let listener = TcpListener::bind(addr).await?;
     let local_addr = listener.local_addr()?;
-    let (tx, registry) = watch::channel(Arc::new(Registry::default()));
+    let (tx, registry) = watch::channel(Arc::new(Registry::loading()));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let authenticated = config.auth.is_some();
+    let warmup = config.warmup;
     let eureka = EurekaRegistry::new(config, tx, metrics);
     let health = eureka.health();
     let server = eureka.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = serve(listener, server).await {
+        if let Err(e) = serve(listener, server, tls).await {
             tracing::error!(error = %e, "embedded Eureka registry stopped");
         }
     });
-    tracing::info!(%local_addr, "embedded Eureka registry listening under /eureka");
+    tracing::info!(
+        url = %format!("{scheme}://{local_addr}/eureka"),
+        authenticated,
+        warmup_s = warmup.as_secs_f64(),
+        "embedded Eureka registry listening"
+    );
     Ok(EmbeddedSource {
         registry,
         health,
@@ -978,13 +1294,103 @@ fn by_vip(
     answer_applications(headers, apps)
 }
 
-async fn register(AxState(eureka): Eureka, Path(app): Path<String>, body: Bytes) -> Response {
-    match eureka.register(&app, &body) {
+/// With a tokens file, every request must name its caller (401 otherwise); the caller is
+/// handed to the handlers. Without one, everyone is [`Caller::Anyone`].
+async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next) -> Response {
+    let caller = match &eureka.shared.config.auth {
+        None => Caller::Anyone,
+        Some(auth) => match auth.authenticate(request.headers().get(header::AUTHORIZATION)) {
+            Ok(caller) => caller,
+            Err(e) => {
+                Metrics::inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
+                static LOG: RateLimit = logs::per_second();
+                if let Some(suppressed) = LOG.check() {
+                    tracing::warn!(
+                        suppressed,
+                        method = %request.method(),
+                        path = %clip(request.uri().path()),
+                        "eureka: request without valid credentials refused (401)"
+                    );
+                }
+                let mut answer =
+                    InvalidRequest::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+                answer.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"odmesh\", Basic realm=\"odmesh\""),
+                );
+                return answer;
+            }
+        },
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// Answers a refused write, counting it and logging it (clipped, rate-limited).
+fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> Response {
+    let metrics = &eureka.shared.metrics;
+    let counter = match e.status {
+        403 => &metrics.eureka_refused_forbidden_total,
+        408 | 413 | 415 => &metrics.eureka_refused_body_total,
+        503 => &metrics.eureka_refused_full_total,
+        404 => return e.into_response(),
+        _ => &metrics.eureka_refused_invalid_total,
+    };
+    // The registry-full count is taken where it is decided.
+    if e.status != 503 {
+        Metrics::inc(counter);
+    }
+    static LOG: RateLimit = logs::per_second();
+    if let Some(suppressed) = LOG.check() {
+        tracing::warn!(
+            suppressed,
+            app = %clip(app),
+            status = e.status,
+            error = %logs::clip_at(&e.reason, 300),
+            "eureka: {what} refused"
+        );
+    }
+    e.into_response()
+}
+
+/// Whether a body's `Content-Type` says JSON (`application/json`, or any `+json` type).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| mime.trim().to_ascii_lowercase())
+        .is_some_and(|mime| mime == "application/json" || mime.ends_with("+json"))
+}
+
+async fn register(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Caller>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let config = &eureka.shared.config;
+    // A form or text/plain POST (what a web page may send anywhere without asking) is not a
+    // registration.
+    if !is_json(&headers) {
+        let e = InvalidRequest::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a registration is JSON: send Content-Type: application/json and {\"instance\": {...}}",
+        );
+        return refuse(&eureka, "registration", &app, e);
+    }
+    let body =
+        match http_server::read_body(&headers, body, config.max_body, config.body_timeout).await {
+            Ok(body) => body,
+            Err(e) => {
+                let e = InvalidRequest::new(e.status(), format!("registration: {e}"));
+                return refuse(&eureka, "registration", &app, e);
+            }
+        };
+    match eureka.register_as(&caller, &app, &body) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => {
-            tracing::warn!(app, error = %e, "eureka: registration refused");
-            e.into_response()
-        }
+        Err(e) => refuse(&eureka, "registration", &app, e),
     }
 }
 
@@ -992,22 +1398,27 @@ type Params = Query<HashMap<String, String>>;
 
 async fn renew(
     AxState(eureka): Eureka,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
     let dirty = params
         .get("lastDirtyTimestamp")
         .and_then(|t| t.trim().parse().ok());
-    match eureka.renew(&app, &id, dirty) {
+    match eureka.renew(&caller, &app, &id, dirty) {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refuse(&eureka, "heartbeat", &app, e),
     }
 }
 
-async fn cancel(AxState(eureka): Eureka, Path((app, id)): Path<(String, String)>) -> Response {
-    match eureka.cancel(&app, &id) {
+async fn cancel(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Caller>,
+    Path((app, id)): Path<(String, String)>,
+) -> Response {
+    match eureka.cancel(&caller, &app, &id) {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refuse(&eureka, "cancel", &app, e),
     }
 }
 
@@ -1018,7 +1429,8 @@ fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, Inva
             InvalidRequest::new(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "value={v:?} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)"
+                    "value={} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)",
+                    clip(v)
                 ),
             )
         }),
@@ -1027,11 +1439,12 @@ fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, Inva
 
 async fn put_status(
     AxState(eureka): Eureka,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
     let result = status_param(&params).and_then(|status| match status {
-        Some(status) => eureka.set_status_override(&app, &id, Some(status), None),
+        Some(status) => eureka.set_status_override(&caller, &app, &id, Some(status), None),
         None => Err(InvalidRequest::new(
             StatusCode::BAD_REQUEST,
             "missing ?value=STATUS",
@@ -1039,32 +1452,34 @@ async fn put_status(
     });
     match result {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refuse(&eureka, "status change", &app, e),
     }
 }
 
 async fn delete_status(
     AxState(eureka): Eureka,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
     let result = status_param(&params)
         .map(|s| s.filter(|s| *s != Status::Unknown))
-        .and_then(|reported| eureka.set_status_override(&app, &id, None, reported));
+        .and_then(|reported| eureka.set_status_override(&caller, &app, &id, None, reported));
     match result {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refuse(&eureka, "status change", &app, e),
     }
 }
 
 async fn put_metadata(
     AxState(eureka): Eureka,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
-    match eureka.update_metadata(&app, &id, params) {
+    match eureka.update_metadata(&caller, &app, &id, params) {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refuse(&eureka, "metadata update", &app, e),
     }
 }
 

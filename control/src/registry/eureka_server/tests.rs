@@ -2,6 +2,9 @@
 //! lease expiry can run on paused time.
 
 use super::*;
+use crate::registry::eureka_server::auth::Authenticator;
+use crate::registry::eureka_server::policy::RegistrationLimits;
+use crate::registry::eureka_server::preservation::PreservationConfig;
 use axum::body::Body;
 use axum::http::{Method, Request};
 use http_body_util::BodyExt;
@@ -21,8 +24,9 @@ impl Drop for Fixture {
     }
 }
 
+/// A registry on one machine (the registrations below are at 127.0.0.1).
 fn fixture() -> Fixture {
-    fixture_with(ServerConfig::default())
+    fixture_with(ServerConfig::local())
 }
 
 fn fixture_with(config: ServerConfig) -> Fixture {
@@ -623,7 +627,7 @@ async fn the_published_model_is_that_of_the_full_document() {
 async fn the_delta_forgets_changes_older_than_its_retention() {
     let f = fixture_with(ServerConfig {
         delta_retention: Duration::from_secs(180),
-        ..ServerConfig::default()
+        ..ServerConfig::local()
     });
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
@@ -692,7 +696,7 @@ async fn the_configured_lease_duration_applies_to_instances_that_do_not_say() {
     let f = fixture_with(ServerConfig {
         lease_duration: Duration::from_secs(5),
         eviction_interval: Duration::from_secs(1),
-        ..ServerConfig::default()
+        ..ServerConfig::local()
     });
     let mut silent = instance("h1", "HELLO", "hello", 8080);
     silent.as_object_mut().unwrap().remove("leaseInfo");
@@ -743,4 +747,569 @@ async fn registrations_from_many_threads_are_all_published() {
     assert_eq!(f.published().await.len(), 400);
     let m = f.metrics.render();
     assert!(m.contains("odmesh_registry_instances 400"), "{m}");
+}
+
+// ---- What a client may send: type, size, names, addresses, leases, metadata ----
+
+impl Fixture {
+    /// A request with a body of `content_type` (and optional `Authorization`), answered
+    /// through the router.
+    async fn raw(
+        &self,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        authorization: Option<&str>,
+        body: impl Into<Body>,
+    ) -> Answer {
+        let mut req = Request::builder().method(method).uri(uri);
+        if !content_type.is_empty() {
+            req = req.header(header::CONTENT_TYPE, content_type);
+        }
+        if let Some(auth) = authorization {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        let resp = self
+            .eureka
+            .router()
+            .oneshot(req.body(body.into()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            content_type,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    /// Registers `instance` of `app` and returns the answer; asserts that a refused
+    /// registration left the registry exactly as it was.
+    async fn try_register(&self, app: &str, instance: Value) -> Answer {
+        let before = self.eureka.applications();
+        let body = json!({ "instance": instance }).to_string();
+        let uri = format!("/eureka/apps/{app}");
+        let answer = self
+            .raw(Method::POST, &uri, "application/json", None, body)
+            .await;
+        if answer.status != StatusCode::NO_CONTENT {
+            assert_eq!(
+                self.eureka.applications(),
+                before,
+                "a refusal changed the registry"
+            );
+        }
+        answer
+    }
+}
+
+fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
+    metric.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test]
+async fn a_registration_that_is_not_json_is_refused_with_415_whatever_its_body() {
+    let f = fixture();
+    let body = json!({ "instance": instance("h1", "HELLO", "hello", 8080) }).to_string();
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", ""] {
+        let answer = f
+            .raw(
+                Method::POST,
+                "/eureka/apps/HELLO",
+                content_type,
+                None,
+                body.clone(),
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{content_type:?}"
+        );
+        assert!(answer.body.contains("application/json"), "{}", answer.body);
+    }
+    assert_eq!(count(&f.metrics.eureka_refused_body_total), 3);
+    let answer = f
+        .raw(
+            Method::POST,
+            "/eureka/apps/HELLO",
+            "application/json; charset=utf-8",
+            None,
+            body,
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{}", answer.body);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_with_413() {
+    let f = fixture_with(ServerConfig {
+        max_body: 1024,
+        ..ServerConfig::local()
+    });
+    let mut big = instance("h1", "HELLO", "hello", 8080);
+    big["homePageUrl"] = json!("x".repeat(2000));
+    let answer = f.try_register("HELLO", big).await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(answer.body.contains("1024 bytes"), "{}", answer.body);
+    assert_eq!(count(&f.metrics.eureka_refused_body_total), 1);
+}
+
+#[tokio::test]
+async fn an_instance_at_a_loopback_or_link_local_address_is_refused_by_default() {
+    let f = fixture_with(ServerConfig::default());
+    let answer = f
+        .try_register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer.body.contains("ipAddr") && answer.body.contains("--allow-loopback-instances"),
+        "{}",
+        answer.body
+    );
+    for ip in [
+        "169.254.169.254",
+        "0.0.0.0",
+        "::ffff:127.0.0.1",
+        "224.0.0.1",
+    ] {
+        let mut bad = instance("h1", "HELLO", "hello", 8080);
+        bad["ipAddr"] = json!(ip);
+        assert_eq!(
+            f.try_register("HELLO", bad).await.status,
+            StatusCode::BAD_REQUEST,
+            "{ip}"
+        );
+    }
+    let mut ok = instance("h1", "HELLO", "hello", 8080);
+    ok["ipAddr"] = json!("10.1.2.3");
+    assert_eq!(
+        f.try_register("HELLO", ok).await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(count(&f.metrics.eureka_refused_invalid_total), 5);
+}
+
+#[tokio::test]
+async fn names_leases_and_metadata_out_of_bounds_are_refused_with_the_field_named() {
+    let f = fixture_with(ServerConfig {
+        limits: RegistrationLimits {
+            max_metadata_entries: 3,
+            ..ServerConfig::local().limits
+        },
+        ..ServerConfig::local()
+    });
+    let mut eternal = instance("h1", "HELLO", "hello", 8080);
+    eternal["leaseInfo"]["durationInSecs"] = json!(u64::from(u32::MAX));
+    let mut chatty = instance("h1", "HELLO", "hello", 8080);
+    chatty["metadata"] = json!({"a": "1", "b": "2", "c": "3", "d": "4"});
+    let mut bad_key = instance("h1", "HELLO", "hello", 8080);
+    bad_key["metadata"] = json!({"<script>": "x"});
+    let mut bad_id = instance("h1", "HELLO", "hello", 8080);
+    bad_id["instanceId"] = json!("a b/../c");
+    let cases = [
+        ("%20", instance("h1", "HELLO", "hello", 8080), "app"),
+        ("A%20B", instance("h1", "A B", "hello", 8080), "app"),
+        ("HELLO", eternal, "leaseInfo.durationInSecs"),
+        ("HELLO", chatty, "metadata"),
+        ("HELLO", bad_key, "metadata"),
+        ("HELLO", bad_id, "instanceId"),
+    ];
+    for (app, body, field) in cases {
+        let answer = f.try_register(app, body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{app:?} {field}: {}",
+            answer.body
+        );
+        assert!(
+            answer.body.contains(&format!("`{field}`")),
+            "{field}: {}",
+            answer.body
+        );
+    }
+    assert!(f.published().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_metadata_update_over_the_bounds_is_refused_and_changes_nothing() {
+    let f = fixture_with(ServerConfig {
+        limits: RegistrationLimits {
+            max_metadata_entries: 2,
+            ..ServerConfig::local().limits
+        },
+        ..ServerConfig::local()
+    });
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let before = f.eureka.applications();
+    let status = f
+        .send(Method::PUT, "/eureka/apps/HELLO/h1/metadata?a=1&b=2")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(f.eureka.applications(), before);
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1/metadata?a=1")
+            .await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_full_registry_refuses_new_instances_with_503_but_takes_registrations_again() {
+    let f = fixture_with(ServerConfig {
+        limits: RegistrationLimits {
+            max_instances: 2,
+            ..ServerConfig::local().limits
+        },
+        ..ServerConfig::local()
+    });
+    for id in ["h1", "h2"] {
+        f.register("HELLO", instance(id, "HELLO", "hello", 8080))
+            .await;
+    }
+    let answer = f
+        .try_register("HELLO", instance("h3", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        answer.body.contains("--eureka-max-instances"),
+        "{}",
+        answer.body
+    );
+    assert_eq!(count(&f.metrics.eureka_refused_full_total), 1);
+    let again = f
+        .try_register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(
+        again.status,
+        StatusCode::NO_CONTENT,
+        "a known instance registers again"
+    );
+    f.send(Method::DELETE, "/eureka/apps/HELLO/h2").await;
+    let room = f
+        .try_register("HELLO", instance("h3", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!(room.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn register_and_cancel_churn_keeps_the_delta_within_the_registry_bound() {
+    let f = fixture_with(ServerConfig {
+        limits: RegistrationLimits {
+            max_instances: 3,
+            ..ServerConfig::local().limits
+        },
+        ..ServerConfig::local()
+    });
+    for n in 0..10 {
+        let id = format!("churn-{n}");
+        f.register("HELLO", instance(&id, "HELLO", "hello", 8080))
+            .await;
+        f.send(Method::DELETE, &format!("/eureka/apps/HELLO/{id}"))
+            .await;
+    }
+    let delta = f.eureka.delta();
+    let changes: usize = delta.application.iter().map(|a| a.instance.len()).sum();
+    assert_eq!(changes, 3);
+}
+
+// ---- Authentication and ownership ----
+
+const TOKENS: &str = "identities:\n  - name: hello\n    token: hello-token-0123456789\n  - name: other\n    token: other-token-0123456789\n  - name: ops\n    token: ops-token-0123456789ab\n    operator: true\n";
+
+fn authenticated() -> Fixture {
+    let auth = Authenticator::parse("tokens.yaml", TOKENS.as_bytes()).unwrap();
+    fixture_with(ServerConfig {
+        auth: Some(Arc::new(auth)),
+        ..ServerConfig::local()
+    })
+}
+
+const HELLO: Option<&str> = Some("Bearer hello-token-0123456789");
+const OTHER: Option<&str> = Some("Bearer other-token-0123456789");
+const OPS: Option<&str> = Some("Bearer ops-token-0123456789ab");
+
+impl Fixture {
+    async fn register_with(&self, auth: Option<&str>, id: &str, vip: &str) -> StatusCode {
+        let body = json!({ "instance": instance(id, "HELLO", vip, 8080) }).to_string();
+        self.raw(
+            Method::POST,
+            "/eureka/apps/HELLO",
+            "application/json",
+            auth,
+            body,
+        )
+        .await
+        .status
+    }
+
+    async fn send_with(&self, auth: Option<&str>, method: Method, uri: &str) -> StatusCode {
+        self.raw(method, uri, "", auth, Body::empty()).await.status
+    }
+}
+
+#[tokio::test]
+async fn with_a_tokens_file_a_request_without_valid_credentials_gets_401() {
+    let f = authenticated();
+    let answer = f
+        .raw(
+            Method::POST,
+            "/eureka/apps/HELLO",
+            "application/json",
+            None,
+            "{}",
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        answer.content_type.contains("Bearer"),
+        "WWW-Authenticate: {}",
+        answer.content_type
+    );
+    assert_eq!(
+        f.register_with(Some("Bearer not-a-token-0123456789"), "h1", "hello")
+            .await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        f.send_with(None, Method::GET, "/eureka/apps").await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        f.send_with(HELLO, Method::GET, "/eureka/apps").await,
+        StatusCode::OK
+    );
+    assert_eq!(count(&f.metrics.eureka_refused_unauthenticated_total), 3);
+    assert!(f.published().await.is_empty());
+}
+
+#[tokio::test]
+async fn an_identity_registers_only_its_vips_and_changes_only_its_instances() {
+    let f = authenticated();
+    assert_eq!(
+        f.register_with(HELLO, "h1", "hello").await,
+        StatusCode::NO_CONTENT
+    );
+    // Hijacking: another identity's VIP, or another identity's instance.
+    assert_eq!(
+        f.register_with(HELLO, "h2", "payments").await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        f.register_with(OTHER, "h1", "other").await,
+        StatusCode::FORBIDDEN
+    );
+    for (method, uri) in [
+        (Method::PUT, "/eureka/apps/HELLO/h1"),
+        (Method::DELETE, "/eureka/apps/HELLO/h1"),
+        (
+            Method::PUT,
+            "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE",
+        ),
+        (Method::DELETE, "/eureka/apps/HELLO/h1/status"),
+        (Method::PUT, "/eureka/apps/HELLO/h1/metadata?k=v"),
+    ] {
+        assert_eq!(
+            f.send_with(OTHER, method.clone(), uri).await,
+            StatusCode::FORBIDDEN,
+            "{method} {uri}"
+        );
+    }
+    assert_eq!(count(&f.metrics.eureka_refused_forbidden_total), 7);
+    assert_eq!(f.status_of("h1").await, Some(Status::Up), "nothing changed");
+    // The owner and an operator may.
+    assert_eq!(
+        f.send_with(HELLO, Method::PUT, "/eureka/apps/HELLO/h1")
+            .await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        f.send_with(
+            OPS,
+            Method::PUT,
+            "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE"
+        )
+        .await,
+        StatusCode::OK
+    );
+    assert_eq!(f.status_of("h1").await, Some(Status::OutOfService));
+    assert_eq!(
+        f.send_with(OPS, Method::DELETE, "/eureka/apps/HELLO/h1")
+            .await,
+        StatusCode::OK
+    );
+    assert!(f.published().await.is_empty());
+}
+
+// ---- Warm-up, self-preservation, late eviction rounds ----
+
+#[tokio::test(start_paused = true)]
+async fn after_a_start_the_registry_is_still_loading_for_the_warm_up_then_complete() {
+    let f = fixture_with(ServerConfig {
+        warmup: Duration::from_secs(30),
+        ..ServerConfig::local()
+    });
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let reg = f.published().await;
+    assert_eq!(
+        reg.len(),
+        1,
+        "registrations are published during the warm-up"
+    );
+    assert!(!reg.is_complete());
+    let mut rx = f.rx.clone();
+    tokio::time::timeout(Duration::from_secs(31), rx.wait_for(|r| r.is_complete()))
+        .await
+        .expect("complete once the warm-up is over")
+        .unwrap();
+    assert_eq!(rx.borrow().len(), 1);
+}
+
+/// A fixture whose self-preservation counts over 10 s, from 3 instances.
+fn preserving() -> Fixture {
+    fixture_with(ServerConfig {
+        preservation: PreservationConfig {
+            threshold: 0.85,
+            window: Duration::from_secs(10),
+            min_instances: 3,
+        },
+        ..ServerConfig::local()
+    })
+}
+
+/// An instance with a `lease` s lease that says it renews every `every` s.
+fn leased(id: &str, lease: u64, every: u64) -> Value {
+    let mut i = instance(id, "HELLO", "hello", 8080);
+    i["leaseInfo"] = json!({"durationInSecs": lease, "renewalIntervalInSecs": every});
+    i
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
+    let f = preserving();
+    let ids: Vec<String> = (0..10).map(|n| format!("h{n}")).collect();
+    for id in &ids {
+        f.register("HELLO", leased(id, 5, 1)).await;
+    }
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for id in &ids {
+            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
+                .await;
+        }
+        assert_eq!(f.eureka.evict_expired(), 0);
+    }
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    // The registry loses touch with every client: no heartbeat for longer than the lease.
+    tokio::time::advance(Duration::from_secs(8)).await;
+    assert_eq!(
+        f.eureka.evict_expired(),
+        0,
+        "self-preservation holds eviction"
+    );
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 1);
+    assert_eq!(count(&f.metrics.eureka_evictions_held_total), 10);
+    assert_eq!(f.published().await.len(), 10);
+    // Heartbeats come back: eviction resumes (here nobody is expired any more).
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for id in &ids[..9] {
+            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
+                .await;
+        }
+        f.eureka.evict_expired();
+    }
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    let left: Vec<String> = f
+        .published()
+        .await
+        .instances()
+        .map(|i| i.instance_id.clone())
+        .collect();
+    assert_eq!(
+        left.len(),
+        9,
+        "h9, silent all along, was evicted once renewals recovered: {left:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_round_evicts_at_most_the_share_above_the_threshold_oldest_first() {
+    let f = preserving();
+    // 15 instances: 10 renew every second, 5 say they renew rarely and go silent.
+    let chatty: Vec<String> = (0..10).map(|n| format!("c{n}")).collect();
+    for id in &chatty {
+        f.register("HELLO", leased(id, 60, 1)).await;
+    }
+    for n in 0..5 {
+        f.register("HELLO", leased(&format!("s{n}"), 3 + n, 300))
+            .await;
+    }
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for id in &chatty {
+            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
+                .await;
+        }
+    }
+    // All 5 silent leases have expired; one round takes 15 - floor(15 * 0.85) = 3.
+    assert_eq!(f.eureka.evict_expired(), 3);
+    assert_eq!(count(&f.metrics.eureka_evictions_held_total), 2);
+    let left: Vec<String> = f
+        .published()
+        .await
+        .instances()
+        .map(|i| i.instance_id.clone())
+        .collect();
+    assert!(
+        left.contains(&"s3".to_owned()) && left.contains(&"s4".to_owned()),
+        "the last to expire stay: {left:?}"
+    );
+    assert_eq!(f.eureka.evict_expired(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eviction_round_that_runs_late_extends_every_lease_by_its_delay() {
+    let f = fixture();
+    f.register("HELLO", leased("h1", 10, 30)).await;
+    let eviction = tokio::spawn(f.eureka.clone().run_eviction());
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(count(&f.metrics.eureka_late_eviction_rounds_total), 0);
+    // The registry stalls for a minute (a paused process): no heartbeat could arrive.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    tokio::task::yield_now().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while count(&f.metrics.eureka_late_eviction_rounds_total) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no late round seen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        f.published().await.len(),
+        1,
+        "not evicted for the registry's own stall"
+    );
+    assert_eq!(
+        f.send(Method::PUT, "/eureka/apps/HELLO/h1").await,
+        StatusCode::OK
+    );
+    // Silent for a whole lease after that: evicted as usual.
+    let mut rx = f.rx.clone();
+    tokio::time::timeout(Duration::from_secs(15), rx.wait_for(|r| r.is_empty()))
+        .await
+        .expect("evicted a lease after its last heartbeat")
+        .unwrap();
+    eviction.abort();
 }

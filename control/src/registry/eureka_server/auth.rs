@@ -1,0 +1,453 @@
+//! Who may use the embedded registry (`--eureka-auth FILE`): identities with a token each.
+//!
+//! With a tokens file, every request needs credentials: `Authorization: Bearer <token>`, or
+//! `Basic` with the identity's name as user and its token as password (what Eureka clients
+//! send for `http://name:token@host/eureka` URLs). An identity owns the instances it
+//! registers: only it, or an operator, may renew, change or cancel them; and it may register
+//! only the VIPs and SVIPs the file grants it. Without the file (the default on loopback,
+//! and in `make run`), anyone may do anything, as with a stock Eureka server.
+//!
+//! ```yaml
+//! identities:
+//!   - name: hello          # owns what it registers
+//!     token: "a-long-random-secret"
+//!     vips: [hello, hello-canary]   # VIPs and SVIPs it may register; default: [name]; "*": any
+//!   - name: ops
+//!     token: "another-long-random-secret"
+//!     operator: true       # may change or remove any instance
+//! ```
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use axum::http::HeaderValue;
+use serde::Deserialize;
+
+/// Tokens shorter than this are refused: a token is the only secret there is.
+pub const MIN_TOKEN: usize = 16;
+
+/// A tokens file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidAuthFile {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Yaml {
+        path: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("{path}: identity {index} ({name:?}): {reason}")]
+    Identity {
+        path: String,
+        index: usize,
+        name: String,
+        reason: String,
+    },
+    #[error("{path}: no identity: list at least one under `identities`")]
+    Empty { path: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    identities: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    name: String,
+    token: String,
+    #[serde(default)]
+    operator: bool,
+    vips: Option<Vec<String>>,
+}
+
+/// The VIPs and SVIPs an identity may register.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VipGrant {
+    Any,
+    Only(BTreeSet<String>),
+}
+
+impl VipGrant {
+    /// Whether `vip` (lowercase) may be registered.
+    pub fn allows(&self, vip: &str) -> bool {
+        match self {
+            VipGrant::Any => true,
+            VipGrant::Only(vips) => vips.contains(vip),
+        }
+    }
+}
+
+/// Who is making a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Authentication is off: anyone may do anything.
+    Anyone,
+    /// An identity of the tokens file.
+    Client { name: String, vips: VipGrant },
+    /// An operator of the tokens file: may do anything, to any instance.
+    Operator { name: String },
+}
+
+impl Caller {
+    /// The owner recorded on what this caller registers (`None` when authentication is off).
+    pub fn owner(&self) -> Option<&str> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Client { name, .. } | Caller::Operator { name } => Some(name),
+        }
+    }
+
+    /// Why this caller may not change an instance owned by `owner`, if it may not.
+    pub fn may_change(&self, owner: Option<&str>) -> Result<(), String> {
+        match self {
+            Caller::Anyone | Caller::Operator { .. } => Ok(()),
+            Caller::Client { name, .. } if owner == Some(name.as_str()) => Ok(()),
+            Caller::Client { name, .. } => Err(format!(
+                "identity {name:?} may not change an instance registered by {}",
+                owner.map_or("nobody known".to_owned(), |o| format!("{o:?}"))
+            )),
+        }
+    }
+
+    /// Why this caller may not register `vip`, if it may not.
+    pub fn may_claim(&self, vip: &str) -> Result<(), String> {
+        match self {
+            Caller::Client { name, vips } if !vips.allows(vip) => Err(format!(
+                "identity {name:?} may not register VIP {vip:?} (see its `vips` in the tokens file)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why a request carries no usable credentials (always answered 401, saying no more, so
+/// that nobody learns which identities exist).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "missing or invalid credentials: send Authorization: Bearer <token>, or Basic with the identity's name and token"
+)]
+pub struct Unauthenticated;
+
+/// The identities of a tokens file.
+pub struct Authenticator {
+    identities: Vec<Identity>,
+}
+
+struct Identity {
+    name: String,
+    token: Vec<u8>,
+    caller: Caller,
+}
+
+impl std::fmt::Debug for Authenticator {
+    /// Names only: tokens never reach a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.identities.iter().map(|i| &i.name))
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Reads a tokens file (see the module docs); warns when others may read it.
+    pub fn load(path: &Path) -> Result<Authenticator, InvalidAuthFile> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| InvalidAuthFile::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        #[cfg(unix)]
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(path = %shown, "the tokens file can be read by other users: chmod 600 it");
+            }
+        }
+        Authenticator::parse(&shown, &bytes)
+    }
+
+    /// Parses a tokens file's content; `path` only names it in errors.
+    pub fn parse(path: &str, yaml: &[u8]) -> Result<Authenticator, InvalidAuthFile> {
+        let file: File = serde_yaml::from_slice(yaml).map_err(|source| InvalidAuthFile::Yaml {
+            path: path.to_owned(),
+            source,
+        })?;
+        if file.identities.is_empty() {
+            return Err(InvalidAuthFile::Empty {
+                path: path.to_owned(),
+            });
+        }
+        let mut identities: Vec<Identity> = Vec::new();
+        for (index, entry) in file.identities.into_iter().enumerate() {
+            let invalid = |reason: String| InvalidAuthFile::Identity {
+                path: path.to_owned(),
+                index,
+                name: entry.name.clone(),
+                reason,
+            };
+            if entry.name.is_empty() || entry.name.contains(':') || entry.name.len() > 128 {
+                return Err(invalid(
+                    "a name is 1 to 128 characters, without ':'".to_owned(),
+                ));
+            }
+            if entry.token.chars().count() < MIN_TOKEN {
+                return Err(invalid(format!(
+                    "the token must be at least {MIN_TOKEN} characters"
+                )));
+            }
+            if identities
+                .iter()
+                .any(|i| i.name == entry.name || i.token == entry.token.as_bytes())
+            {
+                return Err(invalid(
+                    "another identity has the same name or token".to_owned(),
+                ));
+            }
+            let caller = if entry.operator {
+                if entry.vips.is_some() {
+                    return Err(invalid(
+                        "an operator may register any VIP: drop `vips`".to_owned(),
+                    ));
+                }
+                Caller::Operator {
+                    name: entry.name.clone(),
+                }
+            } else {
+                let list = entry
+                    .vips
+                    .clone()
+                    .unwrap_or_else(|| vec![entry.name.clone()]);
+                let vips = if list.iter().any(|v| v == "*") {
+                    VipGrant::Any
+                } else {
+                    let mut set = BTreeSet::new();
+                    for vip in list {
+                        let vip = vip.trim().to_ascii_lowercase();
+                        crate::registry::check_vip(&vip).map_err(invalid)?;
+                        set.insert(vip);
+                    }
+                    VipGrant::Only(set)
+                };
+                Caller::Client {
+                    name: entry.name.clone(),
+                    vips,
+                }
+            };
+            identities.push(Identity {
+                name: entry.name,
+                token: entry.token.into_bytes(),
+                caller,
+            });
+        }
+        Ok(Authenticator { identities })
+    }
+
+    /// The caller an `Authorization` header proves.
+    pub fn authenticate(&self, header: Option<&HeaderValue>) -> Result<Caller, Unauthenticated> {
+        let value = header
+            .and_then(|h| h.to_str().ok())
+            .ok_or(Unauthenticated)?;
+        let (scheme, credentials) = value.trim().split_once(' ').ok_or(Unauthenticated)?;
+        let credentials = credentials.trim();
+        let (name, token): (Option<String>, Vec<u8>) = if scheme.eq_ignore_ascii_case("bearer") {
+            (None, credentials.as_bytes().to_vec())
+        } else if scheme.eq_ignore_ascii_case("basic") {
+            let decoded = base64_decode(credentials).ok_or(Unauthenticated)?;
+            let text = String::from_utf8(decoded).map_err(|_| Unauthenticated)?;
+            let (user, password) = text.split_once(':').ok_or(Unauthenticated)?;
+            (Some(user.to_owned()), password.as_bytes().to_vec())
+        } else {
+            return Err(Unauthenticated);
+        };
+        // Every token is compared, in time independent of where they differ.
+        let mut found: Option<&Identity> = None;
+        for identity in &self.identities {
+            if constant_time_eq(&identity.token, &token) {
+                found = Some(identity);
+            }
+        }
+        match (found, name) {
+            (Some(identity), Some(user)) if user != identity.name => Err(Unauthenticated),
+            (Some(identity), _) => Ok(identity.caller.clone()),
+            (None, _) => Err(Unauthenticated),
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Standard base64 (with or without padding); `None` for anything else.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let bytes = text.trim_end_matches('=').as_bytes();
+    if bytes.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= value(c)? << (18 - 6 * i);
+        }
+        let n = chunk.len() - 1;
+        out.extend_from_slice(&acc.to_be_bytes()[1..=n]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "identities:\n  - name: hello\n    token: hello-token-0123456789\n  - name: both\n    token: both-token-0123456789\n    vips: [hello, Other]\n  - name: ops\n    token: ops-token-0123456789ab\n    operator: true\n";
+
+    fn auth() -> Authenticator {
+        Authenticator::parse("tokens.yaml", FILE.as_bytes()).unwrap()
+    }
+
+    fn header(value: &str) -> HeaderValue {
+        HeaderValue::from_str(value).unwrap()
+    }
+
+    fn basic(user: &str, password: &str) -> HeaderValue {
+        // Encoded here independently of the decoder under test.
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let raw = format!("{user}:{password}").into_bytes();
+        let mut out = String::new();
+        for chunk in raw.chunks(3) {
+            let mut b = [0u8; 3];
+            b[..chunk.len()].copy_from_slice(chunk);
+            let n = u32::from_be_bytes([0, b[0], b[1], b[2]]);
+            for i in 0..=chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+            out.extend(std::iter::repeat_n('=', 3 - chunk.len()));
+        }
+        header(&format!("Basic {out}"))
+    }
+
+    #[test]
+    fn a_bearer_token_or_basic_credentials_name_the_caller() {
+        let auth = auth();
+        let hello = auth
+            .authenticate(Some(&header("Bearer hello-token-0123456789")))
+            .unwrap();
+        assert_eq!(hello.owner(), Some("hello"));
+        assert_eq!(
+            auth.authenticate(Some(&basic("hello", "hello-token-0123456789")))
+                .unwrap(),
+            hello
+        );
+        let ops = auth
+            .authenticate(Some(&header("bearer ops-token-0123456789ab")))
+            .unwrap();
+        assert!(matches!(ops, Caller::Operator { .. }));
+    }
+
+    #[test]
+    fn missing_wrong_or_mismatched_credentials_are_refused() {
+        let auth = auth();
+        for bad in [
+            None,
+            Some(header("Bearer wrong-token-0123456789")),
+            Some(header("Bearer")),
+            Some(header("Token hello-token-0123456789")),
+            Some(header("Basic !!!")),
+            Some(basic("ops", "hello-token-0123456789")),
+            Some(basic("hello", "")),
+        ] {
+            assert_eq!(
+                auth.authenticate(bad.as_ref()),
+                Err(Unauthenticated),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_changes_only_what_it_registered_and_claims_only_its_vips() {
+        let auth = auth();
+        let hello = auth
+            .authenticate(Some(&header("Bearer hello-token-0123456789")))
+            .unwrap();
+        let both = auth
+            .authenticate(Some(&header("Bearer both-token-0123456789")))
+            .unwrap();
+        let ops = auth
+            .authenticate(Some(&header("Bearer ops-token-0123456789ab")))
+            .unwrap();
+        assert!(hello.may_change(Some("hello")).is_ok());
+        let err = hello.may_change(Some("both")).unwrap_err();
+        assert!(err.contains("\"both\""), "{err}");
+        assert!(ops.may_change(Some("hello")).is_ok());
+        assert!(Caller::Anyone.may_change(Some("hello")).is_ok());
+        assert!(hello.may_claim("hello").is_ok(), "default: its own name");
+        assert!(hello.may_claim("other").is_err());
+        assert!(
+            both.may_claim("other").is_ok(),
+            "granted names are lowercased"
+        );
+        assert!(ops.may_claim("anything").is_ok());
+    }
+
+    #[test]
+    fn a_bad_tokens_file_says_which_identity_and_why() {
+        let short = "identities:\n  - {name: a, token: short}\n";
+        let err = Authenticator::parse("t.yaml", short.as_bytes()).unwrap_err();
+        assert!(
+            err.to_string().contains("identity 0 (\"a\")") && err.to_string().contains("16"),
+            "{err}"
+        );
+        let dup = "identities:\n  - {name: a, token: aaaaaaaaaaaaaaaa}\n  - {name: b, token: aaaaaaaaaaaaaaaa}\n";
+        let err = Authenticator::parse("t.yaml", dup.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("same name or token"), "{err}");
+        let unknown = "identities:\n  - {name: a, token: aaaaaaaaaaaaaaaa, role: admin}\n";
+        assert!(Authenticator::parse("t.yaml", unknown.as_bytes()).is_err());
+        let bad_vip = "identities:\n  - {name: a, token: aaaaaaaaaaaaaaaa, vips: [\"no way\"]}\n";
+        assert!(Authenticator::parse("t.yaml", bad_vip.as_bytes()).is_err());
+        let empty = "identities: []\n";
+        assert!(matches!(
+            Authenticator::parse("t.yaml", empty.as_bytes()),
+            Err(InvalidAuthFile::Empty { .. })
+        ));
+    }
+
+    #[test]
+    fn tokens_never_show_in_debug_output() {
+        let shown = format!("{:?}", auth());
+        assert!(!shown.contains("token-0123"), "{shown}");
+        assert!(shown.contains("hello"));
+    }
+
+    #[test]
+    fn base64_decodes_with_and_without_padding() {
+        assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
+        assert_eq!(base64_decode("aGk").unwrap(), b"hi");
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert!(base64_decode("a").is_none());
+        assert!(base64_decode("a*==").is_none());
+    }
+}
