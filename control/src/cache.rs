@@ -114,6 +114,18 @@ impl Subscriptions {
         unsubscribe: &[String],
         initial_versions: &HashMap<String, String>,
     ) -> SubscriptionChange {
+        self.update_within(subscribe, unsubscribe, initial_versions, usize::MAX)
+    }
+
+    /// [`Subscriptions::update`], adding at most `room` new names (what is left of a bound
+    /// shared with other streams); the names beyond count as over the limit.
+    pub fn update_within(
+        &mut self,
+        subscribe: &[String],
+        unsubscribe: &[String],
+        initial_versions: &HashMap<String, String>,
+        mut room: usize,
+    ) -> SubscriptionChange {
         let mut change = SubscriptionChange::default();
         for name in subscribe {
             if name == WILDCARD {
@@ -139,10 +151,13 @@ impl Subscriptions {
             let known = initial_versions
                 .get(name)
                 .map_or(Known::Nothing, |v| Known::Kept(v.clone()));
-            if !self.names.contains_key(name) && self.names.len() >= self.limits.max_names {
-                change.over_limit += 1;
-                self.overflow.push(name.clone());
-                continue;
+            if !self.names.contains_key(name) {
+                if self.names.len() >= self.limits.max_names || room == 0 {
+                    change.over_limit += 1;
+                    self.overflow.push(name.clone());
+                    continue;
+                }
+                room -= 1;
             }
             if self.names.insert(name.clone(), known).is_none() {
                 change.added.push(name.clone());
@@ -240,6 +255,12 @@ impl Subscriptions {
     /// Whether no name is subscribed.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
+    }
+
+    /// Whether nothing is due to this client: no name is subscribed and no removal of a name
+    /// over the bounds is pending.
+    pub fn is_idle(&self) -> bool {
+        self.names.is_empty() && self.overflow.is_empty()
     }
 }
 
@@ -912,6 +933,24 @@ mod tests {
         cds.update(&[], &names(&["b.vip"]), &HashMap::new());
         let change = cds.update(&names(&["c.vip"]), &[], &HashMap::new());
         assert_eq!(change.added, ["c.vip"]);
+    }
+
+    #[test]
+    fn names_beyond_the_room_left_by_other_streams_are_over_the_limit_too() {
+        let mut cds = limited(100, 10);
+        let change = cds.update_within(
+            &names(&["a.vip", "b.vip", "c.vip"]),
+            &[],
+            &HashMap::new(),
+            1,
+        );
+        assert_eq!(change.added, ["a.vip"]);
+        assert_eq!(change.over_limit, 2);
+        let again = cds.update_within(&names(&["a.vip"]), &[], &HashMap::new(), 0);
+        assert_eq!(
+            again.over_limit, 0,
+            "a name already subscribed needs no room"
+        );
     }
 
     #[test]

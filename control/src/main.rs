@@ -239,6 +239,11 @@ struct XdsArgs {
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     xds_max_names: usize,
 
+    /// Subscribed names over all streams (both types); beyond, new names are answered with
+    /// a removal. Bounds the control plane's memory whatever the number of streams.
+    #[arg(long, value_name = "N", default_value_t = 5_000_000)]
+    xds_max_subscriptions: usize,
+
     /// Names not registered when asked for that one stream is served as clusters (each is
     /// a cluster in that Envoy's memory); more are answered with a removal until they are
     /// registered. A flood of random Hosts through one Envoy stops here.
@@ -391,6 +396,7 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         },
         max_connections: x.xds_max_connections,
         max_streams_per_connection: x.xds_max_streams_per_connection,
+        max_subscriptions: x.xds_max_subscriptions,
         tls,
     })
 }

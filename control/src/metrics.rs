@@ -120,10 +120,13 @@ metrics! {
     xds_nacks_total: "counter",
     /// Cluster subscriptions held by connected proxies now.
     xds_cluster_subscriptions: "gauge",
+    /// Subscribed names now, over all streams and both types (bounded by
+    /// --xds-max-subscriptions).
+    xds_subscriptions: "gauge",
     /// xDS connections closed on arrival because --xds-max-connections were open.
     xds_connections_refused_total: "counter",
     /// Names answered with a removal because a stream was over --xds-max-names or
-    /// --xds-max-unregistered.
+    /// --xds-max-unregistered, or the server over --xds-max-subscriptions.
     xds_names_refused_total: "counter",
 }
 

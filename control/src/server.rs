@@ -68,17 +68,22 @@ pub struct XdsConfig {
     pub max_connections: usize,
     /// HTTP/2 streams one connection may open at once (Envoy needs one, for ADS).
     pub max_streams_per_connection: u32,
+    /// Subscribed names over all streams and both types; beyond, new names are answered
+    /// with a removal. Bounds the cache, whatever the number of streams.
+    pub max_subscriptions: usize,
     /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Default for XdsConfig {
-    /// Plaintext; 10,000 connections of at most 8 streams; [`SubscriptionLimits::default`].
+    /// Plaintext; 10,000 connections of at most 8 streams; [`SubscriptionLimits::default`]
+    /// per stream, 5,000,000 subscriptions in all.
     fn default() -> XdsConfig {
         XdsConfig {
             subscriptions: SubscriptionLimits::default(),
             max_connections: 10_000,
             max_streams_per_connection: 8,
+            max_subscriptions: 5_000_000,
             tls: None,
         }
     }
@@ -445,6 +450,8 @@ impl StreamTask {
                         .filter(|name| !state.clusters.is_refused(name))
                         .collect();
                     let presubscribed = state.endpoints.presubscribe(&added);
+                    (self.shared.metrics.xds_subscriptions)
+                        .fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
                     self.shared.cache.watch(&presubscribed);
                     self.respond(&mut state, ResourceType::Endpoints)
                 })
@@ -511,11 +518,17 @@ impl StreamTask {
         if req.resource_names_subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
             return None;
         }
-        let change = state.subs(ty).update(
+        let room = (self.shared.config.max_subscriptions)
+            .saturating_sub(metrics.xds_subscriptions.load(Ordering::Relaxed) as usize);
+        let change = state.subs(ty).update_within(
             &req.resource_names_subscribe,
             &req.resource_names_unsubscribe,
             &req.initial_resource_versions,
+            room,
         );
+        let total = &metrics.xds_subscriptions;
+        total.fetch_add(change.added.len() as u64, Ordering::Relaxed);
+        total.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
         if change.wildcard && !state.wildcard_warned {
             state.wildcard_warned = true;
             warn!(
@@ -601,7 +614,7 @@ impl StreamTask {
     fn respond(&self, state: &mut StreamState, ty: ResourceType) -> Option<DeltaDiscoveryResponse> {
         let cache = &self.shared.cache;
         let subs = state.subs(ty);
-        if subs.is_empty() {
+        if subs.is_idle() {
             return None;
         }
         let delta = cache.delta(ty, subs);
@@ -640,6 +653,10 @@ impl Drop for StreamTask {
         metrics
             .xds_cluster_subscriptions
             .fetch_sub(state.clusters.len() as u64, Ordering::Relaxed);
+        metrics.xds_subscriptions.fetch_sub(
+            (state.clusters.len() + state.endpoints.len()) as u64,
+            Ordering::Relaxed,
+        );
         metrics.xds_streams_active.fetch_sub(1, Ordering::Relaxed);
         info!(stream = state.id, node = %clip(&state.node_id), "xDS stream closed");
     }

@@ -23,15 +23,24 @@ use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
 use odmesh_control::registry::{Instance, Registry, Status};
-use odmesh_control::server::{ProxyStatus, XdsServer};
+use odmesh_control::server::{ProxyStatus, XdsConfig, XdsServer};
+use odmesh_control::tls::ServerIdentity;
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const WAIT: Duration = Duration::from_secs(5);
+
+/// A fixture under `control/testdata/`.
+fn testdata(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
+}
 
 fn inst(vip: &str, ip: &str, status: Status) -> Instance {
     Instance {
@@ -63,12 +72,16 @@ struct Harness {
 
 impl Harness {
     async fn start(instances: Vec<Instance>) -> Harness {
+        Harness::start_with(instances, XdsConfig::default()).await
+    }
+
+    async fn start_with(instances: Vec<Instance>, config: XdsConfig) -> Harness {
         let cache = Arc::new(Cache::with_snapshot(
             XdsOptions::new(Some("/ca.pem".into())),
             snapshot(instances),
         ));
         let metrics = Arc::new(Metrics::default());
-        let server = XdsServer::new(cache.clone(), metrics.clone());
+        let server = XdsServer::with_config(cache.clone(), metrics.clone(), config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -94,20 +107,30 @@ impl Harness {
     }
 
     async fn ads(&self, node: &str) -> Client {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr))
+        let client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr))
             .await
             .unwrap();
-        let (tx, rx) = mpsc::channel(16);
-        let inbound = client
-            .delta_aggregated_resources(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        Client {
-            tx,
-            inbound,
-            node: Some(node.to_owned()),
+        Client::open(client, node).await.unwrap()
+    }
+
+    /// An ADS stream over TLS (server name `localhost`, the test CA), with a client
+    /// certificate when `identity` is given; `Err` when the server refuses it.
+    async fn ads_tls(&self, node: &str, identity: Option<Identity>) -> Result<Client, String> {
+        let read = |name: &str| std::fs::read(testdata(name)).unwrap();
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("tls/ca.pem")))
+            .domain_name("localhost");
+        if let Some(identity) = identity {
+            tls = tls.identity(identity);
         }
+        let channel = Channel::from_shared(format!("https://{}", self.addr))
+            .unwrap()
+            .tls_config(tls)
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        Client::open(AggregatedDiscoveryServiceClient::new(channel), node).await
     }
 
     /// Polls the proxies view until `cond` holds for some stream of `node`.
@@ -156,6 +179,24 @@ struct Client {
 }
 
 impl Client {
+    /// Opens a delta ADS stream on `client`.
+    async fn open(
+        mut client: AggregatedDiscoveryServiceClient<Channel>,
+        node: &str,
+    ) -> Result<Client, String> {
+        let (tx, rx) = mpsc::channel(16);
+        let inbound = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        Ok(Client {
+            tx,
+            inbound,
+            node: Some(node.to_owned()),
+        })
+    }
+
     async fn send(&mut self, mut req: DeltaDiscoveryRequest) {
         if let Some(id) = self.node.take() {
             req.node = Some(Node {
@@ -517,5 +558,103 @@ async fn the_standalone_cluster_service_serves_clusters_on_its_own_stream() {
         .await
         .unwrap_err();
     assert_eq!(sotw.code(), tonic::Code::Unimplemented);
+    h.stop().await;
+}
+
+/// A server over TLS with the test certificate, requiring client certificates of the test CA.
+fn mtls() -> XdsConfig {
+    let identity =
+        ServerIdentity::load(&testdata("tls/server.pem"), &testdata("tls/server.key")).unwrap();
+    XdsConfig {
+        tls: Some(identity.grpc_config(Some(&testdata("tls/ca.pem"))).unwrap()),
+        ..XdsConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn over_mtls_a_proxy_with_a_certificate_of_the_ca_is_served_and_one_without_is_refused() {
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], mtls()).await;
+    let read = |name: &str| std::fs::read(testdata(name)).unwrap();
+    let identity = Identity::from_pem(read("tls/client.pem"), read("tls/client.key"));
+    let mut proxy = h.ads_tls("proxy-1", Some(identity)).await.unwrap();
+    proxy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&proxy.recv().await), ["hello.vip"]);
+
+    // Without a client certificate, or with one from another CA, no stream opens.
+    assert!(h.ads_tls("anonymous", None).await.is_err());
+    let stranger = Identity::from_pem(read("tls/other-server.pem"), read("tls/other-server.key"));
+    assert!(h.ads_tls("stranger", Some(stranger)).await.is_err());
+    // Nor in plaintext.
+    let plain = AggregatedDiscoveryServiceClient::connect(format!("http://{}", h.addr)).await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(client) => Client::open(client, "plain").await.is_err(),
+    };
+    assert!(refused, "a plaintext client was served");
+    assert_eq!(h.server.proxies().len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_over_the_limit_is_closed_and_counted_and_the_others_are_served() {
+    let config = XdsConfig {
+        max_connections: 1,
+        ..XdsConfig::default()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    let mut first = h.ads("proxy-1").await;
+    first.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&first.recv().await), ["hello.vip"]);
+    assert_eq!(names(&first.recv().await), ["hello.vip"], "its endpoints");
+
+    let second = match AggregatedDiscoveryServiceClient::connect(format!("http://{}", h.addr)).await
+    {
+        Err(_) => None,
+        Ok(client) => Client::open(client, "proxy-2").await.ok(),
+    };
+    if let Some(mut second) = second {
+        // The connection was accepted and closed: the stream cannot carry a request.
+        second.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+        let answer = tokio::time::timeout(WAIT, second.inbound.message()).await;
+        assert!(
+            !matches!(answer, Ok(Ok(Some(_)))),
+            "the second connection was served"
+        );
+    }
+    h.until_metric("the refused connection counted", |m| {
+        m.xds_connections_refused_total.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    // The first is still served.
+    first.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
+    assert_eq!(names(&first.recv().await), ["other.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn names_over_the_servers_subscription_bound_are_answered_with_a_removal() {
+    let config = XdsConfig {
+        max_subscriptions: 2,
+        ..XdsConfig::default()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    let mut a = h.ads("proxy-a").await;
+    a.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    // The cluster and, right behind it, its endpoints: two subscriptions.
+    assert_eq!(names(&a.recv().await), ["hello.vip"]);
+    assert_eq!(names(&a.recv().await), ["hello.vip"]);
+    let mut b = h.ads("proxy-b").await;
+    b.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    let refused = b.recv().await;
+    assert!(refused.resources.is_empty());
+    assert_eq!(refused.removed_resources, ["hello.vip"]);
+    assert_eq!(h.metrics.xds_names_refused_total.load(Ordering::Relaxed), 1);
+    drop(a);
+    h.until_metric("proxy-a's subscriptions released", |m| {
+        m.xds_subscriptions.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    b.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&b.recv().await), ["hello.vip"]);
     h.stop().await;
 }

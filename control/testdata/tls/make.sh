@@ -1,5 +1,5 @@
 #!/bin/sh
-# Test-only certificates for the Eureka client's HTTPS tests
+# Test-only certificates for the Eureka client's HTTPS tests and the xDS server's TLS tests
 # (control/src/registry/eureka_client/tests.rs). The private keys here guard nothing: never
 # trust ca.pem or other-ca.pem anywhere else.
 #
@@ -8,6 +8,8 @@
 #   other-ca.pem                   a second CA, trusted by no test
 #   other-server.pem, .key         signed by other-ca.pem, for localhost and 127.0.0.1
 #   wrong-name.pem, .key           signed by ca.pem, but only for eureka.example
+#   client.pem, .key               signed by ca.pem, a client certificate (clientAuth), for
+#                                  the xDS server's mTLS tests
 #   broken-ca.pem                  ca.pem, then a PEM block that is not a certificate
 #
 # Valid for 100 years, so the tests do not expire. The CA keys are deleted once used, so
@@ -30,13 +32,13 @@ ca() { # name, subject
         -out "$1.pem"
 }
 
-server() { # name, signing CA, subjectAltName
+leaf() { # name, signing CA, subjectAltName, extendedKeyUsage
     key "$1.key"
     openssl req -new -key "$1.key" -subj "/CN=$1" -out "$1.csr"
     printf '%s\n' \
         "basicConstraints=critical,CA:FALSE" \
         "keyUsage=critical,digitalSignature" \
-        "extendedKeyUsage=serverAuth" \
+        "extendedKeyUsage=$4" \
         "subjectAltName=$3" \
         "authorityKeyIdentifier=keyid" >"$1.ext"
     openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial \
@@ -46,9 +48,10 @@ server() { # name, signing CA, subjectAltName
 
 ca ca "odmesh test CA"
 ca other-ca "odmesh other test CA"
-server server ca "DNS:localhost,IP:127.0.0.1"
-server other-server other-ca "DNS:localhost,IP:127.0.0.1"
-server wrong-name ca "DNS:eureka.example"
+leaf server ca "DNS:localhost,IP:127.0.0.1" serverAuth
+leaf other-server other-ca "DNS:localhost,IP:127.0.0.1" serverAuth
+leaf wrong-name ca "DNS:eureka.example" serverAuth
+leaf client ca "DNS:proxy.example" clientAuth
 {
     cat ca.pem
     echo '-----BEGIN CERTIFICATE-----'
