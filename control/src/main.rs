@@ -67,6 +67,11 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     eureka_interval: f64,
 
+    /// Seconds one call to a Eureka server may take (connect, answer and body) before the
+    /// next server is tried; a hanging server costs no more than this.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    eureka_request_timeout: f64,
+
     /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
     /// Eureka clients register with. This is the default when no source is given.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
@@ -289,6 +294,7 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             ca_file: args.eureka_ca.clone(),
             token_file: args.eureka_token_file.clone(),
             drop_guard: guard,
+            request_timeout: seconds("--eureka-request-timeout", args.eureka_request_timeout)?,
             ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
         };
         // The error names the flag and the problem; its chain says the cause.

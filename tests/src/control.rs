@@ -158,11 +158,30 @@ impl ControlPlane {
     /// Starts the control plane again, with the same source, arguments and addresses,
     /// after [`ControlPlane::kill`]; the log of the n-th start is `<label>-<n>.log`.
     pub fn restart(&mut self, env: &TestEnv, label: &str) {
+        self.restart_until(env, label, "/readyz");
+    }
+
+    /// [`ControlPlane::restart`], but waiting only until the admin serves (`/healthz`), not
+    /// until the registry is loaded: for a restart while the registry source is down.
+    pub fn restart_unready(&mut self, env: &TestEnv, label: &str) {
+        self.restart_until(env, label, "/healthz");
+    }
+
+    fn restart_until(&mut self, env: &TestEnv, label: &str, ready: &str) {
         self.kill();
         self.starts += 1;
         let label = format!("{label}-{}", self.starts);
         let source_args = self.source.args(self.eureka);
-        match spawn_ready(env, &label, &source_args, &self.args, self.xds, self.admin) {
+        let spawned = spawn(
+            env,
+            &label,
+            &source_args,
+            &self.args,
+            self.xds,
+            self.admin,
+            ready,
+        );
+        match spawned {
             Ok(process) => self.process = Some(process),
             Err(log) => panic!(
                 "{label} did not start again on xDS {} and admin {}; log:\n{log}",
@@ -255,6 +274,20 @@ fn spawn_ready(
     xds: SocketAddr,
     admin: SocketAddr,
 ) -> Result<ChildGuard, String> {
+    spawn(env, label, source_args, args, xds, admin, "/readyz")
+}
+
+/// Starts the process and waits until the admin `ready` path answers 200; `Err(log)` if it
+/// exits first.
+fn spawn(
+    env: &TestEnv,
+    label: &str,
+    source_args: &[OsString],
+    args: &[String],
+    xds: SocketAddr,
+    admin: SocketAddr,
+    ready: &str,
+) -> Result<ChildGuard, String> {
     let mut command = Command::new(control_binary());
     command
         .args(source_args)
@@ -274,13 +307,13 @@ fn spawn_ready(
         command.env("RUST_LOG", "info");
     }
     let mut process = env.spawn(label, command);
-    let what = format!("{label} to be ready (admin /readyz at {admin} answers 200)");
+    let what = format!("{label} to be ready (admin {ready} at {admin} answers 200)");
     let exited = wait_for(START_TIMEOUT, &what, || {
         if process.exit_status().is_some() {
             return Some(true);
         }
-        let ready = Request::get("/readyz").host("admin").try_send(admin).ok()?;
-        (ready.status == 200).then_some(false)
+        let answer = Request::get(ready).host("admin").try_send(admin).ok()?;
+        (answer.status == 200).then_some(false)
     });
     if exited {
         Err(process.log())

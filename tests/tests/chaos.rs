@@ -1,0 +1,459 @@
+//! Faults under steady load, through real Envoy and `odmesh-control`, with every request's
+//! outcome counted: the control plane killed (SIGKILL) and restarted with each registry
+//! source (the embedded registry, Eureka up, Eureka down, a file); Eureka down, hanging and
+//! answering garbage or an empty registry; an instance drained and then stopped; a flood of
+//! random Hosts through one Envoy and of xDS names from a raw client. Not one request to a
+//! VIP that keeps an UP instance may fail, the load must run all along, and memory stays
+//! bounded.
+//! Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control` and the Eureka clients
+//! (`scripts/install-eureka-clients.sh`).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use odmesh_e2e::fake_eureka::{ALL_GARBAGE, Mode};
+use odmesh_e2e::mesh::EGRESS_LISTENER;
+use odmesh_e2e::{
+    ClientDriver, EchoUpstream, Envoy, EurekaClient, FakeEureka, FloodOptions, Instance, Load,
+    LoadConfig, LoadReport, Mesh, Registration, Request, RssSampler, Source, TestEnv, XdsFlood,
+    odmesh_bootstrap, wait_for, wait_until,
+};
+use serde_json::Value;
+
+/// Requests per second on each VIP under load.
+const RATE: u32 = 50;
+/// Requests the load completes in a phase: one second's worth.
+const PHASE: u64 = RATE as u64;
+/// The longest the load may go without starting a request.
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// How long anything in a scenario may take: a restart, a reconnect, a re-registration.
+const DEADLINE: Duration = Duration::from_secs(15);
+/// The lease of the real clients' instances, and their heartbeat.
+const LEASE_SECS: u64 = 5;
+const HEARTBEAT_SECS: u64 = 1;
+
+/// Steady load on `hosts` through `mesh`'s Envoy.
+fn load<R>(mesh: &Mesh<R>, hosts: &[&str]) -> Load {
+    let load = Load::hosts(mesh.egress(), hosts, LoadConfig::rate(RATE).keep_alive());
+    load.wait_completed(PHASE, DEADLINE);
+    load
+}
+
+/// Stops `load`, prints its report, and asserts that no request to `hosts` failed and that
+/// the load never paused.
+fn assert_nothing_failed(load: Load, hosts: &[&str]) -> LoadReport {
+    let report = load.stop();
+    eprintln!("{}", report.summary());
+    report.assert_no_failures(hosts);
+    report.assert_no_pause_longer_than(MAX_PAUSE);
+    report
+}
+
+/// Waits until Envoy's ADS stream is down (the control plane is gone).
+fn wait_disconnected<R>(mesh: &Mesh<R>) {
+    wait_until(DEADLINE, "Envoy to see the control plane gone", || {
+        mesh.envoy.stat("control_plane.connected_state") == Some(0)
+    });
+}
+
+/// Waits until `/readyz` says the registry in use is complete.
+fn wait_complete<R>(mesh: &Mesh<R>) {
+    wait_until(DEADLINE, "the registry to be complete", || {
+        mesh.control.readyz()["registry"]["complete"] == true
+    });
+}
+
+/// Whether the control plane's log (of its latest start) says a reconnecting proxy kept
+/// what it held while the registry was loading.
+fn kept_while_loading<R>(mesh: &Mesh<R>) -> bool {
+    mesh.control
+        .process()
+        .log()
+        .contains("proxy reconnected with resources it kept")
+}
+
+/// The error of a 503 answer's JSON body.
+fn error_of(response: &odmesh_e2e::Response) -> String {
+    let body: Value = serde_json::from_slice(&response.body).unwrap_or_default();
+    body["error"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn restarting_the_control_plane_with_its_embedded_registry_fails_no_request_to_a_known_vip() {
+    let client = EurekaClient::Js;
+    if !client.ready() {
+        return;
+    }
+    let env = TestEnv::new("chaos_restart_embedded");
+    let lease = LEASE_SECS.to_string();
+    // A short warm-up: the clients heartbeat every second, so all are back within it.
+    let args = ["--registry-warmup", "3", "--lease-duration", &lease];
+    let mut mesh = Mesh::start_source(&env, Source::ServeEureka, &args);
+    let registration = Registration {
+        app: "chaos".into(),
+        id: "chaos-1".into(),
+        heartbeat_secs: HEARTBEAT_SECS,
+        lease_secs: LEASE_SECS,
+    };
+    let mut driver = ClientDriver::start(
+        &env,
+        "driver",
+        client,
+        mesh.control.eureka_addr(),
+        &registration,
+    );
+    driver.wait_report("registered", DEADLINE);
+    wait_until(DEADLINE, "chaos to route", || {
+        mesh.get("chaos").status == 200
+    });
+
+    let load = load(&mesh, &["chaos"]);
+    load.mark("control plane killed");
+    mesh.control.kill();
+    wait_disconnected(&mesh);
+    load.wait_completed(PHASE / 2, DEADLINE);
+    load.mark("control plane restarted");
+    mesh.control.restart(&env, "control");
+    mesh.wait_connected(DEADLINE);
+    // The client's next heartbeat gets 404, and it registers again.
+    wait_until(DEADLINE, "the client to register again", || {
+        mesh.control.debug_registry()["registry"]["instances"]
+            .as_array()
+            .is_some_and(|list| list.iter().any(|i| i["instance_id"] == "chaos-1"))
+    });
+    load.mark("the client registered again");
+    wait_complete(&mesh);
+    load.mark("the registry is complete");
+    load.wait_completed(PHASE, DEADLINE);
+    assert_nothing_failed(load, &["chaos"]);
+    assert!(
+        kept_while_loading(&mesh),
+        "the restarted control plane never saw Envoy reconnect with what it held"
+    );
+}
+
+#[test]
+fn restarting_the_control_plane_that_follows_eureka_fails_no_request_whether_eureka_is_up_or_down()
+{
+    let env = TestEnv::new("chaos_restart_eureka");
+    let upstream = EchoUpstream::start("chaos-1");
+    let eureka = FakeEureka::start(&[Instance::new("chaos", upstream.port())]);
+    let mut mesh = Mesh::start_source(
+        &env,
+        Source::Eureka(vec![eureka.url()]),
+        &["--eureka-interval", "0.5"],
+    );
+    assert_eq!(mesh.route("chaos"), "chaos-1");
+    let load = load(&mesh, &["chaos"]);
+
+    // Eureka up: the restarted control plane loads it at once.
+    load.mark("control plane killed, Eureka up");
+    mesh.control.kill();
+    wait_disconnected(&mesh);
+    mesh.control.restart(&env, "control");
+    mesh.wait_connected(DEADLINE);
+    load.mark("restarted, Eureka up");
+    load.wait_completed(PHASE, DEADLINE);
+
+    // Eureka down: the restarted control plane has no registry at all for a while.
+    eureka.set_mode(Mode::Down);
+    load.mark("control plane killed, Eureka down");
+    mesh.control.kill();
+    wait_disconnected(&mesh);
+    mesh.control.restart_unready(&env, "control");
+    mesh.wait_connected(DEADLINE);
+    load.mark("restarted, Eureka down");
+    assert_eq!(mesh.control.readyz()["ready"], false);
+    assert!(
+        kept_while_loading(&mesh),
+        "Envoy's kept clusters should be left alone"
+    );
+    load.wait_completed(2 * PHASE, DEADLINE);
+    // A VIP nobody asked for before is not known yet, and says so.
+    let response = mesh.get("fresh");
+    assert_eq!(response.status, 503, "{}", response.text());
+    assert_eq!(
+        error_of(&response),
+        "VIP fresh is not known yet: the control plane is still loading its registry"
+    );
+
+    eureka.set_mode(Mode::Normal);
+    load.mark("Eureka back");
+    wait_complete(&mesh);
+    load.wait_completed(PHASE, DEADLINE);
+    assert_nothing_failed(load, &["chaos"]);
+    // "fresh" was a new VIP: once Eureka is back it is simply not registered.
+    wait_until(DEADLINE, "fresh to be not registered", || {
+        error_of(&mesh.get("fresh")) == "VIP fresh is not registered"
+    });
+}
+
+#[test]
+fn restarting_the_control_plane_over_a_registry_file_fails_no_request() {
+    let env = TestEnv::new("chaos_restart_file");
+    let upstream = EchoUpstream::start("chaos-1");
+    let mut mesh = Mesh::start(&env, &[Instance::new("chaos", upstream.port())]);
+    assert_eq!(mesh.route("chaos"), "chaos-1");
+    let load = load(&mesh, &["chaos"]);
+    for round in 1..=2 {
+        load.mark(&format!("control plane killed ({round})"));
+        mesh.control.kill();
+        wait_disconnected(&mesh);
+        load.wait_completed(PHASE / 2, DEADLINE);
+        mesh.control.restart(&env, "control");
+        mesh.wait_connected(DEADLINE);
+        load.mark(&format!("restarted ({round})"));
+        load.wait_completed(PHASE, DEADLINE);
+    }
+    assert_nothing_failed(load, &["chaos"]);
+}
+
+/// `n` instances of VIPs that no request asks for: enough registry for the drop guard to
+/// judge a drop (it holds one only from 10 instances up).
+fn bystanders(n: u16) -> Vec<Instance> {
+    (0..n)
+        .map(|i| Instance::new(&format!("bystander-{i}"), 9).id(&format!("b-{i}")))
+        .collect()
+}
+
+#[test]
+fn eureka_down_hanging_answering_garbage_or_an_empty_registry_fails_no_request() {
+    let env = TestEnv::new("chaos_eureka_outages");
+    let upstream = EchoUpstream::start("chaos-1");
+    let mut instances = bystanders(12);
+    instances.push(Instance::new("chaos", upstream.port()));
+    let eureka = FakeEureka::start(&instances);
+    let mesh = Mesh::start_source(
+        &env,
+        Source::Eureka(vec![eureka.url()]),
+        &[
+            "--eureka-interval",
+            "0.3",
+            "--eureka-request-timeout",
+            "1",
+            "--registry-drop-confirm",
+            "60",
+        ],
+    );
+    assert_eq!(mesh.route("chaos"), "chaos-1");
+    let load = load(&mesh, &["chaos"]);
+    let errors = |mesh: &Mesh<()>| mesh.control.metric("odmesh_eureka_fetch_errors_total");
+
+    let mut modes = vec![Mode::Down, Mode::Hanging, Mode::Empty];
+    modes.extend(ALL_GARBAGE.iter().map(|g| Mode::Garbage(*g)));
+    for mode in modes {
+        let before = errors(&mesh);
+        eureka.set_mode(mode);
+        load.mark(&format!("Eureka {mode:?}"));
+        if mode == Mode::Empty {
+            // A good answer, but one that loses the whole registry: held, not followed.
+            wait_until(DEADLINE, "the empty registry to be held", || {
+                mesh.control.metric("odmesh_registry_drop_held") == 1
+            });
+        } else {
+            // A hanging Eureka fails a fetch at --eureka-request-timeout.
+            wait_until(
+                DEADLINE,
+                "the control plane to count a failed fetch",
+                || errors(&mesh) > before,
+            );
+        }
+        load.wait_completed(PHASE, DEADLINE);
+        eureka.set_mode(Mode::Normal);
+        load.mark(&format!("Eureka back from {mode:?}"));
+        wait_until(DEADLINE, "a good fetch again", || {
+            mesh.control.readyz()["registry"]["last_error"].is_null()
+                && mesh.control.metric("odmesh_registry_drop_held") == 0
+        });
+    }
+    load.wait_completed(PHASE, DEADLINE);
+    let report = assert_nothing_failed(load, &["chaos"]);
+    assert_eq!(mesh.control.metric("odmesh_registry_drops_held_total"), 1);
+    assert_eq!(mesh.control.metric("odmesh_registry_instances"), 13);
+    eprintln!(
+        "fetch errors counted: {}; {} requests, none failed",
+        errors(&mesh),
+        report.sent()
+    );
+}
+
+/// The ports Envoy lists for `cluster` in its admin `/clusters`.
+fn envoy_ports<R>(mesh: &Mesh<R>, cluster: &str) -> BTreeSet<u16> {
+    let prefix = format!("{cluster}::");
+    mesh.envoy
+        .admin_get("/clusters")
+        .text()
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .filter_map(|rest| rest.split("::").next())
+        .filter_map(|address| address.rsplit_once(':')?.1.parse().ok())
+        .collect()
+}
+
+#[test]
+fn an_instance_drained_with_its_client_then_stopped_fails_no_request_of_its_vip() {
+    let client = EurekaClient::Python;
+    if !client.ready() {
+        return;
+    }
+    let env = TestEnv::new("chaos_churn_embedded");
+    let lease = LEASE_SECS.to_string();
+    let mesh = Mesh::start_source(&env, Source::ServeEureka, &["--lease-duration", &lease]);
+    let eureka = mesh.control.eureka_addr();
+    let mut drivers: Vec<(ClientDriver, u16)> = (1..=2)
+        .map(|n| {
+            let registration = Registration {
+                app: "churn".into(),
+                id: format!("churn-{n}"),
+                heartbeat_secs: HEARTBEAT_SECS,
+                lease_secs: LEASE_SECS,
+            };
+            let mut driver =
+                ClientDriver::start(&env, &format!("driver-{n}"), client, eureka, &registration);
+            let port = driver.wait_listening(DEADLINE);
+            driver.wait_report("registered", DEADLINE);
+            (driver, port)
+        })
+        .collect();
+    let both: BTreeSet<u16> = drivers.iter().map(|(_, port)| *port).collect();
+    wait_until(DEADLINE, "churn to route", || {
+        mesh.get("churn").status == 200
+    });
+    wait_until(DEADLINE, "Envoy to list both instances", || {
+        envoy_ports(&mesh, "churn.vip") == both
+    });
+
+    let load = load(&mesh, &["churn"]);
+    let (mut leaving, port) = drivers.pop().expect("two drivers");
+    load.mark("churn-2 drained (OUT_OF_SERVICE)");
+    leaving.command("out_of_service");
+    let drained = Instant::now();
+    wait_until(DEADLINE, "Envoy to stop listing churn-2", || {
+        !envoy_ports(&mesh, "churn.vip").contains(&port)
+    });
+    eprintln!(
+        "OUT_OF_SERVICE → Envoy no longer lists churn-2: {:?}",
+        drained.elapsed()
+    );
+    load.mark("Envoy no longer lists churn-2");
+    load.wait_completed(PHASE, DEADLINE);
+    leaving.command("stop");
+    leaving.wait_report("stopped", DEADLINE);
+    load.mark("churn-2 stopped");
+    wait_for(DEADLINE, "churn-2 to leave the registry", || {
+        let registry = mesh.control.debug_registry();
+        let list = registry["registry"]["instances"].as_array()?.clone();
+        (!list.iter().any(|i| i["instance_id"] == "churn-2")).then_some(())
+    });
+    load.wait_completed(PHASE, DEADLINE);
+    assert_nothing_failed(load, &["churn"]);
+}
+
+/// Envoy's clusters: its stat `cluster_manager.active_clusters`.
+fn active_clusters(envoy: &Envoy) -> u64 {
+    envoy
+        .stat("cluster_manager.active_clusters")
+        .unwrap_or_else(|| panic!("Envoy has no stat cluster_manager.active_clusters"))
+}
+
+#[test]
+fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxies_served() {
+    let env = TestEnv::new("chaos_flood");
+    let hello = EchoUpstream::start("hello-1");
+    let late = EchoUpstream::start("late-1");
+    let mut mesh = Mesh::start(&env, &[Instance::new("hello", hello.port())]);
+    // Another proxy of the mesh, which the floods must not hurt.
+    let other = Envoy::start(
+        &env,
+        "envoy-b",
+        &odmesh_bootstrap(mesh.control.xds().port()),
+    );
+    wait_until(DEADLINE, "the other Envoy to connect", || {
+        other.stat("control_plane.connected_state") == Some(1)
+    });
+    let other_get = |host: &str| {
+        Request::get("/")
+            .host(host)
+            .send(other.listener(EGRESS_LISTENER))
+    };
+    assert_eq!(mesh.route("hello"), "hello-1");
+    assert_eq!(other_get("hello").status, 200);
+    let control_memory = RssSampler::of(mesh.control.process());
+    let envoy_memory = RssSampler::of(mesh.envoy.child());
+    let clusters_before = active_clusters(&mesh.envoy);
+
+    // A service keeps calling hello through the flooded proxy.
+    let steady = load(&mesh, &["hello"]);
+    // A buggy (or hostile) client sends a new Host with every request through the same proxy.
+    let random = Load::requests(
+        mesh.egress(),
+        LoadConfig::rate(300).timeout(Duration::from_secs(3)),
+        |seq| {
+            (
+                "random".to_owned(),
+                Request::get("/").host(&format!("rnd-{seq:08x}")),
+            )
+        },
+    );
+    // And a raw xDS client subscribes a million names.
+    let names = 1_000_000;
+    let options = FloodOptions {
+        batch: 10_000,
+        ..FloodOptions::names(names)
+    };
+    let mut flood = XdsFlood::start_with(&env, "xds-flood", mesh.control.xds(), &options);
+    let answered = flood.wait_all_answered(names, Duration::from_secs(120));
+    steady.mark("a million names answered");
+
+    // Meanwhile the other proxy is served on time: a registry change, and a new VIP.
+    mesh.registry.write_atomic(&[
+        Instance::new("hello", hello.port()),
+        Instance::new("late", late.port()),
+    ]);
+    let written = Instant::now();
+    let took = wait_for(
+        Duration::from_secs(2),
+        "late to route through the other Envoy",
+        || (other_get("late").status == 200).then(|| written.elapsed()),
+    );
+    steady.wait_completed(PHASE, DEADLINE);
+    let random = random.stop();
+    let flood = flood.stop(DEADLINE);
+    let steady = assert_nothing_failed(steady, &["hello"]);
+    let control_memory = control_memory.stop();
+    let envoy_memory = envoy_memory.stop();
+    eprintln!("random hosts: {}", random.summary());
+    eprintln!(
+        "xDS flood: all {names} answered after {:?}: {}",
+        answered.all_answered, flood.json
+    );
+    eprintln!("new VIP routed through the other Envoy {took:?} after the registry change");
+    eprintln!("control plane: {}", control_memory.summary());
+    eprintln!("flooded Envoy: {}", envoy_memory.summary());
+
+    // Every random Host got a fast, clear answer, none reached an upstream.
+    assert!(random.sent() >= 1000, "{random}");
+    let statuses: BTreeSet<String> = random.records.iter().map(|r| r.outcome.key()).collect();
+    assert_eq!(statuses, BTreeSet::from(["503".to_owned()]), "{random}");
+    // hello served the steady load and the two requests before it, nothing else.
+    assert_eq!(hello.requests() as usize, steady.sent() + 2);
+    // The flooded proxy holds at most --xds-max-unregistered (100) clusters it was flooded with.
+    let flooded = active_clusters(&mesh.envoy) - clusters_before;
+    assert!(
+        flooded <= 100,
+        "the flooded Envoy holds {flooded} more clusters"
+    );
+    // The flood's stream holds at most --xds-max-names (10,000) names; the rest were refused.
+    assert_eq!(flood.clusters, 100, "{}", flood.json);
+    assert_eq!(flood.removed, names - 100, "{}", flood.json);
+    // Memory: the control plane stays far below what a million subscriptions would take
+    // (1.5 KB each unbounded: 1.5 GB), and the flooded Envoy grows by its 100 clusters.
+    control_memory.assert_peak_below(256 * 1024 * 1024);
+    let envoy_growth = envoy_memory.peak().0.saturating_sub(envoy_memory.first());
+    assert!(
+        envoy_growth < 64 * 1024 * 1024,
+        "the flooded Envoy grew by {} MiB",
+        envoy_growth / (1024 * 1024)
+    );
+    assert!(mesh.envoy.process().exit_status().is_none(), "Envoy exited");
+}
