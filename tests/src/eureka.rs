@@ -157,6 +157,9 @@ pub struct Registration {
     pub heartbeat_secs: u64,
     /// The lease duration it registers with (`leaseInfo.durationInSecs`).
     pub lease_secs: u64,
+    /// `(identity, token)` it sends as Basic credentials (in its Eureka URL), for a registry
+    /// with a tokens file; py-eureka-client only.
+    pub credentials: Option<(String, String)>,
 }
 
 /// A real Eureka client library in a child process, registering its own HTTP server with
@@ -181,6 +184,10 @@ impl ClientDriver {
         let drivers = repo_root().join("control/tests/clients");
         let mut command = match client {
             EurekaClient::Js => {
+                assert!(
+                    registration.credentials.is_none(),
+                    "the eureka-js-client driver sends no credentials"
+                );
                 let mut c = Command::new("node");
                 c.arg(drivers.join("eureka-js-client/register.js"))
                     .env("NODE_PATH", tools().join("node/node_modules"))
@@ -197,7 +204,12 @@ impl ClientDriver {
                 c.arg("-u")
                     .arg(drivers.join("py-eureka-client/register.py"))
                     .env("PYTHONPATH", tools().join("python"))
-                    .env("EUREKA_URL", format!("http://{eureka}/eureka"))
+                    .env("EUREKA_URL", {
+                        let auth = (registration.credentials.as_ref())
+                            .map(|(user, token)| format!("{user}:{token}@"))
+                            .unwrap_or_default();
+                        format!("http://{auth}{eureka}/eureka")
+                    })
                     .env("HEARTBEAT_SECS", registration.heartbeat_secs.to_string());
                 c
             }

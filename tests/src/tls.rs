@@ -74,6 +74,17 @@ impl TestCa {
     /// Issues a server certificate whose only subject alternative name is `DNS:<dns_name>`,
     /// as `<ca name>-<dns_name>.pem` and `.key`.
     pub fn issue(&self, dns_name: &str) -> CertifiedKey {
+        self.issue_for(dns_name, "serverAuth")
+    }
+
+    /// Issues a client certificate (for mTLS) for `name`, as `<ca name>-<name>.pem` and
+    /// `.key`.
+    pub fn issue_client(&self, name: &str) -> CertifiedKey {
+        self.issue_for(name, "clientAuth")
+    }
+
+    /// A certificate for `DNS:<dns_name>` with extended key usage `usage`.
+    fn issue_for(&self, dns_name: &str, usage: &str) -> CertifiedKey {
         let base = self.dir.join(format!("{}-{dns_name}", self.name));
         let issued = CertifiedKey {
             cert: base.with_extension("pem"),
@@ -85,7 +96,7 @@ impl TestCa {
             &ext,
             format!(
                 "subjectAltName=DNS:{dns_name}\nbasicConstraints=critical,CA:FALSE\n\
-                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+                 keyUsage=critical,digitalSignature\nextendedKeyUsage={usage}\n"
             ),
         )
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", ext.display()));

@@ -94,6 +94,7 @@ fn restarting_the_control_plane_with_its_embedded_registry_fails_no_request_to_a
         id: "chaos-1".into(),
         heartbeat_secs: HEARTBEAT_SECS,
         lease_secs: LEASE_SECS,
+        credentials: None,
     };
     let mut driver = ClientDriver::start(
         &env,
@@ -307,6 +308,7 @@ fn an_instance_drained_with_its_client_then_stopped_fails_no_request_of_its_vip(
                 id: format!("churn-{n}"),
                 heartbeat_secs: HEARTBEAT_SECS,
                 lease_secs: LEASE_SECS,
+                credentials: None,
             };
             let mut driver =
                 ClientDriver::start(&env, &format!("driver-{n}"), client, eureka, &registration);

@@ -121,6 +121,7 @@ fn a_real_client_registers_routes_drains_and_expires(client: EurekaClient, test:
         id: id.clone(),
         heartbeat_secs: 1,
         lease_secs: LEASE_SECS,
+        credentials: None,
     };
     let eureka = mesh.control.eureka_addr();
     let spawned = Instant::now();

@@ -1,0 +1,393 @@
+//! The production setup against real Envoy and real clients: xDS over mutual TLS with the
+//! shipped `envoy/odmesh-production.yaml`, the embedded registry with a tokens file, and what
+//! a hostile client gets from the registry (a clear answer, and nothing changed). Needs
+//! `make envoy`, `make wasm`, `cargo build -p odmesh-control`, openssl, and the Eureka clients.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use odmesh_e2e::mesh::EGRESS_LISTENER;
+use odmesh_e2e::{
+    ClientDriver, ControlPlane, EchoUpstream, Envoy, EurekaClient, Instance, Mesh, Registration,
+    RegistryFile, Request, Response, Source, TestCa, TestEnv, hold_for, odmesh_bootstrap,
+    repo_root, timed, wait_until,
+};
+
+/// How long anything here may take.
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// `envoy/odmesh-production.yaml` with the test's certificates, the control plane at
+/// `localhost:<xds_port>`, and the listener and admin on free ports.
+fn production_bootstrap(xds_port: u16, ca: &TestCa, proxy: &odmesh_e2e::CertifiedKey) -> String {
+    let path = repo_root().join("envoy/odmesh-production.yaml");
+    let shipped = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let path_of = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let xds = format!("port_value: {xds_port}");
+    // What Envoy reads: the comments name the same files and hosts, in words.
+    let mut out: String = shipped
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    for (from, to, count) in [
+        ("port_value: 15001", "port_value: 0".to_owned(), 1),
+        ("port_value: 9901", "port_value: 0".to_owned(), 1),
+        ("port_value: 18000", xds, 1),
+        ("/etc/odmesh/xds-ca.pem", path_of(ca.cert()), 1),
+        ("/etc/odmesh/proxy.pem", path_of(&proxy.cert), 1),
+        ("/etc/odmesh/proxy.key", path_of(&proxy.key), 1),
+        // SNI, the expected SAN, and the address: the test certificate names localhost.
+        ("odmesh-control.mesh.internal", "localhost".to_owned(), 3),
+    ] {
+        let found = out.matches(from).count();
+        assert_eq!(
+            found,
+            count,
+            "{} should say `{from}` {count} times",
+            path.display()
+        );
+        out = out.replace(from, &to);
+    }
+    out
+}
+
+/// A bootstrap without its comments and without its `odmesh_xds` cluster (up to the
+/// listeners): what the two shipped bootstraps must share.
+fn without_xds_cluster(yaml: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_cluster = false;
+    for line in yaml.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('#') || trimmed.is_empty() {
+            continue;
+        }
+        if trimmed == "- name: odmesh_xds" {
+            in_cluster = true;
+        } else if line == "  listeners:" {
+            in_cluster = false;
+        }
+        if !in_cluster {
+            out.push(line.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_production_bootstrap_differs_from_the_shipped_one_only_in_its_xds_cluster() {
+    let read = |name: &str| {
+        let path = repo_root().join("envoy").join(name);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let (shipped, production) = (read("odmesh.yaml"), read("odmesh-production.yaml"));
+    assert_eq!(
+        without_xds_cluster(&shipped),
+        without_xds_cluster(&production)
+    );
+    assert!(production.contains("UpstreamTlsContext") && production.contains("tls_certificates"));
+}
+
+#[test]
+fn xds_over_mutual_tls_serves_the_production_bootstrap_and_no_proxy_without_a_certificate() {
+    let env = TestEnv::new("security_xds_mtls");
+    let ca = TestCa::new(env.log_dir(), "xds");
+    let server = ca.issue("localhost");
+    let proxy = ca.issue_client("proxy");
+    let hello = EchoUpstream::start("hello-1");
+    let registry = RegistryFile::create(
+        &env.log_dir().join("registry.yaml"),
+        &[Instance::new("hello", hello.port())],
+    );
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let control = ControlPlane::start(
+        &env,
+        "control",
+        registry.path(),
+        &[
+            "--xds-tls-cert",
+            &path(&server.cert),
+            "--xds-tls-key",
+            &path(&server.key),
+            "--xds-client-ca",
+            &path(ca.cert()),
+        ],
+    );
+    let envoy = Envoy::start(
+        &env,
+        "envoy",
+        &production_bootstrap(control.xds().port(), &ca, &proxy),
+    );
+    wait_until(DEADLINE, "Envoy to connect over mTLS", || {
+        envoy.stat("control_plane.connected_state") == Some(1)
+    });
+    let response = Request::get("/")
+        .host("hello")
+        .send(envoy.listener(EGRESS_LISTENER));
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.json()["upstream"], "hello-1");
+
+    // The shipped plaintext bootstrap, without a certificate: it never gets a stream, and a
+    // new VIP fails after the discovery timeout.
+    let plain = Envoy::start(&env, "envoy-plain", &odmesh_bootstrap(control.xds().port()));
+    hold_for(
+        Duration::from_secs(2),
+        "the plaintext Envoy to get no stream",
+        || control.proxies().len() == 1,
+    );
+    let (response, took) = timed(|| {
+        Request::get("/")
+            .host("hello")
+            .send(plain.listener(EGRESS_LISTENER))
+    });
+    assert_eq!(response.status, 503, "{}", response.text());
+    eprintln!("plaintext proxy: 503 after {took:?}; the mTLS proxy was served");
+    assert_eq!(
+        control.proxies().len(),
+        1,
+        "only the mTLS proxy has a stream"
+    );
+    assert_eq!(hello.requests(), 1);
+}
+
+/// A tokens file with the identity `secure` (VIP `secure`), an `intruder`, and an operator.
+const TOKENS: &str = "identities:\n  - name: secure\n    token: secure-token-0123456789\n  - name: intruder\n    token: intruder-token-0123456789\n  - name: ops\n    token: ops-token-0123456789abc\n    operator: true\n";
+
+/// A registration of `id` for app/VIP `app` at `ip:port`, as a Eureka client sends it.
+fn registration(app: &str, id: &str, ip: &str, port: u16) -> String {
+    serde_json::json!({"instance": {
+        "instanceId": id, "app": app.to_ascii_uppercase(), "hostName": "h", "ipAddr": ip,
+        "status": "UP", "port": {"$": port, "@enabled": "true"}, "vipAddress": app,
+        "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
+        "leaseInfo": {"durationInSecs": 30}
+    }})
+    .to_string()
+}
+
+/// Sends `method path` to the embedded registry of `mesh`, with `token` as Bearer if given
+/// and `body` as JSON if given.
+fn eureka<R>(
+    mesh: &Mesh<R>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> Response {
+    let addr = mesh.control.eureka_addr();
+    let mut request = Request::new(method, &format!("/eureka{path}")).host(&addr.to_string());
+    if let Some(token) = token {
+        request = request.header("authorization", &format!("Bearer {token}"));
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body);
+    }
+    request.send(addr)
+}
+
+#[test]
+fn with_a_tokens_file_a_real_client_registers_and_nobody_else_can_hijack_or_drain_its_vip() {
+    let client = EurekaClient::Python;
+    if !client.ready() {
+        return;
+    }
+    let env = TestEnv::new("security_eureka_auth");
+    let tokens = env.write_file("tokens.yaml", TOKENS);
+    let tokens = tokens.to_string_lossy().into_owned();
+    let mesh = Mesh::start_source(&env, Source::ServeEureka, &["--eureka-auth", &tokens]);
+    let registration = Registration {
+        app: "secure".into(),
+        id: "secure-1".into(),
+        heartbeat_secs: 1,
+        lease_secs: 10,
+        credentials: Some(("secure".into(), "secure-token-0123456789".into())),
+    };
+    let mut driver = ClientDriver::start(
+        &env,
+        "driver",
+        client,
+        mesh.control.eureka_addr(),
+        &registration,
+    );
+    driver.wait_report("registered", DEADLINE);
+    wait_until(DEADLINE, "secure to route", || {
+        mesh.get("secure").status == 200
+    });
+    let impostor = EchoUpstream::start("impostor");
+
+    // Without credentials: 401, for writes and reads.
+    let anonymous = eureka(
+        &mesh,
+        "POST",
+        "/apps/SECURE",
+        None,
+        Some(registration_body("secure", "evil-1", impostor.port())),
+    );
+    assert_eq!(anonymous.status, 401, "{}", anonymous.text());
+    assert!(anonymous.header("www-authenticate").is_some());
+    assert_eq!(eureka(&mesh, "GET", "/apps", None, None).status, 401);
+    // Another identity: may not register the VIP, drain or remove the instance.
+    let intruder = Some("intruder-token-0123456789");
+    let hijack = eureka(
+        &mesh,
+        "POST",
+        "/apps/SECURE",
+        intruder,
+        Some(registration_body("secure", "evil-1", impostor.port())),
+    );
+    assert_eq!(hijack.status, 403, "{}", hijack.text());
+    assert!(
+        hijack.text().contains("may not register VIP \"secure\""),
+        "{}",
+        hijack.text()
+    );
+    for (method, path) in [
+        ("PUT", "/apps/SECURE/secure-1/status?value=OUT_OF_SERVICE"),
+        ("DELETE", "/apps/SECURE/secure-1"),
+    ] {
+        let answer = eureka(&mesh, method, path, intruder, None);
+        assert_eq!(answer.status, 403, "{method} {path}: {}", answer.text());
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            mesh.get("secure").status,
+            200,
+            "the VIP still routes to its owner"
+        );
+    }
+    assert_eq!(impostor.requests(), 0);
+    let metrics = mesh.control.metrics();
+    assert_eq!(metrics["odmesh_eureka_refused_unauthenticated_total"], 2);
+    assert_eq!(metrics["odmesh_eureka_refused_forbidden_total"], 3);
+    // An operator may drain it.
+    let drained = eureka(
+        &mesh,
+        "PUT",
+        "/apps/SECURE/secure-1/status?value=OUT_OF_SERVICE",
+        Some("ops-token-0123456789abc"),
+        None,
+    );
+    assert_eq!(drained.status, 200, "{}", drained.text());
+    wait_until(DEADLINE, "the drained VIP to answer 503", || {
+        mesh.get("secure").status == 503
+    });
+}
+
+/// The registration body of `id` of app `app` at 127.0.0.1:`port`.
+fn registration_body(app: &str, id: &str, port: u16) -> String {
+    registration(app, id, "127.0.0.1", port)
+}
+
+/// Sends `head` and then `body` in one go on a new connection and reads the whole answer.
+fn post_raw(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(DEADLINE)).unwrap();
+    conn.set_write_timeout(Some(DEADLINE)).unwrap();
+    conn.write_all(head.as_bytes()).unwrap();
+    // The server may answer before the body is all sent; it reads the rest away.
+    let _ = conn.write_all(body);
+    let mut out = String::new();
+    let _ = conn.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn a_hostile_client_gets_a_clear_answer_from_the_registry_and_changes_nothing() {
+    let env = TestEnv::new("security_eureka_bad_input");
+    let mesh = Mesh::start_source(&env, Source::ServeEureka, &["--eureka-header-timeout", "1"]);
+    let addr = mesh.control.eureka_addr();
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        (
+            "a browser page's text/plain POST",
+            "text/plain",
+            registration("x", "x-1", "10.0.0.1", 80),
+            415,
+            "application/json",
+        ),
+        (
+            "the cloud metadata address",
+            "application/json",
+            registration("x", "x-1", "169.254.169.254", 80),
+            400,
+            "link-local",
+        ),
+        (
+            "an app named ' '",
+            "application/json",
+            registration(" ", "x-1", "10.0.0.1", 80),
+            400,
+            "`app`",
+        ),
+        (
+            "an eternal lease",
+            "application/json",
+            registration("x", "x-1", "10.0.0.1", 80)
+                .replace("\"durationInSecs\":30", "\"durationInSecs\":4000000000"),
+            400,
+            "durationInSecs",
+        ),
+        (
+            "not JSON",
+            "application/json",
+            "{\"instance\":".to_owned(),
+            400,
+            "not a Eureka registration",
+        ),
+    ];
+    for (what, content_type, body, status, says) in cases {
+        let path = if what.contains("' '") {
+            "/eureka/apps/%20"
+        } else {
+            "/eureka/apps/X"
+        };
+        let answer = Request::new("POST", path)
+            .host(&addr.to_string())
+            .header("content-type", content_type)
+            .body(body)
+            .send(addr);
+        assert_eq!(answer.status, status, "{what}: {}", answer.text());
+        assert!(answer.text().contains(says), "{what}: {}", answer.text());
+    }
+    // 10 MB: a 413 the client reads, not a reset connection.
+    let big = vec![b'x'; 10 * 1024 * 1024];
+    let head = format!(
+        "POST /eureka/apps/X HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        big.len()
+    );
+    let answer = post_raw(addr, &head, &big);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:.200}");
+    // Headers that never end: the connection is closed after --eureka-header-timeout.
+    let started = Instant::now();
+    let slow = post_raw(
+        addr,
+        &format!("GET /eureka/apps HTTP/1.1\r\nhost: {addr}\r\n"),
+        b"",
+    );
+    assert!(!slow.contains("200 OK"), "{slow}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cut after {:?}",
+        started.elapsed()
+    );
+
+    // Nothing was registered.
+    let apps = Request::get("/eureka/apps")
+        .host(&addr.to_string())
+        .header("accept", "application/json")
+        .send(addr);
+    assert_eq!(
+        apps.json()["applications"]["application"],
+        serde_json::json!([]),
+        "{}",
+        apps.text()
+    );
+    let metrics = mesh.control.metrics();
+    assert_eq!(
+        metrics["odmesh_eureka_refused_body_total"], 2,
+        "415 and 413"
+    );
+    assert_eq!(metrics["odmesh_eureka_refused_invalid_total"], 4);
+    assert!(metrics["odmesh_eureka_http_timeouts_total"] >= 1);
+}
