@@ -86,6 +86,9 @@ metrics! {
     /// Embedded Eureka registry: registrations refused because --eureka-max-instances were
     /// registered (503).
     eureka_refused_full_total: "counter",
+    /// Embedded Eureka registry: registrations of an instance cancelled while overridden
+    /// (drained) that got its override back.
+    eureka_overrides_restored_total: "counter",
     /// Embedded Eureka registry: 1 while self-preservation holds lease eviction.
     eureka_self_preservation: "gauge",
     /// Embedded Eureka registry: expired leases not evicted, held by self-preservation or by

@@ -459,3 +459,55 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
     );
     assert!(mesh.envoy.process().exit_status().is_none(), "Envoy exited");
 }
+
+#[test]
+fn an_instance_that_dies_without_being_drained_fails_no_request_sent_after_its_death() {
+    let env = TestEnv::new("chaos_sudden_death");
+    let first = EchoUpstream::start("hello-1");
+    let mut second = EchoUpstream::start("hello-2");
+    let mesh = Mesh::start(
+        &env,
+        &[
+            Instance::new("hello", first.port()).id("hello-1"),
+            Instance::new("hello", second.port()).id("hello-2"),
+        ],
+    );
+    mesh.route("hello");
+    wait_until(DEADLINE, "Envoy to list both instances", || {
+        envoy_ports(&mesh, "hello.vip") == BTreeSet::from([first.port(), second.port()])
+    });
+    let load = load(&mesh, &["hello"]);
+    // The process dies; the registry still lists it (its lease has not run out yet).
+    let dying = load.mark("hello-2 dying");
+    second.stop();
+    let dead = load.mark("hello-2 dead, still registered");
+    load.wait_completed(2 * PHASE, DEADLINE);
+    let report = load.stop();
+    eprintln!("{}", report.summary());
+    report.assert_no_pause_longer_than(MAX_PAUSE);
+    // A request hello-2 had already taken when it died is lost with it (it reached the
+    // instance: no proxy can know whether it was done). Every other one is not: Envoy
+    // retries a request that never reached an instance on the other one.
+    let lost = report.failures(&["hello"]);
+    for r in &lost {
+        assert!(
+            r.sent <= dead && r.sent + r.latency >= dying,
+            "a request not in flight at the death failed: {r:?}\n{report}"
+        );
+    }
+    let after = report.sent_between("hello-2 dead, still registered", None);
+    assert!(after.len() as u64 >= 2 * PHASE - 5, "{report}");
+    let retried = mesh
+        .envoy
+        .stat("cluster.hello.vip.upstream_rq_retry")
+        .unwrap_or_else(|| panic!("Envoy has no stat cluster.hello.vip.upstream_rq_retry"));
+    eprintln!(
+        "{} requests after the death, none failed; {} lost in flight; Envoy retried {retried}",
+        after.len(),
+        lost.len()
+    );
+    assert!(
+        retried > 0,
+        "nothing was retried: was hello-2 ever tried after its death?"
+    );
+}

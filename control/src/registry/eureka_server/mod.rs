@@ -202,6 +202,9 @@ struct Ledger {
     version: u64,
     /// Renewals counted for self-preservation.
     preservation: Option<SelfPreservation>,
+    /// (APP, id) → the status override of a cancelled instance, and until when it comes
+    /// back with a registration of the same instance (see [`EurekaRegistry::cancel`]).
+    cancelled_overrides: HashMap<(String, String), (Status, Instant)>,
     /// How many leases there are (all apps).
     leases: usize,
 }
@@ -532,10 +535,22 @@ impl EurekaRegistry {
             .or(info.overriddenstatus_legacy.as_deref())
             .and_then(Status::parse)
             .filter(|s| *s != Status::Unknown);
-        let overridden = existing.and_then(|l| l.overridden).or(body_override);
-        let service_up = existing
-            .and_then(|l| l.info.lease_info.as_ref())
-            .and_then(|l| l.service_up_timestamp)
+        let known = existing.map(|l| {
+            let up = (l.info.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
+            (l.overridden, up)
+        });
+        let (overridden, service_up) = match known {
+            Some((overridden, up)) => (overridden.or(body_override), up),
+            None => {
+                let restored = restore_override(&mut state, &app, &id);
+                if restored.is_some() {
+                    Metrics::inc(&self.shared.metrics.eureka_overrides_restored_total);
+                    tracing::info!(app = %clip(&app), id = %clip(&id), "eureka: an instance cancelled while overridden registered again; its override stays");
+                }
+                (restored.or(body_override), None)
+            }
+        };
+        let service_up = service_up
             .filter(|t| *t > 0)
             .or((reported == Status::Up).then_some(now));
         lease_info = LeaseInfo {
@@ -622,6 +637,12 @@ impl EurekaRegistry {
     }
 
     /// Removes an instance (its client is shutting down), for `caller`.
+    ///
+    /// An operator's override (a drain: `OUT_OF_SERVICE`) outlives the cancel for one lease
+    /// duration: a client that registers again while it shuts down (py-eureka-client's
+    /// heartbeat, racing its own stop, gets 404 and registers the instance `UP`) does not
+    /// bring a drained instance back into traffic just as it exits. Netflix's server forgets
+    /// the override at once.
     pub fn cancel(&self, caller: &Caller, app: &str, id: &str) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
@@ -634,6 +655,22 @@ impl EurekaRegistry {
         let Some(lease) = remove(&mut state, &app, id) else {
             return Err(InvalidRequest::not_found(&app, id));
         };
+        if let Some(overridden) = lease.overridden {
+            let until = Instant::now() + lease.duration;
+            let key = (app.clone(), id.to_owned());
+            state.cancelled_overrides.insert(key, (overridden, until));
+            // Bounded like the registry: the oldest go first.
+            let max = self.shared.config.limits.max_instances.max(1);
+            while state.cancelled_overrides.len() > max {
+                let oldest = (state.cancelled_overrides.iter())
+                    .min_by_key(|(_, (_, until))| *until)
+                    .map(|(key, _)| key.clone());
+                match oldest {
+                    Some(key) => state.cancelled_overrides.remove(&key),
+                    None => break,
+                };
+            }
+        }
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
         Metrics::inc(&self.shared.metrics.eureka_cancels_total);
         tracing::info!(app = %clip(&app), id = %clip(id), "eureka: cancelled");
@@ -1003,6 +1040,19 @@ impl EurekaRegistry {
         }
         super::publish(&shared.tx, parsed.registry);
     }
+}
+
+/// The override a cancelled instance `app`/`id` had, if it was cancelled within one lease
+/// duration; forgets it (and every other that has run out).
+fn restore_override(state: &mut Ledger, app: &str, id: &str) -> Option<Status> {
+    let now = Instant::now();
+    state
+        .cancelled_overrides
+        .retain(|_, (_, until)| *until > now);
+    state
+        .cancelled_overrides
+        .remove(&(app.to_owned(), id.to_owned()))
+        .map(|(status, _)| status)
 }
 
 fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {

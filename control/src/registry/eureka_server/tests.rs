@@ -1313,3 +1313,34 @@ async fn an_eviction_round_that_runs_late_extends_every_lease_by_its_delay() {
         .unwrap();
     eviction.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_instance_that_registers_again_right_after_its_cancel_stays_drained() {
+    let f = fixture();
+    f.register("HELLO", leased("h1", 10, 1)).await;
+    assert_eq!(
+        f.send(
+            Method::PUT,
+            "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE"
+        )
+        .await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        f.send(Method::DELETE, "/eureka/apps/HELLO/h1").await,
+        StatusCode::OK
+    );
+    // The client's last heartbeat raced its stop: 404, and it registers UP again.
+    f.register("HELLO", leased("h1", 10, 1)).await;
+    assert_eq!(f.status_of("h1").await, Some(Status::OutOfService));
+    assert_eq!(count(&f.metrics.eureka_overrides_restored_total), 1);
+    // One lease later, a new registration of the same id is a new instance.
+    f.send(Method::DELETE, "/eureka/apps/HELLO/h1").await;
+    tokio::time::advance(Duration::from_secs(11)).await;
+    f.register("HELLO", leased("h1", 10, 1)).await;
+    assert_eq!(f.status_of("h1").await, Some(Status::Up));
+    // A cancel without an override leaves nothing behind.
+    f.send(Method::DELETE, "/eureka/apps/HELLO/h1").await;
+    f.register("HELLO", leased("h1", 10, 1)).await;
+    assert_eq!(f.status_of("h1").await, Some(Status::Up));
+}
