@@ -171,8 +171,8 @@ struct EmbeddedArgs {
 
     /// Tokens file (YAML) of the identities that may use the registry; with it, every
     /// request needs `Authorization: Bearer <token>` or Basic name:token, and an identity
-    /// may change only the instances it registered and register only its VIPs. See the
-    /// README ("Running in production").
+    /// may change only the instances it registered and register only its VIPs. See
+    /// docs/production.md.
     #[arg(long, value_name = "FILE")]
     eureka_auth: Option<PathBuf>,
 
@@ -482,6 +482,12 @@ async fn run() -> anyhow::Result<()> {
     let admin_listener = TcpListener::bind(args.admin)
         .await
         .with_context(|| format!("--admin {}: cannot listen", args.admin))?;
+    if !args.admin.ip().is_loopback() {
+        tracing::warn!(
+            admin = %args.admin,
+            "the admin endpoint is reachable from other hosts, without authentication: /debug/registry lists every instance's address"
+        );
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
