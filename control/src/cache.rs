@@ -219,6 +219,25 @@ impl Subscriptions {
         added
     }
 
+    /// Unsubscribes those of `names` that are still only presubscribed: the client dropped
+    /// the cluster before its own subscribe to the load assignment went out (it ignored the
+    /// cluster, or never got it), so it will never subscribe, nor unsubscribe. Kept, such a
+    /// name would take a place under the bounds for the stream's life, and a later subscribe
+    /// from the client would be taken for the one already on its way and not answered.
+    /// Returns the names removed.
+    pub fn withdraw_presubscribed(&mut self, names: &[String]) -> Vec<String> {
+        let mut removed = Vec::new();
+        for name in names {
+            if self.presubscribed.remove(name) {
+                self.names.remove(name);
+                self.unregistered.remove(name);
+                self.refused.remove(name);
+                removed.push(name.clone());
+            }
+        }
+        removed
+    }
+
     /// Records that `delta` went out: the client now has those versions, or knows of the
     /// removals. A NACK does not undo this, on purpose: the client keeps its previous version,
     /// and the server sends the resource again only when it changes, never in a loop.
@@ -623,6 +642,32 @@ mod tests {
         subs.update(&names(&["hello.vip"]), &[], &HashMap::new());
         assert_eq!(
             sent_names(&send(&cache, ResourceType::Endpoints, &mut subs)),
+            ["hello.vip"]
+        );
+    }
+
+    #[test]
+    fn a_presubscription_the_client_never_took_up_is_withdrawn_and_a_later_subscribe_answered() {
+        let cache = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
+        let mut eds = Subscriptions::default();
+        subscribe(&cache, &mut eds, &["taken.vip"]);
+        let added = eds.presubscribe(&names(&["hello.vip", "taken.vip"]));
+        assert_eq!(added, ["hello.vip"]);
+        send(&cache, ResourceType::Endpoints, &mut eds);
+
+        // The client dropped hello.vip before it subscribed to its load assignment.
+        let withdrawn = eds.withdraw_presubscribed(&names(&["hello.vip", "taken.vip"]));
+        assert_eq!(
+            withdrawn,
+            ["hello.vip"],
+            "taken.vip is the client's own subscription"
+        );
+        assert_eq!(eds.names().collect::<Vec<_>>(), ["taken.vip"]);
+
+        // It asks for the cluster again and, holding it this time, subscribes: answered.
+        subscribe(&cache, &mut eds, &["hello.vip"]);
+        assert_eq!(
+            sent_names(&send(&cache, ResourceType::Endpoints, &mut eds)),
             ["hello.vip"]
         );
     }

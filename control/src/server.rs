@@ -31,6 +31,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
     EndpointDiscoveryService, EndpointDiscoveryServiceServer,
 };
+use odmesh_names::parse_cluster_name;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -211,6 +212,24 @@ struct StreamState {
 }
 
 impl StreamState {
+    fn new(id: u64, service: Service, limits: SubscriptionLimits) -> StreamState {
+        StreamState {
+            id,
+            service,
+            connected_since: SystemTime::now(),
+            node_id: String::new(),
+            node_cluster: String::new(),
+            clusters: Subscriptions::with_limits(limits),
+            endpoints: Subscriptions::with_limits(limits),
+            next_nonce: 1,
+            acks: 0,
+            nacks: 0,
+            last_nack: None,
+            refused: 0,
+            wildcard_warned: false,
+        }
+    }
+
     fn subs(&mut self, ty: ResourceType) -> &mut Subscriptions {
         match ty {
             ResourceType::Cluster => &mut self.clusters,
@@ -343,21 +362,11 @@ impl XdsServer {
     ) -> ReceiverStream<Result<DeltaDiscoveryResponse, Status>> {
         let shared = &self.shared;
         let id = shared.next_stream_id.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(Mutex::new(StreamState {
+        let state = Arc::new(Mutex::new(StreamState::new(
             id,
             service,
-            connected_since: SystemTime::now(),
-            node_id: String::new(),
-            node_cluster: String::new(),
-            clusters: Subscriptions::with_limits(shared.config.subscriptions),
-            endpoints: Subscriptions::with_limits(shared.config.subscriptions),
-            next_nonce: 1,
-            acks: 0,
-            nacks: 0,
-            last_nack: None,
-            refused: 0,
-            wildcard_warned: false,
-        }));
+            shared.config.subscriptions,
+        )));
         lock(&shared.streams).insert(id, state.clone());
         Metrics::inc(&shared.metrics.xds_streams_total);
         shared
@@ -443,20 +452,20 @@ impl StreamTask {
         // the responses of one stream in order, so the cluster's EDS subscription exists when
         // its load assignment arrives; Envoy's own subscribe, which follows, is not answered
         // again (see `Subscriptions::presubscribe`).
-        let second =
-            (ty == ResourceType::Cluster && self.service == Service::Ads && !added.is_empty())
-                .then(|| {
-                    let added: Vec<String> = (added.into_iter())
-                        .filter(|name| !state.clusters.is_refused(name))
-                        .collect();
-                    let presubscribed = state.endpoints.presubscribe(&added);
-                    (self.shared.metrics.xds_subscriptions)
-                        .fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
-                    self.shared.cache.watch(&presubscribed);
-                    self.respond(&mut state, ResourceType::Endpoints)
-                })
-                .flatten();
-        [first, second]
+        if ty != ResourceType::Cluster || self.service != Service::Ads || added.is_empty() {
+            return [first, None];
+        }
+        // Only names answered with a cluster: Envoy never subscribes to the load assignment
+        // of a name answered with a removal (refused, or not an odmesh cluster name), so such
+        // a presubscription would never be taken up.
+        let added: Vec<String> = (added.into_iter())
+            .filter(|name| !state.clusters.is_refused(name) && parse_cluster_name(name).is_ok())
+            .collect();
+        let presubscribed = state.endpoints.presubscribe(&added);
+        (self.shared.metrics.xds_subscriptions)
+            .fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
+        self.shared.cache.watch(&presubscribed);
+        [first, self.respond(&mut state, ResourceType::Endpoints)]
     }
 
     /// Applies one request to the stream's state: node, ACK/NACK, subscription changes. Returns
@@ -546,6 +555,11 @@ impl StreamTask {
             let gauge = &metrics.xds_cluster_subscriptions;
             gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
             gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+            // A cluster dropped before Envoy subscribed to its load assignment: that subscribe
+            // will never come, so the one made on its behalf goes too.
+            let withdrawn = state.endpoints.withdraw_presubscribed(&change.removed);
+            total.fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
+            cache.unwatch(withdrawn.iter().map(String::as_str));
             // Every unregistered name is a cluster in Envoy for the stream's life: a client
             // sending random `Host`s must not grow that without bound.
             for name in &change.added {
@@ -759,10 +773,93 @@ impl EndpointDiscoveryService for XdsServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Snapshot;
+    use crate::registry::{Instance, Registry};
+    use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
+
+    /// An ADS stream's task on a cache where `hello` has one instance, driven without gRPC.
+    fn ads_stream() -> StreamTask {
+        let hello = Instance {
+            app: "HELLO".into(),
+            instance_id: "hello-1".into(),
+            ip: "10.0.0.1".parse().unwrap(),
+            port: Some(8080),
+            secure_port: None,
+            vips: vec!["hello".into()],
+            svips: vec![],
+            status: crate::registry::Status::Up,
+            zone: None,
+        };
+        let snapshot = Snapshot::from_registry(&Registry::from_iter([hello]));
+        let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), snapshot.into());
+        let server = XdsServer::new(Arc::new(cache), Arc::new(Metrics::default()));
+        let state = StreamState::new(1, Service::Ads, SubscriptionLimits::default());
+        StreamTask {
+            shared: server.shared.clone(),
+            state: Arc::new(Mutex::new(state)),
+            service: Service::Ads,
+        }
+    }
+
+    fn request(type_url: &str, subscribe: &[&str], unsubscribe: &[&str]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names_subscribe: subscribe.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsubscribe.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn sent(response: &Option<DeltaDiscoveryResponse>) -> Vec<&str> {
+        (response.iter())
+            .flat_map(|r| &r.resources)
+            .map(|r| r.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_cluster_dropped_before_envoy_asked_for_its_endpoints_gets_them_when_asked_for_again() {
+        let stream = ads_stream();
+        // Envoy asks for hello.vip and drops it before the answer arrives: it ignores the
+        // cluster, and the load assignment sent behind it.
+        let [cluster, endpoints] =
+            stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+        assert_eq!(
+            (sent(&cluster), sent(&endpoints)),
+            (vec!["hello.vip"], vec!["hello.vip"])
+        );
+        stream.on_request(request(CLUSTER_TYPE_URL, &[], &["hello.vip"]));
+        assert!(
+            lock(&stream.state).status().endpoints.is_empty(),
+            "Envoy will never subscribe to it now"
+        );
+
+        // It asks again, gets the cluster, and subscribes to the load assignment: it has it.
+        let [cluster, endpoints] =
+            stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+        assert_eq!(
+            (sent(&cluster), sent(&endpoints)),
+            (vec!["hello.vip"], vec!["hello.vip"])
+        );
+        let [again, _] = stream.on_request(request(ENDPOINTS_TYPE_URL, &["hello.vip"], &[]));
+        assert!(again.is_none(), "what was just sent is not sent again");
+    }
+
+    #[test]
+    fn a_name_that_is_not_an_odmesh_cluster_gets_no_load_assignment_on_envoys_behalf() {
+        let stream = ads_stream();
+        let [cluster, endpoints] =
+            stream.on_request(request(CLUSTER_TYPE_URL, &["xds_cluster"], &[]));
+        assert_eq!(
+            cluster.map(|r| r.removed_resources),
+            Some(vec!["xds_cluster".to_owned()])
+        );
+        assert!(endpoints.is_none());
+        assert!(lock(&stream.state).status().endpoints.is_empty());
+    }
 
     #[test]
     fn each_service_serves_only_its_own_types() {
-        use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
         assert_eq!(
             Service::Ads.resource_type(CLUSTER_TYPE_URL),
             Some(ResourceType::Cluster)
