@@ -89,6 +89,10 @@ pub struct SubscriptionChange {
     pub removed: Vec<String>,
     /// Names over [`SubscriptionLimits::max_names`]: not subscribed, answered with a removal.
     pub over_limit: usize,
+    /// Names beyond the room left by other streams ([`Subscriptions::update_within`]): not
+    /// subscribed, and not answered either: the server refuses the whole stream, so that the
+    /// proxy asks again once there is room (a removal would be final for Envoy).
+    pub over_room: usize,
     /// The request asked for the wildcard (`*`), which odmesh does not serve.
     pub wildcard: bool,
 }
@@ -118,7 +122,9 @@ impl Subscriptions {
     }
 
     /// [`Subscriptions::update`], adding at most `room` new names (what is left of a bound
-    /// shared with other streams); the names beyond count as over the limit.
+    /// shared with other streams); the names beyond are counted in
+    /// [`SubscriptionChange::over_room`]. Names the client kept (in `initial_versions`) need
+    /// no room.
     pub fn update_within(
         &mut self,
         subscribe: &[String],
@@ -152,12 +158,21 @@ impl Subscriptions {
                 .get(name)
                 .map_or(Known::Nothing, |v| Known::Kept(v.clone()));
             if !self.names.contains_key(name) {
-                if self.names.len() >= self.limits.max_names || room == 0 {
+                // What the client kept from an earlier stream is in its memory already: it
+                // takes no room from other streams (taking it away could cost requests).
+                let kept = initial_versions.contains_key(name);
+                if self.names.len() >= self.limits.max_names {
                     change.over_limit += 1;
                     self.overflow.push(name.clone());
                     continue;
                 }
-                room -= 1;
+                if room == 0 && !kept {
+                    change.over_room += 1;
+                    continue;
+                }
+                if !kept {
+                    room -= 1;
+                }
             }
             if self.names.insert(name.clone(), known).is_none() {
                 change.added.push(name.clone());
@@ -179,10 +194,14 @@ impl Subscriptions {
     /// Admits `name`, subscribed and not registered, within
     /// [`SubscriptionLimits::max_unregistered`]; over it, the name is refused: answered with
     /// a removal until it is registered. Returns whether it was admitted. Names the client
-    /// kept from an earlier stream are always admitted: it holds them already.
+    /// kept from an earlier stream are always admitted (it holds them already), and count.
     pub fn admit_unregistered(&mut self, name: &str) -> bool {
-        let kept = matches!(self.names.get(name), Some(Known::Kept(_)));
-        if kept || self.unregistered.contains(name) {
+        if self.unregistered.contains(name) {
+            return true;
+        }
+        // Counted, so that a reconnect cannot bring more in beside them.
+        if matches!(self.names.get(name), Some(Known::Kept(_))) {
+            self.unregistered.insert(name.to_owned());
             return true;
         }
         if self.unregistered.len() < self.limits.max_unregistered {
@@ -536,6 +555,16 @@ impl Cache {
     pub fn is_registered(&self, name: &str) -> Option<bool> {
         let state = self.lock();
         lookup(&state, &self.options, ResourceType::Cluster, name).map(|r| r.registered)
+    }
+
+    /// Whether `name` is an odmesh cluster name that the (complete) registry does not list.
+    /// While the registry is still loading, a name it does not list yet is not known to be
+    /// unregistered.
+    pub fn is_unregistered(&self, name: &str) -> bool {
+        let state = self.lock();
+        state.snapshot.is_complete()
+            && lookup(&state, &self.options, ResourceType::Cluster, name)
+                .is_some_and(|r| !r.registered)
     }
 
     /// [`diff`] of `subs` (of type `ty`) against the resources now.
@@ -981,7 +1010,7 @@ mod tests {
     }
 
     #[test]
-    fn names_beyond_the_room_left_by_other_streams_are_over_the_limit_too() {
+    fn names_beyond_the_room_left_by_other_streams_are_counted_apart_and_not_answered() {
         let mut cds = limited(100, 10);
         let change = cds.update_within(
             &names(&["a.vip", "b.vip", "c.vip"]),
@@ -990,11 +1019,20 @@ mod tests {
             1,
         );
         assert_eq!(change.added, ["a.vip"]);
-        assert_eq!(change.over_limit, 2);
+        assert_eq!((change.over_room, change.over_limit), (2, 0));
+        assert!(cds.is_idle() || cds.len() == 1);
+        assert_eq!(cds.overflow.len(), 0, "no removal is due for them");
         let again = cds.update_within(&names(&["a.vip"]), &[], &HashMap::new(), 0);
         assert_eq!(
-            again.over_limit, 0,
+            again.over_room, 0,
             "a name already subscribed needs no room"
+        );
+        let kept = HashMap::from([("k.vip".to_string(), "v1".to_string())]);
+        let reconnect = limited(100, 10).update_within(&names(&["k.vip"]), &[], &kept, 0);
+        assert_eq!(
+            reconnect.added,
+            ["k.vip"],
+            "a kept name needs no room either"
         );
     }
 

@@ -3,7 +3,8 @@
 //! Layers, each using only the ones below it:
 //! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints)
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
-//! (versions, subscriptions, the delta diff) → [`server`] (tonic: the xDS streams).
+//! (versions, subscriptions, the delta diff) → [`session`] (one stream's protocol, without the
+//! transport) → [`server`] (tonic: the xDS streams).
 //! [`admin`] and [`metrics`] watch from the side; [`listen`] and [`logs`] bound what clients
 //! can make the servers hold and log; [`tls`] holds what several layers need of TLS.
 #![forbid(unsafe_code)]
@@ -17,5 +18,6 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod server;
+pub mod session;
 pub mod tls;
 pub mod xds;

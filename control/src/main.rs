@@ -244,9 +244,11 @@ struct XdsArgs {
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     xds_max_names: usize,
 
-    /// Subscribed names over all streams (both types); beyond, new names are answered with
-    /// a removal. Bounds the control plane's memory whatever the number of streams.
-    #[arg(long, value_name = "N", default_value_t = 5_000_000)]
+    /// Cluster names subscribed over all streams (each with its load assignment): about
+    /// 1.5 KB each at most, so this bounds the control plane's memory whatever the number
+    /// of streams. A stream asking for more is ended (RESOURCE_EXHAUSTED); its proxy keeps
+    /// its clusters and connects again. Raise it for more proxies per control plane.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     xds_max_subscriptions: usize,
 
     /// Names not registered when asked for that one stream is served as clusters (each is

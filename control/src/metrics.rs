@@ -126,10 +126,13 @@ metrics! {
     /// Subscribed names now, over all streams and both types (bounded by
     /// --xds-max-subscriptions).
     xds_subscriptions: "gauge",
+    /// xDS streams ended (RESOURCE_EXHAUSTED) because they asked for cluster names beyond
+    /// --xds-max-subscriptions; the proxy connects again.
+    xds_streams_refused_total: "counter",
     /// xDS connections closed on arrival because --xds-max-connections were open.
     xds_connections_refused_total: "counter",
     /// Names answered with a removal because a stream was over --xds-max-names or
-    /// --xds-max-unregistered, or the server over --xds-max-subscriptions.
+    /// --xds-max-unregistered.
     xds_names_refused_total: "counter",
 }
 

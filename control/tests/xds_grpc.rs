@@ -632,28 +632,44 @@ async fn a_connection_over_the_limit_is_closed_and_counted_and_the_others_are_se
 }
 
 #[tokio::test]
-async fn names_over_the_servers_subscription_bound_are_answered_with_a_removal() {
+async fn a_stream_asking_beyond_the_servers_subscription_bound_is_ended_and_served_once_there_is_room()
+ {
     let config = XdsConfig {
-        max_subscriptions: 2,
+        max_subscriptions: 1,
         ..XdsConfig::default()
     };
     let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
     let mut a = h.ads("proxy-a").await;
     a.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
-    // The cluster and, right behind it, its endpoints: two subscriptions.
+    // The cluster and, right behind it, its endpoints: one cluster subscription.
     assert_eq!(names(&a.recv().await), ["hello.vip"]);
     assert_eq!(names(&a.recv().await), ["hello.vip"]);
+
+    // No room for proxy-b's name: its stream ends with RESOURCE_EXHAUSTED (a removal would
+    // be final for Envoy; a failed stream is retried).
     let mut b = h.ads("proxy-b").await;
     b.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
-    let refused = b.recv().await;
-    assert!(refused.resources.is_empty());
-    assert_eq!(refused.removed_resources, ["hello.vip"]);
-    assert_eq!(h.metrics.xds_names_refused_total.load(Ordering::Relaxed), 1);
+    let ended = tokio::time::timeout(WAIT, b.inbound.message())
+        .await
+        .expect("an answer in time");
+    let status = ended.expect_err("the stream is ended");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
+    assert!(
+        status.message().contains("--xds-max-subscriptions"),
+        "{status}"
+    );
+    assert_eq!(
+        h.metrics.xds_streams_refused_total.load(Ordering::Relaxed),
+        1
+    );
+
+    // Room again: proxy-b connects again and is served.
     drop(a);
     h.until_metric("proxy-a's subscriptions released", |m| {
-        m.xds_subscriptions.load(Ordering::Relaxed) == 0
+        m.xds_cluster_subscriptions.load(Ordering::Relaxed) == 0
     })
     .await;
+    let mut b = h.ads("proxy-b").await;
     b.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
     assert_eq!(names(&b.recv().await), ["hello.vip"]);
     h.stop().await;

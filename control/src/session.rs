@@ -1,0 +1,599 @@
+//! One xDS stream's protocol, without the transport: how a delta request changes a stream's
+//! subscriptions and what is sent back, and what a change of the cache sends. The
+//! [`server`](crate::server) runs one [`Session`] per gRPC stream and only moves its messages;
+//! tests drive sessions directly, as simulated proxies would.
+//!
+//! See [`cache`](crate::cache) for the delta xDS rules (subscriptions, the diff, kept
+//! resources, bounds) that a session applies.
+
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use odmesh_names::parse_cluster_name;
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions};
+use crate::logs::{self, RateLimit, clip};
+use crate::metrics::Metrics;
+use crate::xds::ResourceType;
+
+/// At most so many bytes of a proxy's node id, node cluster and nonces are kept.
+const MAX_NODE_FIELD: usize = 256;
+/// At most so many bytes of a NACK's message are kept and logged.
+const MAX_NACK_MESSAGE: usize = 4096;
+
+/// A request for more cluster names than the server's bound leaves room for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "odmesh-control holds as many cluster subscriptions as it may ({max}, --xds-max-subscriptions): {asked} more refused; connect again later"
+)]
+pub struct Full {
+    /// New names beyond the room.
+    pub asked: usize,
+    /// The bound.
+    pub max: usize,
+}
+
+/// What a session works with: the cache it answers from, the metrics it counts into, and
+/// the bound on cluster subscriptions over all streams.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    pub cache: &'a Cache,
+    pub metrics: &'a Metrics,
+    /// Cluster names subscribed over all streams at most (`--xds-max-subscriptions`).
+    pub max_subscriptions: usize,
+}
+
+/// One connected stream, as the admin's `/debug/proxies` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ProxyStatus {
+    /// Unique per stream since start.
+    pub stream_id: u64,
+    /// `ads`, `cds` or `eds`: which gRPC service the stream uses.
+    pub service: &'static str,
+    /// `node.id` from the proxy's first request (empty until it sends one).
+    pub node_id: String,
+    /// `node.cluster` from the proxy's first request.
+    pub node_cluster: String,
+    /// When the stream opened, in seconds since the Unix epoch.
+    pub connected_since_unix: u64,
+    /// Subscribed `Cluster` names, sorted.
+    pub clusters: Vec<String>,
+    /// Subscribed `ClusterLoadAssignment` names, sorted.
+    pub endpoints: Vec<String>,
+    /// Responses the proxy accepted.
+    pub acks: u64,
+    /// Responses the proxy rejected.
+    pub nacks: u64,
+    /// The last rejection, with Envoy's message.
+    pub last_nack: Option<NackStatus>,
+    /// Names answered with a removal because they were over the stream's bounds.
+    pub refused: u64,
+}
+
+/// A response a proxy rejected.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct NackStatus {
+    /// `cluster` or `endpoints`.
+    pub resource_type: &'static str,
+    /// The nonce of the rejected response.
+    pub nonce: String,
+    /// Envoy's error message.
+    pub message: String,
+    /// When it arrived, in seconds since the Unix epoch.
+    pub at_unix: u64,
+}
+
+/// Which gRPC service a stream came in on; decides the types it may ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// Aggregated (ADS): both types on one stream.
+    Ads,
+    /// Clusters only (CDS).
+    Cds,
+    /// Load assignments only (EDS).
+    Eds,
+}
+
+impl Service {
+    /// `ads`, `cds` or `eds`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Service::Ads => "ads",
+            Service::Cds => "cds",
+            Service::Eds => "eds",
+        }
+    }
+
+    /// The type of a request on this service; a standalone service may leave `type_url` empty.
+    fn resource_type(self, type_url: &str) -> Option<ResourceType> {
+        let ty = match (self, type_url) {
+            (Service::Cds, "") => return Some(ResourceType::Cluster),
+            (Service::Eds, "") => return Some(ResourceType::Endpoints),
+            _ => ResourceType::from_type_url(type_url)?,
+        };
+        self.serves(ty).then_some(ty)
+    }
+
+    fn serves(self, ty: ResourceType) -> bool {
+        match self {
+            Service::Ads => true,
+            Service::Cds => ty == ResourceType::Cluster,
+            Service::Eds => ty == ResourceType::Endpoints,
+        }
+    }
+}
+
+/// One stream's protocol state: who the proxy is, what it subscribed, what it was sent.
+#[derive(Debug)]
+pub struct Session {
+    id: u64,
+    service: Service,
+    connected_since: SystemTime,
+    node_id: String,
+    node_cluster: String,
+    clusters: Subscriptions,
+    endpoints: Subscriptions,
+    next_nonce: u64,
+    acks: u64,
+    nacks: u64,
+    last_nack: Option<NackStatus>,
+    refused: u64,
+    wildcard_warned: bool,
+    limits: SubscriptionLimits,
+}
+
+impl Session {
+    /// A new stream `id` on `service`, bounded by `limits`.
+    pub fn new(id: u64, service: Service, limits: SubscriptionLimits) -> Session {
+        Session {
+            id,
+            service,
+            connected_since: SystemTime::now(),
+            node_id: String::new(),
+            node_cluster: String::new(),
+            clusters: Subscriptions::with_limits(limits),
+            endpoints: Subscriptions::with_limits(limits),
+            next_nonce: 1,
+            acks: 0,
+            nacks: 0,
+            last_nack: None,
+            refused: 0,
+            wildcard_warned: false,
+            limits,
+        }
+    }
+
+    /// The stream's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The proxy's node id (empty until its first request names it).
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    fn subs(&mut self, ty: ResourceType) -> &mut Subscriptions {
+        match ty {
+            ResourceType::Cluster => &mut self.clusters,
+            ResourceType::Endpoints => &mut self.endpoints,
+        }
+    }
+
+    /// The stream as the admin shows it.
+    pub fn status(&self) -> ProxyStatus {
+        ProxyStatus {
+            stream_id: self.id,
+            service: self.service.as_str(),
+            node_id: self.node_id.clone(),
+            node_cluster: self.node_cluster.clone(),
+            connected_since_unix: unix_seconds(self.connected_since),
+            clusters: self.clusters.names().map(str::to_owned).collect(),
+            endpoints: self.endpoints.names().map(str::to_owned).collect(),
+            acks: self.acks,
+            nacks: self.nacks,
+            last_nack: self.last_nack.clone(),
+            refused: self.refused,
+        }
+    }
+
+    /// Handles one request; returns the response for the request's type, if one is due, and,
+    /// for new `Cluster` subscriptions on ADS, the load assignments that go with them.
+    ///
+    /// Refused (the server ends the stream with it) when the request asks for new cluster
+    /// names beyond the room `--xds-max-subscriptions` leaves: the proxy connects again and
+    /// asks again, and is served once there is room. A removal, the other way to say no,
+    /// would be final: Envoy never asks again for a name it was told is gone.
+    pub fn on_request(
+        &mut self,
+        cx: &Context<'_>,
+        req: DeltaDiscoveryRequest,
+    ) -> Result<[Option<DeltaDiscoveryResponse>; 2], Full> {
+        let Some((ty, added)) = self.apply_request(cx, req)? else {
+            return Ok([None, None]);
+        };
+        let first = self.respond(cx, ty);
+        // Envoy subscribes to an EDS cluster's load assignment only once it has accepted the
+        // cluster: one more round trip (request, answer) before the cluster is warm, which the
+        // first request to it waits for. On ADS, odmesh sends the load assignments of newly
+        // subscribed clusters right behind them, as if Envoy had already asked. Envoy handles
+        // the responses of one stream in order, so the cluster's EDS subscription exists when
+        // its load assignment arrives; Envoy's own subscribe, which follows, is not answered
+        // again (see `Subscriptions::presubscribe`).
+        if ty != ResourceType::Cluster || self.service != Service::Ads || added.is_empty() {
+            return Ok([first, None]);
+        }
+        // Only names answered with a cluster: Envoy never subscribes to the load assignment
+        // of a name answered with a removal (refused, or not an odmesh cluster name), so such
+        // a presubscription would never be taken up.
+        let added: Vec<String> = (added.into_iter())
+            .filter(|name| !self.clusters.is_refused(name) && parse_cluster_name(name).is_ok())
+            .collect();
+        let presubscribed = self.endpoints.presubscribe(&added);
+        (cx.metrics.xds_subscriptions).fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
+        cx.cache.watch(&presubscribed);
+        Ok([first, self.respond(cx, ResourceType::Endpoints)])
+    }
+
+    /// Applies one request to the stream's state: node, ACK/NACK, subscription changes. Returns
+    /// its type and the names it newly subscribed that the client has no version of, when the
+    /// subscriptions changed.
+    fn apply_request(
+        &mut self,
+        cx: &Context<'_>,
+        req: DeltaDiscoveryRequest,
+    ) -> Result<Option<(ResourceType, Vec<String>)>, Full> {
+        let metrics = cx.metrics;
+        Metrics::inc(&metrics.xds_requests_total);
+        if let Some(node) = &req.node
+            && self.node_id.is_empty()
+        {
+            // Kept for the admin: bounded, whatever the client sent.
+            self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
+            self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
+            info!(stream = self.id, node = %clip(&node.id), service = self.service.as_str(), "proxy connected");
+        }
+        let Some(ty) = self.service.resource_type(&req.type_url) else {
+            debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
+            return Ok(None);
+        };
+
+        // Rule: a request that carries the `response_nonce` of a response acknowledges it;
+        // with `error_detail` set it rejects it (NACK), and the client keeps what it had.
+        if !req.response_nonce.is_empty() {
+            match &req.error_detail {
+                None => {
+                    self.acks += 1;
+                    Metrics::inc(&metrics.xds_acks_total);
+                }
+                Some(error) => {
+                    self.nacks += 1;
+                    Metrics::inc(&metrics.xds_nacks_total);
+                    static LOG: RateLimit = logs::per_second();
+                    if let Some(suppressed) = LOG.check() {
+                        warn!(
+                            suppressed,
+                            stream = self.id,
+                            node = %clip(&self.node_id),
+                            resource_type = ty.as_str(),
+                            nonce = %clip(&req.response_nonce),
+                            error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
+                            "proxy rejected an xDS response (NACK); it is sent again only when it changes"
+                        );
+                    }
+                    self.last_nack = Some(NackStatus {
+                        resource_type: ty.as_str(),
+                        nonce: logs::truncated(&req.response_nonce, MAX_NODE_FIELD),
+                        message: logs::truncated(&error.message, MAX_NACK_MESSAGE),
+                        at_unix: unix_seconds(SystemTime::now()),
+                    });
+                }
+            }
+        }
+
+        if req.resource_names_subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
+            return Ok(None);
+        }
+        // The bound over all streams is on cluster names; each brings its load assignment.
+        let room = match ty {
+            ResourceType::Cluster => cx
+                .max_subscriptions
+                .saturating_sub(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize),
+            ResourceType::Endpoints => usize::MAX,
+        };
+        let change = self.subs(ty).update_within(
+            &req.resource_names_subscribe,
+            &req.resource_names_unsubscribe,
+            &req.initial_resource_versions,
+            room,
+        );
+        let total = &metrics.xds_subscriptions;
+        total.fetch_add(change.added.len() as u64, Ordering::Relaxed);
+        total.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+        if change.wildcard && !self.wildcard_warned {
+            self.wildcard_warned = true;
+            warn!(
+                stream = self.id,
+                node = %clip(&self.node_id),
+                resource_type = ty.as_str(),
+                "proxy asked for every resource (wildcard); odmesh serves named, on-demand subscriptions only"
+            );
+        }
+        let cache = cx.cache;
+        cache.watch(&change.added);
+        cache.unwatch(change.removed.iter().map(String::as_str));
+        if change.over_room > 0 {
+            Metrics::inc(&metrics.xds_streams_refused_total);
+            return Err(Full {
+                asked: change.over_room,
+                max: cx.max_subscriptions,
+            });
+        }
+        let mut refused = change.over_limit;
+        if ty == ResourceType::Cluster {
+            let gauge = &metrics.xds_cluster_subscriptions;
+            gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
+            gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+            // A cluster dropped before Envoy subscribed to its load assignment: that subscribe
+            // will never come, so the one made on its behalf goes too.
+            let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
+            total.fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
+            cache.unwatch(withdrawn.iter().map(String::as_str));
+            // Every unregistered name is a cluster in Envoy for the stream's life: a client
+            // sending random `Host`s must not grow that without bound.
+            for name in &change.added {
+                if cache.is_unregistered(name) && !self.clusters.admit_unregistered(name) {
+                    refused += 1;
+                }
+            }
+        }
+        if refused > 0 {
+            self.refused += refused as u64;
+            metrics
+                .xds_names_refused_total
+                .fetch_add(refused as u64, Ordering::Relaxed);
+            static LOG: RateLimit = logs::per_second();
+            if let Some(suppressed) = LOG.check() {
+                warn!(
+                    suppressed,
+                    stream = self.id,
+                    node = %clip(&self.node_id),
+                    resource_type = ty.as_str(),
+                    refused,
+                    limits = ?self.limits,
+                    "names over the stream's bounds answered with a removal"
+                );
+            }
+        }
+        let kept = req.initial_resource_versions.len();
+        if kept > 0 && !cache.snapshot().is_complete() {
+            info!(
+                stream = self.id,
+                node = %clip(&self.node_id),
+                resource_type = ty.as_str(),
+                kept,
+                "proxy reconnected with resources it kept; they stay as they are until the registry is loaded"
+            );
+        }
+        debug!(
+            stream = self.id,
+            resource_type = ty.as_str(),
+            subscribed = req.resource_names_subscribe.len(),
+            unsubscribed = req.resource_names_unsubscribe.len(),
+            first = ?req.resource_names_subscribe.first().map(|n| clip(n)),
+            "subscriptions changed"
+        );
+        // Names the client says it has (on reconnect) are not new to it: their load
+        // assignments need no head start.
+        let mut fresh = change.added;
+        fresh.retain(|name| !req.initial_resource_versions.contains_key(name));
+        Ok(Some((ty, fresh)))
+    }
+
+    /// Pushes what changed in the cache, clusters before their load assignments.
+    pub fn on_change(&mut self, cx: &Context<'_>) -> [Option<DeltaDiscoveryResponse>; 2] {
+        ResourceType::ALL.map(|ty| {
+            self.service
+                .serves(ty)
+                .then(|| self.respond(cx, ty))
+                .flatten()
+        })
+    }
+
+    /// The response bringing this stream's `ty` subscriptions up to date, if any is needed.
+    fn respond(&mut self, cx: &Context<'_>, ty: ResourceType) -> Option<DeltaDiscoveryResponse> {
+        let cache = cx.cache;
+        let subs = self.subs(ty);
+        if subs.is_idle() {
+            return None;
+        }
+        let delta = cache.delta(ty, subs);
+        if delta.is_empty() {
+            return None;
+        }
+        subs.record(&delta);
+        let nonce = self.next_nonce;
+        self.next_nonce += 1;
+        let metrics = cx.metrics;
+        Metrics::inc(&metrics.xds_responses_total);
+        metrics
+            .xds_resources_sent_total
+            .fetch_add(delta.send.len() as u64, Ordering::Relaxed);
+        debug!(
+            stream = self.id,
+            resource_type = ty.as_str(),
+            nonce,
+            sent = delta.send.len(),
+            removed = delta.remove.len(),
+            "sending delta response"
+        );
+        Some(response(ty, delta, nonce, cache.generation()))
+    }
+
+    /// The stream ended: its subscriptions no longer count.
+    pub fn close(&self, cx: &Context<'_>) {
+        for subs in [&self.clusters, &self.endpoints] {
+            cx.cache.unwatch(subs.names());
+        }
+        let metrics = cx.metrics;
+        metrics
+            .xds_cluster_subscriptions
+            .fetch_sub(self.clusters.len() as u64, Ordering::Relaxed);
+        metrics.xds_subscriptions.fetch_sub(
+            (self.clusters.len() + self.endpoints.len()) as u64,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        system_version_info: generation.to_string(),
+        resources: delta.send.iter().map(|r| r.to_resource()).collect(),
+        type_url: ty.type_url().to_owned(),
+        removed_resources: delta.remove,
+        nonce: nonce.to_string(),
+        ..Default::default()
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Snapshot;
+    use crate::registry::{Instance, Registry};
+    use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
+
+    /// An ADS session on a cache where `hello` has one instance.
+    struct Ads {
+        cache: Cache,
+        metrics: Metrics,
+        session: Session,
+    }
+
+    impl Ads {
+        fn on_request(
+            &mut self,
+            req: DeltaDiscoveryRequest,
+        ) -> [Option<DeltaDiscoveryResponse>; 2] {
+            let cx = Context {
+                cache: &self.cache,
+                metrics: &self.metrics,
+                max_subscriptions: usize::MAX,
+            };
+            self.session
+                .on_request(&cx, req)
+                .expect("room for every name")
+        }
+    }
+
+    fn ads_stream() -> Ads {
+        let hello = Instance {
+            app: "HELLO".into(),
+            instance_id: "hello-1".into(),
+            ip: "10.0.0.1".parse().unwrap(),
+            port: Some(8080),
+            secure_port: None,
+            vips: vec!["hello".into()],
+            svips: vec![],
+            status: crate::registry::Status::Up,
+            zone: None,
+        };
+        let snapshot = Snapshot::from_registry(&Registry::from_iter([hello]));
+        let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), snapshot.into());
+        Ads {
+            cache,
+            metrics: Metrics::default(),
+            session: Session::new(1, Service::Ads, SubscriptionLimits::default()),
+        }
+    }
+
+    fn request(type_url: &str, subscribe: &[&str], unsubscribe: &[&str]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names_subscribe: subscribe.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsubscribe.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn sent(response: &Option<DeltaDiscoveryResponse>) -> Vec<&str> {
+        (response.iter())
+            .flat_map(|r| &r.resources)
+            .map(|r| r.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_cluster_dropped_before_envoy_asked_for_its_endpoints_gets_them_when_asked_for_again() {
+        let mut stream = ads_stream();
+        // Envoy asks for hello.vip and drops it before the answer arrives: it ignores the
+        // cluster, and the load assignment sent behind it.
+        let [cluster, endpoints] =
+            stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+        assert_eq!(
+            (sent(&cluster), sent(&endpoints)),
+            (vec!["hello.vip"], vec!["hello.vip"])
+        );
+        stream.on_request(request(CLUSTER_TYPE_URL, &[], &["hello.vip"]));
+        assert!(
+            stream.session.status().endpoints.is_empty(),
+            "Envoy will never subscribe to it now"
+        );
+
+        // It asks again, gets the cluster, and subscribes to the load assignment: it has it.
+        let [cluster, endpoints] =
+            stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+        assert_eq!(
+            (sent(&cluster), sent(&endpoints)),
+            (vec!["hello.vip"], vec!["hello.vip"])
+        );
+        let [again, _] = stream.on_request(request(ENDPOINTS_TYPE_URL, &["hello.vip"], &[]));
+        assert!(again.is_none(), "what was just sent is not sent again");
+    }
+
+    #[test]
+    fn a_name_that_is_not_an_odmesh_cluster_gets_no_load_assignment_on_envoys_behalf() {
+        let mut stream = ads_stream();
+        let [cluster, endpoints] =
+            stream.on_request(request(CLUSTER_TYPE_URL, &["xds_cluster"], &[]));
+        assert_eq!(
+            cluster.map(|r| r.removed_resources),
+            Some(vec!["xds_cluster".to_owned()])
+        );
+        assert!(endpoints.is_none());
+        assert!(stream.session.status().endpoints.is_empty());
+    }
+
+    #[test]
+    fn each_service_serves_only_its_own_types() {
+        assert_eq!(
+            Service::Ads.resource_type(CLUSTER_TYPE_URL),
+            Some(ResourceType::Cluster)
+        );
+        assert_eq!(
+            Service::Ads.resource_type(ENDPOINTS_TYPE_URL),
+            Some(ResourceType::Endpoints)
+        );
+        assert_eq!(Service::Ads.resource_type(""), None);
+        assert_eq!(Service::Cds.resource_type(""), Some(ResourceType::Cluster));
+        assert_eq!(Service::Cds.resource_type(ENDPOINTS_TYPE_URL), None);
+        assert_eq!(
+            Service::Eds.resource_type(""),
+            Some(ResourceType::Endpoints)
+        );
+        assert_eq!(
+            Service::Ads.resource_type("type.googleapis.com/envoy.config.listener.v3.Listener"),
+            None
+        );
+    }
+}
