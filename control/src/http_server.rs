@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -223,11 +223,22 @@ pub async fn read_body(
     Err(refused)
 }
 
-/// Reads and discards what is left of a refused body, in the background, bounded.
+/// Reads and discards what is left of a refused body, in the background, bounded in bytes
+/// and time; each piece is dropped as soon as it is read, so a refused body costs no memory.
 fn drain(body: Body, timeout: Duration) {
     tokio::spawn(async move {
-        let limited = Limited::new(body, DRAIN_BYTES);
-        let _ = tokio::time::timeout(timeout, limited.collect()).await;
+        let mut body = body;
+        let mut left = DRAIN_BYTES;
+        let _ = tokio::time::timeout(timeout, async {
+            while let Some(Ok(frame)) = body.frame().await {
+                let n = frame.data_ref().map_or(0, |d| d.len());
+                if n >= left {
+                    break;
+                }
+                left -= n;
+            }
+        })
+        .await;
     });
 }
 

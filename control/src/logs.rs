@@ -119,9 +119,22 @@ impl RateLimit {
     }
 }
 
-/// The limit for client-triggered warnings: 20 lines a second per kind.
+/// The limit for lines clients can trigger at will: 20 a second per kind.
 pub const fn per_second() -> RateLimit {
     RateLimit::new(20, Duration::from_secs(1))
+}
+
+/// Logs like `tracing::$level!` (`info`, `warn`, ...), at most 20 lines a second from this
+/// call site ([`per_second`]); the next line written carries `suppressed`, how many were left
+/// out. For every line a client can make the control plane write at will.
+#[macro_export]
+macro_rules! limited {
+    ($level:ident, $($arg:tt)+) => {{
+        static LIMIT: $crate::logs::RateLimit = $crate::logs::per_second();
+        if let Some(suppressed) = LIMIT.check() {
+            ::tracing::$level!(suppressed, $($arg)+);
+        }
+    }};
 }
 
 #[cfg(test)]

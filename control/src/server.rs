@@ -327,7 +327,12 @@ impl Drop for StreamTask {
         lock(&self.shared.streams).remove(&state.id());
         state.close(&self.context());
         (self.shared.metrics.xds_streams_active).fetch_sub(1, Ordering::Relaxed);
-        info!(stream = state.id(), node = %clip(state.node_id()), "xDS stream closed");
+        crate::limited!(
+            info,
+            stream = state.id(),
+            node = %clip(state.node_id()),
+            "xDS stream closed",
+        );
     }
 }
 

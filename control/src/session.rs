@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use odmesh_names::parse_cluster_name;
 use serde::Serialize;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions};
 use crate::logs::{self, RateLimit, clip};
@@ -256,7 +256,13 @@ impl Session {
             // Kept for the admin: bounded, whatever the client sent.
             self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
             self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
-            info!(stream = self.id, node = %clip(&node.id), service = self.service.as_str(), "proxy connected");
+            crate::limited!(
+                info,
+                stream = self.id,
+                node = %clip(&node.id),
+                service = self.service.as_str(),
+                "proxy connected",
+            );
         }
         let Some(ty) = self.service.resource_type(&req.type_url) else {
             debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
@@ -372,7 +378,8 @@ impl Session {
         }
         let kept = req.initial_resource_versions.len();
         if kept > 0 && !cache.snapshot().is_complete() {
-            info!(
+            crate::limited!(
+                info,
                 stream = self.id,
                 node = %clip(&self.node_id),
                 resource_type = ty.as_str(),

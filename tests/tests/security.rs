@@ -239,7 +239,9 @@ fn with_a_tokens_file_a_real_client_registers_and_nobody_else_can_hijack_or_drai
     );
     assert_eq!(hijack.status, 403, "{}", hijack.text());
     assert!(
-        hijack.text().contains("may not register VIP \"secure\""),
+        hijack
+            .text()
+            .contains("may not register instances of app \"SECURE\""),
         "{}",
         hijack.text()
     );

@@ -4,13 +4,15 @@
 //! `Basic` with the identity's name as user and its token as password (what Eureka clients
 //! send for `http://name:token@host/eureka` URLs). An identity owns the instances it
 //! registers: only it, or an operator, may renew, change or cancel them; and it may register
-//! only the VIPs and SVIPs the file grants it. Without the file (the default on loopback,
+//! only under the apps and for the VIPs and SVIPs the file grants it (so it can neither
+//! route a VIP nor pose as an app, nor squat an instance id of another's app). Without the file (the default on loopback,
 //! and in `make run`), anyone may do anything, as with a stock Eureka server.
 //!
 //! ```yaml
 //! identities:
 //!   - name: hello          # owns what it registers
 //!     token: "a-long-random-secret"
+//!     apps: [HELLO]        # apps it may register instances of; default: [name]; "*": any
 //!     vips: [hello, hello-canary]   # VIPs and SVIPs it may register; default: [name]; "*": any
 //!   - name: ops
 //!     token: "another-long-random-secret"
@@ -65,23 +67,41 @@ struct Entry {
     token: String,
     #[serde(default)]
     operator: bool,
+    apps: Option<Vec<String>>,
     vips: Option<Vec<String>>,
 }
 
-/// The VIPs and SVIPs an identity may register.
+/// The names (VIPs and SVIPs, or apps) an identity may register.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum VipGrant {
+pub enum Grant {
     Any,
     Only(BTreeSet<String>),
 }
 
-impl VipGrant {
-    /// Whether `vip` (lowercase) may be registered.
-    pub fn allows(&self, vip: &str) -> bool {
+impl Grant {
+    /// Whether `name` (in the grant's case: VIPs lowercase, apps uppercase) is granted.
+    pub fn allows(&self, name: &str) -> bool {
         match self {
-            VipGrant::Any => true,
-            VipGrant::Only(vips) => vips.contains(vip),
+            Grant::Any => true,
+            Grant::Only(names) => names.contains(name),
         }
+    }
+
+    /// `list` (default: `[default]`) as a grant, each name through `check` (which normalises
+    /// it or says why it is not a name); `"*"` grants any.
+    fn of(
+        list: Option<&Vec<String>>,
+        default: &str,
+        check: impl Fn(&str) -> Result<String, String>,
+    ) -> Result<Grant, String> {
+        let list = list.cloned().unwrap_or_else(|| vec![default.to_owned()]);
+        if list.iter().any(|v| v == "*") {
+            return Ok(Grant::Any);
+        }
+        list.iter()
+            .map(|v| check(v))
+            .collect::<Result<_, _>>()
+            .map(Grant::Only)
     }
 }
 
@@ -91,7 +111,11 @@ pub enum Caller {
     /// Authentication is off: anyone may do anything.
     Anyone,
     /// An identity of the tokens file.
-    Client { name: String, vips: VipGrant },
+    Client {
+        name: String,
+        apps: Grant,
+        vips: Grant,
+    },
     /// An operator of the tokens file: may do anything, to any instance.
     Operator { name: String },
 }
@@ -120,8 +144,18 @@ impl Caller {
     /// Why this caller may not register `vip`, if it may not.
     pub fn may_claim(&self, vip: &str) -> Result<(), String> {
         match self {
-            Caller::Client { name, vips } if !vips.allows(vip) => Err(format!(
+            Caller::Client { name, vips, .. } if !vips.allows(vip) => Err(format!(
                 "identity {name:?} may not register VIP {vip:?} (see its `vips` in the tokens file)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Why this caller may not register instances of `app` (uppercase), if it may not.
+    pub fn may_register_app(&self, app: &str) -> Result<(), String> {
+        match self {
+            Caller::Client { name, apps, .. } if !apps.allows(app) => Err(format!(
+                "identity {name:?} may not register instances of app {app:?} (see its `apps` in the tokens file)"
             )),
             _ => Ok(()),
         }
@@ -212,32 +246,31 @@ impl Authenticator {
                 ));
             }
             let caller = if entry.operator {
-                if entry.vips.is_some() {
+                if entry.vips.is_some() || entry.apps.is_some() {
                     return Err(invalid(
-                        "an operator may register any VIP: drop `vips`".to_owned(),
+                        "an operator may register any app and VIP: drop `apps` and `vips`"
+                            .to_owned(),
                     ));
                 }
                 Caller::Operator {
                     name: entry.name.clone(),
                 }
             } else {
-                let list = entry
-                    .vips
-                    .clone()
-                    .unwrap_or_else(|| vec![entry.name.clone()]);
-                let vips = if list.iter().any(|v| v == "*") {
-                    VipGrant::Any
-                } else {
-                    let mut set = BTreeSet::new();
-                    for vip in list {
-                        let vip = vip.trim().to_ascii_lowercase();
-                        crate::registry::check_vip(&vip).map_err(invalid)?;
-                        set.insert(vip);
-                    }
-                    VipGrant::Only(set)
-                };
+                let vips = Grant::of(entry.vips.as_ref(), &entry.name, |vip| {
+                    let vip = vip.trim().to_ascii_lowercase();
+                    crate::registry::check_vip(&vip).map(|()| vip)
+                })
+                .map_err(invalid)?;
+                let apps = Grant::of(entry.apps.as_ref(), &entry.name, |app| {
+                    let app = app.trim().to_ascii_uppercase();
+                    super::policy::check_app(&app)
+                        .map(|()| app)
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(invalid)?;
                 Caller::Client {
                     name: entry.name.clone(),
+                    apps,
                     vips,
                 }
             };
@@ -406,6 +439,16 @@ mod tests {
         assert!(Caller::Anyone.may_change(Some("hello")).is_ok());
         assert!(hello.may_claim("hello").is_ok(), "default: its own name");
         assert!(hello.may_claim("other").is_err());
+        assert!(
+            hello.may_register_app("HELLO").is_ok(),
+            "default: its own name, uppercase"
+        );
+        let err = hello.may_register_app("BOTH").unwrap_err();
+        assert!(
+            err.contains("may not register instances of app \"BOTH\""),
+            "{err}"
+        );
+        assert!(ops.may_register_app("ANY").is_ok());
         assert!(
             both.may_claim("other").is_ok(),
             "granted names are lowercased"

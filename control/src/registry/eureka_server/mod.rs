@@ -220,8 +220,11 @@ struct Lease {
     duration: Duration,
     /// When this lease began (registration), for self-preservation's expectations.
     registered: Instant,
-    /// How often the client says it renews (`leaseInfo.renewalIntervalInSecs`).
+    /// How often the client says it renews (`leaseInfo.renewalIntervalInSecs`), within 1 s
+    /// and the lease.
     renewal_interval: Duration,
+    /// When a renewal of it last counted for self-preservation.
+    counted: Instant,
     /// The identity that registered it, when authentication is on.
     owner: Option<String>,
 }
@@ -446,6 +449,9 @@ impl EurekaRegistry {
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         policy::check_app(&app)?;
+        caller
+            .may_register_app(&app)
+            .map_err(InvalidRequest::forbidden)?;
         if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
             return Err(InvalidRequest::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -509,8 +515,11 @@ impl EurekaRegistry {
             _ => self.shared.config.lease_duration,
         };
         let reported = info.status();
+        // What the client says, within 1 s and its lease (a lease it cannot renew in time
+        // makes no sense, and would weigh more in self-preservation than it should).
         let renewal_interval =
-            Duration::from_secs(lease_info.renewal_interval_in_secs.unwrap_or(30).max(1));
+            Duration::from_secs(lease_info.renewal_interval_in_secs.unwrap_or(30))
+                .clamp(Duration::from_secs(1), duration.max(Duration::from_secs(1)));
         let mut state = self.lock();
         let existing = state.apps.get(&app).and_then(|leases| leases.get(&id));
         match existing {
@@ -545,7 +554,12 @@ impl EurekaRegistry {
                 let restored = restore_override(&mut state, &app, &id);
                 if restored.is_some() {
                     Metrics::inc(&self.shared.metrics.eureka_overrides_restored_total);
-                    tracing::info!(app = %clip(&app), id = %clip(&id), "eureka: an instance cancelled while overridden registered again; its override stays");
+                    crate::limited!(
+                        info,
+                        app = %clip(&app),
+                        id = %clip(&id),
+                        "eureka: an instance cancelled while overridden registered again; its override stays",
+                    );
                 }
                 (restored.or(body_override), None)
             }
@@ -574,6 +588,7 @@ impl EurekaRegistry {
             renewed: now_instant,
             duration,
             registered: now_instant,
+            counted: now_instant,
             renewal_interval,
             owner: caller.owner().map(str::to_owned),
         };
@@ -588,7 +603,13 @@ impl EurekaRegistry {
         state.convert(&app, &id);
         self.record(&mut state, &app, &id, snapshot, ActionType::Added);
         Metrics::inc(&self.shared.metrics.eureka_registrations_total);
-        tracing::info!(app = %clip(&app), id = %clip(&id), status = reported.as_str(), "eureka: registered");
+        crate::limited!(
+            info,
+            app = %clip(&app),
+            id = %clip(&id),
+            status = reported.as_str(),
+            "eureka: registered",
+        );
         drop(state);
         self.publish();
         Ok(())
@@ -619,6 +640,12 @@ impl EurekaRegistry {
         if let Some(l) = lease.info.lease_info.as_mut() {
             l.last_renewal_timestamp = Some(now_ms());
         }
+        // Self-preservation counts at most one renewal per half the lease's interval: a client
+        // heartbeating faster than it said cannot hide that others went quiet.
+        let counts = now.saturating_duration_since(lease.counted) >= lease.renewal_interval / 2;
+        if counts {
+            lease.counted = now;
+        }
         let answer = match (last_dirty_timestamp, lease.info.last_dirty_timestamp) {
             (Some(theirs), Some(ours)) if theirs > ours => Err(InvalidRequest::new(
                 StatusCode::NOT_FOUND,
@@ -629,7 +656,7 @@ impl EurekaRegistry {
             )),
             _ => Ok(()),
         };
-        if let Some(preservation) = state.preservation.as_mut() {
+        if counts && let Some(preservation) = state.preservation.as_mut() {
             preservation.renewed(now);
         }
         Metrics::inc(&self.shared.metrics.eureka_renewals_total);
@@ -673,7 +700,7 @@ impl EurekaRegistry {
         }
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
         Metrics::inc(&self.shared.metrics.eureka_cancels_total);
-        tracing::info!(app = %clip(&app), id = %clip(id), "eureka: cancelled");
+        crate::limited!(info, app = %clip(&app), id = %clip(id), "eureka: cancelled");
         drop(state);
         self.publish();
         Ok(())
@@ -699,7 +726,8 @@ impl EurekaRegistry {
             Ok(())
         })?;
         Metrics::inc(&self.shared.metrics.eureka_status_updates_total);
-        tracing::info!(
+        crate::limited!(
+            info,
             app = %clip(app),
             id = %clip(id),
             overridden = overridden.map_or("none", Status::as_str),
@@ -842,7 +870,12 @@ impl EurekaRegistry {
                 if let Some(l) = lease.info.lease_info.as_mut() {
                     l.eviction_timestamp = Some(now_ms());
                 }
-                tracing::info!(app = %clip(app), id = %clip(id), "eureka: lease expired; instance evicted");
+                crate::limited!(
+                    info,
+                    app = %clip(app),
+                    id = %clip(id),
+                    "eureka: lease expired; instance evicted",
+                );
                 self.record(&mut state, app, id, lease.info, ActionType::Deleted);
                 Metrics::inc(&metrics.eureka_evictions_total);
             }
@@ -1036,7 +1069,11 @@ impl EurekaRegistry {
                 .health
                 .record_success(&shared.metrics, &parsed.registry, &parsed.warnings);
         for w in new_warnings {
-            tracing::warn!("eureka: registered instance not fully usable: {w}");
+            crate::limited!(
+                warn,
+                "eureka: registered instance not fully usable: {}",
+                crate::logs::clip_at(&w, 300),
+            );
         }
         super::publish(&shared.tx, parsed.registry);
     }

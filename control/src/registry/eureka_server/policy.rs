@@ -130,16 +130,18 @@ impl FromStr for Cidr {
         let addr: IpAddr = addr
             .parse()
             .map_err(|_| format!("{s:?}: {addr:?} is not an IP address"))?;
+        if addr.to_canonical() != addr {
+            return Err(format!(
+                "{s:?}: an IPv4 network written as IPv6; write it as IPv4 (a.b.c.d/n)"
+            ));
+        }
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix: u8 = prefix
             .parse()
             .ok()
             .filter(|p| *p <= max)
             .ok_or_else(|| format!("{s:?}: the prefix must be a number from 0 to {max}"))?;
-        Ok(Cidr {
-            addr: addr.to_canonical(),
-            prefix,
-        })
+        Ok(Cidr { addr, prefix })
     }
 }
 
@@ -298,6 +300,20 @@ pub fn check_instance(info: &InstanceInfo, limits: &RegistrationLimits) -> Resul
             format!("must be at most {MAX_HOST} characters, without spaces or control characters"),
         ));
     }
+    // A VIP is what the mesh routes by: one that can never route is refused, not dropped
+    // in silence with a 204 that tells the client all is well.
+    let lists = [
+        ("vipAddress", &info.vip_address),
+        ("secureVipAddress", &info.secure_vip_address),
+    ];
+    for (field, list) in lists {
+        for vip in crate::registry::split_vips(list.as_deref().unwrap_or_default()) {
+            if let Err(e) = odmesh_names::validate_vip(&vip) {
+                let vip = crate::logs::clip(&vip);
+                return Err(refused(field, format!("{vip} is not a valid VIP: {e}")));
+            }
+        }
+    }
     let texts = [
         ("vipAddress", &info.vip_address),
         ("secureVipAddress", &info.secure_vip_address),
@@ -421,6 +437,13 @@ mod tests {
                 .contains("0 to 32")
         );
         assert!("x/8".parse::<Cidr>().unwrap_err().contains("not an IP"));
+        // Once a panic on the first IPv4 registration (a 104-bit prefix of 4 bytes).
+        assert!(
+            "::ffff:10.0.0.0/104"
+                .parse::<Cidr>()
+                .unwrap_err()
+                .contains("write it as IPv4")
+        );
         assert_eq!(net.to_string(), "192.168.0.0/23");
     }
 
@@ -508,6 +531,27 @@ mod tests {
                 .contains("control")
         );
         assert!(check_metadata(&meta(&[("a.b-c_d", "v")]), &limits).is_ok());
+    }
+
+    #[test]
+    fn a_vip_that_can_never_route_is_refused_naming_it() {
+        let info = registration(
+            serde_json::json!({"ipAddr": "10.0.0.1", "vipAddress": "hello, Not A Vip!"}),
+        );
+        let err = check_instance(&info, &RegistrationLimits::default()).unwrap_err();
+        assert_eq!(err.field, "vipAddress");
+        assert!(
+            err.reason.contains("\"not a vip!\" is not a valid VIP"),
+            "{err}"
+        );
+        let info =
+            registration(serde_json::json!({"ipAddr": "10.0.0.1", "secureVipAddress": "ok,x..y"}));
+        assert_eq!(
+            check_instance(&info, &RegistrationLimits::default())
+                .unwrap_err()
+                .field,
+            "secureVipAddress"
+        );
     }
 
     #[test]

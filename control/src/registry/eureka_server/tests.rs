@@ -612,7 +612,8 @@ async fn the_published_model_is_that_of_the_full_document() {
     let f = fixture();
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
-    f.register("HELLO", instance("h2", "HELLO", "bad vip!", 8081))
+    // Enabled with port 0: registered, with a warning.
+    f.register("HELLO", instance("h2", "HELLO", "hello", 0))
         .await;
     f.register("GREETER", instance("g1", "GREETER", "greeter", 9090))
         .await;
@@ -1343,4 +1344,60 @@ async fn a_drained_instance_that_registers_again_right_after_its_cancel_stays_dr
     f.send(Method::DELETE, "/eureka/apps/HELLO/h1").await;
     f.register("HELLO", leased("h1", 10, 1)).await;
     assert_eq!(f.status_of("h1").await, Some(Status::Up));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_heartbeating_far_faster_than_it_said_cannot_hide_that_the_others_went_quiet() {
+    let f = preserving();
+    let ids: Vec<String> = (0..10).map(|n| format!("h{n}")).collect();
+    for id in &ids {
+        f.register("HELLO", leased(id, 5, 1)).await;
+    }
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for id in &ids {
+            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
+                .await;
+        }
+    }
+    // Nine go quiet; one heartbeats 50 times a second.
+    for _ in 0..(8 * 50) {
+        tokio::time::advance(Duration::from_millis(20)).await;
+        f.send(Method::PUT, "/eureka/apps/HELLO/h0").await;
+    }
+    assert_eq!(
+        f.eureka.evict_expired(),
+        0,
+        "self-preservation holds eviction"
+    );
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 1);
+}
+
+#[tokio::test]
+async fn an_identity_may_not_pose_as_another_app_nor_squat_its_instance_ids() {
+    let f = authenticated();
+    // `other` may register VIP `other`, but not under app HELLO, which is `hello`'s.
+    let body = json!({ "instance": instance("hello-1", "HELLO", "other", 8080) }).to_string();
+    let answer = f
+        .raw(
+            Method::POST,
+            "/eureka/apps/HELLO",
+            "application/json",
+            OTHER,
+            body,
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN);
+    assert!(
+        answer
+            .body
+            .contains("may not register instances of app \"HELLO\""),
+        "{}",
+        answer.body
+    );
+    // So `hello` registers its instance id as usual.
+    assert_eq!(
+        f.register_with(HELLO, "hello-1", "hello").await,
+        StatusCode::NO_CONTENT
+    );
 }
