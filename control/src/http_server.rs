@@ -32,15 +32,20 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// How long a client may take to complete a TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// How long an answer may wait for a client that does not read it (no byte written for
+    /// that long): a reader that stalls is disconnected rather than holding the answer.
+    pub write_timeout: Duration,
 }
 
 impl Default for HttpLimits {
-    /// 1,024 connections, 10 s for headers (and idle), 10 s for a TLS handshake.
+    /// 1,024 connections, 10 s for headers (and idle), 10 s for a TLS handshake, 30 s for
+    /// a stalled reader.
     fn default() -> HttpLimits {
         HttpLimits {
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -51,8 +56,8 @@ pub enum HttpEvent {
     /// A connection over [`HttpLimits::max_connections`] was closed on arrival.
     ConnectionRefused,
     /// A connection was closed because its client did not send headers in time (or sat
-    /// idle for longer than that).
-    HeaderTimeout,
+    /// idle for longer than that), or did not read an answer in time.
+    Timeout,
     /// A TLS handshake failed or took too long.
     TlsFailed,
 }
@@ -106,9 +111,11 @@ pub async fn serve(
         let tls = tls.clone();
         tokio::spawn(async move {
             let _slot = slot;
+            let write_timeout = limits.write_timeout;
             let result = match tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                    let io = TokioIo::new(WriteDeadline::new(tcp, write_timeout));
+                    let conn = builder.serve_connection(io, service);
                     watcher.watch(conn).await
                 }
                 Some(acceptor) => {
@@ -127,13 +134,17 @@ pub async fn serve(
                                 return;
                             }
                         };
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let io = TokioIo::new(WriteDeadline::new(stream, write_timeout));
+                    let conn = builder.serve_connection(io, service);
                     watcher.watch(conn).await
                 }
             };
             if let Err(e) = result {
-                if e.is_timeout() {
-                    on_event(HttpEvent::HeaderTimeout);
+                let stalled = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+                if e.is_timeout() || stalled {
+                    on_event(HttpEvent::Timeout);
                 }
                 tracing::debug!(error = %e, "HTTP connection ended with an error");
             }
@@ -147,6 +158,87 @@ pub async fn serve(
         tracing::debug!("open HTTP connections dropped after the grace period");
     }
     Ok(())
+}
+
+/// A connection whose writes fail (`TimedOut`) when its peer has read nothing for
+/// `timeout`: hyper waits for a slow reader forever otherwise.
+struct WriteDeadline<IO> {
+    io: IO,
+    timeout: Duration,
+    /// Armed while a write waits for the peer.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<IO> WriteDeadline<IO> {
+    fn new(io: IO, timeout: Duration) -> WriteDeadline<IO> {
+        WriteDeadline {
+            io,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// What to make of a write that returned `poll`: progress disarms the deadline, waiting
+    /// arms it, and a deadline that passed is an error.
+    fn judge<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let timeout = self.timeout;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read nothing for {timeout:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.judge(cx, poll)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.judge(cx, poll)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// Why a request body was not read.
@@ -282,7 +374,7 @@ mod tests {
             move |event| {
                 let i = match event {
                     HttpEvent::ConnectionRefused => 0,
-                    HttpEvent::HeaderTimeout => 1,
+                    HttpEvent::Timeout => 1,
                     HttpEvent::TlsFailed => 2,
                 };
                 counts[i].fetch_add(1, Ordering::Relaxed);
@@ -396,6 +488,52 @@ mod tests {
                 "no header timeout counted"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_its_answer_is_disconnected_and_counted() {
+        let limits = HttpLimits {
+            write_timeout: Duration::from_millis(300),
+            ..HttpLimits::default()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A 64 MiB answer: far more than the socket buffers take.
+        let big = Bytes::from(vec![b'x'; 64 * 1024 * 1024]);
+        let router = Router::new().route(
+            "/",
+            axum::routing::get(move || {
+                let big = big.clone();
+                async move { big }
+            }),
+        );
+        let events = Arc::new(AtomicUsize::new(0));
+        let counted = events.clone();
+        tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            None,
+            move |event| {
+                if event == HttpEvent::Timeout {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            std::future::pending(),
+        ));
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // Never read: the server gives up on it.
+        let deadline = std::time::Instant::now() + WAIT;
+        while events.load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stalled reader was kept"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -72,6 +72,16 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     eureka_request_timeout: f64,
 
+    /// Seconds the control plane waits at start for Eureka's first answer before it serves
+    /// xDS anyway (with a registry still loading: proxies keep what they hold).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    eureka_first_fetch_wait: f64,
+
+    /// Seconds a client may take to complete a TLS handshake with the xDS server or the
+    /// embedded registry's HTTPS.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    tls_handshake_timeout: f64,
+
     /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
     /// Eureka clients register with. This is the default when no source is given.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
@@ -210,6 +220,11 @@ struct EmbeddedArgs {
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     eureka_header_timeout: f64,
 
+    /// Seconds an answer may wait for a client that reads none of it; then the connection
+    /// is closed (a stalled reader holds no answer and no slot for longer).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    eureka_write_timeout: f64,
+
     /// Connections served at once; more are closed on arrival.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     eureka_max_connections: usize,
@@ -297,6 +312,10 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             token_file: args.eureka_token_file.clone(),
             drop_guard: guard,
             request_timeout: seconds("--eureka-request-timeout", args.eureka_request_timeout)?,
+            first_fetch_wait: seconds_or_zero(
+                "--eureka-first-fetch-wait",
+                args.eureka_first_fetch_wait,
+            )?,
             ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
         };
         // The error names the flag and the problem; its chain says the cause.
@@ -346,8 +365,8 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             min_instances: e.self_preservation_min_instances,
         },
         limits: RegistrationLimits {
-            max_instances: e.eureka_max_instances,
-            max_lease: Duration::from_secs(e.max_lease_duration),
+            max_instances: at_least_one("--eureka-max-instances", e.eureka_max_instances)?,
+            max_lease: seconds("--max-lease-duration", e.max_lease_duration as f64)?,
             max_metadata_entries: e.eureka_max_metadata_entries,
             max_metadata_bytes: e.eureka_max_metadata_bytes,
             networks: NetworkPolicy {
@@ -356,9 +375,10 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             },
         },
         http: HttpLimits {
-            max_connections: e.eureka_max_connections,
+            max_connections: at_least_one("--eureka-max-connections", e.eureka_max_connections)?,
             header_timeout: seconds("--eureka-header-timeout", e.eureka_header_timeout)?,
-            ..HttpLimits::default()
+            tls_handshake_timeout: seconds("--tls-handshake-timeout", args.tls_handshake_timeout)?,
+            write_timeout: seconds("--eureka-write-timeout", e.eureka_write_timeout)?,
         },
         max_body: e.eureka_max_body,
         body_timeout: seconds("--eureka-body-timeout", e.eureka_body_timeout)?,
@@ -399,12 +419,13 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
     }
     Ok(XdsConfig {
         subscriptions: SubscriptionLimits {
-            max_names: x.xds_max_names,
+            max_names: at_least_one("--xds-max-names", x.xds_max_names)?,
             max_unregistered: x.xds_max_unregistered,
         },
-        max_connections: x.xds_max_connections,
-        max_streams_per_connection: x.xds_max_streams_per_connection,
-        max_subscriptions: x.xds_max_subscriptions,
+        max_connections: at_least_one("--xds-max-connections", x.xds_max_connections)?,
+        max_streams_per_connection: x.xds_max_streams_per_connection.max(1),
+        max_subscriptions: at_least_one("--xds-max-subscriptions", x.xds_max_subscriptions)?,
+        tls_handshake_timeout: seconds("--tls-handshake-timeout", args.tls_handshake_timeout)?,
         tls,
     })
 }
@@ -422,15 +443,27 @@ fn share(flag: &str, value: f64) -> anyhow::Result<f64> {
 fn seconds_or_zero(flag: &str, value: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
-        .with_context(|| format!("{flag} {value}: not a number of seconds"))
+        .filter(|d| *d <= MAX_SECONDS)
+        .with_context(|| format!("{flag} {value}: not a number of seconds up to a year"))
 }
 
 /// A positive, finite number of seconds from flag `flag`.
 fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
-        .filter(|d| !d.is_zero())
-        .with_context(|| format!("{flag} {value}: not a positive number of seconds"))
+        .filter(|d| !d.is_zero() && *d <= MAX_SECONDS)
+        .with_context(|| format!("{flag} {value}: not a positive number of seconds up to a year"))
+}
+
+/// The longest any duration flag may be: past it, adding it to a time could overflow.
+const MAX_SECONDS: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A count of at least one from flag `flag`.
+fn at_least_one(flag: &str, value: usize) -> anyhow::Result<usize> {
+    if value == 0 {
+        bail!("{flag} 0: must be at least 1");
+    }
+    Ok(value)
 }
 
 #[tokio::main]

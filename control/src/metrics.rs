@@ -91,9 +91,9 @@ metrics! {
     eureka_overrides_restored_total: "counter",
     /// Embedded Eureka registry: 1 while self-preservation holds lease eviction.
     eureka_self_preservation: "gauge",
-    /// Embedded Eureka registry: expired leases not evicted, held by self-preservation or by
-    /// the per-round eviction bound.
-    eureka_evictions_held_total: "counter",
+    /// Embedded Eureka registry: expired leases the last eviction round kept, held by
+    /// self-preservation or by the per-round eviction bound.
+    eureka_evictions_held: "gauge",
     /// Embedded Eureka registry: eviction rounds that ran late, whose delay was added to
     /// every lease.
     eureka_late_eviction_rounds_total: "counter",
@@ -101,7 +101,8 @@ metrics! {
     /// --eureka-max-connections were open.
     eureka_http_connections_refused_total: "counter",
     /// Embedded Eureka registry: connections closed because their client did not send a
-    /// request's headers within --eureka-header-timeout (or sat idle that long).
+    /// request's headers within --eureka-header-timeout (or sat idle that long), or read
+    /// nothing of an answer for --eureka-write-timeout.
     eureka_http_timeouts_total: "counter",
     /// Embedded Eureka registry: TLS handshakes that failed or timed out.
     eureka_http_tls_failures_total: "counter",

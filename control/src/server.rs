@@ -50,8 +50,6 @@ pub use crate::session::{NackStatus, ProxyStatus};
 const STREAM_BUFFER: usize = 16;
 /// HTTP/2 pings on idle connections, so a vanished proxy's stream is noticed and dropped.
 const KEEPALIVE: Duration = Duration::from_secs(30);
-/// How long a client may take to complete its TLS handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest request the server decodes (tonic's default): bounds the names one request
 /// can subscribe.
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -71,6 +69,8 @@ pub struct XdsConfig {
     pub max_subscriptions: usize,
     /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// How long a client may take to complete its TLS handshake.
+    pub tls_handshake_timeout: Duration,
 }
 
 impl Default for XdsConfig {
@@ -83,6 +83,7 @@ impl Default for XdsConfig {
             max_streams_per_connection: 8,
             max_subscriptions: 1_000_000,
             tls: None,
+            tls_handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -201,7 +202,7 @@ impl XdsServer {
             .http2_keepalive_interval(Some(KEEPALIVE))
             .max_concurrent_streams(Some(config.max_streams_per_connection));
         if let Some(tls) = &config.tls {
-            builder = builder.tls_config(tls.clone().timeout(TLS_HANDSHAKE_TIMEOUT))?;
+            builder = builder.tls_config(tls.clone().timeout(config.tls_handshake_timeout))?;
         }
         builder
             .add_routes(self.routes())

@@ -328,7 +328,15 @@ impl Watcher {
             }
             let next = match self.poll().await {
                 Poll::Loaded(parsed) => Some(parsed.registry),
-                _ => held.take(),
+                // The file still says what it said: a held drop may be confirmed.
+                Poll::Unchanged => held.take(),
+                // Unreadable now: that confirms nothing. The drop stays held, and a file that
+                // says it again later is timed afresh.
+                Poll::Failed(_) => {
+                    held = None;
+                    guard.restart();
+                    None
+                }
             };
             if let Some(next) = next {
                 publish_guarded(&mut guard, &tx, next.clone(), &self.health, &self.metrics);
@@ -705,6 +713,8 @@ mod tests {
         let held_at = Instant::now();
         assert_eq!(source.registry.borrow().len(), 20);
         assert_eq!(metrics.registry_drops_held_total.load(Ordering::Relaxed), 1);
+        assert_eq!(source.health.snapshot().instances, 20, "what is in use");
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 20);
 
         // The file keeps saying so: followed once the confirmation time has passed.
         wait_for_instances(&mut source, 2).await;
@@ -714,6 +724,32 @@ mod tests {
             held_at.elapsed()
         );
         assert!(source.health.snapshot().holding.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_held_drop_is_not_confirmed_by_a_file_that_then_breaks() {
+        let dir = TempDir::new("drop-broken");
+        let path = dir.file("registry.yaml", &instances(20));
+        let confirm = Duration::from_millis(300);
+        let (source, _metrics) = start_with_guard(&path, confirm).await;
+        dir.replace_atomically(&path, &instances(2));
+        let health = source.health.clone();
+        eventually("the drop to be held", || {
+            health.snapshot().holding.is_some()
+        })
+        .await;
+        dir.replace_atomically(&path, BROKEN);
+        eventually("the broken file to be reported", || {
+            health.snapshot().last_error.is_some()
+        })
+        .await;
+        // Well past the confirmation time, still the registry in use before the drop.
+        let deadline = Instant::now() + confirm * 3;
+        while Instant::now() < deadline {
+            assert_eq!(source.registry.borrow().len(), 20);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(health.snapshot().holding.is_some());
     }
 
     #[tokio::test]

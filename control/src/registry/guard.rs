@@ -97,6 +97,12 @@ impl DropGuard {
     pub fn is_holding(&self) -> bool {
         self.held_since.is_some()
     }
+
+    /// Times the next drop afresh: the source said something else meanwhile (it failed to
+    /// read, say), so an earlier sight of the drop no longer counts towards confirming it.
+    pub fn restart(&mut self) {
+        self.held_since = None;
+    }
 }
 
 /// Publishes a source's new registry `next` on `tx` (see [`super::publish`]) unless `guard`
@@ -122,7 +128,8 @@ pub fn publish_guarded(
                 );
             }
             Metrics::set(&metrics.registry_drop_held, 1);
-            health.set_holding(text);
+            // The source's read was recorded as it came; what is in use is the older one.
+            health.set_holding(text, tx.borrow().len(), metrics);
             false
         }
         Verdict::Confirmed { .. } | Verdict::Follow => {
@@ -132,7 +139,7 @@ pub fn publish_guarded(
                 tracing::info!("the source recovered before its drop was confirmed; following it");
             }
             Metrics::set(&metrics.registry_drop_held, 0);
-            health.set_holding(None);
+            health.set_holding(None, next.len(), metrics);
             super::publish(tx, next)
         }
     }

@@ -121,9 +121,13 @@ impl SourceHealth {
         new
     }
 
-    /// Records that the source's last good load is held (`Some`, saying why) or not.
-    pub fn set_holding(&self, holding: Option<String>) {
-        self.write().status.holding = holding;
+    /// Records that the source's last good load is held (`Some`, saying why) or not, and the
+    /// number of instances of the registry in use (`registry_instances`).
+    pub fn set_holding(&self, holding: Option<String>, in_use: usize, metrics: &Metrics) {
+        let mut health = self.write();
+        health.status.holding = holding;
+        health.status.instances = in_use;
+        Metrics::set(&metrics.registry_instances, in_use as u64);
     }
 
     /// Records a failed load: status, and the metric `registry_load_errors_total`.

@@ -180,7 +180,21 @@ struct Shared {
     changes: watch::Sender<u64>,
     /// The count of changes published so far.
     published: watch::Sender<u64>,
+    /// `GET /apps` as last written, in JSON and in XML: readers share one copy.
+    apps_answers: Mutex<[Option<CachedAnswer>; 2]>,
 }
+
+/// A written `GET /apps` answer, and the registry version it shows.
+#[derive(Clone)]
+struct CachedAnswer {
+    version: u64,
+    written: Instant,
+    body: axum::body::Bytes,
+}
+
+/// How long a written `GET /apps` answer is served while the registry does not change
+/// (lease timestamps in it move on meanwhile): Eureka's response cache does the same.
+const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Ledger {
@@ -204,7 +218,7 @@ struct Ledger {
     preservation: Option<SelfPreservation>,
     /// (APP, id) → the status override of a cancelled instance, and until when it comes
     /// back with a registration of the same instance (see [`EurekaRegistry::cancel`]).
-    cancelled_overrides: HashMap<(String, String), (Status, Instant)>,
+    cancelled_overrides: CancelledOverrides,
     /// How many leases there are (all apps).
     leases: usize,
 }
@@ -383,6 +397,7 @@ impl EurekaRegistry {
                 metrics,
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
+                apps_answers: Mutex::new([None, None]),
             }),
         };
         registry.publish_now();
@@ -683,20 +698,11 @@ impl EurekaRegistry {
             return Err(InvalidRequest::not_found(&app, id));
         };
         if let Some(overridden) = lease.overridden {
-            let until = Instant::now() + lease.duration;
-            let key = (app.clone(), id.to_owned());
-            state.cancelled_overrides.insert(key, (overridden, until));
+            let now = Instant::now();
+            let until = now.checked_add(lease.duration).unwrap_or(now);
             // Bounded like the registry: the oldest go first.
             let max = self.shared.config.limits.max_instances.max(1);
-            while state.cancelled_overrides.len() > max {
-                let oldest = (state.cancelled_overrides.iter())
-                    .min_by_key(|(_, (_, until))| *until)
-                    .map(|(key, _)| key.clone());
-                match oldest {
-                    Some(key) => state.cancelled_overrides.remove(&key),
-                    None => break,
-                };
-            }
+            (state.cancelled_overrides).keep((app.clone(), id.to_owned()), overridden, until, max);
         }
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
         Metrics::inc(&self.shared.metrics.eureka_cancels_total);
@@ -856,11 +862,9 @@ impl EurekaRegistry {
                 0
             };
         }
-        if expired.len() > limit {
-            let held = expired.len() - limit;
-            metrics
-                .eureka_evictions_held_total
-                .fetch_add(held as u64, std::sync::atomic::Ordering::Relaxed);
+        let held = expired.len().saturating_sub(limit);
+        Metrics::set(&metrics.eureka_evictions_held, held as u64);
+        if held > 0 {
             // The longest silent go first.
             expired.sort();
             expired.truncate(limit);
@@ -911,6 +915,42 @@ impl EurekaRegistry {
     pub fn applications(&self) -> Applications {
         let state = self.lock();
         full_applications(&state)
+    }
+
+    /// `GET /apps` written as JSON or XML. Written once per registry version (and at most
+    /// every 30 s), and shared by every reader meanwhile: a thousand clients reading the
+    /// registry, slowly or not, cost one copy of it and one conversion.
+    pub fn applications_answer(&self, json: bool) -> axum::body::Bytes {
+        let version = self.lock().version;
+        let slot = usize::from(json);
+        let lock = |m: &Mutex<[Option<CachedAnswer>; 2]>| {
+            m.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        };
+        if let Some(hit) = &lock(&self.shared.apps_answers)[slot]
+            && hit.version == version
+            && hit.written.elapsed() < ANSWER_MAX_AGE
+        {
+            return hit.body.clone();
+        }
+        let (version, applications) = {
+            let state = self.lock();
+            (state.version, full_applications(&state))
+        };
+        let body: axum::body::Bytes = if json {
+            serde_json::to_vec(&ApplicationsDocument { applications })
+                .unwrap_or_default()
+                .into()
+        } else {
+            xml::applications(&applications).into()
+        };
+        let answer = CachedAnswer {
+            version,
+            written: Instant::now(),
+            body: body.clone(),
+        };
+        let mut answers = (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
+        answers[slot] = Some(answer);
+        body
     }
 
     /// One application (`name` uppercase), as `GET /apps/{APP}` answers.
@@ -1082,14 +1122,48 @@ impl EurekaRegistry {
 /// The override a cancelled instance `app`/`id` had, if it was cancelled within one lease
 /// duration; forgets it (and every other that has run out).
 fn restore_override(state: &mut Ledger, app: &str, id: &str) -> Option<Status> {
-    let now = Instant::now();
     state
         .cancelled_overrides
-        .retain(|_, (_, until)| *until > now);
-    state
-        .cancelled_overrides
-        .remove(&(app.to_owned(), id.to_owned()))
-        .map(|(status, _)| status)
+        .take(&(app.to_owned(), id.to_owned()), Instant::now())
+}
+
+/// The overrides of cancelled instances, each until a time, oldest first: what
+/// [`EurekaRegistry::cancel`] keeps. Every operation costs what it removes, not the map.
+#[derive(Default)]
+struct CancelledOverrides {
+    by_key: HashMap<(String, String), (Status, Instant)>,
+    /// Keys in the order they were kept, with the time they were kept until; an entry whose
+    /// key was kept again since, or taken, is skipped.
+    order: std::collections::VecDeque<(Instant, (String, String))>,
+}
+
+impl CancelledOverrides {
+    /// Keeps `status` for `key` until `until`; then forgets the oldest beyond `max`.
+    fn keep(&mut self, key: (String, String), status: Status, until: Instant, max: usize) {
+        self.by_key.insert(key.clone(), (status, until));
+        self.order.push_back((until, key));
+        while self.by_key.len() > max {
+            self.pop_oldest();
+        }
+    }
+
+    /// The override kept for `key`, if it has not run out by `now`; forgets it, and every
+    /// kept override at the front that has run out.
+    fn take(&mut self, key: &(String, String), now: Instant) -> Option<Status> {
+        while self.order.front().is_some_and(|(until, _)| *until <= now) {
+            self.pop_oldest();
+        }
+        let (status, until) = self.by_key.remove(key)?;
+        (until > now).then_some(status)
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((until, key)) = self.order.pop_front()
+            && self.by_key.get(&key).is_some_and(|(_, u)| *u == until)
+        {
+            self.by_key.remove(&key);
+        }
+    }
 }
 
 fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
@@ -1179,7 +1253,7 @@ pub async fn serve(
     let on_event = move |event| {
         let counter = match event {
             HttpEvent::ConnectionRefused => &metrics.eureka_http_connections_refused_total,
-            HttpEvent::HeaderTimeout => &metrics.eureka_http_timeouts_total,
+            HttpEvent::Timeout => &metrics.eureka_http_timeouts_total,
             HttpEvent::TlsFailed => &metrics.eureka_http_tls_failures_total,
         };
         Metrics::inc(counter);
@@ -1293,7 +1367,14 @@ fn answer_instance(headers: &HeaderMap, instance: InstanceInfo) -> Response {
 }
 
 async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
-    answer_applications(&headers, eureka.applications())
+    let json = wants_json(&headers);
+    let content_type = if json {
+        "application/json"
+    } else {
+        "application/xml"
+    };
+    let body = eureka.applications_answer(json);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {

@@ -1218,7 +1218,7 @@ async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
         "self-preservation holds eviction"
     );
     assert_eq!(count(&f.metrics.eureka_self_preservation), 1);
-    assert_eq!(count(&f.metrics.eureka_evictions_held_total), 10);
+    assert_eq!(count(&f.metrics.eureka_evictions_held), 10);
     assert_eq!(f.published().await.len(), 10);
     // Heartbeats come back: eviction resumes (here nobody is expired any more).
     for _ in 0..10 {
@@ -1264,7 +1264,7 @@ async fn one_round_evicts_at_most_the_share_above_the_threshold_oldest_first() {
     }
     // All 5 silent leases have expired; one round takes 15 - floor(15 * 0.85) = 3.
     assert_eq!(f.eureka.evict_expired(), 3);
-    assert_eq!(count(&f.metrics.eureka_evictions_held_total), 2);
+    assert_eq!(count(&f.metrics.eureka_evictions_held), 2);
     let left: Vec<String> = f
         .published()
         .await
@@ -1400,4 +1400,32 @@ async fn an_identity_may_not_pose_as_another_app_nor_squat_its_instance_ids() {
         f.register_with(HELLO, "hello-1", "hello").await,
         StatusCode::NO_CONTENT
     );
+}
+
+#[tokio::test]
+async fn readers_of_the_whole_registry_share_one_written_copy_until_it_changes() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let (a, b) = (
+        f.eureka.applications_answer(true),
+        f.eureka.applications_answer(true),
+    );
+    assert_eq!(a.as_ptr(), b.as_ptr(), "one copy for both readers");
+    let xml = f.eureka.applications_answer(false);
+    assert!(xml.starts_with(b"<?xml"));
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    let c = f.eureka.applications_answer(true);
+    assert_ne!(a.as_ptr(), c.as_ptr());
+    let doc: Value = serde_json::from_slice(&c).unwrap();
+    assert_eq!(
+        doc["applications"]["application"][0]["instance"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // And what the REST API answers is that copy.
+    assert_eq!(f.get_json("/eureka/apps").await.body.as_bytes(), &c[..]);
 }
