@@ -318,9 +318,15 @@ impl Session {
             &req.initial_resource_versions,
             room,
         );
+        // Counted before a refusal too: `close` gives back every name the stream holds.
         let total = &metrics.xds_subscriptions;
         total.fetch_add(change.added.len() as u64, Ordering::Relaxed);
         total.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+        if ty == ResourceType::Cluster {
+            let gauge = &metrics.xds_cluster_subscriptions;
+            gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
+            gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+        }
         if change.wildcard && !self.wildcard_warned {
             self.wildcard_warned = true;
             warn!(
@@ -342,9 +348,6 @@ impl Session {
         }
         let mut refused = change.over_limit;
         if ty == ResourceType::Cluster {
-            let gauge = &metrics.xds_cluster_subscriptions;
-            gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
-            gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
             // A cluster dropped before Envoy subscribed to its load assignment: that subscribe
             // will never come, so the one made on its behalf goes too.
             let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
@@ -579,6 +582,43 @@ mod tests {
         );
         assert!(endpoints.is_none());
         assert!(stream.session.status().endpoints.is_empty());
+    }
+
+    #[test]
+    fn a_stream_ended_for_want_of_room_gives_back_exactly_the_room_it_took() {
+        let mut stream = ads_stream();
+        let cx = Context {
+            cache: &stream.cache,
+            metrics: &stream.metrics,
+            max_subscriptions: 1,
+        };
+        // One name fits, the second does not: the stream is ended, holding the first.
+        let full = stream
+            .session
+            .on_request(
+                &cx,
+                request(CLUSTER_TYPE_URL, &["hello.vip", "other.vip"], &[]),
+            )
+            .expect_err("no room for other.vip");
+        assert_eq!(full, Full { asked: 1, max: 1 });
+        stream.session.close(&cx);
+        let metrics = &stream.metrics;
+        assert_eq!(
+            (
+                metrics.xds_cluster_subscriptions.load(Ordering::Relaxed),
+                metrics.xds_subscriptions.load(Ordering::Relaxed),
+                stream.cache.watched(),
+            ),
+            (0, 0, 0)
+        );
+
+        // The room is there again for the next stream.
+        let mut next = Session::new(2, Service::Ads, SubscriptionLimits::default());
+        let [cluster, _] = next
+            .on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]))
+            .expect("room for one name");
+        assert_eq!(sent(&cluster), ["hello.vip"]);
+        assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! Property test of the cache and the stream logic, against simulated Envoys.
+//! Property test of the cache and of [`Session`] (one xDS stream's protocol) against
+//! simulated Envoys.
 //!
-//! **The property.** Several simulated proxies ([`Proxy`]), each on a simulated ADS stream
-//! ([`Stream`]) to a control plane ([`ControlPlane`]), go through any sequence of subscribes,
-//! unsubscribes, registry changes, reconnects, control-plane restarts and partial deliveries.
-//! Whenever everything in flight has been delivered:
+//! **The property.** Several simulated proxies ([`Proxy`]), each on an ADS stream ([`Stream`]:
+//! a real [`Session`] and the messages in flight both ways) to a control plane
+//! ([`ControlPlane`]: a cache, its metrics, the bound over all streams), go through any sequence
+//! of subscribes, unsubscribes, registry changes, reconnects, control-plane restarts and
+//! partial deliveries. Whenever everything in flight has been delivered:
 //! 1. every proxy holds, for every name it subscribes (cluster names by on-demand CDS; the load
 //!    assignment of every cluster it holds), exactly what `xds::build` makes of that name from
 //!    the registry now: the same version and the same message; nothing for a name that is not
@@ -11,39 +13,66 @@
 //! 2. except that, while the registry is still loading, what a proxy kept from an earlier
 //!    stream (sent in `initial_resource_versions`) is left exactly as it held it (the restart
 //!    guard); once the registry is complete, 1. holds for those names too;
-//! 3. and except names over the bounds, which come first: over `max_names` or the server's
-//!    total, a proxy holds nothing for the name (kept or not); refused because the stream
-//!    asked for more than `max_unregistered` unregistered names, it holds nothing until the
-//!    name is registered, and then holds it like any other;
-//! 4. and no stream subscribes, on the server side, a name its proxy does not.
+//! 3. and except names over a stream's bounds, which come first:
+//!    - a name over `max_names` when its stream got it is answered with a removal and not
+//!      tracked; for Envoy that is final on that stream (it stays subscribed and does not ask
+//!      again), so the proxy holds nothing for it, kept or not, until it asks for it again
+//!      under the bound (on a new stream; the simulated on-demand CDS may also ask again);
+//!    - a cluster name asked for while the complete registry does not list it, beyond the
+//!      `max_unregistered` such names its stream holds, is refused: the proxy holds nothing for
+//!      it until it is registered, and then holds it like any other. A kept unregistered name
+//!      is always admitted, and counts; a name the registry does not list *yet* (still
+//!      loading) is not counted, neither then nor once the registry is complete;
+//! 4. the bound over all streams (`max_subscriptions`, on cluster names): a request ends its
+//!    stream (`Err(Full)`) exactly when it asks for more new cluster names than the room left;
+//!    names the proxy kept and names over `max_names` take none. The proxy, like Envoy, keeps
+//!    everything it holds and connects again, asking for every name with what it holds in
+//!    `initial_resource_versions`; it retries whenever everything else has been delivered.
+//!    The exception to 1.–3.: a proxy whose new stream is ended again (the names it asks for
+//!    anew still do not fit) holds what it held when its stream ended, *kept names included*:
+//!    a stream is refused whole, so they are not updated until all its new names fit; never,
+//!    if they are more than the bound, even with no other proxy connected;
+//! 5. on ADS, the load assignment of a cluster answered at the proxy's subscribe comes right
+//!    behind the cluster, before the proxy asks for it: one round trip, not two (not for
+//!    names the proxy kept, names answered with a removal, nor beyond `max_names`);
+//! 6. no stream subscribes, on the server side, a name its proxy does not; the gauges
+//!    `xds_cluster_subscriptions` and `xds_subscriptions` are the sums over the open streams;
+//!    and the cache has resources built for exactly the names some open stream subscribes.
 //!
-//! [`Stream`] is `server::StreamTask` (`on_request`, `apply_request`, `respond`, `on_change`,
-//! the presubscribe of load assignments on ADS) written again over the public API of
-//! `cache`: keep the two in step.
+//! What each request's bounds should do is worked out here from the rules above ([`Expected`],
+//! [`Bounds`]), not by `cache` or `session`, and compared with what the session did: the names
+//! it tracks, its `refused` count, its refusals.
 //!
 //! The proxies accept every response (a NACKed resource is, by design, not sent again until it
-//! changes) and never ask for the wildcard (odmesh does not serve it).
+//! changes), acknowledge each, and never ask for the wildcard (odmesh does not serve it).
 //!
 //! The number of cases is modest so the test stays quick in debug builds; for more, run
-//! `PROPTEST_CASES=10000 cargo test -p odmesh-control --test cache_properties` (about 25 s).
+//! `PROPTEST_CASES=10000 cargo test -p odmesh-control --test cache_properties` (about 30 s).
 //! A failure is saved in `cache_properties.proptest-regressions` beside this file and tried
 //! first on later runs.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
-use envoy_types::pb::envoy::config::core::v3::{address, socket_address::PortSpecifier};
+use envoy_types::pb::envoy::config::core::v3::{Node, address, socket_address::PortSpecifier};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
+use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
-use odmesh_control::cache::{Cache, SubscriptionLimits, Subscriptions};
+use odmesh_control::cache::{Cache, SubscriptionLimits};
+use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
 use odmesh_control::registry::{Instance, Registry, Status};
-use odmesh_control::xds::{self, Lookup, ResourceType, Versioned, XdsOptions};
+use odmesh_control::session::{Context, Full, Service, Session};
+use odmesh_control::xds::{self, Lookup, ResourceType, XdsOptions};
 use odmesh_names::parse_cluster_name;
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -52,7 +81,7 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestR
 use prost::Message;
 use tokio::sync::watch;
 
-/// Cases run by default: about 2 s in a debug build on two cores.
+/// Cases run by default: a few seconds in a debug build on two cores.
 const CASES: u32 = 1000;
 
 /// Cluster names the proxies ask for: VIPs the registry may list, one it never does (`e`),
@@ -127,16 +156,24 @@ struct Seen {
     refused_unregistered: usize,
     /// Checks of a name once refused that is now registered and held.
     refused_then_held: usize,
+    /// Kept unregistered names admitted (and counted) on a new stream.
+    kept_unregistered: usize,
+    /// Names asked for while the registry was loading and did not list them (not counted).
+    not_known_yet: usize,
     /// Requests with names over `max_names`.
     over_max_names: usize,
-    /// Requests with names over the server's total.
-    over_total: usize,
+    /// Streams ended because they asked for more cluster names than the room left.
+    streams_ended: usize,
+    /// Proxies served on a new stream after theirs was ended for want of room.
+    served_after_refusal: usize,
+    /// Checks of a proxy still refused (its new names do not fit yet).
+    still_refused: usize,
     /// Resources a proxy ignored, sent for a name it had dropped meanwhile.
     ignored: usize,
 }
 
 impl Seen {
-    fn counts(&self) -> [(&'static str, usize); 7] {
+    fn counts(&self) -> [(&'static str, usize); 11] {
         [
             ("a check", self.checks),
             ("a kept name held back", self.kept_held_back),
@@ -145,8 +182,12 @@ impl Seen {
                 "a refused name held once registered",
                 self.refused_then_held,
             ),
+            ("a kept unregistered name admitted", self.kept_unregistered),
+            ("a name not known yet while loading", self.not_known_yet),
             ("names over max_names", self.over_max_names),
-            ("names over the server's total", self.over_total),
+            ("a stream ended for want of room", self.streams_ended),
+            ("a proxy served after a refusal", self.served_after_refusal),
+            ("a proxy still refused at a check", self.still_refused),
             ("a resource sent for a dropped name", self.ignored),
         ]
     }
@@ -164,7 +205,8 @@ struct Scenario {
     ops: Vec<Op>,
 }
 
-/// The bounds of the server: per stream, and over all streams (`--xds-max-subscriptions`).
+/// The bounds of the server: per stream, and on cluster names over all streams
+/// (`--xds-max-subscriptions`).
 #[derive(Clone, Copy)]
 struct Limits {
     stream: SubscriptionLimits,
@@ -195,10 +237,11 @@ enum Op {
     Unsubscribe(usize, Vec<&'static str>),
     /// The registry changes.
     Registry(Change),
-    /// A proxy's stream breaks; it opens another to the same control plane.
+    /// A proxy's stream breaks, and it opens another to the same control plane; or, waiting
+    /// after its stream was ended for want of room, it tries again.
     Reconnect(usize),
-    /// The control plane restarts: a new cache, and every proxy reconnects. With `Some(n)`
-    /// its registry is still loading and has read only the first `n` instances so far.
+    /// The control plane restarts: a new cache and metrics, and every proxy reconnects. With
+    /// `Some(n)` its registry is still loading and has read only the first `n` instances so far.
     Restart(Option<usize>),
     /// One step on one stream.
     Step(usize, Step),
@@ -294,7 +337,7 @@ fn limits() -> impl Strategy<Value = Limits> {
     let small = (
         1..6usize,
         0..3usize,
-        prop_oneof![Just(usize::MAX), 2..16usize],
+        prop_oneof![Just(usize::MAX), 1..8usize],
     )
         .prop_map(|(max_names, max_unregistered, total)| Limits {
             stream: SubscriptionLimits {
@@ -339,8 +382,9 @@ impl Scenario {
                 .apply(&op.on(self.proxies), seen)
                 .map_err(|e| format!("after operation {}: {e}", at + 1))?;
         }
-        world.deliver(seen)?;
-        world.check(seen).map_err(|e| format!("at the end: {e}"))
+        (world.deliver(seen))
+            .and_then(|()| world.check(seen))
+            .map_err(|e| format!("at the end: {e}"))
     }
 }
 
@@ -367,68 +411,99 @@ impl Inst {
 // ---------------------------------------------------------------------------------------------
 // The simulation.
 
-/// A request as Envoy sends it, reduced to what changes subscriptions: ACKs change none on
-/// the server and are left out.
-#[derive(Clone, Debug)]
-struct Request {
+/// A request of type `ty`, as Envoy's delta xDS client sends it.
+fn request(
     ty: ResourceType,
     subscribe: Vec<String>,
     unsubscribe: Vec<String>,
-    initial: HashMap<String, String>,
-}
-
-impl Request {
-    fn subscribe(ty: ResourceType, names: Vec<String>) -> Request {
-        Request {
-            ty,
-            subscribe: names,
-            unsubscribe: Vec::new(),
-            initial: HashMap::new(),
-        }
-    }
-
-    fn unsubscribe(ty: ResourceType, names: Vec<String>) -> Request {
-        Request {
-            ty,
-            subscribe: Vec::new(),
-            unsubscribe: names,
-            initial: HashMap::new(),
-        }
+) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: ty.type_url().to_owned(),
+        resource_names_subscribe: subscribe,
+        resource_names_unsubscribe: unsubscribe,
+        ..Default::default()
     }
 }
 
-/// A delta response, and whether the registry was still loading when it was sent.
+/// The requests that subscribe, unsubscribe or acknowledge something.
+fn requests(all: impl IntoIterator<Item = DeltaDiscoveryRequest>) -> Vec<DeltaDiscoveryRequest> {
+    (all.into_iter())
+        .filter(|r| {
+            !r.resource_names_subscribe.is_empty()
+                || !r.resource_names_unsubscribe.is_empty()
+                || !r.response_nonce.is_empty()
+        })
+        .collect()
+}
+
+/// One resource as a proxy holds it: what came on the wire.
+#[derive(Clone, Debug, PartialEq)]
+struct Held {
+    version: String,
+    resource: Option<Any>,
+}
+
+impl Held {
+    fn received(r: &Resource) -> Held {
+        Held {
+            version: r.version.clone(),
+            resource: r.resource.clone(),
+        }
+    }
+
+    /// What `xds::build` makes of `name` in `snapshot`; `None` if it is not an odmesh name.
+    fn built(name: &str, ty: ResourceType, snapshot: &Snapshot, opts: &XdsOptions) -> Option<Held> {
+        let built = xds::build(name, Lookup::in_snapshot(snapshot, name), opts).ok()?;
+        Some(Held::received(&built.get(ty).to_resource()))
+    }
+
+    fn cluster(&self) -> Option<Cluster> {
+        decode(self.resource.as_ref()?, xds::CLUSTER_TYPE_URL)
+    }
+
+    /// The `registered` flag of a cluster's odmesh metadata.
+    fn registered(&self) -> bool {
+        (self.cluster())
+            .and_then(|c| c.metadata)
+            .and_then(|m| m.filter_metadata.get(xds::METADATA_NAMESPACE).cloned())
+            .and_then(|s| s.fields.get("registered").cloned())
+            .is_some_and(|v| v.kind == Some(ValueKind::BoolValue(true)))
+    }
+}
+
+/// What travels from the server to a proxy, in order.
 #[derive(Clone, Debug)]
-struct Response {
-    ty: ResourceType,
-    resources: Vec<Arc<Versioned>>,
-    removed: Vec<String>,
-    while_loading: bool,
+enum ToProxy {
+    /// A response, and whether the registry was still loading when it was sent.
+    Response(DeltaDiscoveryResponse, bool),
+    /// The server ended the stream for want of room (`RESOURCE_EXHAUSTED`).
+    End,
 }
 
-/// A simulated Envoy on one ADS stream, as its delta xDS client behaves with on-demand CDS:
+/// A simulated Envoy, as its delta xDS client behaves over ADS with on-demand CDS:
 /// - a response's resources replace what it holds of the names it subscribes, removals drop
-///   them; anything for a name it does not subscribe is ignored;
+///   them; anything for a name it does not subscribe is ignored; it acknowledges each response;
 /// - once it holds a cluster it subscribes the cluster's load assignment (its EDS service
 ///   name is the cluster name), and unsubscribes it when it drops the cluster;
 /// - a cluster name answered with a removal stays subscribed: Envoy waits for the server;
-/// - on a new stream, it subscribes again to every name, with the versions of those it holds
-///   in `initial_resource_versions`.
+/// - on a new stream (after a failure, a refusal, a restart), it keeps all it holds and
+///   subscribes again to every name, with the versions of those it holds in
+///   `initial_resource_versions`.
 #[derive(Debug, Default)]
 struct Proxy {
     /// Cluster names on-demand CDS asked for and has not dropped.
     clusters: BTreeSet<String>,
     /// Clusters held: the last one received for each name.
-    held_clusters: BTreeMap<String, Arc<Versioned>>,
+    held_clusters: BTreeMap<String, Held>,
     /// Load assignments held, of held clusters only.
-    held_endpoints: BTreeMap<String, Arc<Versioned>>,
+    held_endpoints: BTreeMap<String, Held>,
     /// What it told the current stream it kept, as it held it then: names it has not asked
     /// for again, nor been sent since while the registry was complete.
-    kept: BTreeMap<(ResourceType, String), Arc<Versioned>>,
+    kept: BTreeMap<(ResourceType, String), Held>,
 }
 
 impl Proxy {
-    fn held(&self, ty: ResourceType) -> &BTreeMap<String, Arc<Versioned>> {
+    fn held(&self, ty: ResourceType) -> &BTreeMap<String, Held> {
         match ty {
             ResourceType::Cluster => &self.held_clusters,
             ResourceType::Endpoints => &self.held_endpoints,
@@ -442,16 +517,24 @@ impl Proxy {
         }
     }
 
-    fn subscribe(&mut self, names: &[&str]) -> Vec<Request> {
+    /// The names of type `ty` it subscribes.
+    fn subscribed(&self, ty: ResourceType) -> Vec<&String> {
+        match ty {
+            ResourceType::Cluster => self.clusters.iter().collect(),
+            ResourceType::Endpoints => self.held_clusters.keys().collect(),
+        }
+    }
+
+    fn subscribe(&mut self, names: &[&str]) -> Vec<DeltaDiscoveryRequest> {
         let names = distinct(names);
         for name in &names {
             self.clusters.insert(name.clone());
             self.kept.remove(&(ResourceType::Cluster, name.clone()));
         }
-        vec![Request::subscribe(ResourceType::Cluster, names)]
+        requests([request(ResourceType::Cluster, names, Vec::new())])
     }
 
-    fn unsubscribe(&mut self, names: &[&str]) -> Vec<Request> {
+    fn unsubscribe(&mut self, names: &[&str]) -> Vec<DeltaDiscoveryRequest> {
         let names: Vec<String> = distinct(names)
             .into_iter()
             .filter(|name| self.clusters.remove(name))
@@ -464,8 +547,8 @@ impl Proxy {
             }
         }
         requests([
-            Request::unsubscribe(ResourceType::Cluster, names),
-            Request::unsubscribe(ResourceType::Endpoints, dropped),
+            request(ResourceType::Cluster, Vec::new(), names),
+            request(ResourceType::Endpoints, Vec::new(), dropped),
         ])
     }
 
@@ -480,78 +563,91 @@ impl Proxy {
         held
     }
 
-    /// Applies a response; returns the load assignments to subscribe or unsubscribe.
-    fn apply(&mut self, response: Response, seen: &mut Seen) -> Vec<Request> {
-        let ty = response.ty;
+    /// Applies a response; returns its ACK and the load assignments to subscribe or
+    /// unsubscribe.
+    fn apply(
+        &mut self,
+        response: &DeltaDiscoveryResponse,
+        while_loading: bool,
+        seen: &mut Seen,
+    ) -> Result<Vec<DeltaDiscoveryRequest>, String> {
+        let ty = ResourceType::from_type_url(&response.type_url)
+            .ok_or_else(|| format!("a response of type {:?}", response.type_url))?;
         let (mut subscribe, mut unsubscribe) = (Vec::new(), Vec::new());
-        for r in response.resources {
+        for r in &response.resources {
             if !self.subscribes(ty, &r.name) {
                 seen.ignored += 1;
                 continue;
             }
-            if !response.while_loading {
+            if !while_loading {
                 self.kept.remove(&(ty, r.name.clone()));
             }
-            let name = r.name.clone();
+            let held = Held::received(r);
             let new = match ty {
-                ResourceType::Cluster => self.held_clusters.insert(name.clone(), r),
-                ResourceType::Endpoints => self.held_endpoints.insert(name.clone(), r),
+                ResourceType::Cluster => self.held_clusters.insert(r.name.clone(), held),
+                ResourceType::Endpoints => self.held_endpoints.insert(r.name.clone(), held),
             }
             .is_none();
             if ty == ResourceType::Cluster && new {
-                subscribe.push(name);
+                subscribe.push(r.name.clone());
             }
         }
-        for name in response.removed {
-            if !self.subscribes(ty, &name) {
+        for name in &response.removed_resources {
+            if !self.subscribes(ty, name) {
                 continue;
             }
-            if !response.while_loading {
+            if !while_loading {
                 self.kept.remove(&(ty, name.clone()));
             }
             match ty {
                 ResourceType::Cluster => {
-                    if self.drop_cluster(&name) {
-                        unsubscribe.push(name);
+                    if self.drop_cluster(name) {
+                        unsubscribe.push(name.clone());
                     }
                 }
                 ResourceType::Endpoints => {
-                    self.held_endpoints.remove(&name);
+                    self.held_endpoints.remove(name);
                 }
             }
         }
-        requests([
-            Request::subscribe(ResourceType::Endpoints, subscribe),
-            Request::unsubscribe(ResourceType::Endpoints, unsubscribe),
-        ])
+        let ack = DeltaDiscoveryRequest {
+            response_nonce: response.nonce.clone(),
+            ..request(ty, Vec::new(), Vec::new())
+        };
+        Ok(requests([
+            ack,
+            request(ResourceType::Endpoints, subscribe, unsubscribe),
+        ]))
     }
 
     /// The first requests on a new stream.
-    fn reconnect(&mut self) -> Vec<Request> {
+    fn reconnect(&mut self) -> Vec<DeltaDiscoveryRequest> {
         self.kept = ResourceType::ALL
             .into_iter()
             .flat_map(|ty| {
                 (self.held(ty).iter()).map(move |(name, r)| ((ty, name.clone()), r.clone()))
             })
             .collect();
-        let versions = |held: &BTreeMap<String, Arc<Versioned>>| {
+        let versions = |held: &BTreeMap<String, Held>| {
             (held.iter())
                 .map(|(name, r)| (name.clone(), r.version.clone()))
                 .collect()
         };
         requests([
-            Request {
-                initial: versions(&self.held_clusters),
-                ..Request::subscribe(
+            DeltaDiscoveryRequest {
+                initial_resource_versions: versions(&self.held_clusters),
+                ..request(
                     ResourceType::Cluster,
                     self.clusters.iter().cloned().collect(),
+                    Vec::new(),
                 )
             },
-            Request {
-                initial: versions(&self.held_endpoints),
-                ..Request::subscribe(
+            DeltaDiscoveryRequest {
+                initial_resource_versions: versions(&self.held_endpoints),
+                ..request(
                     ResourceType::Endpoints,
                     self.held_clusters.keys().cloned().collect(),
+                    Vec::new(),
                 )
             },
         ])
@@ -567,30 +663,34 @@ fn distinct(names: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// The requests that subscribe or unsubscribe something.
-fn requests(all: [Request; 2]) -> Vec<Request> {
-    (all.into_iter())
-        .filter(|r| !r.subscribe.is_empty() || !r.unsubscribe.is_empty())
-        .collect()
-}
-
 /// The control plane: a cache following the registry through a snapshot builder, as `main`
-/// wires them, and the subscriptions over all its streams (the server's
-/// `xds_subscriptions`, which the total bound is checked against).
+/// wires them, the metrics all its sessions count into, and the bound over all streams.
 struct ControlPlane {
     cache: Cache,
     builder: SnapshotBuilder,
-    subscriptions: usize,
+    metrics: Metrics,
+    max_subscriptions: usize,
+    next_stream: u64,
 }
 
 impl ControlPlane {
-    fn start(registry: Registry, options: XdsOptions) -> ControlPlane {
+    fn start(registry: Registry, options: XdsOptions, max_subscriptions: usize) -> ControlPlane {
         let mut builder = SnapshotBuilder::default();
         let snapshot = builder.update(Arc::new(registry)).snapshot;
         ControlPlane {
             cache: Cache::with_snapshot(options, snapshot),
             builder,
-            subscriptions: 0,
+            metrics: Metrics::default(),
+            max_subscriptions,
+            next_stream: 1,
+        }
+    }
+
+    fn context(&self) -> Context<'_> {
+        Context {
+            cache: &self.cache,
+            metrics: &self.metrics,
+            max_subscriptions: self.max_subscriptions,
         }
     }
 
@@ -602,211 +702,243 @@ impl ControlPlane {
             self.cache.set_snapshot(snapshot);
         }
     }
+
+    /// A new stream, as `server` opens one: a session, and a receiver of cache changes.
+    fn open(&mut self, limits: SubscriptionLimits) -> (Session, watch::Receiver<u64>) {
+        let id = self.next_stream;
+        self.next_stream += 1;
+        let mut changes = self.cache.changes();
+        changes.borrow_and_update();
+        (Session::new(id, Service::Ads, limits), changes)
+    }
 }
 
-/// One proxy's ADS stream as `server::StreamTask` runs it over the cache, with the messages
-/// in flight both ways (each way in order, as on an HTTP/2 stream).
-struct Stream {
-    clusters: Subscriptions,
-    endpoints: Subscriptions,
-    changes: watch::Receiver<u64>,
-    to_server: VecDeque<Request>,
-    to_proxy: VecDeque<Response>,
-    /// Cluster names refused as unregistered, until sent registered or unsubscribed.
+/// The names of type `ty` a session subscribes.
+fn tracked(session: &Session, ty: ResourceType) -> BTreeSet<String> {
+    let status = session.status();
+    BTreeSet::from_iter(match ty {
+        ResourceType::Cluster => status.clusters,
+        ResourceType::Endpoints => status.endpoints,
+    })
+}
+
+/// What the bounds make of one request's subscribes, by the rules (see the module docs), in
+/// the request's order: names over `max_names` first, then the room over all streams, which
+/// names the client kept do not take.
+#[derive(Debug, Default)]
+struct Expected {
+    /// Names the stream tracks from now on.
+    admitted: Vec<String>,
+    /// Names over `max_names`: answered with a removal, not tracked.
+    over_max_names: Vec<String>,
+    /// New names beyond the room: the stream is ended if there is any.
+    over_room: usize,
+}
+
+impl Expected {
+    fn of(
+        req: &DeltaDiscoveryRequest,
+        tracked: &BTreeSet<String>,
+        max_names: usize,
+        mut room: usize,
+    ) -> Expected {
+        let mut expected = Expected::default();
+        for name in &req.resource_names_subscribe {
+            if tracked.contains(name) || expected.admitted.contains(name) {
+                continue;
+            }
+            let kept = req.initial_resource_versions.contains_key(name);
+            if tracked.len() + expected.admitted.len() >= max_names {
+                expected.over_max_names.push(name.clone());
+            } else if kept {
+                expected.admitted.push(name.clone());
+            } else if room > 0 {
+                room -= 1;
+                expected.admitted.push(name.clone());
+            } else {
+                expected.over_room += 1;
+            }
+        }
+        expected
+    }
+}
+
+/// What one stream's bounds did to its names so far, by the rules.
+#[derive(Debug, Default)]
+struct Bounds {
+    /// Names over `max_names` when asked for, not tracked: the proxy holds nothing for them.
+    over_max_names: BTreeSet<(ResourceType, String)>,
+    /// Cluster names admitted while unregistered (they count against `max_unregistered`)
+    /// and not sent registered since.
+    unregistered: BTreeSet<String>,
+    /// Cluster names refused as unregistered: the proxy holds nothing for them until they
+    /// are sent registered.
     refused: BTreeSet<String>,
     /// Cluster names ever refused on this stream and not unsubscribed since.
     once_refused: BTreeSet<String>,
-    /// Names over `max_names` or the server's total, not subscribed on the server.
-    over_limit: BTreeSet<(ResourceType, String)>,
 }
 
-impl Stream {
-    fn open(cp: &ControlPlane, limits: SubscriptionLimits) -> Stream {
-        let mut changes = cp.cache.changes();
-        changes.borrow_and_update();
-        Stream {
-            clusters: Subscriptions::with_limits(limits),
-            endpoints: Subscriptions::with_limits(limits),
-            changes,
-            to_server: VecDeque::new(),
-            to_proxy: VecDeque::new(),
-            refused: BTreeSet::new(),
-            once_refused: BTreeSet::new(),
-            over_limit: BTreeSet::new(),
-        }
-    }
-
-    /// The stream ends: what `StreamTask`'s `drop` does.
-    fn close(&self, cp: &mut ControlPlane) {
-        for subs in [&self.clusters, &self.endpoints] {
-            cp.cache.unwatch(subs.names());
-            cp.subscriptions -= subs.len();
-        }
-    }
-
-    fn subs(&self, ty: ResourceType) -> &Subscriptions {
-        match ty {
-            ResourceType::Cluster => &self.clusters,
-            ResourceType::Endpoints => &self.endpoints,
-        }
-    }
-
-    fn subs_mut(&mut self, ty: ResourceType) -> &mut Subscriptions {
-        match ty {
-            ResourceType::Cluster => &mut self.clusters,
-            ResourceType::Endpoints => &mut self.endpoints,
-        }
-    }
-
-    /// The server reads one request: `StreamTask::on_request`. Returns whether there was one.
-    fn read_request(
+impl Bounds {
+    /// Follows a request the session accepted, in which `expected.admitted` are new; returns
+    /// how many names should have been refused.
+    fn accepted(
         &mut self,
-        cp: &mut ControlPlane,
-        limits: &Limits,
+        req: &DeltaDiscoveryRequest,
+        ty: ResourceType,
+        expected: &Expected,
+        max_unregistered: usize,
+        snapshot: &Snapshot,
         seen: &mut Seen,
-    ) -> Result<bool, String> {
-        let Some(req) = self.to_server.pop_front() else {
-            return Ok(false);
-        };
-        let ty = req.ty;
-        let before: BTreeSet<String> = self.subs(ty).names().map(str::to_owned).collect();
-        let room = limits.total.saturating_sub(cp.subscriptions);
-        let change =
-            self.subs_mut(ty)
-                .update_within(&req.subscribe, &req.unsubscribe, &req.initial, room);
-        cp.subscriptions += change.added.len();
-        cp.subscriptions -= change.removed.len();
-        cp.cache.watch(&change.added);
-        cp.cache.unwatch(change.removed.iter().map(String::as_str));
-        for name in &req.subscribe {
-            let key = (ty, name.clone());
-            if before.contains(name) || change.added.contains(name) {
-                self.over_limit.remove(&key);
-            } else {
-                self.over_limit.insert(key);
-            }
+    ) -> usize {
+        for name in &req.resource_names_subscribe {
+            self.over_max_names.remove(&(ty, name.clone()));
         }
-        if ty == ResourceType::Cluster {
-            let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
-            cp.subscriptions -= withdrawn.len();
-            cp.cache.unwatch(withdrawn.iter().map(String::as_str));
+        for name in &expected.over_max_names {
+            self.over_max_names.insert((ty, name.clone()));
         }
-        for name in &req.unsubscribe {
-            self.over_limit.remove(&(ty, name.clone()));
+        for name in &req.resource_names_unsubscribe {
+            self.over_max_names.remove(&(ty, name.clone()));
             if ty == ResourceType::Cluster {
+                self.unregistered.remove(name);
                 self.refused.remove(name);
                 self.once_refused.remove(name);
             }
         }
-        if change.over_limit > 0 {
-            let full = self.subs(ty).len() >= limits.stream.max_names;
-            if full {
-                seen.over_max_names += 1;
-            } else if change.added.len() == room {
-                seen.over_total += 1;
-            } else {
-                return Err(format!(
-                    "{} {} names refused with room left: {} subscribed, {} of {room} room used",
-                    change.over_limit,
-                    ty.as_str(),
-                    self.subs(ty).len(),
-                    change.added.len()
-                ));
-            }
+        if !expected.over_max_names.is_empty() {
+            seen.over_max_names += 1;
         }
-        if ty == ResourceType::Cluster {
-            for name in &change.added {
-                if cp.cache.is_registered(name) == Some(false)
-                    && !self.clusters.admit_unregistered(name)
-                {
-                    seen.refused_unregistered += 1;
-                    self.refused.insert(name.clone());
-                    self.once_refused.insert(name.clone());
+        let mut refused = expected.over_max_names.len();
+        if ty == ResourceType::Endpoints {
+            return refused;
+        }
+        for name in &expected.admitted {
+            if parse_cluster_name(name).is_err() {
+                continue;
+            }
+            match Lookup::in_snapshot(snapshot, name) {
+                Lookup::Registered(_) => {}
+                Lookup::NotYetKnown => seen.not_known_yet += 1,
+                Lookup::Unregistered => {
+                    if req.initial_resource_versions.contains_key(name) {
+                        seen.kept_unregistered += 1;
+                        self.unregistered.insert(name.clone());
+                    } else if self.unregistered.len() < max_unregistered {
+                        self.unregistered.insert(name.clone());
+                    } else {
+                        seen.refused_unregistered += 1;
+                        refused += 1;
+                        self.refused.insert(name.clone());
+                        self.once_refused.insert(name.clone());
+                    }
                 }
             }
         }
-        let fresh: Vec<String> = (change.added.into_iter())
-            .filter(|name| !req.initial.contains_key(name))
-            .collect();
-        self.respond(cp, ty);
-        if ty == ResourceType::Cluster && !fresh.is_empty() {
-            let fresh: Vec<String> = (fresh.into_iter())
-                .filter(|name| !self.clusters.is_refused(name) && parse_cluster_name(name).is_ok())
-                .collect();
-            let presubscribed = self.endpoints.presubscribe(&fresh);
-            cp.subscriptions += presubscribed.len();
-            cp.cache.watch(&presubscribed);
-            for name in &presubscribed {
-                self.over_limit
-                    .remove(&(ResourceType::Endpoints, name.clone()));
-            }
-            self.respond(cp, ResourceType::Endpoints);
-        }
-        Ok(true)
+        refused
     }
 
-    /// The server wakes on a cache change: `StreamTask::on_change`. Returns whether there
-    /// was one.
-    fn wake(&mut self, cp: &ControlPlane) -> bool {
-        if !self.changes.has_changed().unwrap_or(false) {
-            return false;
-        }
-        self.changes.borrow_and_update();
-        for ty in ResourceType::ALL {
-            self.respond(cp, ty);
-        }
-        true
-    }
-
-    /// `StreamTask::respond`: queues what brings the proxy's `ty` up to date, if anything.
-    fn respond(&mut self, cp: &ControlPlane, ty: ResourceType) {
-        let subs = self.subs_mut(ty);
-        if subs.is_idle() {
+    /// Follows a response: a cluster sent registered counts against no bound from then on.
+    fn sent(&mut self, response: &DeltaDiscoveryResponse) {
+        if response.type_url != xds::CLUSTER_TYPE_URL {
             return;
         }
-        let delta = cp.cache.delta(ty, subs);
-        if delta.is_empty() {
-            return;
-        }
-        subs.record(&delta);
-        if ty == ResourceType::Cluster {
-            for r in delta.send.iter().filter(|r| r.registered) {
+        for r in &response.resources {
+            if Held::received(r).registered() {
+                self.unregistered.remove(&r.name);
                 self.refused.remove(&r.name);
             }
         }
-        self.to_proxy.push_back(Response {
-            ty,
-            resources: delta.send,
-            removed: delta.remove,
-            while_loading: !cp.cache.snapshot().is_complete(),
-        });
+    }
+}
+
+/// One proxy's ADS stream: the server's session, and the messages in flight both ways (each
+/// way in order, as on an HTTP/2 stream).
+struct Stream {
+    /// `None` once the server ended the stream.
+    session: Option<Session>,
+    changes: watch::Receiver<u64>,
+    to_server: VecDeque<DeltaDiscoveryRequest>,
+    to_proxy: VecDeque<ToProxy>,
+    /// Whether the proxy has sent its first request (which names its node).
+    named: bool,
+    /// Opened after the proxy's previous stream was ended for want of room, and not
+    /// served yet.
+    after_refusal: bool,
+    bounds: Bounds,
+}
+
+impl Stream {
+    fn open(cp: &mut ControlPlane, limits: SubscriptionLimits) -> Stream {
+        let (session, changes) = cp.open(limits);
+        Stream {
+            session: Some(session),
+            changes,
+            to_server: VecDeque::new(),
+            to_proxy: VecDeque::new(),
+            named: false,
+            after_refusal: false,
+            bounds: Bounds::default(),
+        }
+    }
+
+    /// The proxy sends `requests`; lost if the server ended the stream.
+    fn send(&mut self, p: usize, requests: Vec<DeltaDiscoveryRequest>) {
+        if self.session.is_none() {
+            return;
+        }
+        for mut req in requests {
+            if !self.named {
+                self.named = true;
+                req.node = Some(Node {
+                    id: format!("proxy-{p}"),
+                    cluster: "sim".into(),
+                    ..Default::default()
+                });
+            }
+            self.to_server.push_back(req);
+        }
+    }
+
+    /// The server sends `responses`.
+    fn respond(&mut self, cp: &ControlPlane, responses: [Option<DeltaDiscoveryResponse>; 2]) {
+        let loading = !cp.cache.snapshot().is_complete();
+        for response in responses.into_iter().flatten() {
+            self.bounds.sent(&response);
+            self.to_proxy
+                .push_back(ToProxy::Response(response, loading));
+        }
     }
 }
 
 /// Everything: the registry as its source has it, the control plane, the proxies and their
-/// streams (stream `i` is proxy `i`'s).
+/// streams (stream `i` is proxy `i`'s; `None` while the proxy waits to connect again after
+/// its stream was ended for want of room).
 struct World {
     options: XdsOptions,
     limits: Limits,
     registry: Vec<Inst>,
     loading: bool,
+    /// A full build of the registry now, not the control plane's incremental one.
+    snapshot: Snapshot,
     cp: ControlPlane,
     proxies: Vec<Proxy>,
-    streams: Vec<Stream>,
+    streams: Vec<Option<Stream>>,
 }
 
 impl World {
     fn new(scenario: &Scenario) -> World {
         let options = XdsOptions::new(Some("/ca.pem".into()));
-        let cp = ControlPlane::start(registry(&scenario.registry, false), options.clone());
+        let registry = registry(&scenario.registry, false);
+        let snapshot = Snapshot::from_registry(&registry);
+        let mut cp = ControlPlane::start(registry, options.clone(), scenario.limits.total);
         let streams = (0..scenario.proxies)
-            .map(|_| Stream::open(&cp, scenario.limits.stream))
+            .map(|_| Some(Stream::open(&mut cp, scenario.limits.stream)))
             .collect();
         World {
             options,
             limits: scenario.limits,
             registry: scenario.registry.clone(),
             loading: false,
+            snapshot,
             cp,
             proxies: (0..scenario.proxies).map(|_| Proxy::default()).collect(),
             streams,
@@ -822,18 +954,26 @@ impl World {
         match op {
             Op::Subscribe(p, names) => {
                 let requests = self.proxies[*p].subscribe(names);
-                self.streams[*p].to_server.extend(requests);
+                if let Some(stream) = &mut self.streams[*p] {
+                    stream.send(*p, requests);
+                }
             }
             Op::Unsubscribe(p, names) => {
                 let requests = self.proxies[*p].unsubscribe(names);
-                self.streams[*p].to_server.extend(requests);
+                if let Some(stream) = &mut self.streams[*p] {
+                    stream.send(*p, requests);
+                }
             }
             Op::Registry(change) => {
                 self.change_registry(change);
-                self.cp.registry_changed(self.registry());
+                let registry = self.registry();
+                self.snapshot = Snapshot::from_registry(&registry);
+                self.cp.registry_changed(registry);
             }
             Op::Reconnect(p) => {
-                self.streams[*p].close(&mut self.cp);
+                if let Some(session) = self.streams[*p].as_mut().and_then(|s| s.session.take()) {
+                    session.close(&self.cp.context());
+                }
                 self.reconnect(*p);
             }
             Op::Restart(loaded) => {
@@ -841,7 +981,10 @@ impl World {
                     self.registry.truncate(*loaded);
                     self.loading = true;
                 }
-                self.cp = ControlPlane::start(self.registry(), self.options.clone());
+                let registry = self.registry();
+                self.snapshot = Snapshot::from_registry(&registry);
+                // The old control plane is gone with its streams: a fresh cache and metrics.
+                self.cp = ControlPlane::start(registry, self.options.clone(), self.limits.total);
                 for p in 0..n {
                     self.reconnect(p);
                 }
@@ -889,31 +1032,199 @@ impl World {
 
     /// Proxy `p` opens a new stream (what was in flight on its old one is lost).
     fn reconnect(&mut self, p: usize) {
-        let mut stream = Stream::open(&self.cp, self.limits.stream);
-        stream.to_server.extend(self.proxies[p].reconnect());
-        self.streams[p] = stream;
+        let mut stream = Stream::open(&mut self.cp, self.limits.stream);
+        stream.after_refusal = self.streams[p].is_none();
+        stream.send(p, self.proxies[p].reconnect());
+        self.streams[p] = Some(stream);
+    }
+
+    /// Cluster names subscribed over all open sessions.
+    fn cluster_subscriptions(&self) -> usize {
+        (self.streams.iter().flatten())
+            .filter_map(|s| s.session.as_ref())
+            .map(|s| s.status().clusters.len())
+            .sum()
     }
 
     /// One step on stream `p`; returns whether anything happened.
     fn step(&mut self, p: usize, step: Step, seen: &mut Seen) -> Result<bool, String> {
-        let stream = &mut self.streams[p];
         match step {
-            Step::ServerReads => stream.read_request(&mut self.cp, &self.limits, seen),
-            Step::ServerWakes => Ok(stream.wake(&self.cp)),
-            Step::ProxyReads => {
-                let Some(response) = stream.to_proxy.pop_front() else {
+            Step::ServerReads => self.server_reads(p, seen),
+            Step::ServerWakes => {
+                let cp = &self.cp;
+                let Some(stream) = &mut self.streams[p] else {
                     return Ok(false);
                 };
-                let requests = self.proxies[p].apply(response, seen);
-                stream.to_server.extend(requests);
+                let Some(session) = &mut stream.session else {
+                    return Ok(false);
+                };
+                if !stream.changes.has_changed().unwrap_or(false) {
+                    return Ok(false);
+                }
+                stream.changes.borrow_and_update();
+                let responses = session.on_change(&cp.context());
+                stream.respond(cp, responses);
                 Ok(true)
+            }
+            Step::ProxyReads => {
+                let Some(stream) = &mut self.streams[p] else {
+                    return Ok(false);
+                };
+                match stream.to_proxy.pop_front() {
+                    None => Ok(false),
+                    Some(ToProxy::Response(response, loading)) => {
+                        let requests = self.proxies[p].apply(&response, loading, seen)?;
+                        stream.send(p, requests);
+                        Ok(true)
+                    }
+                    Some(ToProxy::End) => {
+                        // Envoy keeps what it holds and connects again after a back-off.
+                        self.streams[p] = None;
+                        Ok(true)
+                    }
+                }
             }
         }
     }
 
+    /// The server reads the next request on stream `p`, and the test checks what the
+    /// session did with it against what the bounds say.
+    fn server_reads(&mut self, p: usize, seen: &mut Seen) -> Result<bool, String> {
+        let in_use = self.cluster_subscriptions();
+        let (cp, limits) = (&self.cp, self.limits);
+        let Some(stream) = &mut self.streams[p] else {
+            return Ok(false);
+        };
+        let Some(session) = &mut stream.session else {
+            return Ok(false);
+        };
+        let Some(req) = stream.to_server.pop_front() else {
+            return Ok(false);
+        };
+        let ty = ResourceType::from_type_url(&req.type_url)
+            .ok_or_else(|| format!("proxy {p} asked for type {:?}", req.type_url))?;
+        let before = tracked(session, ty);
+        let endpoints_before = tracked(session, ResourceType::Endpoints);
+        let refused_before = session.status().refused;
+        let room = match ty {
+            ResourceType::Cluster => cp.max_subscriptions.saturating_sub(in_use),
+            ResourceType::Endpoints => usize::MAX,
+        };
+        let expected = Expected::of(&req, &before, limits.stream.max_names, room);
+        let what = || {
+            let room = match cp.max_subscriptions {
+                usize::MAX => "no bound".to_owned(),
+                _ => format!("room for {room}"),
+            };
+            format!(
+                "proxy {p}'s request for {} {:?} (kept {:?}, unsubscribe {:?}; {room})",
+                ty.as_str(),
+                req.resource_names_subscribe,
+                (req.initial_resource_versions.keys()).collect::<BTreeSet<_>>(),
+                req.resource_names_unsubscribe,
+            )
+        };
+        let responses = match session.on_request(&cp.context(), req.clone()) {
+            Ok(responses) => responses,
+            Err(full) => {
+                let want = Full {
+                    asked: expected.over_room,
+                    max: cp.max_subscriptions,
+                };
+                if full != want {
+                    return Err(format!(
+                        "{} ended the stream with {full:?}, but should have {}",
+                        what(),
+                        match want.asked {
+                            0 => "served it".to_owned(),
+                            _ => format!("ended it with {want:?}"),
+                        }
+                    ));
+                }
+                seen.streams_ended += 1;
+                // What the server does on `Err(Full)`: it ends the stream, and the stream's
+                // subscriptions are given back.
+                session.close(&cp.context());
+                stream.session = None;
+                stream.to_server.clear();
+                stream.to_proxy.push_back(ToProxy::End);
+                return Ok(true);
+            }
+        };
+        if expected.over_room > 0 {
+            return Err(format!(
+                "{} was served, but {} names do not fit: the stream should have been ended",
+                what(),
+                expected.over_room
+            ));
+        }
+        let mut want = before;
+        want.extend(expected.admitted.iter().cloned());
+        for name in &req.resource_names_unsubscribe {
+            want.remove(name);
+        }
+        let now = tracked(session, ty);
+        if now != want {
+            return Err(format!(
+                "after {}, the stream subscribes {} {now:?}, but should {want:?}",
+                what(),
+                ty.as_str(),
+            ));
+        }
+        let refused = stream.bounds.accepted(
+            &req,
+            ty,
+            &expected,
+            limits.stream.max_unregistered,
+            &self.snapshot,
+            seen,
+        );
+        let counted = session.status().refused - refused_before;
+        if counted != refused as u64 {
+            return Err(format!(
+                "after {}, the stream counted {counted} names refused, but should {refused}",
+                what()
+            ));
+        }
+        if ty == ResourceType::Cluster {
+            // The head start on ADS: the load assignment of each cluster answered at the
+            // proxy's subscribe comes right behind it, before the proxy asks for it (but not
+            // for names it kept, names answered with a removal, nor beyond `max_names`).
+            let room = (limits.stream.max_names).saturating_sub(endpoints_before.len());
+            let due = (expected.admitted.iter())
+                .filter(|name| {
+                    parse_cluster_name(name).is_ok()
+                        && !req.initial_resource_versions.contains_key(*name)
+                        && !stream.bounds.refused.contains(*name)
+                        && !endpoints_before.contains(*name)
+                })
+                .take(room);
+            let endpoints = tracked(session, ResourceType::Endpoints);
+            let sent: BTreeSet<&str> = (responses[1].iter())
+                .flat_map(|r| &r.resources)
+                .map(|r| r.name.as_str())
+                .collect();
+            for name in due {
+                if !endpoints.contains(name) || !sent.contains(name.as_str()) {
+                    return Err(format!(
+                        "after {}, the load assignment of {name} was not sent right behind \
+                         its cluster",
+                        what()
+                    ));
+                }
+            }
+            if stream.after_refusal {
+                stream.after_refusal = false;
+                seen.served_after_refusal += 1;
+            }
+        }
+        stream.respond(cp, responses);
+        Ok(true)
+    }
+
     /// Steps every stream in turn until nothing is in flight and no server has a change to
     /// wake on.
-    fn deliver(&mut self, seen: &mut Seen) -> Result<(), String> {
+    fn settle(&mut self, seen: &mut Seen) -> Result<(), String> {
         for _ in 0..10_000 {
             let mut busy = false;
             for p in 0..self.proxies.len() {
@@ -928,42 +1239,73 @@ impl World {
         Err("the streams never settled".into())
     }
 
+    /// Delivers everything; proxies whose stream was ended connect again, until none that
+    /// does is served any more.
+    fn deliver(&mut self, seen: &mut Seen) -> Result<(), String> {
+        self.settle(seen)?;
+        for _ in 0..=self.proxies.len() {
+            let mut served = false;
+            for p in 0..self.proxies.len() {
+                if self.streams[p].is_none() {
+                    self.reconnect(p);
+                    self.settle(seen)?;
+                    served |= self.streams[p].is_some();
+                }
+            }
+            if !served {
+                return Ok(());
+            }
+        }
+        Err("the proxies never stopped connecting again".into())
+    }
+
     /// The property (see the module docs), with everything delivered.
     fn check(&self, seen: &mut Seen) -> Result<(), String> {
         seen.checks += 1;
-        let registry = self.registry();
-        // A full build, not the control plane's incremental one.
-        let snapshot = Snapshot::from_registry(&registry);
-        let loading = !registry.is_complete();
+        let loading = !self.snapshot.is_complete();
         for (p, (proxy, stream)) in self.proxies.iter().zip(&self.streams).enumerate() {
             for ty in ResourceType::ALL {
-                let held = proxy.held(ty);
-                if let Some(name) = held.keys().find(|name| !proxy.subscribes(ty, name)) {
+                if let Some(name) = proxy
+                    .held(ty)
+                    .keys()
+                    .find(|name| !proxy.subscribes(ty, name))
+                {
                     return Err(format!(
                         "proxy {p} holds {} {name}, which it does not subscribe",
                         ty.as_str()
                     ));
                 }
-                let subscribed: Vec<&String> = match ty {
-                    ResourceType::Cluster => proxy.clusters.iter().collect(),
-                    ResourceType::Endpoints => proxy.held_clusters.keys().collect(),
-                };
-                for name in subscribed {
+            }
+            let Some((stream, session)) =
+                stream.as_ref().and_then(|s| Some((s, s.session.as_ref()?)))
+            else {
+                // Refused again at its last try: it holds what it held.
+                seen.still_refused += 1;
+                continue;
+            };
+            for ty in ResourceType::ALL {
+                let held = proxy.held(ty);
+                let tracked = tracked(session, ty);
+                for name in proxy.subscribed(ty) {
                     let key = (ty, name.clone());
-                    let built =
-                        xds::build(name, Lookup::in_snapshot(&snapshot, name), &self.options)
-                            .ok()
-                            .map(|r| Arc::new(r.get(ty).clone()));
+                    let built = Held::built(name, ty, &self.snapshot, &self.options);
                     let kept = proxy.kept.get(&key).filter(|_| loading);
                     let refused = ty == ResourceType::Cluster
-                        && stream.refused.contains(name)
-                        && built.as_ref().is_some_and(|b| !b.registered);
+                        && stream.bounds.refused.contains(name)
+                        && built.as_ref().is_some_and(|b| !b.registered());
                     // The bounds come first: the restart guard keeps what the server
-                    // tracks, and a name over a bound is not tracked.
-                    let (want, why) = if stream.over_limit.contains(&key) {
-                        (None, "over a bound")
+                    // tracks, and a name over `max_names` is not tracked.
+                    let (want, why) = if !tracked.contains(name) {
+                        if !stream.bounds.over_max_names.contains(&key) {
+                            return Err(format!(
+                                "proxy {p} subscribes {} {name}, which its stream does not, \
+                                 and it was not over max_names",
+                                ty.as_str()
+                            ));
+                        }
+                        (None, "refused over max_names")
                     } else if let Some(kept) = kept {
-                        if !same(Some(kept), built.as_deref()) {
+                        if !same(Some(kept), built.as_ref()) {
                             seen.kept_held_back += 1;
                         }
                         (Some(kept.clone()), "kept while the registry is loading")
@@ -973,24 +1315,22 @@ impl World {
                         (built, "what the registry says")
                     };
                     let have = held.get(name);
-                    if !same(have.map(|r| &**r), want.as_deref()) {
+                    if !same(have, want.as_ref()) {
                         return Err(format!(
                             "proxy {p}, {} {name}: holds {}, but should hold {} ({why})",
                             ty.as_str(),
-                            describe(have.map(|r| &**r)),
-                            describe(want.as_deref()),
+                            describe(have),
+                            describe(want.as_ref()),
                         ));
                     }
                     if ty == ResourceType::Cluster
-                        && stream.once_refused.contains(name)
-                        && have.is_some_and(|r| r.registered)
+                        && stream.bounds.once_refused.contains(name)
+                        && have.is_some_and(Held::registered)
                     {
                         seen.refused_then_held += 1;
                     }
                 }
-                if let Some(name) =
-                    (stream.subs(ty).names()).find(|name| !proxy.subscribes(ty, name))
-                {
+                if let Some(name) = tracked.iter().find(|name| !proxy.subscribes(ty, name)) {
                     return Err(format!(
                         "proxy {p}'s stream subscribes {} {name}, which the proxy does not",
                         ty.as_str()
@@ -998,43 +1338,84 @@ impl World {
                 }
             }
         }
+        self.check_counts()
+    }
+
+    /// The control plane's own accounting of its open streams.
+    fn check_counts(&self) -> Result<(), String> {
+        let sessions: Vec<&Session> = (self.streams.iter().flatten())
+            .filter_map(|s| s.session.as_ref())
+            .collect();
+        let clusters = self.cluster_subscriptions();
+        let all: usize = (sessions.iter())
+            .map(|s| s.status().clusters.len() + s.status().endpoints.len())
+            .sum();
+        let names: BTreeSet<String> = (sessions.iter())
+            .flat_map(|s| {
+                let status = s.status();
+                status.clusters.into_iter().chain(status.endpoints)
+            })
+            .collect();
+        let metrics = &self.cp.metrics;
+        let counted = (
+            metrics.xds_cluster_subscriptions.load(Ordering::Relaxed),
+            metrics.xds_subscriptions.load(Ordering::Relaxed),
+            self.cp.cache.watched(),
+        );
+        if counted != (clusters as u64, all as u64, names.len()) {
+            return Err(format!(
+                "the control plane counts {} cluster subscriptions, {} subscriptions and \
+                 {} names watched; its streams hold {clusters}, {all} and {}",
+                counted.0,
+                counted.1,
+                counted.2,
+                names.len()
+            ));
+        }
         Ok(())
     }
 }
 
-/// Whether two resources are the same: name, version, registration, and message. The
-/// message is compared decoded: prost writes the cluster's metadata map in `HashMap`
-/// order, so two builds of one cluster may differ in their bytes.
-fn same(a: Option<&Versioned>, b: Option<&Versioned>) -> bool {
+/// Whether two resources are the same: version, type, and message. The message is compared
+/// decoded: prost writes the cluster's metadata map in `HashMap` order, so two builds of one
+/// cluster may differ in their bytes.
+fn same(a: Option<&Held>, b: Option<&Held>) -> bool {
     match (a, b) {
         (None, None) => true,
         (Some(a), Some(b)) => {
-            a.name == b.name
-                && a.version == b.version
-                && a.registered == b.registered
-                && a.resource.type_url == b.resource.type_url
-                && if a.resource.type_url == xds::CLUSTER_TYPE_URL {
-                    decode::<Cluster>(a).is_some_and(|c| Some(c) == decode::<Cluster>(b))
+            let (Some(x), Some(y)) = (&a.resource, &b.resource) else {
+                return false;
+            };
+            a.version == b.version
+                && x.type_url == y.type_url
+                && if x.type_url == xds::CLUSTER_TYPE_URL {
+                    a.cluster().is_some_and(|c| Some(c) == b.cluster())
                 } else {
-                    decode::<ClusterLoadAssignment>(a)
-                        .is_some_and(|c| Some(c) == decode::<ClusterLoadAssignment>(b))
+                    let cla = |any| decode::<ClusterLoadAssignment>(any, xds::ENDPOINTS_TYPE_URL);
+                    cla(x).is_some_and(|c| Some(c) == cla(y))
                 }
         }
         _ => false,
     }
 }
 
-fn decode<M: Message + Default>(r: &Versioned) -> Option<M> {
-    M::decode(r.resource.value.as_slice()).ok()
+/// `any`'s message, if it is of `type_url`.
+fn decode<M: Message + Default>(any: &Any, type_url: &str) -> Option<M> {
+    (any.type_url == type_url)
+        .then(|| M::decode(any.value.as_slice()).ok())
+        .flatten()
 }
 
 /// A resource in a few words: its version and what it says.
-fn describe(r: Option<&Versioned>) -> String {
+fn describe(r: Option<&Held>) -> String {
     let Some(r) = r else {
         return "nothing".into();
     };
-    let what = if r.resource.type_url == xds::CLUSTER_TYPE_URL {
-        decode::<Cluster>(r)
+    let Some(any) = &r.resource else {
+        return format!("version {} without a body", r.version);
+    };
+    let what = if any.type_url == xds::CLUSTER_TYPE_URL {
+        (r.cluster())
             .and_then(|c| c.metadata)
             .and_then(|m| m.filter_metadata.get(xds::METADATA_NAMESPACE).cloned())
             .and_then(|s| s.fields.get("reason").cloned())
@@ -1044,7 +1425,7 @@ fn describe(r: Option<&Versioned>) -> String {
             })
             .unwrap_or_else(|| "a cluster without a reason".into())
     } else {
-        let endpoints: Vec<String> = decode::<ClusterLoadAssignment>(r)
+        let endpoints: Vec<String> = decode::<ClusterLoadAssignment>(any, xds::ENDPOINTS_TYPE_URL)
             .into_iter()
             .flat_map(|cla| cla.endpoints)
             .flat_map(|group| {
@@ -1069,7 +1450,11 @@ fn describe(r: Option<&Versioned>) -> String {
             .collect();
         format!("endpoints [{}]", endpoints.join(", "))
     };
-    let registered = if r.registered { "" } else { ", unregistered" };
+    let registered = if any.type_url == xds::CLUSTER_TYPE_URL && !r.registered() {
+        ", unregistered"
+    } else {
+        ""
+    };
     format!("version {} ({what}{registered})", r.version)
 }
 
