@@ -78,6 +78,12 @@ pub struct Subscriptions {
     refused: BTreeSet<String>,
     /// Names over `limits.max_names`, not tracked: each is answered with a removal once.
     overflow: Vec<String>,
+    /// Subscribed names beyond the room other streams left under a shared bound
+    /// ([`Subscriptions::update_within`]): answered with a removal, and sent once there is
+    /// room ([`Subscriptions::admit_waiting`]) — Envoy stays subscribed to a removed name, and
+    /// takes a resource pushed for it later. Neither watched in the cache nor counted under
+    /// the shared bound meanwhile.
+    waiting: BTreeSet<String>,
 }
 
 /// How a request changed a [`Subscriptions`]: names new to it and names gone from it.
@@ -89,9 +95,8 @@ pub struct SubscriptionChange {
     pub removed: Vec<String>,
     /// Names over [`SubscriptionLimits::max_names`]: not subscribed, answered with a removal.
     pub over_limit: usize,
-    /// Names beyond the room left by other streams ([`Subscriptions::update_within`]): not
-    /// subscribed, and not answered either: the server refuses the whole stream, so that the
-    /// proxy asks again once there is room (a removal would be final for Envoy).
+    /// Names beyond the room left by other streams ([`Subscriptions::update_within`]):
+    /// subscribed, but waiting for room (answered with a removal meanwhile); not in `added`.
     pub over_room: usize,
     /// The request asked for the wildcard (`*`), which odmesh does not serve.
     pub wildcard: bool,
@@ -122,8 +127,8 @@ impl Subscriptions {
     }
 
     /// [`Subscriptions::update`], adding at most `room` new names (what is left of a bound
-    /// shared with other streams); the names beyond are counted in
-    /// [`SubscriptionChange::over_room`]. Names the client kept (in `initial_versions`) need
+    /// shared with other streams); the names beyond wait for room (counted in
+    /// [`SubscriptionChange::over_room`]). Names the client kept (in `initial_versions`) need
     /// no room.
     pub fn update_within(
         &mut self,
@@ -168,6 +173,8 @@ impl Subscriptions {
                 }
                 if room == 0 && !kept {
                     change.over_room += 1;
+                    self.names.insert(name.clone(), Known::Nothing);
+                    self.waiting.insert(name.clone());
                     continue;
                 }
                 if !kept {
@@ -184,11 +191,50 @@ impl Subscriptions {
             self.presubscribed.remove(name);
             self.unregistered.remove(name);
             self.refused.remove(name);
-            if self.names.remove(name).is_some() {
+            // A name waiting for room was never counted nor watched: nothing to give back.
+            let waited = self.waiting.remove(name);
+            if self.names.remove(name).is_some() && !waited {
                 change.removed.push(name.clone());
             }
         }
         change
+    }
+
+    /// Takes at most `room` of the names waiting for room: they are subscribed like any other
+    /// from now on, and sent by the next diff. Returns them, for the caller to watch and
+    /// count.
+    pub fn admit_waiting(&mut self, room: usize) -> Vec<String> {
+        let admitted: Vec<String> = self.waiting.iter().take(room).cloned().collect();
+        for name in &admitted {
+            self.waiting.remove(name);
+            if let Some(known) = self.names.get_mut(name) {
+                *known = Known::Nothing;
+            }
+        }
+        admitted
+    }
+
+    /// Whether some names wait for room.
+    pub fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// How many names wait for room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The subscribed names that count (and are watched in the cache): every name but those
+    /// waiting for room.
+    pub fn counted_names(&self) -> impl Iterator<Item = &str> {
+        (self.names.keys())
+            .filter(|name| !self.waiting.contains(*name))
+            .map(String::as_str)
+    }
+
+    /// How many subscribed names count (see [`Subscriptions::counted_names`]).
+    pub fn counted_len(&self) -> usize {
+        self.names.len() - self.waiting.len()
     }
 
     /// Admits `name`, subscribed and not registered, within
@@ -346,7 +392,11 @@ pub fn diff(
         if loading && matches!(known, Known::Kept(_)) {
             continue;
         }
-        let now = current(name).filter(|r| r.registered || !subs.refused.contains(name));
+        let now = if subs.waiting.contains(name) {
+            None
+        } else {
+            current(name).filter(|r| r.registered || !subs.refused.contains(name))
+        };
         match (known, now) {
             (Known::Version(have) | Known::Kept(have), Some(now)) if *have == now.version => {}
             (_, Some(now)) => delta.send.push(now),
@@ -1020,8 +1070,25 @@ mod tests {
         );
         assert_eq!(change.added, ["a.vip"]);
         assert_eq!((change.over_room, change.over_limit), (2, 0));
-        assert!(cds.is_idle() || cds.len() == 1);
-        assert_eq!(cds.overflow.len(), 0, "no removal is due for them");
+        assert_eq!((cds.len(), cds.counted_len(), cds.waiting()), (3, 1, 2));
+        // Answered with a removal while they wait, then sent once admitted.
+        let cache = cache(vec![inst("b", "10.0.0.2", Status::Up)]);
+        cache.watch(&change.added);
+        let first = send(&cache, ResourceType::Cluster, &mut cds);
+        assert_eq!(sent_names(&first), ["a.vip"]);
+        assert_eq!(first.remove, ["b.vip", "c.vip"]);
+        assert!(send(&cache, ResourceType::Cluster, &mut cds).is_empty());
+        let admitted = cds.admit_waiting(1);
+        assert_eq!(admitted, ["b.vip"]);
+        cache.watch(&admitted);
+        assert_eq!(
+            sent_names(&send(&cache, ResourceType::Cluster, &mut cds)),
+            ["b.vip"]
+        );
+        // Unsubscribing one still waiting gives nothing back: it was never counted.
+        let gone = cds.update(&[], &names(&["c.vip"]), &HashMap::new());
+        assert!(gone.removed.is_empty());
+        assert!(!cds.is_waiting());
         let again = cds.update_within(&names(&["a.vip"]), &[], &HashMap::new(), 0);
         assert_eq!(
             again.over_room, 0,

@@ -261,8 +261,8 @@ struct XdsArgs {
 
     /// Cluster names subscribed over all streams (each with its load assignment): about
     /// 1.5 KB each at most, so this bounds the control plane's memory whatever the number
-    /// of streams. A stream asking for more is ended (RESOURCE_EXHAUSTED); its proxy keeps
-    /// its clusters and connects again. Raise it for more proxies per control plane.
+    /// of streams. Names beyond wait for room (answered with a removal, pushed once there
+    /// is room). Raise it for more proxies per control plane.
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     xds_max_subscriptions: usize,
 

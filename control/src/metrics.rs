@@ -127,9 +127,9 @@ metrics! {
     /// Subscribed names now, over all streams and both types (bounded by
     /// --xds-max-subscriptions).
     xds_subscriptions: "gauge",
-    /// xDS streams ended (RESOURCE_EXHAUSTED) because they asked for cluster names beyond
-    /// --xds-max-subscriptions; the proxy connects again.
-    xds_streams_refused_total: "counter",
+    /// Cluster names that had to wait for room under --xds-max-subscriptions (answered with
+    /// a removal, pushed once there was room).
+    xds_names_waiting_total: "counter",
     /// xDS connections closed on arrival because --xds-max-connections were open.
     xds_connections_refused_total: "counter",
     /// Names answered with a removal because a stream was over --xds-max-names or

@@ -36,18 +36,20 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::cache::{Cache, SubscriptionLimits};
 use crate::listen::ConnectionLimit;
-use crate::logs::{self, RateLimit, clip};
+use crate::logs::clip;
 use crate::metrics::Metrics;
-use crate::session::{Context, Full, Service, Session};
+use crate::session::{Context, Service, Session};
 
 pub use crate::session::{NackStatus, ProxyStatus};
 
 /// Responses a stream may have queued before its task waits for the proxy to read.
 const STREAM_BUFFER: usize = 16;
+/// How often a stream whose cluster names wait for room looks for room again.
+const WAITING_RETRY: Duration = Duration::from_secs(1);
 /// HTTP/2 pings on idle connections, so a vanished proxy's stream is noticed and dropped.
 const KEEPALIVE: Duration = Duration::from_secs(30);
 /// The largest request the server decodes (tonic's default): bounds the names one request
@@ -64,8 +66,9 @@ pub struct XdsConfig {
     /// HTTP/2 streams one connection may open at once (Envoy needs one, for ADS).
     pub max_streams_per_connection: u32,
     /// Cluster names subscribed over all streams (each with its load assignment); beyond,
-    /// new names are answered with a removal. Bounds the cache, whatever the number of
-    /// streams. Names a reconnecting proxy says it holds are not refused for it.
+    /// new names wait for room (answered with a removal meanwhile, pushed once there is
+    /// room). Bounds the cache, whatever the number of streams. Names a reconnecting proxy
+    /// says it holds need no room.
     pub max_subscriptions: usize,
     /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
@@ -261,17 +264,7 @@ impl StreamTask {
         loop {
             let responses = tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(req)) => match self.on_request(req) {
-                        Ok(responses) => responses,
-                        Err(full) => {
-                            static LOG: RateLimit = logs::per_second();
-                            if let Some(suppressed) = LOG.check() {
-                                warn!(suppressed, stream = self.id(), error = %full, "xDS stream refused");
-                            }
-                            let _ = tx.try_send(Err(Status::resource_exhausted(full.to_string())));
-                            return;
-                        }
-                    },
+                    Ok(Some(req)) => self.on_request(req),
                     Ok(None) => break,
                     Err(status) => {
                         debug!(stream = self.id(), %status, "xDS stream failed");
@@ -286,6 +279,8 @@ impl StreamTask {
                     self.on_change()
                 }
                 _ = closing.changed() => break,
+                // Room under --xds-max-subscriptions frees up without any registry change.
+                () = tokio::time::sleep(WAITING_RETRY), if self.is_waiting() => self.on_change(),
             };
             for response in responses.into_iter().flatten() {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
@@ -310,11 +305,12 @@ impl StreamTask {
         lock(&self.state).id()
     }
 
-    fn on_request(
-        &self,
-        req: DeltaDiscoveryRequest,
-    ) -> Result<[Option<DeltaDiscoveryResponse>; 2], Full> {
+    fn on_request(&self, req: DeltaDiscoveryRequest) -> [Option<DeltaDiscoveryResponse>; 2] {
         lock(&self.state).on_request(&self.context(), req)
+    }
+
+    fn is_waiting(&self) -> bool {
+        lock(&self.state).is_waiting()
     }
 
     fn on_change(&self) -> [Option<DeltaDiscoveryResponse>; 2] {

@@ -26,18 +26,6 @@ const MAX_NODE_FIELD: usize = 256;
 /// At most so many bytes of a NACK's message are kept and logged.
 const MAX_NACK_MESSAGE: usize = 4096;
 
-/// A request for more cluster names than the server's bound leaves room for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "odmesh-control holds as many cluster subscriptions as it may ({max}, --xds-max-subscriptions): {asked} more refused; connect again later"
-)]
-pub struct Full {
-    /// New names beyond the room.
-    pub asked: usize,
-    /// The bound.
-    pub max: usize,
-}
-
 /// What a session works with: the cache it answers from, the metrics it counts into, and
 /// the bound on cluster subscriptions over all streams.
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +61,8 @@ pub struct ProxyStatus {
     pub last_nack: Option<NackStatus>,
     /// Names answered with a removal because they were over the stream's bounds.
     pub refused: u64,
+    /// Cluster names waiting for room under `--xds-max-subscriptions`.
+    pub waiting: usize,
 }
 
 /// A response a proxy rejected.
@@ -199,24 +189,35 @@ impl Session {
             nacks: self.nacks,
             last_nack: self.last_nack.clone(),
             refused: self.refused,
+            waiting: self.clusters.waiting(),
         }
     }
 
     /// Handles one request; returns the response for the request's type, if one is due, and,
     /// for new `Cluster` subscriptions on ADS, the load assignments that go with them.
     ///
-    /// Refused (the server ends the stream with it) when the request asks for new cluster
-    /// names beyond the room `--xds-max-subscriptions` leaves: the proxy connects again and
-    /// asks again, and is served once there is room. A removal, the other way to say no,
-    /// would be final: Envoy never asks again for a name it was told is gone.
+    /// New cluster names beyond the room `--xds-max-subscriptions` leaves over all streams
+    /// wait for room: answered with a removal (the first request fails fast), and pushed
+    /// once there is room ([`Session::on_change`]; Envoy stays subscribed to a removed name
+    /// and takes the resource then). The stream's other clusters are served all along.
     pub fn on_request(
         &mut self,
         cx: &Context<'_>,
         req: DeltaDiscoveryRequest,
-    ) -> Result<[Option<DeltaDiscoveryResponse>; 2], Full> {
-        let Some((ty, added)) = self.apply_request(cx, req)? else {
-            return Ok([None, None]);
+    ) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let Some((ty, added)) = self.apply_request(cx, req) else {
+            return [None, None];
         };
+        self.answer(cx, ty, added)
+    }
+
+    /// The response for `ty`, and, for clusters `added` on ADS, their load assignments.
+    fn answer(
+        &mut self,
+        cx: &Context<'_>,
+        ty: ResourceType,
+        added: Vec<String>,
+    ) -> [Option<DeltaDiscoveryResponse>; 2] {
         let first = self.respond(cx, ty);
         // Envoy subscribes to an EDS cluster's load assignment only once it has accepted the
         // cluster: one more round trip (request, answer) before the cluster is warm, which the
@@ -226,7 +227,7 @@ impl Session {
         // its load assignment arrives; Envoy's own subscribe, which follows, is not answered
         // again (see `Subscriptions::presubscribe`).
         if ty != ResourceType::Cluster || self.service != Service::Ads || added.is_empty() {
-            return Ok([first, None]);
+            return [first, None];
         }
         // Only names answered with a cluster: Envoy never subscribes to the load assignment
         // of a name answered with a removal (refused, or not an odmesh cluster name), so such
@@ -237,7 +238,7 @@ impl Session {
         let presubscribed = self.endpoints.presubscribe(&added);
         (cx.metrics.xds_subscriptions).fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
         cx.cache.watch(&presubscribed);
-        Ok([first, self.respond(cx, ResourceType::Endpoints)])
+        [first, self.respond(cx, ResourceType::Endpoints)]
     }
 
     /// Applies one request to the stream's state: node, ACK/NACK, subscription changes. Returns
@@ -247,7 +248,7 @@ impl Session {
         &mut self,
         cx: &Context<'_>,
         req: DeltaDiscoveryRequest,
-    ) -> Result<Option<(ResourceType, Vec<String>)>, Full> {
+    ) -> Option<(ResourceType, Vec<String>)> {
         let metrics = cx.metrics;
         Metrics::inc(&metrics.xds_requests_total);
         if let Some(node) = &req.node
@@ -266,7 +267,7 @@ impl Session {
         }
         let Some(ty) = self.service.resource_type(&req.type_url) else {
             debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
-            return Ok(None);
+            return None;
         };
 
         // Rule: a request that carries the `response_nonce` of a response acknowledges it;
@@ -303,7 +304,7 @@ impl Session {
         }
 
         if req.resource_names_subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
-            return Ok(None);
+            return None;
         }
         // The bound over all streams is on cluster names; each brings its load assignment.
         let room = match ty {
@@ -318,13 +319,10 @@ impl Session {
             &req.initial_resource_versions,
             room,
         );
-        // Counted before a refusal too: `close` gives back every name the stream holds.
         let total = &metrics.xds_subscriptions;
-        total.fetch_add(change.added.len() as u64, Ordering::Relaxed);
         total.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
         if ty == ResourceType::Cluster {
             let gauge = &metrics.xds_cluster_subscriptions;
-            gauge.fetch_add(change.added.len() as u64, Ordering::Relaxed);
             gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
         }
         if change.wildcard && !self.wildcard_warned {
@@ -337,14 +335,17 @@ impl Session {
             );
         }
         let cache = cx.cache;
-        cache.watch(&change.added);
         cache.unwatch(change.removed.iter().map(String::as_str));
         if change.over_room > 0 {
-            Metrics::inc(&metrics.xds_streams_refused_total);
-            return Err(Full {
-                asked: change.over_room,
-                max: cx.max_subscriptions,
-            });
+            (metrics.xds_names_waiting_total).fetch_add(change.over_room as u64, Ordering::Relaxed);
+            crate::limited!(
+                warn,
+                stream = self.id,
+                node = %clip(&self.node_id),
+                waiting = change.over_room,
+                max = cx.max_subscriptions,
+                "cluster names beyond --xds-max-subscriptions wait for room (answered with a removal meanwhile)"
+            );
         }
         let mut refused = change.over_limit;
         if ty == ResourceType::Cluster {
@@ -353,14 +354,8 @@ impl Session {
             let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
             total.fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
             cache.unwatch(withdrawn.iter().map(String::as_str));
-            // Every unregistered name is a cluster in Envoy for the stream's life: a client
-            // sending random `Host`s must not grow that without bound.
-            for name in &change.added {
-                if cache.is_unregistered(name) && !self.clusters.admit_unregistered(name) {
-                    refused += 1;
-                }
-            }
         }
+        refused += self.count_in(cx, ty, &change.added);
         if refused > 0 {
             self.refused += refused as u64;
             metrics
@@ -402,17 +397,61 @@ impl Session {
         // assignments need no head start.
         let mut fresh = change.added;
         fresh.retain(|name| !req.initial_resource_versions.contains_key(name));
-        Ok(Some((ty, fresh)))
+        Some((ty, fresh))
     }
 
-    /// Pushes what changed in the cache, clusters before their load assignments.
+    /// Counts newly subscribed `names` of type `ty` (the gauges, the cache's watch) and, for
+    /// clusters, admits unregistered ones within the stream's bound. Returns how many were
+    /// refused.
+    fn count_in(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[String]) -> usize {
+        let metrics = cx.metrics;
+        (metrics.xds_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
+        cx.cache.watch(names);
+        if ty != ResourceType::Cluster {
+            return 0;
+        }
+        (metrics.xds_cluster_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
+        // Every unregistered name is a cluster in Envoy for the stream's life: a client
+        // sending random `Host`s must not grow that without bound.
+        let mut refused = 0;
+        for name in names {
+            if cx.cache.is_unregistered(name) && !self.clusters.admit_unregistered(name) {
+                refused += 1;
+            }
+        }
+        refused
+    }
+
+    /// Pushes what changed in the cache, clusters before their load assignments; and the
+    /// clusters that waited for room, if there is room now.
     pub fn on_change(&mut self, cx: &Context<'_>) -> [Option<DeltaDiscoveryResponse>; 2] {
+        if self.clusters.is_waiting() {
+            let used = cx.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize;
+            let admitted = self
+                .clusters
+                .admit_waiting(cx.max_subscriptions.saturating_sub(used));
+            if !admitted.is_empty() {
+                let refused = self.count_in(cx, ResourceType::Cluster, &admitted);
+                self.refused += refused as u64;
+                (cx.metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
+                let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, admitted);
+                // Whatever else changed for the load assignments goes in the same round.
+                let endpoints = endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints));
+                return [clusters, endpoints];
+            }
+        }
         ResourceType::ALL.map(|ty| {
             self.service
                 .serves(ty)
                 .then(|| self.respond(cx, ty))
                 .flatten()
         })
+    }
+
+    /// Whether some cluster names of this stream wait for room (the server then calls
+    /// [`Session::on_change`] now and then, as room may free up without a registry change).
+    pub fn is_waiting(&self) -> bool {
+        self.clusters.is_waiting()
     }
 
     /// The response bringing this stream's `ty` subscriptions up to date, if any is needed.
@@ -448,14 +487,14 @@ impl Session {
     /// The stream ended: its subscriptions no longer count.
     pub fn close(&self, cx: &Context<'_>) {
         for subs in [&self.clusters, &self.endpoints] {
-            cx.cache.unwatch(subs.names());
+            cx.cache.unwatch(subs.counted_names());
         }
         let metrics = cx.metrics;
         metrics
             .xds_cluster_subscriptions
-            .fetch_sub(self.clusters.len() as u64, Ordering::Relaxed);
+            .fetch_sub(self.clusters.counted_len() as u64, Ordering::Relaxed);
         metrics.xds_subscriptions.fetch_sub(
-            (self.clusters.len() + self.endpoints.len()) as u64,
+            (self.clusters.counted_len() + self.endpoints.counted_len()) as u64,
             Ordering::Relaxed,
         );
     }
@@ -500,9 +539,7 @@ mod tests {
                 metrics: &self.metrics,
                 max_subscriptions: usize::MAX,
             };
-            self.session
-                .on_request(&cx, req)
-                .expect("room for every name")
+            self.session.on_request(&cx, req)
         }
     }
 
@@ -585,24 +622,45 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_ended_for_want_of_room_gives_back_exactly_the_room_it_took() {
+    fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
         let mut stream = ads_stream();
         let cx = Context {
             cache: &stream.cache,
             metrics: &stream.metrics,
             max_subscriptions: 1,
         };
-        // One name fits, the second does not: the stream is ended, holding the first.
-        let full = stream
-            .session
-            .on_request(
-                &cx,
-                request(CLUSTER_TYPE_URL, &["hello.vip", "other.vip"], &[]),
-            )
-            .expect_err("no room for other.vip");
-        assert_eq!(full, Full { asked: 1, max: 1 });
-        stream.session.close(&cx);
+        // One name fits; the second waits: a removal now, and not counted.
+        let [cluster, endpoints] = stream.session.on_request(
+            &cx,
+            request(CLUSTER_TYPE_URL, &["hello.vip", "other.vip"], &[]),
+        );
+        assert_eq!(sent(&cluster), ["hello.vip"]);
+        assert_eq!(
+            cluster.as_ref().map(|r| r.removed_resources.clone()),
+            Some(vec!["other.vip".to_owned()])
+        );
+        assert_eq!(sent(&endpoints), ["hello.vip"]);
         let metrics = &stream.metrics;
+        assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.xds_names_waiting_total.load(Ordering::Relaxed), 1);
+        assert!(stream.session.is_waiting());
+        assert!(
+            stream.session.on_change(&cx).iter().all(Option::is_none),
+            "no room yet"
+        );
+
+        // Room: hello.vip is unsubscribed. The waiting name is pushed, with its endpoints.
+        stream
+            .session
+            .on_request(&cx, request(CLUSTER_TYPE_URL, &[], &["hello.vip"]));
+        let [cluster, endpoints] = stream.session.on_change(&cx);
+        assert_eq!(sent(&cluster), ["other.vip"]);
+        assert_eq!(sent(&endpoints), ["other.vip"]);
+        assert!(!stream.session.is_waiting());
+        assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
+
+        // Closing gives back exactly what was counted.
+        stream.session.close(&cx);
         assert_eq!(
             (
                 metrics.xds_cluster_subscriptions.load(Ordering::Relaxed),
@@ -611,14 +669,6 @@ mod tests {
             ),
             (0, 0, 0)
         );
-
-        // The room is there again for the next stream.
-        let mut next = Session::new(2, Service::Ads, SubscriptionLimits::default());
-        let [cluster, _] = next
-            .on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]))
-            .expect("room for one name");
-        assert_eq!(sent(&cluster), ["hello.vip"]);
-        assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
     }
 
     #[test]

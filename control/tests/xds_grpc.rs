@@ -632,8 +632,7 @@ async fn a_connection_over_the_limit_is_closed_and_counted_and_the_others_are_se
 }
 
 #[tokio::test]
-async fn a_stream_asking_beyond_the_servers_subscription_bound_is_ended_and_served_once_there_is_room()
- {
+async fn a_name_beyond_the_servers_subscription_bound_waits_and_is_pushed_once_there_is_room() {
     let config = XdsConfig {
         max_subscriptions: 1,
         ..XdsConfig::default()
@@ -645,32 +644,20 @@ async fn a_stream_asking_beyond_the_servers_subscription_bound_is_ended_and_serv
     assert_eq!(names(&a.recv().await), ["hello.vip"]);
     assert_eq!(names(&a.recv().await), ["hello.vip"]);
 
-    // No room for proxy-b's name: its stream ends with RESOURCE_EXHAUSTED (a removal would
-    // be final for Envoy; a failed stream is retried).
+    // No room for proxy-b's name: a removal now (its first request fails fast)...
     let mut b = h.ads("proxy-b").await;
     b.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
-    let ended = tokio::time::timeout(WAIT, b.inbound.message())
-        .await
-        .expect("an answer in time");
-    let status = ended.expect_err("the stream is ended");
-    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
-    assert!(
-        status.message().contains("--xds-max-subscriptions"),
-        "{status}"
-    );
-    assert_eq!(
-        h.metrics.xds_streams_refused_total.load(Ordering::Relaxed),
-        1
-    );
+    let waiting = b.recv().await;
+    assert!(waiting.resources.is_empty());
+    assert_eq!(waiting.removed_resources, ["hello.vip"]);
+    assert_eq!(h.metrics.xds_names_waiting_total.load(Ordering::Relaxed), 1);
+    h.until_proxy("proxy-b", |p| p.waiting == 1).await;
 
-    // Room again: proxy-b connects again and is served.
+    // ...and the cluster, with its endpoints, once proxy-a's stream gives its room back,
+    // without a new request from proxy-b (Envoy stays subscribed to a removed name).
     drop(a);
-    h.until_metric("proxy-a's subscriptions released", |m| {
-        m.xds_cluster_subscriptions.load(Ordering::Relaxed) == 0
-    })
-    .await;
-    let mut b = h.ads("proxy-b").await;
-    b.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
     assert_eq!(names(&b.recv().await), ["hello.vip"]);
+    assert_eq!(names(&b.recv().await), ["hello.vip"]);
+    h.until_proxy("proxy-b", |p| p.waiting == 0).await;
     h.stop().await;
 }
