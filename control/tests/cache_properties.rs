@@ -23,25 +23,30 @@
 //!      it until it is registered, and then holds it like any other. A kept unregistered name
 //!      is always admitted, and counts; a name the registry does not list *yet* (still
 //!      loading) is not counted, neither then nor once the registry is complete;
-//! 4. the bound over all streams (`max_subscriptions`, on cluster names): a request ends its
-//!    stream (`Err(Full)`) exactly when it asks for more new cluster names than the room left;
-//!    names the proxy kept and names over `max_names` take none. The proxy, like Envoy, keeps
-//!    everything it holds and connects again, asking for every name with what it holds in
-//!    `initial_resource_versions`; it retries whenever everything else has been delivered.
-//!    The exception to 1.–3.: a proxy whose new stream is ended again (the names it asks for
-//!    anew still do not fit) holds what it held when its stream ended, *kept names included*:
-//!    a stream is refused whole, so they are not updated until all its new names fit; never,
-//!    if they are more than the bound, even with no other proxy connected;
-//! 5. on ADS, the load assignment of a cluster answered at the proxy's subscribe comes right
-//!    behind the cluster, before the proxy asks for it: one round trip, not two (not for
-//!    names the proxy kept, names answered with a removal, nor beyond `max_names`);
+//! 4. the bound over all streams (`max_subscriptions`, on cluster names): a request's new
+//!    cluster names beyond the room left wait for room (names the proxy kept and names over
+//!    `max_names` take none). Each is answered with a removal right away, which the proxy
+//!    applies (it holds nothing for the name) while it stays subscribed; it is not counted
+//!    nor watched; and it is pushed once there is room (as names are unsubscribed or streams
+//!    close): the server tries on every cache change and, while names wait, once a second,
+//!    which delivery here stands in for by waking every session until all is quiet. So the
+//!    exception to 1.–3.: a name still waiting at a check is one the bound has no room for
+//!    (the open streams count at least `max_subscriptions` cluster names), and its proxy
+//!    holds nothing for it; once admitted, 1.–3. hold for it like for any other;
+//! 5. on ADS, the load assignment of a cluster answered at the proxy's subscribe, or pushed
+//!    once it had waited for room, comes right behind the cluster, before the proxy asks for
+//!    it: one round trip, not two (not for names the proxy kept, names answered with a
+//!    removal, nor beyond `max_names`);
 //! 6. no stream subscribes, on the server side, a name its proxy does not; the gauges
-//!    `xds_cluster_subscriptions` and `xds_subscriptions` are the sums over the open streams;
-//!    and the cache has resources built for exactly the names some open stream subscribes.
+//!    `xds_cluster_subscriptions` and `xds_subscriptions` are the sums over the open streams
+//!    of the names that do not wait; and the cache has resources built for exactly the names
+//!    some open stream subscribes and does not wait for.
 //!
 //! What each request's bounds should do is worked out here from the rules above ([`Expected`],
 //! [`Bounds`]), not by `cache` or `session`, and compared with what the session did: the names
-//! it tracks, its `refused` count, its refusals.
+//! it tracks, how many wait, its `refused` count. Which waiting names room admits is the
+//! model's one borrowed choice: the first by name, as `Subscriptions::admit_waiting` takes
+//! them (the rules only say how many).
 //!
 //! The proxies accept every response (a NACKed resource is, by design, not sent again until it
 //! changes), acknowledge each, and never ask for the wildcard (odmesh does not serve it).
@@ -71,7 +76,7 @@ use odmesh_control::cache::{Cache, SubscriptionLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
 use odmesh_control::registry::{Instance, Registry, Status};
-use odmesh_control::session::{Context, Full, Service, Session};
+use odmesh_control::session::{Context, Service, Session};
 use odmesh_control::xds::{self, Lookup, ResourceType, XdsOptions};
 use odmesh_names::parse_cluster_name;
 use proptest::collection::vec;
@@ -162,18 +167,16 @@ struct Seen {
     not_known_yet: usize,
     /// Requests with names over `max_names`.
     over_max_names: usize,
-    /// Streams ended because they asked for more cluster names than the room left.
-    streams_ended: usize,
-    /// Proxies served on a new stream after theirs was ended for want of room.
-    served_after_refusal: usize,
-    /// Checks of a proxy still refused (its new names do not fit yet).
-    still_refused: usize,
+    /// Checks of a cluster name that waited for room, was admitted, and is held.
+    waited_then_served: usize,
+    /// Checks of a cluster name still waiting for room (the bound is full).
+    still_waiting: usize,
     /// Resources a proxy ignored, sent for a name it had dropped meanwhile.
     ignored: usize,
 }
 
 impl Seen {
-    fn counts(&self) -> [(&'static str, usize); 11] {
+    fn counts(&self) -> [(&'static str, usize); 10] {
         [
             ("a check", self.checks),
             ("a kept name held back", self.kept_held_back),
@@ -185,9 +188,14 @@ impl Seen {
             ("a kept unregistered name admitted", self.kept_unregistered),
             ("a name not known yet while loading", self.not_known_yet),
             ("names over max_names", self.over_max_names),
-            ("a stream ended for want of room", self.streams_ended),
-            ("a proxy served after a refusal", self.served_after_refusal),
-            ("a proxy still refused at a check", self.still_refused),
+            (
+                "a name served after it waited for room",
+                self.waited_then_served,
+            ),
+            (
+                "a name still waiting for room at a check",
+                self.still_waiting,
+            ),
             ("a resource sent for a dropped name", self.ignored),
         ]
     }
@@ -237,8 +245,7 @@ enum Op {
     Unsubscribe(usize, Vec<&'static str>),
     /// The registry changes.
     Registry(Change),
-    /// A proxy's stream breaks, and it opens another to the same control plane; or, waiting
-    /// after its stream was ended for want of room, it tries again.
+    /// A proxy's stream breaks, and it opens another to the same control plane.
     Reconnect(usize),
     /// The control plane restarts: a new cache and metrics, and every proxy reconnects. With
     /// `Some(n)` its registry is still loading and has read only the first `n` instances so far.
@@ -253,7 +260,8 @@ enum Op {
 enum Step {
     /// The server reads the next request.
     ServerReads,
-    /// The server wakes on a cache change, if there was one.
+    /// The server wakes on a cache change, if there was one, or, while some of the stream's
+    /// cluster names wait for room, to look for room (its once-a-second retry).
     ServerWakes,
     /// The proxy reads the next response.
     ProxyReads,
@@ -337,7 +345,7 @@ fn limits() -> impl Strategy<Value = Limits> {
     let small = (
         1..6usize,
         0..3usize,
-        prop_oneof![Just(usize::MAX), 1..8usize],
+        prop_oneof![1 => Just(usize::MAX), 2 => 1..6usize],
     )
         .prop_map(|(max_names, max_unregistered, total)| Limits {
             stream: SubscriptionLimits {
@@ -471,13 +479,12 @@ impl Held {
     }
 }
 
-/// What travels from the server to a proxy, in order.
+/// A response on its way to a proxy, and whether the registry was still loading when it was
+/// sent.
 #[derive(Clone, Debug)]
-enum ToProxy {
-    /// A response, and whether the registry was still loading when it was sent.
-    Response(DeltaDiscoveryResponse, bool),
-    /// The server ended the stream for want of room (`RESOURCE_EXHAUSTED`).
-    End,
+struct ToProxy {
+    response: DeltaDiscoveryResponse,
+    while_loading: bool,
 }
 
 /// A simulated Envoy, as its delta xDS client behaves over ADS with on-demand CDS:
@@ -485,8 +492,9 @@ enum ToProxy {
 ///   them; anything for a name it does not subscribe is ignored; it acknowledges each response;
 /// - once it holds a cluster it subscribes the cluster's load assignment (its EDS service
 ///   name is the cluster name), and unsubscribes it when it drops the cluster;
-/// - a cluster name answered with a removal stays subscribed: Envoy waits for the server;
-/// - on a new stream (after a failure, a refusal, a restart), it keeps all it holds and
+/// - a cluster name answered with a removal stays subscribed: Envoy waits for the server,
+///   and takes the cluster if it is pushed later (a name that waited for room);
+/// - on a new stream (after a failure, a restart), it keeps all it holds and
 ///   subscribes again to every name, with the versions of those it holds in
 ///   `initial_resource_versions`.
 #[derive(Debug, Default)]
@@ -713,7 +721,7 @@ impl ControlPlane {
     }
 }
 
-/// The names of type `ty` a session subscribes.
+/// The names of type `ty` a session subscribes (those waiting for room included).
 fn tracked(session: &Session, ty: ResourceType) -> BTreeSet<String> {
     let status = session.status();
     BTreeSet::from_iter(match ty {
@@ -722,17 +730,50 @@ fn tracked(session: &Session, ty: ResourceType) -> BTreeSet<String> {
     })
 }
 
+/// The names of the resources in `response`.
+fn sent(response: &Option<DeltaDiscoveryResponse>) -> BTreeSet<&str> {
+    (response.iter())
+        .flat_map(|r| &r.resources)
+        .map(|r| r.name.as_str())
+        .collect()
+}
+
+/// The head start on ADS (see the module docs): the first of `clusters`, just answered
+/// with a cluster or about to be, whose load assignment did not come right behind it in
+/// `responses`. Due for all but names answered with a removal (not odmesh cluster names,
+/// refused ones), names whose load assignment the stream tracked already, and those beyond
+/// `max_names`.
+fn missing_head_start<'a>(
+    clusters: impl IntoIterator<Item = &'a String>,
+    stream: &Stream,
+    endpoints_before: &BTreeSet<String>,
+    responses: &[Option<DeltaDiscoveryResponse>; 2],
+    max_names: usize,
+) -> Option<&'a String> {
+    let room = max_names.saturating_sub(endpoints_before.len());
+    let endpoints = tracked(&stream.session, ResourceType::Endpoints);
+    let sent = sent(&responses[1]);
+    (clusters.into_iter())
+        .filter(|name| {
+            parse_cluster_name(name).is_ok()
+                && !stream.bounds.refused.contains(*name)
+                && !endpoints_before.contains(*name)
+        })
+        .take(room)
+        .find(|name| !endpoints.contains(*name) || !sent.contains(name.as_str()))
+}
+
 /// What the bounds make of one request's subscribes, by the rules (see the module docs), in
-/// the request's order: names over `max_names` first, then the room over all streams, which
-/// names the client kept do not take.
+/// the request's order: names over `max_names` first (a name waiting for room takes a place
+/// under it), then the room over all streams, which names the client kept do not take.
 #[derive(Debug, Default)]
 struct Expected {
-    /// Names the stream tracks from now on.
+    /// Names the stream tracks, and counts, from now on.
     admitted: Vec<String>,
     /// Names over `max_names`: answered with a removal, not tracked.
     over_max_names: Vec<String>,
-    /// New names beyond the room: the stream is ended if there is any.
-    over_room: usize,
+    /// New names beyond the room: tracked, answered with a removal, waiting for room.
+    waiting: Vec<String>,
 }
 
 impl Expected {
@@ -744,11 +785,15 @@ impl Expected {
     ) -> Expected {
         let mut expected = Expected::default();
         for name in &req.resource_names_subscribe {
-            if tracked.contains(name) || expected.admitted.contains(name) {
+            if tracked.contains(name)
+                || expected.admitted.contains(name)
+                || expected.waiting.contains(name)
+            {
                 continue;
             }
             let kept = req.initial_resource_versions.contains_key(name);
-            if tracked.len() + expected.admitted.len() >= max_names {
+            let taken = tracked.len() + expected.admitted.len() + expected.waiting.len();
+            if taken >= max_names {
                 expected.over_max_names.push(name.clone());
             } else if kept {
                 expected.admitted.push(name.clone());
@@ -756,7 +801,7 @@ impl Expected {
                 room -= 1;
                 expected.admitted.push(name.clone());
             } else {
-                expected.over_room += 1;
+                expected.waiting.push(name.clone());
             }
         }
         expected
@@ -776,10 +821,15 @@ struct Bounds {
     refused: BTreeSet<String>,
     /// Cluster names ever refused on this stream and not unsubscribed since.
     once_refused: BTreeSet<String>,
+    /// Cluster names waiting for room: tracked but not counted; the proxy holds nothing for
+    /// them.
+    waiting: BTreeSet<String>,
+    /// Cluster names admitted after they waited for room, and not unsubscribed since.
+    waited: BTreeSet<String>,
 }
 
 impl Bounds {
-    /// Follows a request the session accepted, in which `expected.admitted` are new; returns
+    /// Follows a request the session handled, in which `expected.admitted` are new; returns
     /// how many names should have been refused.
     fn accepted(
         &mut self,
@@ -796,12 +846,17 @@ impl Bounds {
         for name in &expected.over_max_names {
             self.over_max_names.insert((ty, name.clone()));
         }
+        if ty == ResourceType::Cluster {
+            self.waiting.extend(expected.waiting.iter().cloned());
+        }
         for name in &req.resource_names_unsubscribe {
             self.over_max_names.remove(&(ty, name.clone()));
             if ty == ResourceType::Cluster {
                 self.unregistered.remove(name);
                 self.refused.remove(name);
                 self.once_refused.remove(name);
+                self.waiting.remove(name);
+                self.waited.remove(name);
             }
         }
         if !expected.over_max_names.is_empty() {
@@ -812,28 +867,66 @@ impl Bounds {
             return refused;
         }
         for name in &expected.admitted {
-            if parse_cluster_name(name).is_err() {
-                continue;
+            let kept = req.initial_resource_versions.contains_key(name);
+            refused += usize::from(self.admit(name, kept, max_unregistered, snapshot, seen));
+        }
+        refused
+    }
+
+    /// Room for `room` more cluster names: as many waiting names are admitted, the first by
+    /// name. Returns them, and how many of them should have been refused.
+    fn admit_waiting(
+        &mut self,
+        room: usize,
+        max_unregistered: usize,
+        snapshot: &Snapshot,
+        seen: &mut Seen,
+    ) -> (Vec<String>, usize) {
+        let admitted: Vec<String> = self.waiting.iter().take(room).cloned().collect();
+        let mut refused = 0;
+        for name in &admitted {
+            self.waiting.remove(name);
+            self.waited.insert(name.clone());
+            refused += usize::from(self.admit(name, false, max_unregistered, snapshot, seen));
+        }
+        (admitted, refused)
+    }
+
+    /// Follows a cluster name newly counted on the stream: over `max_unregistered`, an
+    /// unregistered name not `kept` is refused. Returns whether it is.
+    fn admit(
+        &mut self,
+        name: &str,
+        kept: bool,
+        max_unregistered: usize,
+        snapshot: &Snapshot,
+        seen: &mut Seen,
+    ) -> bool {
+        if parse_cluster_name(name).is_err() {
+            return false;
+        }
+        match Lookup::in_snapshot(snapshot, name) {
+            Lookup::Registered(_) => false,
+            Lookup::NotYetKnown => {
+                seen.not_known_yet += 1;
+                false
             }
-            match Lookup::in_snapshot(snapshot, name) {
-                Lookup::Registered(_) => {}
-                Lookup::NotYetKnown => seen.not_known_yet += 1,
-                Lookup::Unregistered => {
-                    if req.initial_resource_versions.contains_key(name) {
-                        seen.kept_unregistered += 1;
-                        self.unregistered.insert(name.clone());
-                    } else if self.unregistered.len() < max_unregistered {
-                        self.unregistered.insert(name.clone());
-                    } else {
-                        seen.refused_unregistered += 1;
-                        refused += 1;
-                        self.refused.insert(name.clone());
-                        self.once_refused.insert(name.clone());
-                    }
+            Lookup::Unregistered => {
+                if kept {
+                    seen.kept_unregistered += 1;
+                    self.unregistered.insert(name.to_owned());
+                    false
+                } else if self.unregistered.len() < max_unregistered {
+                    self.unregistered.insert(name.to_owned());
+                    false
+                } else {
+                    seen.refused_unregistered += 1;
+                    self.refused.insert(name.to_owned());
+                    self.once_refused.insert(name.to_owned());
+                    true
                 }
             }
         }
-        refused
     }
 
     /// Follows a response: a cluster sent registered counts against no bound from then on.
@@ -853,16 +946,12 @@ impl Bounds {
 /// One proxy's ADS stream: the server's session, and the messages in flight both ways (each
 /// way in order, as on an HTTP/2 stream).
 struct Stream {
-    /// `None` once the server ended the stream.
-    session: Option<Session>,
+    session: Session,
     changes: watch::Receiver<u64>,
     to_server: VecDeque<DeltaDiscoveryRequest>,
     to_proxy: VecDeque<ToProxy>,
     /// Whether the proxy has sent its first request (which names its node).
     named: bool,
-    /// Opened after the proxy's previous stream was ended for want of room, and not
-    /// served yet.
-    after_refusal: bool,
     bounds: Bounds,
 }
 
@@ -870,21 +959,17 @@ impl Stream {
     fn open(cp: &mut ControlPlane, limits: SubscriptionLimits) -> Stream {
         let (session, changes) = cp.open(limits);
         Stream {
-            session: Some(session),
+            session,
             changes,
             to_server: VecDeque::new(),
             to_proxy: VecDeque::new(),
             named: false,
-            after_refusal: false,
             bounds: Bounds::default(),
         }
     }
 
-    /// The proxy sends `requests`; lost if the server ended the stream.
+    /// The proxy sends `requests`.
     fn send(&mut self, p: usize, requests: Vec<DeltaDiscoveryRequest>) {
-        if self.session.is_none() {
-            return;
-        }
         for mut req in requests {
             if !self.named {
                 self.named = true;
@@ -900,18 +985,34 @@ impl Stream {
 
     /// The server sends `responses`.
     fn respond(&mut self, cp: &ControlPlane, responses: [Option<DeltaDiscoveryResponse>; 2]) {
-        let loading = !cp.cache.snapshot().is_complete();
+        let while_loading = !cp.cache.snapshot().is_complete();
         for response in responses.into_iter().flatten() {
             self.bounds.sent(&response);
-            self.to_proxy
-                .push_back(ToProxy::Response(response, loading));
+            self.to_proxy.push_back(ToProxy {
+                response,
+                while_loading,
+            });
         }
+    }
+
+    /// Whether the session waits for room for the cluster names the rules say (it shows only
+    /// how many).
+    fn check_waiting(&self, when: impl FnOnce() -> String) -> Result<(), String> {
+        let (waiting, is_waiting) = (self.session.status().waiting, self.session.is_waiting());
+        if waiting != self.bounds.waiting.len() || is_waiting != (waiting > 0) {
+            return Err(format!(
+                "{}, the session has {waiting} cluster names waiting for room (is_waiting: \
+                 {is_waiting}), but by the rules {:?} wait",
+                when(),
+                self.bounds.waiting
+            ));
+        }
+        Ok(())
     }
 }
 
 /// Everything: the registry as its source has it, the control plane, the proxies and their
-/// streams (stream `i` is proxy `i`'s; `None` while the proxy waits to connect again after
-/// its stream was ended for want of room).
+/// streams (stream `i` is proxy `i`'s).
 struct World {
     options: XdsOptions,
     limits: Limits,
@@ -921,7 +1022,7 @@ struct World {
     snapshot: Snapshot,
     cp: ControlPlane,
     proxies: Vec<Proxy>,
-    streams: Vec<Option<Stream>>,
+    streams: Vec<Stream>,
 }
 
 impl World {
@@ -931,7 +1032,7 @@ impl World {
         let snapshot = Snapshot::from_registry(&registry);
         let mut cp = ControlPlane::start(registry, options.clone(), scenario.limits.total);
         let streams = (0..scenario.proxies)
-            .map(|_| Some(Stream::open(&mut cp, scenario.limits.stream)))
+            .map(|_| Stream::open(&mut cp, scenario.limits.stream))
             .collect();
         World {
             options,
@@ -954,15 +1055,11 @@ impl World {
         match op {
             Op::Subscribe(p, names) => {
                 let requests = self.proxies[*p].subscribe(names);
-                if let Some(stream) = &mut self.streams[*p] {
-                    stream.send(*p, requests);
-                }
+                self.streams[*p].send(*p, requests);
             }
             Op::Unsubscribe(p, names) => {
                 let requests = self.proxies[*p].unsubscribe(names);
-                if let Some(stream) = &mut self.streams[*p] {
-                    stream.send(*p, requests);
-                }
+                self.streams[*p].send(*p, requests);
             }
             Op::Registry(change) => {
                 self.change_registry(change);
@@ -971,9 +1068,7 @@ impl World {
                 self.cp.registry_changed(registry);
             }
             Op::Reconnect(p) => {
-                if let Some(session) = self.streams[*p].as_mut().and_then(|s| s.session.take()) {
-                    session.close(&self.cp.context());
-                }
+                self.streams[*p].session.close(&self.cp.context());
                 self.reconnect(*p);
             }
             Op::Restart(loaded) => {
@@ -1033,16 +1128,18 @@ impl World {
     /// Proxy `p` opens a new stream (what was in flight on its old one is lost).
     fn reconnect(&mut self, p: usize) {
         let mut stream = Stream::open(&mut self.cp, self.limits.stream);
-        stream.after_refusal = self.streams[p].is_none();
         stream.send(p, self.proxies[p].reconnect());
-        self.streams[p] = Some(stream);
+        self.streams[p] = stream;
     }
 
-    /// Cluster names subscribed over all open sessions.
+    /// Cluster names counted over all open sessions, by the rules: those waiting for room
+    /// left out.
     fn cluster_subscriptions(&self) -> usize {
-        (self.streams.iter().flatten())
-            .filter_map(|s| s.session.as_ref())
-            .map(|s| s.status().clusters.len())
+        (self.streams.iter())
+            .map(|s| {
+                let tracked = s.session.status().clusters.len();
+                tracked.saturating_sub(s.bounds.waiting.len())
+            })
             .sum()
     }
 
@@ -1050,39 +1147,19 @@ impl World {
     fn step(&mut self, p: usize, step: Step, seen: &mut Seen) -> Result<bool, String> {
         match step {
             Step::ServerReads => self.server_reads(p, seen),
-            Step::ServerWakes => {
-                let cp = &self.cp;
-                let Some(stream) = &mut self.streams[p] else {
-                    return Ok(false);
-                };
-                let Some(session) = &mut stream.session else {
-                    return Ok(false);
-                };
-                if !stream.changes.has_changed().unwrap_or(false) {
-                    return Ok(false);
-                }
-                stream.changes.borrow_and_update();
-                let responses = session.on_change(&cp.context());
-                stream.respond(cp, responses);
-                Ok(true)
-            }
+            Step::ServerWakes => self.server_wakes(p, false, seen),
             Step::ProxyReads => {
-                let Some(stream) = &mut self.streams[p] else {
+                let stream = &mut self.streams[p];
+                let Some(ToProxy {
+                    response,
+                    while_loading,
+                }) = stream.to_proxy.pop_front()
+                else {
                     return Ok(false);
                 };
-                match stream.to_proxy.pop_front() {
-                    None => Ok(false),
-                    Some(ToProxy::Response(response, loading)) => {
-                        let requests = self.proxies[p].apply(&response, loading, seen)?;
-                        stream.send(p, requests);
-                        Ok(true)
-                    }
-                    Some(ToProxy::End) => {
-                        // Envoy keeps what it holds and connects again after a back-off.
-                        self.streams[p] = None;
-                        Ok(true)
-                    }
-                }
+                let requests = self.proxies[p].apply(&response, while_loading, seen)?;
+                stream.send(p, requests);
+                Ok(true)
             }
         }
     }
@@ -1092,20 +1169,15 @@ impl World {
     fn server_reads(&mut self, p: usize, seen: &mut Seen) -> Result<bool, String> {
         let in_use = self.cluster_subscriptions();
         let (cp, limits) = (&self.cp, self.limits);
-        let Some(stream) = &mut self.streams[p] else {
-            return Ok(false);
-        };
-        let Some(session) = &mut stream.session else {
-            return Ok(false);
-        };
+        let stream = &mut self.streams[p];
         let Some(req) = stream.to_server.pop_front() else {
             return Ok(false);
         };
         let ty = ResourceType::from_type_url(&req.type_url)
             .ok_or_else(|| format!("proxy {p} asked for type {:?}", req.type_url))?;
-        let before = tracked(session, ty);
-        let endpoints_before = tracked(session, ResourceType::Endpoints);
-        let refused_before = session.status().refused;
+        let before = tracked(&stream.session, ty);
+        let endpoints_before = tracked(&stream.session, ResourceType::Endpoints);
+        let refused_before = stream.session.status().refused;
         let room = match ty {
             ResourceType::Cluster => cp.max_subscriptions.saturating_sub(in_use),
             ResourceType::Endpoints => usize::MAX,
@@ -1124,46 +1196,14 @@ impl World {
                 req.resource_names_unsubscribe,
             )
         };
-        let responses = match session.on_request(&cp.context(), req.clone()) {
-            Ok(responses) => responses,
-            Err(full) => {
-                let want = Full {
-                    asked: expected.over_room,
-                    max: cp.max_subscriptions,
-                };
-                if full != want {
-                    return Err(format!(
-                        "{} ended the stream with {full:?}, but should have {}",
-                        what(),
-                        match want.asked {
-                            0 => "served it".to_owned(),
-                            _ => format!("ended it with {want:?}"),
-                        }
-                    ));
-                }
-                seen.streams_ended += 1;
-                // What the server does on `Err(Full)`: it ends the stream, and the stream's
-                // subscriptions are given back.
-                session.close(&cp.context());
-                stream.session = None;
-                stream.to_server.clear();
-                stream.to_proxy.push_back(ToProxy::End);
-                return Ok(true);
-            }
-        };
-        if expected.over_room > 0 {
-            return Err(format!(
-                "{} was served, but {} names do not fit: the stream should have been ended",
-                what(),
-                expected.over_room
-            ));
-        }
+        let responses = stream.session.on_request(&cp.context(), req.clone());
         let mut want = before;
         want.extend(expected.admitted.iter().cloned());
+        want.extend(expected.waiting.iter().cloned());
         for name in &req.resource_names_unsubscribe {
             want.remove(name);
         }
-        let now = tracked(session, ty);
+        let now = tracked(&stream.session, ty);
         if now != want {
             return Err(format!(
                 "after {}, the stream subscribes {} {now:?}, but should {want:?}",
@@ -1179,58 +1219,118 @@ impl World {
             &self.snapshot,
             seen,
         );
-        let counted = session.status().refused - refused_before;
+        let counted = stream.session.status().refused - refused_before;
         if counted != refused as u64 {
             return Err(format!(
                 "after {}, the stream counted {counted} names refused, but should {refused}",
                 what()
             ));
         }
+        stream.check_waiting(|| format!("after {}", what()))?;
         if ty == ResourceType::Cluster {
-            // The head start on ADS: the load assignment of each cluster answered at the
-            // proxy's subscribe comes right behind it, before the proxy asks for it (but not
-            // for names it kept, names answered with a removal, nor beyond `max_names`).
-            let room = (limits.stream.max_names).saturating_sub(endpoints_before.len());
-            let due = (expected.admitted.iter())
-                .filter(|name| {
-                    parse_cluster_name(name).is_ok()
-                        && !req.initial_resource_versions.contains_key(*name)
-                        && !stream.bounds.refused.contains(*name)
-                        && !endpoints_before.contains(*name)
-                })
-                .take(room);
-            let endpoints = tracked(session, ResourceType::Endpoints);
-            let sent: BTreeSet<&str> = (responses[1].iter())
-                .flat_map(|r| &r.resources)
-                .map(|r| r.name.as_str())
+            // A name that waits for room is answered with a removal right away.
+            let removed: BTreeSet<&str> = (responses[0].iter())
+                .flat_map(|r| &r.removed_resources)
+                .map(String::as_str)
                 .collect();
-            for name in due {
-                if !endpoints.contains(name) || !sent.contains(name.as_str()) {
-                    return Err(format!(
-                        "after {}, the load assignment of {name} was not sent right behind \
-                         its cluster",
-                        what()
-                    ));
-                }
+            if let Some(name) = (expected.waiting.iter()).find(|name| {
+                stream.bounds.waiting.contains(*name) && !removed.contains(name.as_str())
+            }) {
+                return Err(format!(
+                    "after {}, {name} waits for room but was not answered with a removal",
+                    what()
+                ));
             }
-            if stream.after_refusal {
-                stream.after_refusal = false;
-                seen.served_after_refusal += 1;
+            let fresh = (expected.admitted.iter())
+                .filter(|name| !req.initial_resource_versions.contains_key(*name));
+            let max_names = limits.stream.max_names;
+            if let Some(name) =
+                missing_head_start(fresh, stream, &endpoints_before, &responses, max_names)
+            {
+                return Err(format!(
+                    "after {}, the load assignment of {name} was not sent right behind its \
+                     cluster",
+                    what()
+                ));
             }
         }
         stream.respond(cp, responses);
         Ok(true)
     }
 
-    /// Steps every stream in turn until nothing is in flight and no server has a change to
-    /// wake on.
-    fn settle(&mut self, seen: &mut Seen) -> Result<(), String> {
+    /// The server wakes on stream `p`: on a cache change, and, with `retry` or while some of
+    /// its cluster names wait, to look for room. The test checks which waiting names the
+    /// session admitted and pushed against what the bounds say. Returns whether anything
+    /// happened.
+    fn server_wakes(&mut self, p: usize, retry: bool, seen: &mut Seen) -> Result<bool, String> {
+        let in_use = self.cluster_subscriptions();
+        let (cp, limits) = (&self.cp, self.limits);
+        let stream = &mut self.streams[p];
+        let changed = stream.changes.has_changed().unwrap_or(false);
+        if !changed && !retry && !stream.session.is_waiting() {
+            return Ok(false);
+        }
+        stream.changes.borrow_and_update();
+        let room = cp.max_subscriptions.saturating_sub(in_use);
+        let endpoints_before = tracked(&stream.session, ResourceType::Endpoints);
+        let refused_before = stream.session.status().refused;
+        let waiting_before = stream.bounds.waiting.clone();
+        let responses = stream.session.on_change(&cp.context());
+        let (admitted, refused) =
+            stream
+                .bounds
+                .admit_waiting(room, limits.stream.max_unregistered, &self.snapshot, seen);
+        let what = || {
+            format!(
+                "when proxy {p}'s stream woke, with {waiting_before:?} waiting and room for \
+                 {room}"
+            )
+        };
+        stream.check_waiting(what)?;
+        let counted = stream.session.status().refused - refused_before;
+        if counted != refused as u64 {
+            return Err(format!(
+                "{}, the stream counted {counted} names refused, but should {refused}",
+                what()
+            ));
+        }
+        // Admitted, a name is pushed: its cluster, unless answered with a removal...
+        let pushed = sent(&responses[0]);
+        if let Some(name) = admitted.iter().find(|name| {
+            parse_cluster_name(name).is_ok()
+                && !stream.bounds.refused.contains(*name)
+                && !pushed.contains(name.as_str())
+        }) {
+            return Err(format!(
+                "{}, {name} was admitted but its cluster was not pushed",
+                what()
+            ));
+        }
+        // ...and its load assignment right behind it.
+        let max_names = limits.stream.max_names;
+        if let Some(name) =
+            missing_head_start(&admitted, stream, &endpoints_before, &responses, max_names)
+        {
+            return Err(format!(
+                "{}, the load assignment of {name} was not sent right behind its cluster",
+                what()
+            ));
+        }
+        let busy = changed || !admitted.is_empty() || responses.iter().any(Option::is_some);
+        stream.respond(cp, responses);
+        Ok(busy)
+    }
+
+    /// Delivers everything, until nothing is in flight and no server has anything more to
+    /// send. Every server wakes in every round, standing in for its once-a-second look for
+    /// room as well as for cache changes.
+    fn deliver(&mut self, seen: &mut Seen) -> Result<(), String> {
         for _ in 0..10_000 {
             let mut busy = false;
             for p in 0..self.proxies.len() {
-                for step in [Step::ServerReads, Step::ServerWakes, Step::ProxyReads] {
-                    busy |= self.step(p, step, seen)?;
-                }
+                busy |= self.server_reads(p, seen)?;
+                busy |= self.server_wakes(p, true, seen)?;
+                busy |= self.step(p, Step::ProxyReads, seen)?;
             }
             if !busy {
                 return Ok(());
@@ -1239,30 +1339,12 @@ impl World {
         Err("the streams never settled".into())
     }
 
-    /// Delivers everything; proxies whose stream was ended connect again, until none that
-    /// does is served any more.
-    fn deliver(&mut self, seen: &mut Seen) -> Result<(), String> {
-        self.settle(seen)?;
-        for _ in 0..=self.proxies.len() {
-            let mut served = false;
-            for p in 0..self.proxies.len() {
-                if self.streams[p].is_none() {
-                    self.reconnect(p);
-                    self.settle(seen)?;
-                    served |= self.streams[p].is_some();
-                }
-            }
-            if !served {
-                return Ok(());
-            }
-        }
-        Err("the proxies never stopped connecting again".into())
-    }
-
     /// The property (see the module docs), with everything delivered.
     fn check(&self, seen: &mut Seen) -> Result<(), String> {
         seen.checks += 1;
         let loading = !self.snapshot.is_complete();
+        let in_use = self.cluster_subscriptions();
+        let max = self.cp.max_subscriptions;
         for (p, (proxy, stream)) in self.proxies.iter().zip(&self.streams).enumerate() {
             for ty in ResourceType::ALL {
                 if let Some(name) = proxy
@@ -1276,21 +1358,16 @@ impl World {
                     ));
                 }
             }
-            let Some((stream, session)) =
-                stream.as_ref().and_then(|s| Some((s, s.session.as_ref()?)))
-            else {
-                // Refused again at its last try: it holds what it held.
-                seen.still_refused += 1;
-                continue;
-            };
+            stream.check_waiting(|| format!("with all delivered, proxy {p}"))?;
             for ty in ResourceType::ALL {
                 let held = proxy.held(ty);
-                let tracked = tracked(session, ty);
+                let tracked = tracked(&stream.session, ty);
                 for name in proxy.subscribed(ty) {
                     let key = (ty, name.clone());
                     let built = Held::built(name, ty, &self.snapshot, &self.options);
                     let kept = proxy.kept.get(&key).filter(|_| loading);
-                    let refused = ty == ResourceType::Cluster
+                    let cluster = ty == ResourceType::Cluster;
+                    let refused = cluster
                         && stream.bounds.refused.contains(name)
                         && built.as_ref().is_some_and(|b| !b.registered());
                     // The bounds come first: the restart guard keeps what the server
@@ -1304,6 +1381,15 @@ impl World {
                             ));
                         }
                         (None, "refused over max_names")
+                    } else if cluster && stream.bounds.waiting.contains(name) {
+                        if in_use < max {
+                            return Err(format!(
+                                "proxy {p}'s cluster {name} still waits for room, but the open \
+                                 streams count only {in_use} cluster names of {max}"
+                            ));
+                        }
+                        seen.still_waiting += 1;
+                        (None, "waiting for room")
                     } else if let Some(kept) = kept {
                         if !same(Some(kept), built.as_ref()) {
                             seen.kept_held_back += 1;
@@ -1323,11 +1409,14 @@ impl World {
                             describe(want.as_ref()),
                         ));
                     }
-                    if ty == ResourceType::Cluster
+                    if cluster
                         && stream.bounds.once_refused.contains(name)
                         && have.is_some_and(Held::registered)
                     {
                         seen.refused_then_held += 1;
+                    }
+                    if cluster && stream.bounds.waited.contains(name) && have.is_some() {
+                        seen.waited_then_served += 1;
                     }
                 }
                 if let Some(name) = tracked.iter().find(|name| !proxy.subscribes(ty, name)) {
@@ -1341,19 +1430,20 @@ impl World {
         self.check_counts()
     }
 
-    /// The control plane's own accounting of its open streams.
+    /// The control plane's own accounting of its open streams: names waiting for room are
+    /// neither counted nor watched.
     fn check_counts(&self) -> Result<(), String> {
-        let sessions: Vec<&Session> = (self.streams.iter().flatten())
-            .filter_map(|s| s.session.as_ref())
-            .collect();
         let clusters = self.cluster_subscriptions();
-        let all: usize = (sessions.iter())
-            .map(|s| s.status().clusters.len() + s.status().endpoints.len())
+        let endpoints: usize = (self.streams.iter())
+            .map(|s| s.session.status().endpoints.len())
             .sum();
-        let names: BTreeSet<String> = (sessions.iter())
+        let all = clusters + endpoints;
+        let names: BTreeSet<String> = (self.streams.iter())
             .flat_map(|s| {
-                let status = s.status();
-                status.clusters.into_iter().chain(status.endpoints)
+                let status = s.session.status();
+                let counted =
+                    (status.clusters.into_iter()).filter(|name| !s.bounds.waiting.contains(name));
+                counted.chain(status.endpoints).collect::<Vec<_>>()
             })
             .collect();
         let metrics = &self.cp.metrics;
@@ -1365,7 +1455,8 @@ impl World {
         if counted != (clusters as u64, all as u64, names.len()) {
             return Err(format!(
                 "the control plane counts {} cluster subscriptions, {} subscriptions and \
-                 {} names watched; its streams hold {clusters}, {all} and {}",
+                 {} names watched; its streams hold {clusters}, {all} and {} (names waiting \
+                 for room left out)",
                 counted.0,
                 counted.1,
                 counted.2,
