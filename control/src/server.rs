@@ -261,6 +261,9 @@ impl StreamTask {
         if *closing.borrow_and_update() {
             return;
         }
+        // One ticker for the stream's life: a proxy's requests must not keep resetting it.
+        let mut retry = tokio::time::interval(WAITING_RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             let responses = tokio::select! {
                 msg = inbound.message() => match msg {
@@ -280,7 +283,7 @@ impl StreamTask {
                 }
                 _ = closing.changed() => break,
                 // Room under --xds-max-subscriptions frees up without any registry change.
-                () = tokio::time::sleep(WAITING_RETRY), if self.is_waiting() => self.on_change(),
+                _ = retry.tick(), if self.is_waiting() => self.on_change(),
             };
             for response in responses.into_iter().flatten() {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
