@@ -14,8 +14,8 @@
 //!   and a literal tab or LF in an attribute into a space);
 //! - a metadata key, written as an element name, that is not an XML name (ASCII letters,
 //!   digits, `_ - .`, starting with a letter or `_`, not with `xml`) is written with every
-//!   other character replaced by `_`, and a `_` in front where it does not start with a
-//!   letter or `_`, or starts with `xml`; if another key already has that name, the entry
+//!   other character replaced by `_`, then a `_` in front if that still does not start with
+//!   a letter or `_`, or starts with `xml`; if another key already has that name, the entry
 //!   is left out.
 
 use std::borrow::Cow;
@@ -211,15 +211,17 @@ fn starts_with_xml(name: &str) -> bool {
         .is_some_and(|start| start.eq_ignore_ascii_case("xml"))
 }
 
-/// `name` as a valid element name ([`is_xml_name`]): every other character becomes `_`, and
-/// a `_` goes in front of a name that does not start with a letter or `_`, or starts with
+/// `name` as a valid element name ([`is_xml_name`]): every other character becomes `_`,
+/// then a `_` goes in front if it still does not start with a letter or `_`, or starts with
 /// `xml`.
 fn xml_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 1);
-    if !name.chars().next().is_some_and(is_name_start) || starts_with_xml(name) {
-        out.push('_');
+    let mut out: String = name
+        .chars()
+        .map(|c| if is_name_char(c) { c } else { '_' })
+        .collect();
+    if !out.chars().next().is_some_and(is_name_start) || starts_with_xml(&out) {
+        out.insert(0, '_');
     }
-    out.extend(name.chars().map(|c| if is_name_char(c) { c } else { '_' }));
     out
 }
 
@@ -345,7 +347,7 @@ mod tests {
         ]);
         assert_eq!(
             xml,
-            "<metadata><_>3</_><_-x>9</_-x><_1st>2</_1st><__tag_>8</__tag_>\
+            "<metadata><_>3</_><_-x>9</_-x><_1st>2</_1st><_tag_>8</_tag_>\
              <_XML-thing>7</_XML-thing><a_b>4</a_b><bad_key>1</bad_key><caf_>5</caf_>\
              <_xmlns>6</_xmlns></metadata>"
         );
