@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of fuzz/ (docs/fuzzing.md) for FUZZ_SECONDS each, one after another,
 # from the committed seeds (fuzz/seeds/<target>) and the git-ignored corpus it keeps growing
-# (fuzz/corpus/<target>). Installs what it needs when missing: the nightly toolchain (rustup)
+# (fuzz/corpus/<target>), with the target's dictionary of keywords (fuzz/dicts/). Installs what it needs when missing: the nightly toolchain (rustup)
 # and cargo-fuzz (cargo install, pinned). Exits non-zero, naming the input that failed and
 # the command that reproduces it, if any target crashes, hangs or cannot run at all.
 #
@@ -48,6 +48,12 @@ for target in $FUZZ_TARGETS; do
   corpus="fuzz/corpus/$target"
   artifacts="fuzz/artifacts/$target"
   mkdir -p "$corpus" "$artifacts"
+  case "$target" in
+    eureka_json | eureka_xml | registration) dict=eureka ;;
+    *) dict="$target" ;;
+  esac
+  dict_flag=()
+  [[ -f "fuzz/dicts/$dict.dict" ]] && dict_flag=(-dict="$PWD/fuzz/dicts/$dict.dict")
   log="$logs/$target.log"
   marker="$logs/$target.started"
   touch "$marker"
@@ -56,7 +62,7 @@ for target in $FUZZ_TARGETS; do
   # -timeout: an input that takes longer is a hang, reported like a crash.
   cargo +nightly fuzz run "${BUILD_FLAGS[@]}" "$target" "$corpus" "fuzz/seeds/$target" -- \
     -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 >"$log" 2>&1 || status=$?
+    -print_final_stats=1 "${dict_flag[@]}" >"$log" 2>&1 || status=$?
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
   corpus_size="$(find "$corpus" -type f | wc -l)"
   if [[ $status -ne 0 ]]; then
