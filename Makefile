@@ -49,11 +49,13 @@ validate: wasm envoy ## check envoy/odmesh.yaml with `envoy --mode validate`
 	@echo "envoy/odmesh.yaml: valid"
 
 .PHONY: lint
-lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied)
+lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied), also of fuzz/
 	@scripts/ensure-toolchain.sh
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy $(CARGOFLAGS) --workspace --all-targets -- -D warnings
 	$(CARGO) clippy $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names -- -D warnings
+	$(CARGO) clippy $(CARGOFLAGS) --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 .PHONY: unit
 unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32-wasip1
