@@ -23,7 +23,7 @@ run: wasm envoy ## run odmesh for real: control plane, demo upstreams, Envoy wit
 	scripts/run.sh
 
 .PHONY: test
-test: lint unit wasm validate e2e ## everything CI runs: lint, unit tests (host and wasm), Envoy tests
+test: lint unit fuzz-quick wasm validate e2e ## everything CI runs: lint, unit tests (host and wasm), fuzzing, Envoy tests
 
 .PHONY: wasm
 wasm: ## build the filter: dist/odmesh_filter.wasm and its .sha256
@@ -49,11 +49,13 @@ validate: wasm envoy ## check envoy/odmesh.yaml with `envoy --mode validate`
 	@echo "envoy/odmesh.yaml: valid"
 
 .PHONY: lint
-lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied)
+lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied), also of fuzz/
 	@scripts/ensure-toolchain.sh
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy $(CARGOFLAGS) --workspace --all-targets -- -D warnings
 	$(CARGO) clippy $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names -- -D warnings
+	$(CARGO) clippy $(CARGOFLAGS) --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 .PHONY: unit
 unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32-wasip1
@@ -61,6 +63,18 @@ unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32
 	@scripts/install-eureka-clients.sh
 	$(CARGO) test $(CARGOFLAGS) --workspace --exclude odmesh-e2e
 	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names
+
+# Seconds per fuzz target (docs/fuzzing.md): `make fuzz FUZZ_SECONDS=60`.
+FUZZ_SECONDS ?= 300
+FUZZ_QUICK_SECONDS ?= 15
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZ_SECONDS each (5 minutes by default): docs/fuzzing.md
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
+.PHONY: fuzz-quick
+fuzz-quick: ## run every fuzz target briefly (FUZZ_QUICK_SECONDS, 15 s each), as make test does
+	FUZZ_SECONDS=$(FUZZ_QUICK_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
 
 .PHONY: e2e
 e2e: wasm envoy ## end-to-end tests against real Envoy (and real Eureka clients)

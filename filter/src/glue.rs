@@ -19,7 +19,7 @@ use odmesh_names::Kind;
 use crate::abi::{self, Action, LogLevel};
 use crate::config::Config;
 use crate::contexts::Contexts;
-use crate::mapping::{InvalidHost, is_secure_value, map_host};
+use crate::mapping::{is_secure_value, route_request};
 
 /// Counter: requests mapped to a `.vip` cluster (`wasmcustom.odmesh_requests_vip` in `/stats`).
 const METRIC_VIP: &str = "odmesh_requests_vip";
@@ -135,13 +135,7 @@ pub fn on_request_headers(context: u32) -> Action {
     let secure_value = abi::request_header(&config.secure_header);
     let secure = secure_value.as_deref().is_some_and(is_secure_value);
 
-    let route = match host {
-        None => Err(InvalidHost::Missing),
-        Some(bytes) => match String::from_utf8(bytes) {
-            Ok(host) => map_host(host, secure, config),
-            Err(_) => Err(InvalidHost::NotUtf8),
-        },
-    };
+    let route = route_request(host, secure, config);
 
     match route {
         Ok(route) => {

@@ -65,6 +65,22 @@ pub fn is_secure_value(value: &[u8]) -> bool {
     value == b"1" || value.eq_ignore_ascii_case(b"true")
 }
 
+/// Maps the raw value of the request's destination header (`None`: the request has none) to
+/// its route: the whole per-request decision of the filter.
+pub fn route_request(
+    host: Option<Vec<u8>>,
+    secure: bool,
+    config: &Config,
+) -> Result<Route, InvalidHost> {
+    match host {
+        None => Err(InvalidHost::Missing),
+        Some(bytes) => match String::from_utf8(bytes) {
+            Ok(host) => map_host(host, secure, config),
+            Err(_) => Err(InvalidHost::NotUtf8),
+        },
+    }
+}
+
 /// Maps a host value to its route, reusing `host`'s buffer for the cluster name.
 ///
 /// `secure` is whether the request's secure header asked for the secure cluster.
@@ -379,6 +395,21 @@ mod tests {
         assert!(body.contains("300 characters"), "{body}");
         assert!(InvalidHost::Missing.to_string().contains("no host"));
         assert!(InvalidHost::BadPort.to_string().contains("port"));
+    }
+
+    #[test]
+    fn a_request_without_a_host_or_with_one_not_in_utf8_is_refused() {
+        let config = Config::default();
+        assert_eq!(
+            route_request(None, false, &config),
+            Err(InvalidHost::Missing)
+        );
+        assert_eq!(
+            route_request(Some(b"hel\xfflo".to_vec()), false, &config),
+            Err(InvalidHost::NotUtf8)
+        );
+        let route = route_request(Some(b"Hello:8443".to_vec()), false, &config).expect("valid");
+        assert_eq!(route.cluster, "hello.svip");
     }
 
     #[test]

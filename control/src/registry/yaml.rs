@@ -569,8 +569,14 @@ fn convert(index: usize, f: Fields) -> Result<Instance, InvalidInstance> {
         return Err(fail("svip", "set without `secure_port`".into()));
     }
 
-    let vip_field = if f.vip.is_some() { "vip" } else { "app" };
-    let vip_names = vip_list(vip_field, f.vip.as_deref().unwrap_or(&app), &fail)?;
+    // A `vip` that is written is checked even where it is not used; the app's name, only
+    // where it names a VIP: an app that serves only an explicit `svip` may have any name.
+    let app_names_vip = f.port.is_some() || (f.secure_port.is_some() && f.svip.is_none());
+    let vip_names = match &f.vip {
+        Some(vip) => vip_list("vip", vip, &fail)?,
+        None if app_names_vip => vip_list("app", &app, &fail)?,
+        None => Vec::new(),
+    };
     let vips = if f.port.is_some() {
         vip_names.clone()
     } else {
@@ -787,6 +793,32 @@ mod tests {
             (err.field.as_str(), err.reason.as_str()),
             ("vip", "names no VIP")
         );
+    }
+
+    #[test]
+    fn an_app_that_serves_only_an_explicit_svip_may_have_any_name() {
+        // Found by fuzzing (fuzz/, registry_yaml): the app's name was checked as the default
+        // VIP even where no VIP defaults to it, so this registry was refused.
+        let reg = parse(
+            b"instances: [{app: Payments Team, ip: 10.0.0.1, secure_port: 9443, svip: payments}]",
+        )
+        .unwrap();
+        let inst = reg.instances().next().unwrap();
+        assert_eq!(inst.app, "Payments Team");
+        assert!(inst.vips.is_empty());
+        assert_eq!(inst.svips, ["payments"]);
+        // Where the app's name is the VIP (a port, or the secure side's default), it is checked.
+        for yaml in [
+            "instances: [{app: Payments Team, ip: 10.0.0.1, port: 80, svip: payments, secure_port: 443}]",
+            "instances: [{app: Payments Team, ip: 10.0.0.1, secure_port: 443}]",
+        ] {
+            assert_eq!(instance_error(yaml).field, "app", "{yaml}");
+        }
+        // A `vip` that is written is checked even where it is not used.
+        let err = instance_error(
+            "instances: [{app: payments, ip: 10.0.0.1, secure_port: 443, svip: payments, vip: 'bad!'}]",
+        );
+        assert_eq!(err.field, "vip");
     }
 
     #[test]

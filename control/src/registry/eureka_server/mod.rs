@@ -51,7 +51,8 @@
 pub mod auth;
 pub mod policy;
 pub mod preservation;
-mod xml;
+// Public so that the fuzz targets (fuzz/) can write any document with it.
+pub mod xml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

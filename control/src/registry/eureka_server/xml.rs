@@ -4,7 +4,22 @@
 //! (PyPI `py-eureka-client`) send `Accept: */*` and parse only XML. The element names and
 //! attributes follow Netflix's XStream codec: `<port enabled="true">8080</port>`,
 //! `<dataCenterInfo class="...">`, `<overriddenstatus>`, metadata entries as child elements.
+//!
+//! The output is always well-formed XML 1.0, whatever the registrations held:
+//!
+//! - a character XML 1.0 forbids (a control character other than tab, LF and CR; U+FFFE;
+//!   U+FFFF) is written as U+FFFD, the replacement character;
+//! - a CR is written as `&#13;`, and in an attribute so are tab and LF (`&#9;`, `&#10;`), so
+//!   that a parser reads back exactly the text written (it would turn a literal CR into LF,
+//!   and a literal tab or LF in an attribute into a space);
+//! - a metadata key, written as an element name, that is not an XML name (ASCII letters,
+//!   digits, `_ - .`, starting with a letter or `_`, not with `xml`) is written with every
+//!   other character replaced by `_`, then a `_` in front if that still does not start with
+//!   a letter or `_`, or starts with `xml`; if another key already has that name, the entry
+//!   is left out.
 
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use crate::registry::eureka::{Application, Applications, InstanceInfo, Port};
@@ -72,7 +87,11 @@ fn write_instance(out: &mut String, i: &InstanceInfo) {
             .class
             .as_deref()
             .unwrap_or("com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo");
-        let _ = write!(out, "<dataCenterInfo class=\"{}\">", escape(class));
+        let _ = write!(
+            out,
+            "<dataCenterInfo class=\"{}\">",
+            escape(class, Context::Attribute)
+        );
         element(out, "name", dc.name.as_deref());
         if !dc.metadata.is_empty() {
             map(out, "metadata", &dc.metadata);
@@ -142,12 +161,24 @@ fn port(out: &mut String, name: &str, port: Option<Port>, default_enabled: bool)
     }
 }
 
-/// A string map as child elements; keys that are not XML names are left out.
-fn map(out: &mut String, name: &str, entries: &std::collections::BTreeMap<String, String>) {
+/// A string map as child elements, one per key (see the module's docs for keys that are not
+/// XML names).
+fn map(out: &mut String, name: &str, entries: &BTreeMap<String, String>) {
     let _ = write!(out, "<{name}>");
+    let mut renamed = BTreeSet::new();
     for (key, value) in entries {
         if is_xml_name(key) {
             element(out, key, Some(value));
+        }
+    }
+    for (key, value) in entries {
+        if !is_xml_name(key) {
+            let key = xml_name(key);
+            // A key with that very name, or another key renamed alike, comes first.
+            if !entries.contains_key(&key) && !renamed.contains(&key) {
+                element(out, &key, Some(value));
+                renamed.insert(key);
+            }
         }
     }
     let _ = write!(out, "</{name}>");
@@ -155,22 +186,69 @@ fn map(out: &mut String, name: &str, entries: &std::collections::BTreeMap<String
 
 fn element(out: &mut String, name: &str, text: Option<&str>) {
     if let Some(text) = text {
-        let _ = write!(out, "<{name}>{}</{name}>", escape(text));
+        let _ = write!(out, "<{name}>{}</{name}>", escape(text, Context::Text));
     }
 }
 
+/// Whether `name` is written as an element name as it is: ASCII letters, digits and
+/// `_ - .`, starting with a letter or `_`, and not with `xml` (reserved).
 fn is_xml_name(name: &str) -> bool {
     let mut chars = name.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    first_ok
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        && !name.to_ascii_lowercase().starts_with("xml")
+    let first_ok = chars.next().is_some_and(is_name_start);
+    first_ok && chars.all(is_name_char) && !starts_with_xml(name)
 }
 
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+fn is_name_start(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '_'
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+fn starts_with_xml(name: &str) -> bool {
+    name.get(..3)
+        .is_some_and(|start| start.eq_ignore_ascii_case("xml"))
+}
+
+/// `name` as a valid element name ([`is_xml_name`]): every other character becomes `_`,
+/// then a `_` goes in front if it still does not start with a letter or `_`, or starts with
+/// `xml`.
+fn xml_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| if is_name_char(c) { c } else { '_' })
+        .collect();
+    if !out.chars().next().is_some_and(is_name_start) || starts_with_xml(&out) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+/// Whether XML 1.0 allows `c` in a document (its `Char` production; Rust has no surrogates).
+fn is_xml_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{fffd}' | '\u{10000}'..)
+}
+
+/// Where escaped text goes: character data, or a double-quoted attribute value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Context {
+    Text,
+    Attribute,
+}
+
+/// `text` as XML character data or attribute value: markup characters as entities, CR (and
+/// in an attribute tab and LF) as character references, forbidden characters as U+FFFD.
+fn escape(text: &str, context: Context) -> Cow<'_, str> {
+    let plain = |c: char| {
+        is_xml_char(c)
+            && !matches!(c, '&' | '<' | '>' | '"' | '\'' | '\r')
+            && !(context == Context::Attribute && matches!(c, '\t' | '\n'))
+    };
+    if text.chars().all(plain) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
             '&' => out.push_str("&amp;"),
@@ -178,11 +256,14 @@ fn escape(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&apos;"),
-            c if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') => {}
+            '\r' => out.push_str("&#13;"),
+            '\t' if context == Context::Attribute => out.push_str("&#9;"),
+            '\n' if context == Context::Attribute => out.push_str("&#10;"),
+            c if !is_xml_char(c) => out.push(char::REPLACEMENT_CHARACTER),
             c => out.push(c),
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -230,15 +311,113 @@ mod tests {
     }
 
     #[test]
-    fn empty_metadata_carries_the_class_marker_and_odd_keys_are_left_out() {
+    fn empty_metadata_carries_the_class_marker() {
         let mut info = sample();
         info.metadata.clear();
         assert!(instance(&info).contains("<metadata class=\"java.util.Collections$EmptyMap\"/>"));
-        info.metadata.insert("bad key".into(), "x".into());
         info.metadata
             .insert("management.port".into(), "8080".into());
         let xml = instance(&info);
         assert!(xml.contains("<metadata><management.port>8080</management.port></metadata>"));
+    }
+
+    fn metadata_xml(entries: &[(&str, &str)]) -> String {
+        let mut info = sample();
+        info.metadata = (entries.iter())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let xml = instance(&info);
+        let start = xml.find("<metadata>").expect("a metadata element");
+        let end = xml.find("</metadata>").expect("its end") + "</metadata>".len();
+        xml[start..end].to_owned()
+    }
+
+    #[test]
+    fn metadata_keys_that_are_not_xml_names_are_written_as_names() {
+        let xml = metadata_xml(&[
+            ("bad key", "1"),
+            ("1st", "2"),
+            ("", "3"),
+            ("a:b", "4"),
+            ("caf\u{e9}", "5"),
+            ("xmlns", "6"),
+            ("XML-thing", "7"),
+            ("<tag>", "8"),
+            ("-x", "9"),
+        ]);
+        assert_eq!(
+            xml,
+            "<metadata><_>3</_><_-x>9</_-x><_1st>2</_1st><_tag_>8</_tag_>\
+             <_XML-thing>7</_XML-thing><a_b>4</a_b><bad_key>1</bad_key><caf_>5</caf_>\
+             <_xmlns>6</_xmlns></metadata>"
+        );
+    }
+
+    #[test]
+    fn a_renamed_metadata_key_never_takes_the_name_of_another_key() {
+        // `a b` and `a?b` both become `a_b`, which is a key of its own: it wins.
+        let xml = metadata_xml(&[("a b", "renamed"), ("a?b", "renamed too"), ("a_b", "real")]);
+        assert_eq!(xml, "<metadata><a_b>real</a_b></metadata>");
+        // Of two keys renamed alike, the first (in key order) is written.
+        let xml = metadata_xml(&[("a?b", "second"), ("a b", "first")]);
+        assert_eq!(xml, "<metadata><a_b>first</a_b></metadata>");
+    }
+
+    #[test]
+    fn control_characters_that_xml_forbids_become_the_replacement_character() {
+        let mut info = sample();
+        info.host_name = Some("a\u{0}b\u{1}c\u{8}d\u{b}e\u{c}f\u{e}g\u{1f}h".into());
+        let xml = instance(&info);
+        assert!(
+            xml.contains("<hostName>a\u{fffd}b\u{fffd}c\u{fffd}d\u{fffd}e\u{fffd}f\u{fffd}g\u{fffd}h</hostName>"),
+            "{xml}"
+        );
+        assert!(!xml.chars().any(|c| c < ' ' && c != '\n'), "{xml:?}");
+    }
+
+    #[test]
+    fn the_noncharacters_fffe_and_ffff_become_the_replacement_character() {
+        let mut info = sample();
+        info.metadata = [("v".to_string(), "\u{fffe}x\u{ffff}".to_string())].into();
+        let xml = instance(&info);
+        assert!(xml.contains("<v>\u{fffd}x\u{fffd}</v>"), "{xml}");
+    }
+
+    #[test]
+    fn characters_xml_allows_are_kept_as_they_are() {
+        let mut info = sample();
+        let text = "tab\tnew\nline \u{7f}\u{85}\u{d7ff}\u{e000}\u{fffd}\u{10000}\u{10ffff}";
+        info.status_page_url = Some(text.into());
+        let xml = instance(&info);
+        assert!(
+            xml.contains(&format!("<statusPageUrl>{text}</statusPageUrl>")),
+            "{xml:?}"
+        );
+    }
+
+    #[test]
+    fn a_carriage_return_is_written_as_a_reference_so_it_reads_back_as_one() {
+        let mut info = sample();
+        info.app_group_name = Some("a\r\nb\rc".into());
+        let xml = instance(&info);
+        assert!(
+            xml.contains("<appGroupName>a&#13;\nb&#13;c</appGroupName>"),
+            "{xml:?}"
+        );
+    }
+
+    #[test]
+    fn tabs_and_line_ends_in_an_attribute_are_written_as_references() {
+        let mut info = sample();
+        info.data_center_info = Some(DataCenterInfo {
+            class: Some("a\tb\nc\rd\"e\u{0}f".into()),
+            ..DataCenterInfo::default()
+        });
+        let xml = instance(&info);
+        assert!(
+            xml.contains("<dataCenterInfo class=\"a&#9;b&#10;c&#13;d&quot;e\u{fffd}f\">"),
+            "{xml:?}"
+        );
     }
 
     #[test]

@@ -1,0 +1,72 @@
+//! Reading Eureka's JSON (`registry::eureka::parse_document`, `parse_registry`), as the
+//! Eureka client source and a `--registry` JSON file do.
+//!
+//! Input: any bytes, meant as an `{"applications": ...}` document. Checks:
+//! - a refused document says why;
+//! - `parse_registry` accepts exactly what `parse_document` accepts, and gives the registry
+//!   of its `to_registry`, with the skipped instances first among the warnings;
+//! - every instance of the registry has valid VIPs and SVIPs, each list only with its port
+//!   enabled, and no port 0;
+//! - written back as JSON (as the embedded registry serves it) and read again, the document
+//!   is the same, skips nothing, and gives the same registry.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use odmesh_control::registry::eureka::{ApplicationsDocument, parse_document, parse_registry};
+
+fuzz_target!(|data: &[u8]| {
+    let parsed = match parse_document(data) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            assert!(!e.to_string().is_empty());
+            assert!(parse_registry(data).is_err(), "parse_registry accepted it");
+            return;
+        }
+    };
+    let full = parse_registry(data).expect("parse_document accepted it");
+    let converted = parsed.applications.to_registry();
+    assert_eq!(full.registry, converted.registry);
+    assert_eq!(full.warnings[..parsed.rejected.len()], parsed.rejected[..]);
+    assert_eq!(
+        full.warnings.len(),
+        parsed.rejected.len() + converted.warnings.len()
+    );
+    for warning in &full.warnings {
+        assert!(!warning.to_string().is_empty());
+    }
+
+    for inst in full.registry.instances() {
+        for vip in inst.vips.iter().chain(&inst.svips) {
+            if let Err(e) = odmesh_names::validate_vip(vip) {
+                panic!("instance {inst:?} has VIP {vip:?}: {e}");
+            }
+        }
+        assert!(inst.port.is_some() || inst.vips.is_empty(), "{inst:?}");
+        assert!(
+            inst.secure_port.is_some() || inst.svips.is_empty(),
+            "{inst:?}"
+        );
+        assert!(
+            inst.port != Some(0) && inst.secure_port != Some(0),
+            "{inst:?}"
+        );
+    }
+
+    let document = ApplicationsDocument {
+        applications: parsed.applications,
+    };
+    let json = serde_json::to_vec(&document).expect("a document can be written as JSON");
+    let again = match parse_document(&json) {
+        Ok(again) => again,
+        Err(e) => panic!(
+            "what was written does not read back ({e}): {}",
+            String::from_utf8_lossy(&json)
+        ),
+    };
+    assert!(again.rejected.is_empty(), "{:?}", again.rejected);
+    assert_eq!(
+        again.applications, document.applications,
+        "the document changed on the way back"
+    );
+    assert_eq!(again.applications.to_registry(), converted);
+});

@@ -1,0 +1,128 @@
+//! Registrations with the embedded Eureka registry (`EurekaRegistry::register`, what
+//! `POST /eureka/apps/{APP}` calls), one after another on a fresh registry.
+//!
+//! Input: registrations separated by NUL bytes, each `APP \n BODY` (APP as from the URL
+//! path, BODY meant as `{"instance": {...}}`). Checks:
+//! - a refused registration answers 400 or 415 with a reason, and leaves the registry
+//!   exactly as it was;
+//! - after an accepted one, the registry holds the instance under its uppercase app name,
+//!   every instance's `app` is its application's name, and the registry's XML answers
+//!   (`/apps`, `/apps/delta`, `/apps/{APP}`, the instance) are well-formed XML 1.0 and its
+//!   JSON answers read back as the same document;
+//! - at the end, the model the registry publishes to the mesh is that of its full document.
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use libfuzzer_sys::fuzz_target;
+use odmesh_control::metrics::Metrics;
+use odmesh_control::registry::Registry;
+use odmesh_control::registry::eureka::{Applications, ApplicationsDocument, parse_document};
+use odmesh_control::registry::eureka_server::{EurekaRegistry, ServerConfig, xml};
+use odmesh_fuzz::parse_xml;
+use tokio::sync::watch;
+
+/// At most this many registrations per input, so that each run stays short.
+const MAX_REGISTRATIONS: usize = 8;
+
+fuzz_target!(|data: &[u8]| {
+    let (tx, rx) = watch::channel(Arc::new(Registry::default()));
+    let eureka = EurekaRegistry::new(ServerConfig::default(), tx, Arc::new(Metrics::default()));
+
+    for part in data.split(|&b| b == 0).take(MAX_REGISTRATIONS) {
+        let (app, body) = match part.iter().position(|&b| b == b'\n') {
+            Some(nl) => (&part[..nl], &part[nl + 1..]),
+            None => (&b""[..], part),
+        };
+        let app = String::from_utf8_lossy(app);
+        let before = eureka.applications();
+        match eureka.register(&app, body) {
+            Err(e) => {
+                assert!(matches!(e.status, 400 | 415), "{e:?}");
+                assert!(!e.reason.is_empty());
+                assert_eq!(
+                    eureka.applications(),
+                    before,
+                    "a refused registration changed the registry"
+                );
+            }
+            Ok(()) => check_registered(&eureka, &app, body),
+        }
+    }
+
+    // The publisher converts each instance when it changes; the full document, all at once.
+    runtime().block_on(async {
+        let publisher = tokio::spawn(eureka.clone().run_publisher());
+        eureka.published().await;
+        publisher.abort();
+        // Wait for the task to go, so that nothing of this input outlives it.
+        let _ = publisher.await;
+    });
+    let full = eureka.applications().to_registry().registry;
+    assert_eq!(
+        **rx.borrow(),
+        full,
+        "the published model is not that of the full document"
+    );
+});
+
+fn check_registered(eureka: &EurekaRegistry, app: &str, body: &[u8]) {
+    let name = app.trim().to_ascii_uppercase();
+    let applications = eureka.applications();
+    let application = eureka
+        .application(&name)
+        .unwrap_or_else(|| panic!("no application {name:?} after registering"));
+    let id = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["instance"]["instanceId"].as_str().map(str::to_owned))
+        .filter(|id| !id.trim().is_empty());
+    let instance = match &id {
+        Some(id) => application
+            .instance
+            .iter()
+            .find(|i| i.instance_id.as_ref() == Some(id))
+            .unwrap_or_else(|| panic!("instance {id:?} is not in {application:?}")),
+        None => application.instance.first().expect("an instance"),
+    };
+    for app in &applications.application {
+        for inst in &app.instance {
+            assert_eq!(inst.app.as_ref(), Some(&app.name), "{inst:?}");
+        }
+    }
+
+    parse_xml(&xml::applications(&applications));
+    parse_xml(&xml::applications(&eureka.delta()));
+    parse_xml(&xml::application(&application));
+    parse_xml(&xml::instance(instance));
+
+    json_round_trip(&applications);
+    json_round_trip(&eureka.delta());
+}
+
+/// The JSON answer of `applications` reads back as the same document.
+fn json_round_trip(applications: &Applications) {
+    let document = ApplicationsDocument {
+        applications: applications.clone(),
+    };
+    let json = serde_json::to_vec(&document).expect("the JSON answer can be written");
+    match parse_document(&json) {
+        Ok(again) => {
+            assert!(again.rejected.is_empty(), "{:?}", again.rejected);
+            assert_eq!(&again.applications, applications);
+        }
+        Err(e) => panic!(
+            "the JSON answer does not read back ({e}): {}",
+            String::from_utf8_lossy(&json)
+        ),
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a tokio runtime")
+    })
+}

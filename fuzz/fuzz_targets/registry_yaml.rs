@@ -1,0 +1,115 @@
+//! Reading a `--registry` file: the short YAML form (`registry::yaml::parse`, which reads
+//! the YAML events in one pass instead of building a tree) and `registry::file::parse`,
+//! which tells the format by content.
+//!
+//! Input: any bytes, meant as a YAML registry. Checks:
+//! - a refused file says why;
+//! - the one-pass reader refuses as a syntax error exactly what a `serde_yaml::Value` tree
+//!   refuses (its documented promise);
+//! - an accepted registry keeps the YAML form's rules: every instance has an app, a port or a
+//!   secure port (never 0), valid VIPs only on an enabled side, and no two instances of an
+//!   app share an id;
+//! - written back in the YAML form and read again, it is the same registry;
+//! - `file::parse` gives what the parser of the format it detects gives.
+#![no_main]
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use libfuzzer_sys::fuzz_target;
+use odmesh_control::registry::file::{self, Format};
+use odmesh_control::registry::yaml::{self, InvalidYaml};
+use odmesh_control::registry::{Registry, eureka};
+
+fuzz_target!(|data: &[u8]| {
+    let parsed = yaml::parse(data);
+    let tree = serde_yaml::from_slice::<serde_yaml::Value>(data);
+    match (&parsed, &tree) {
+        (Err(InvalidYaml::Syntax(_)), Ok(tree)) => {
+            panic!("refused as broken YAML, which a Value tree reads as {tree:?}: {parsed:?}")
+        }
+        (Err(InvalidYaml::Syntax(_)), Err(_)) => {}
+        (_, Err(e)) => panic!("a Value tree refuses it ({e}), but the reader gave {parsed:?}"),
+        (Err(e), Ok(_)) => assert!(!e.to_string().is_empty()),
+        (Ok(registry), Ok(_)) => check(registry),
+    }
+
+    let from_file = file::parse(Path::new("fuzz.yaml"), data);
+    let content = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
+    match Format::detect(data) {
+        Format::Yaml => match (&from_file, yaml::parse(content)) {
+            (Ok(p), Ok(registry)) => assert!(p.registry == registry && p.warnings.is_empty()),
+            (Err(e), Err(_)) => assert!(!e.to_string().is_empty()),
+            (file, yaml) => panic!("file::parse gave {file:?}, yaml::parse {yaml:?}"),
+        },
+        Format::EurekaJson => match (&from_file, eureka::parse_registry(content)) {
+            (Ok(p), Ok(q)) => assert_eq!(p, &q),
+            (Err(e), Err(_)) => assert!(!e.to_string().is_empty()),
+            (file, json) => panic!("file::parse gave {file:?}, parse_registry {json:?}"),
+        },
+    }
+});
+
+/// The YAML form's rules, and the registry reads back the same from the YAML it gives.
+fn check(registry: &Registry) {
+    let mut ids = HashSet::new();
+    let mut rows = Vec::new();
+    for inst in registry.instances() {
+        assert!(
+            !inst.app.trim().is_empty() && inst.app.trim() == inst.app,
+            "{inst:?}"
+        );
+        assert!(
+            inst.port.is_some() || inst.secure_port.is_some(),
+            "{inst:?}"
+        );
+        assert!(
+            inst.port != Some(0) && inst.secure_port != Some(0),
+            "{inst:?}"
+        );
+        assert_eq!(inst.port.is_some(), !inst.vips.is_empty(), "{inst:?}");
+        assert_eq!(
+            inst.secure_port.is_some(),
+            !inst.svips.is_empty(),
+            "{inst:?}"
+        );
+        for vip in inst.vips.iter().chain(&inst.svips) {
+            odmesh_names::validate_vip(vip).expect("a valid VIP");
+        }
+        assert!(
+            ids.insert((&inst.app, &inst.instance_id)),
+            "id twice: {inst:?}"
+        );
+
+        let mut row = serde_yaml::Mapping::new();
+        let mut put = |key: &str, value: serde_yaml::Value| {
+            row.insert(key.into(), value);
+        };
+        put("app", inst.app.as_str().into());
+        put("id", inst.instance_id.as_str().into());
+        put("ip", inst.ip.to_string().into());
+        if let Some(port) = inst.port {
+            put("port", port.into());
+            put("vip", inst.vips.join(",").into());
+        }
+        if let Some(port) = inst.secure_port {
+            put("secure_port", port.into());
+            put("svip", inst.svips.join(",").into());
+        }
+        put("status", inst.status.as_str().into());
+        if let Some(zone) = &inst.zone {
+            put("zone", zone.as_str().into());
+        }
+        rows.push(serde_yaml::Value::Mapping(row));
+    }
+    let mut top = serde_yaml::Mapping::new();
+    top.insert("instances".into(), serde_yaml::Value::Sequence(rows));
+    let text = serde_yaml::to_string(&top).expect("a registry can be written as YAML");
+    match yaml::parse(text.as_bytes()) {
+        Ok(again) => assert_eq!(
+            &again, registry,
+            "the registry changed on the way back: {text}"
+        ),
+        Err(e) => panic!("what was written does not read back ({e}): {text}"),
+    }
+}

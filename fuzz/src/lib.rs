@@ -1,0 +1,89 @@
+//! Oracles shared by the fuzz targets: what "well-formed XML" and "the same text" mean,
+//! written independently of the code under test.
+#![forbid(unsafe_code)]
+
+/// Whether XML 1.0 allows `c` anywhere in a document (its `Char` production).
+pub fn is_xml_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}' | '\u{10000}'..)
+}
+
+/// `text` as a reader of the writer's XML gets it back: every character XML forbids
+/// replaced by U+FFFD (the writer's documented replacement), everything else unchanged.
+pub fn as_read_back(text: &str) -> String {
+    text.chars()
+        .map(|c| if is_xml_char(c) { c } else { '\u{fffd}' })
+        .collect()
+}
+
+/// Parses `xml` as a whole document, panicking (a fuzzing failure) with the reason and the
+/// document if it holds a character XML 1.0 forbids or is not well-formed.
+pub fn parse_xml(xml: &str) -> roxmltree::Document<'_> {
+    if let Some((at, c)) = xml.char_indices().find(|&(_, c)| !is_xml_char(c)) {
+        panic!("the XML holds {c:?}, which XML 1.0 forbids, at byte {at}: {xml:?}");
+    }
+    match roxmltree::Document::parse(xml) {
+        Ok(doc) => doc,
+        Err(e) => panic!("the XML is not well-formed ({e}): {xml:?}"),
+    }
+}
+
+/// The element children of `node`.
+pub fn elements<'a, 'input>(
+    node: roxmltree::Node<'a, 'input>,
+) -> impl Iterator<Item = roxmltree::Node<'a, 'input>> {
+    node.children().filter(roxmltree::Node::is_element)
+}
+
+/// The text of an element that holds only text (`""` when empty), panicking if it has
+/// element children.
+pub fn text_of(node: roxmltree::Node<'_, '_>) -> String {
+    assert!(
+        elements(node).next().is_none(),
+        "<{}> should hold only text",
+        node.tag_name().name()
+    );
+    node.children()
+        .filter_map(|n| n.text())
+        .collect::<Vec<_>>()
+        .concat()
+}
+
+/// Whether `name` is an XML name as the writer promises them: ASCII letters, digits and
+/// `_ - .`, starting with a letter or `_`, not with `xml`.
+pub fn is_plain_xml_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !name.to_ascii_lowercase().starts_with("xml")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_characters_are_the_c0_controls_but_tab_lf_cr_and_fffe_ffff() {
+        for c in [
+            '\u{0}', '\u{8}', '\u{b}', '\u{c}', '\u{1f}', '\u{fffe}', '\u{ffff}',
+        ] {
+            assert!(!is_xml_char(c), "{c:?}");
+        }
+        for c in ['\t', '\n', '\r', ' ', '\u{7f}', '\u{fffd}', '\u{10ffff}'] {
+            assert!(is_xml_char(c), "{c:?}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "forbids")]
+    fn a_document_with_a_forbidden_character_is_refused() {
+        parse_xml("<a>\u{ffff}</a>");
+    }
+
+    #[test]
+    #[should_panic(expected = "not well-formed")]
+    fn a_document_with_a_bad_name_is_refused() {
+        parse_xml("<a><1b/></a>");
+    }
+}
