@@ -150,6 +150,20 @@ impl Envoy {
         }
     }
 
+    /// The upstream addresses Envoy lists for `cluster` in its admin `/clusters`
+    /// (`<cluster>::<address>::<stat>::<value>` lines), e.g. `127.0.0.1:8080`.
+    pub fn cluster_hosts(&self, cluster: &str) -> std::collections::BTreeSet<String> {
+        let prefix = format!("{cluster}::");
+        self.admin_get("/clusters")
+            .text()
+            .lines()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .filter_map(|rest| rest.split("::").next())
+            .filter(|address| address.contains(':'))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// `GET path` on the admin interface; panics if the admin does not answer.
     pub fn admin_get(&self, path: &str) -> Response {
         Request::get(path).host("admin").send(self.admin)

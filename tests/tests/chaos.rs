@@ -278,15 +278,9 @@ fn eureka_down_hanging_answering_garbage_or_an_empty_registry_fails_no_request()
     );
 }
 
-/// The ports Envoy lists for `cluster` in its admin `/clusters`.
+/// The ports Envoy lists for `cluster`.
 fn envoy_ports<R>(mesh: &Mesh<R>, cluster: &str) -> BTreeSet<u16> {
-    let prefix = format!("{cluster}::");
-    mesh.envoy
-        .admin_get("/clusters")
-        .text()
-        .lines()
-        .filter_map(|line| line.strip_prefix(&prefix))
-        .filter_map(|rest| rest.split("::").next())
+    (mesh.envoy.cluster_hosts(cluster).iter())
         .filter_map(|address| address.rsplit_once(':')?.1.parse().ok())
         .collect()
 }

@@ -22,21 +22,6 @@ const MAX_PAUSE: Duration = Duration::from_millis(500);
 /// Requests the load completes in each phase: one second's worth at [`RATE`].
 const PHASE: u64 = RATE as u64;
 
-/// The addresses Envoy lists for `cluster` in its admin `/clusters`
-/// (`<cluster>::<address>::<stat>::<value>` lines).
-fn envoy_hosts<R>(mesh: &Mesh<R>, cluster: &str) -> BTreeSet<String> {
-    let prefix = format!("{cluster}::");
-    mesh.envoy
-        .admin_get("/clusters")
-        .text()
-        .lines()
-        .filter_map(|line| line.strip_prefix(&prefix))
-        .filter_map(|rest| rest.split("::").next())
-        .filter(|address| address.contains(':'))
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
 fn an_instance_drained_in_the_registry_then_stopped_fails_no_request_of_its_vip() {
     let env = TestEnv::new("drain_then_stop");
@@ -57,7 +42,7 @@ fn an_instance_drained_in_the_registry_then_stopped_fails_no_request_of_its_vip(
     wait_until(
         CHANGE_DEADLINE,
         "Envoy to list both instances of hello.vip",
-        || envoy_hosts(&mesh, "hello.vip") == both,
+        || mesh.envoy.cluster_hosts("hello.vip") == both,
     );
 
     let config = LoadConfig::rate(RATE)
@@ -75,7 +60,7 @@ fn an_instance_drained_in_the_registry_then_stopped_fails_no_request_of_its_vip(
         drained,
         CHANGE_DEADLINE,
         "Envoy to stop listing hello-2 in hello.vip",
-        || !envoy_hosts(&mesh, "hello.vip").contains(&gone),
+        || !mesh.envoy.cluster_hosts("hello.vip").contains(&gone),
     );
     load.mark("Envoy no longer lists hello-2");
     load.wait_completed(PHASE, Duration::from_secs(10));

@@ -68,16 +68,18 @@ impl Fixture {
             }
             None => Body::empty(),
         };
-        let resp = self
-            .eureka
-            .router()
-            .oneshot(req.body(body).unwrap())
+        self.answer(req.body(body).unwrap(), header::CONTENT_TYPE)
             .await
-            .unwrap();
+    }
+
+    /// `req` through the router: the status, the value of the answer's header `shown`, and
+    /// the body.
+    async fn answer(&self, req: Request<Body>, shown: header::HeaderName) -> Answer {
+        let resp = self.eureka.router().oneshot(req).await.unwrap();
         let status = resp.status();
         let content_type = resp
             .headers()
-            .get(header::CONTENT_TYPE)
+            .get(shown)
             .map(|v| v.to_str().unwrap().to_owned())
             .unwrap_or_default();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
@@ -770,24 +772,9 @@ impl Fixture {
         if let Some(auth) = authorization {
             req = req.header(header::AUTHORIZATION, auth);
         }
-        let resp = self
-            .eureka
-            .router()
-            .oneshot(req.body(body.into()).unwrap())
+        // `content_type` of the answer holds its WWW-Authenticate, for the 401 tests.
+        self.answer(req.body(body.into()).unwrap(), header::WWW_AUTHENTICATE)
             .await
-            .unwrap();
-        let status = resp.status();
-        let content_type = resp
-            .headers()
-            .get(header::WWW_AUTHENTICATE)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        Answer {
-            status,
-            content_type,
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        }
     }
 
     /// Registers `instance` of `app` and returns the answer; asserts that a refused
