@@ -4,6 +4,8 @@ and obeys commands on stdin, one per line:
   out_of_service  client.status_update("OUT_OF_SERVICE")
   in_service      client.delete_status_override()
   stop            client.stop(): reports DOWN, deregisters, then exits 0
+  stop_within S   the same, as a shutdown hook with a deadline of S seconds: when stop()
+                  has not returned by then it reports "stop timed out" and exits 0 anyway
 Reports on stdout as lines starting with "odmesh-driver: ".
 Environment: EUREKA_URL, APP, INSTANCE_ID, VIP, HEARTBEAT_SECS, LEASE_SECS.
 """
@@ -74,6 +76,18 @@ async def main():
         elif command == "stop":
             await client.stop()
             say("stopped")
+            server.shutdown()
+            os._exit(0)
+        elif command.startswith("stop_within "):
+            # stop() can hang: this client's heartbeat thread runs its own event loop and
+            # shares an asyncio.Lock and a dict with stop(); when a heartbeat carrying the
+            # new DOWN status reaches the server before stop()'s registration does, Eureka
+            # answers 404 (a newer lastDirtyTimestamp) and the two threads collide.
+            try:
+                await asyncio.wait_for(client.stop(), float(command.split()[1]))
+                say("stopped")
+            except asyncio.TimeoutError:
+                say("stop timed out: exiting without deregistering")
             server.shutdown()
             os._exit(0)
         else:
