@@ -8,29 +8,23 @@
 //! ```
 //! Header names are lowercased; repeated headers are joined with `,`.
 
-use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::io::{BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
-/// The connections an echo server has open, by number, so [`EchoUpstream::stop`] can close
-/// them.
-type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;
+use crate::serve::{Acceptor, read_request};
 
 /// A running echo server on a loopback port the OS picked; stopped
 /// ([`EchoUpstream::stop`]) when dropped.
 pub struct EchoUpstream {
     name: String,
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
     requests: Arc<AtomicU64>,
-    conns: Conns,
-    acceptor: Option<JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 impl EchoUpstream {
@@ -41,44 +35,19 @@ impl EchoUpstream {
         let addr = listener
             .local_addr()
             .unwrap_or_else(|e| panic!("echo upstream {name}: no local address: {e}"));
-        let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicU64::new(0));
         let server = Server {
             name: Arc::from(name),
             requests: requests.clone(),
         };
-        let stop_flag = stop.clone();
-        let conns: Conns = Arc::default();
-        let open = conns.clone();
-        let acceptor = thread::Builder::new()
-            .name(format!("echo {name}"))
-            .spawn(move || {
-                for (id, conn) in listener.incoming().enumerate() {
-                    if stop_flag.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let id = id as u64;
-                    if let Ok(kept) = conn.try_clone() {
-                        lock(&open).insert(id, kept);
-                    }
-                    let (server, open) = (server.clone(), open.clone());
-                    let _ = thread::Builder::new()
-                        .name(format!("echo {} conn", server.name))
-                        .spawn(move || {
-                            server.serve(conn);
-                            lock(&open).remove(&id);
-                        });
-                }
-            })
-            .unwrap_or_else(|e| panic!("echo upstream {name}: cannot start its thread: {e}"));
+        let acceptor = Acceptor::start(listener, &format!("echo {name}"), move |conn| {
+            server.serve(conn)
+        });
         EchoUpstream {
             name: name.to_owned(),
             addr,
-            stop,
             requests,
-            conns,
-            acceptor: Some(acceptor),
+            acceptor,
         }
     }
 
@@ -86,15 +55,7 @@ impl EchoUpstream {
     /// connections and every connection it had open is closed (a request in progress gets
     /// no answer). Dropping it does the same.
     pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag and closes the listener.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        for (_, conn) in lock(&self.conns).drain() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
+        self.acceptor.stop();
     }
 
     /// The name it answers with.
@@ -118,17 +79,6 @@ impl EchoUpstream {
     }
 }
 
-impl Drop for EchoUpstream {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-#[derive(Clone)]
 struct Server {
     name: Arc<str>,
     requests: Arc<AtomicU64>,
@@ -147,16 +97,12 @@ impl Server {
             let body = json!({
                 "upstream": &*self.name,
                 "method": request.method,
-                "path": request.path,
+                "path": request.target,
                 "headers": request.headers,
                 "body": String::from_utf8_lossy(&request.body),
             })
             .to_string();
-            let close = request
-                .headers
-                .get("connection")
-                .and_then(Value::as_str)
-                .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+            let close = request.wants_close();
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-echo-upstream: {}\r\n{}\r\n",
                 body.len(),
@@ -176,61 +122,6 @@ impl Server {
             }
         }
     }
-}
-
-struct EchoedRequest {
-    method: String,
-    path: String,
-    headers: Map<String, Value>,
-    body: Vec<u8>,
-}
-
-/// Reads one request; `Ok(None)` at a clean end of the connection.
-fn read_request(reader: &mut BufReader<TcpStream>) -> io::Result<Option<EchoedRequest>> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let path = parts.next().unwrap_or_default().to_owned();
-    let mut headers = Map::new();
-    let mut content_length = 0usize;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(None);
-        }
-        let header = line.trim_end_matches(['\r', '\n']);
-        if header.is_empty() {
-            break;
-        }
-        let Some((name, value)) = header.split_once(':') else {
-            continue;
-        };
-        let name = name.trim().to_ascii_lowercase();
-        let value = value.trim();
-        if name == "content-length" {
-            content_length = value.parse().unwrap_or(0);
-        }
-        match headers.get_mut(&name) {
-            Some(Value::String(joined)) => {
-                joined.push(',');
-                joined.push_str(value);
-            }
-            _ => {
-                headers.insert(name, Value::String(value.to_owned()));
-            }
-        }
-    }
-    let mut body = vec![0u8; content_length];
-    reader.read_exact(&mut body)?;
-    Ok(Some(EchoedRequest {
-        method,
-        path,
-        headers,
-        body,
-    }))
 }
 
 #[cfg(test)]

@@ -24,16 +24,17 @@
 //! Eureka clients pool their connections.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::registry::Instance;
+use crate::serve::{Acceptor, Received, read_request};
 use crate::wait::wait_for;
 
 /// The full registry's path.
@@ -183,19 +184,11 @@ struct Shared {
     state: Mutex<State>,
     /// Wakes hanging requests (mode changed, or stopped).
     changed: Condvar,
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    conn_threads: Mutex<Vec<JoinHandle<()>>>,
-    next_conn: AtomicU64,
     garbage_seed: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-struct Acceptor {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
 }
 
 /// A fake Eureka server on a loopback port; stops (closing every connection) when dropped.
@@ -236,9 +229,6 @@ impl FakeEureka {
                 epoch: 0,
             }),
             changed: Condvar::new(),
-            conns: Mutex::new(HashMap::new()),
-            conn_threads: Mutex::new(Vec::new()),
-            next_conn: AtomicU64::new(0),
             garbage_seed: AtomicU64::new(0x5EED),
         });
         let acceptor = accept(listener, shared.clone());
@@ -314,12 +304,8 @@ impl FakeEureka {
         self.shared.changed.notify_all();
         let mut acceptor = lock(&self.acceptor);
         match (was == Mode::Down, mode == Mode::Down) {
-            (false, true) => {
-                if let Some(running) = acceptor.take() {
-                    stop_acceptor(running, self.addr);
-                }
-                close_all(&self.shared);
-            }
+            // Dropping it stops it; hanging requests were woken above.
+            (false, true) => drop(acceptor.take()),
             (true, false) => {
                 let listener = rebind(self.addr);
                 *acceptor = Some(accept(listener, self.shared.clone()));
@@ -376,15 +362,9 @@ impl FakeEureka {
 impl Drop for FakeEureka {
     fn drop(&mut self) {
         lock(&self.shared.state).stopped = true;
+        // Wake hanging requests, then stop (the acceptor waits for every connection).
         self.shared.changed.notify_all();
-        if let Some(running) = lock(&self.acceptor).take() {
-            stop_acceptor(running, self.addr);
-        }
-        close_all(&self.shared);
-        let threads = std::mem::take(&mut *lock(&self.shared.conn_threads));
-        for thread in threads {
-            let _ = thread.join();
-        }
+        drop(lock(&self.acceptor).take());
     }
 }
 
@@ -402,96 +382,9 @@ fn rebind(addr: SocketAddr) -> TcpListener {
     }
 }
 
-fn stop_acceptor(acceptor: Acceptor, addr: SocketAddr) {
-    acceptor.stop.store(true, Ordering::SeqCst);
-    // Wake the accept loop so it sees the flag and drops the listener.
-    let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
-    let _ = acceptor.thread.join();
-}
-
-fn close_all(shared: &Shared) {
-    for (_, conn) in lock(&shared.conns).drain() {
-        let _ = conn.shutdown(Shutdown::Both);
-    }
-}
-
-/// Accepts connections on `listener` until told to stop; the listener closes with it.
+/// Serves `listener` until the acceptor is dropped.
 fn accept(listener: TcpListener, shared: Arc<Shared>) -> Acceptor {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let thread = thread::Builder::new()
-        .name("fake eureka".to_owned())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                if flag.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(conn) = conn else { continue };
-                let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
-                if let Ok(kept) = conn.try_clone() {
-                    lock(&shared.conns).insert(id, kept);
-                }
-                let conn_shared = shared.clone();
-                let spawned = thread::Builder::new()
-                    .name("fake eureka conn".to_owned())
-                    .spawn(move || {
-                        serve(&conn_shared, conn);
-                        lock(&conn_shared.conns).remove(&id);
-                    });
-                if let Ok(handle) = spawned {
-                    let mut threads = lock(&shared.conn_threads);
-                    threads.retain(|t| !t.is_finished());
-                    threads.push(handle);
-                }
-            }
-        })
-        .unwrap_or_else(|e| panic!("fake Eureka: cannot start its thread: {e}"));
-    Acceptor { stop, thread }
-}
-
-/// One parsed request: path (without the query), whether the client asked to close.
-struct Incoming {
-    method: String,
-    path: String,
-    close: bool,
-}
-
-fn read_request(reader: &mut BufReader<TcpStream>) -> io::Result<Option<Incoming>> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let target = parts.next().unwrap_or_default();
-    let path = target.split('?').next().unwrap_or_default().to_owned();
-    let mut content_length = 0usize;
-    let mut close = false;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(None);
-        }
-        let header = line.trim_end_matches(['\r', '\n']);
-        if header.is_empty() {
-            break;
-        }
-        let Some((name, value)) = header.split_once(':') else {
-            continue;
-        };
-        let (name, value) = (name.trim(), value.trim());
-        if name.eq_ignore_ascii_case("content-length") {
-            content_length = value.parse().unwrap_or(0);
-        } else if name.eq_ignore_ascii_case("connection") {
-            close = value.eq_ignore_ascii_case("close");
-        }
-    }
-    io::copy(&mut reader.take(content_length as u64), &mut io::sink())?;
-    Ok(Some(Incoming {
-        method,
-        path,
-        close,
-    }))
+    Acceptor::start(listener, "fake eureka", move |conn| serve(&shared, conn))
 }
 
 /// What to do with one request.
@@ -546,12 +439,12 @@ fn serve(shared: &Shared, conn: TcpStream) {
             }
         };
         // One write: a head and body written apart would wait for the client's delayed ACK.
-        let mut answer = head(status, content_type, body.len(), request.close).into_bytes();
+        let mut answer = head(status, content_type, body.len(), request.wants_close()).into_bytes();
         answer.extend_from_slice(&body);
         if writer.write_all(&answer).is_err() {
             return;
         }
-        if request.close {
+        if request.wants_close() {
             return;
         }
     }
@@ -573,21 +466,21 @@ fn head(status: u16, content_type: &str, length: usize, close: bool) -> String {
 }
 
 /// Counts the request and decides the answer from the mode and the registry.
-fn answer(shared: &Shared, request: &Incoming) -> Answer {
+fn answer(shared: &Shared, request: &Received) -> Answer {
     let mut state = lock(&shared.state);
-    *state.requests.entry(request.path.clone()).or_default() += 1;
+    *state.requests.entry(request.path().to_owned()).or_default() += 1;
     let json = |status: u16, value: &Value| Answer::Send {
         status,
         content_type: "application/json",
         body: value.to_string().into_bytes(),
     };
-    let path = request.path.trim_end_matches('/');
+    let path = request.path().trim_end_matches('/');
     let known = path == APPS_PATH || path == DELTA_PATH;
     match state.mode {
         Mode::Down => Answer::Close,
         Mode::Hanging => Answer::Hang(state.epoch),
         _ if request.method != "GET" => json(405, &json!({"error": "the fake Eureka only reads"})),
-        _ if !known => json(404, &json!({"error": "not found", "path": request.path})),
+        _ if !known => json(404, &json!({"error": "not found", "path": request.path()})),
         Mode::Empty => json(200, &eureka_apps(&[], state.version)),
         Mode::Normal if path == APPS_PATH => json(200, &state.document),
         Mode::Normal => json(200, &delta(&state)),
@@ -620,7 +513,7 @@ fn delta(state: &State) -> Value {
 fn garbage_answer(
     shared: &Shared,
     garbage: Garbage,
-    request: &Incoming,
+    request: &Received,
     document: Vec<u8>,
 ) -> Answer {
     let send = |status: u16, content_type: &'static str, body: Vec<u8>| Answer::Send {
@@ -666,7 +559,7 @@ fn garbage_answer(
                 "timestamp": "2024-05-27T12:00:00.000+00:00",
                 "status": 500,
                 "error": "Internal Server Error",
-                "path": request.path,
+                "path": request.path(),
             })
             .to_string()
             .into_bytes(),
@@ -679,6 +572,7 @@ fn garbage_answer(
 mod tests {
     use super::*;
     use crate::http::Request;
+    use std::io;
 
     fn get(fake: &FakeEureka, path: &str) -> io::Result<crate::http::Response> {
         Request::get(path)

@@ -46,6 +46,7 @@ pub mod mesh;
 pub mod paths;
 pub mod process;
 pub mod registry;
+mod serve;
 #[cfg(test)]
 mod test_server;
 pub mod tls;
