@@ -650,22 +650,15 @@ fn build(name: &str, snapshot: &Snapshot, options: &XdsOptions) -> Option<Built>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{Instance, Registry, Status};
+    use crate::registry::{Instance, Registry, Status, testdata};
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use prost::Message;
 
     fn inst(vip: &str, ip: &str, status: Status) -> Instance {
         Instance {
-            app: vip.to_uppercase(),
-            instance_id: format!("{vip}-{ip}"),
-            ip: ip.parse().unwrap(),
-            port: Some(8080),
-            secure_port: None,
-            vips: vec![vip.into()],
-            svips: vec![],
             status,
-            zone: None,
+            ..testdata::instance(vip, &format!("{vip}-{ip}"), ip)
         }
     }
 

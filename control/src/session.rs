@@ -519,7 +519,7 @@ fn unix_seconds(t: SystemTime) -> u64 {
 mod tests {
     use super::*;
     use crate::model::Snapshot;
-    use crate::registry::{Instance, Registry};
+    use crate::registry::{Registry, testdata};
     use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
 
     /// An ADS session on a cache where `hello` has one instance.
@@ -544,17 +544,7 @@ mod tests {
     }
 
     fn ads_stream() -> Ads {
-        let hello = Instance {
-            app: "HELLO".into(),
-            instance_id: "hello-1".into(),
-            ip: "10.0.0.1".parse().unwrap(),
-            port: Some(8080),
-            secure_port: None,
-            vips: vec!["hello".into()],
-            svips: vec![],
-            status: crate::registry::Status::Up,
-            zone: None,
-        };
+        let hello = testdata::instance("hello", "hello-1", "10.0.0.1");
         let snapshot = Snapshot::from_registry(&Registry::from_iter([hello]));
         let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), snapshot.into());
         Ads {

@@ -166,21 +166,11 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{Instance, Status};
+    use crate::registry::testdata;
 
     fn registry(n: usize) -> Registry {
         (0..n)
-            .map(|i| Instance {
-                app: "HELLO".into(),
-                instance_id: format!("h{i}"),
-                ip: std::net::Ipv4Addr::new(10, 0, 0, 1).into(),
-                port: Some(8080),
-                secure_port: None,
-                vips: vec!["hello".into()],
-                svips: Vec::new(),
-                status: Status::Up,
-                zone: None,
-            })
+            .map(|i| testdata::instance("hello", &format!("h{i}"), "10.0.0.1"))
             .collect()
     }
 

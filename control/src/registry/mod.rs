@@ -422,17 +422,7 @@ mod tests {
         let (tx, mut rx) = tokio::sync::watch::channel(Arc::new(Registry::default()));
         assert!(!publish(&tx, Registry::default()));
         assert!(!rx.has_changed().unwrap());
-        let one = Registry::from_iter([Instance {
-            app: "HELLO".into(),
-            instance_id: "h1".into(),
-            ip: std::net::Ipv4Addr::LOCALHOST.into(),
-            port: Some(8080),
-            secure_port: None,
-            vips: vec!["hello".into()],
-            svips: Vec::new(),
-            status: Status::Up,
-            zone: None,
-        }]);
+        let one = Registry::from_iter([instance("h1", Status::Up)]);
         assert!(publish(&tx, one.clone()));
         assert_eq!(**rx.borrow_and_update(), one);
         assert!(!publish(&tx, one));
@@ -441,15 +431,8 @@ mod tests {
 
     fn instance(id: &str, status: Status) -> Instance {
         Instance {
-            app: "HELLO".into(),
-            instance_id: id.into(),
-            ip: std::net::Ipv4Addr::LOCALHOST.into(),
-            port: Some(8080),
-            secure_port: None,
-            vips: vec!["hello".into()],
-            svips: Vec::new(),
             status,
-            zone: None,
+            ..testdata::instance("hello", id, "127.0.0.1")
         }
     }
 
@@ -533,10 +516,27 @@ mod tests {
     }
 }
 
-/// The fixtures under `control/testdata/`, for the registry's tests.
+/// Fixtures for the tests: the files under `control/testdata/`, and a plain instance.
 #[cfg(test)]
 pub(crate) mod testdata {
     use std::path::PathBuf;
+
+    use super::{Instance, Status};
+
+    /// An UP instance `id` of app `VIP` (the VIP upper-cased) serving `vip` on `ip:8080`.
+    pub(crate) fn instance(vip: &str, id: &str, ip: &str) -> Instance {
+        Instance {
+            app: vip.to_ascii_uppercase(),
+            instance_id: id.into(),
+            ip: ip.parse().expect("an IP address"),
+            port: Some(8080),
+            secure_port: None,
+            vips: vec![vip.into()],
+            svips: Vec::new(),
+            status: Status::Up,
+            zone: None,
+        }
+    }
 
     /// The path of fixture `name`.
     pub(crate) fn path(name: &str) -> PathBuf {

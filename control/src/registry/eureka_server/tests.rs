@@ -98,6 +98,14 @@ impl Fixture {
         self.call(method, uri, "", None).await.status
     }
 
+    /// A heartbeat from each of `ids`, instances of app HELLO.
+    async fn renew(&self, ids: &[String]) {
+        for id in ids {
+            self.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
+                .await;
+        }
+    }
+
     async fn register(&self, app: &str, instance: Value) -> StatusCode {
         self.call(
             Method::POST,
@@ -1190,10 +1198,7 @@ async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
     }
     for _ in 0..10 {
         tokio::time::advance(Duration::from_secs(1)).await;
-        for id in &ids {
-            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
-                .await;
-        }
+        f.renew(&ids).await;
         assert_eq!(f.eureka.evict_expired(), 0);
     }
     assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
@@ -1210,10 +1215,7 @@ async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
     // Heartbeats come back: eviction resumes (here nobody is expired any more).
     for _ in 0..10 {
         tokio::time::advance(Duration::from_secs(1)).await;
-        for id in &ids[..9] {
-            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
-                .await;
-        }
+        f.renew(&ids[..9]).await;
         f.eureka.evict_expired();
     }
     assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
@@ -1244,10 +1246,7 @@ async fn one_round_evicts_at_most_the_share_above_the_threshold_oldest_first() {
     }
     for _ in 0..10 {
         tokio::time::advance(Duration::from_secs(1)).await;
-        for id in &chatty {
-            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
-                .await;
-        }
+        f.renew(&chatty).await;
     }
     // All 5 silent leases have expired; one round takes 15 - floor(15 * 0.85) = 3.
     assert_eq!(f.eureka.evict_expired(), 3);
@@ -1342,10 +1341,7 @@ async fn a_client_heartbeating_far_faster_than_it_said_cannot_hide_that_the_othe
     }
     for _ in 0..10 {
         tokio::time::advance(Duration::from_secs(1)).await;
-        for id in &ids {
-            f.send(Method::PUT, &format!("/eureka/apps/HELLO/{id}"))
-                .await;
-        }
+        f.renew(&ids).await;
     }
     // Nine go quiet; one heartbeats 50 times a second.
     for _ in 0..(8 * 50) {
