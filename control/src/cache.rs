@@ -557,24 +557,30 @@ impl Cache {
     }
 
     /// Counts a subscription to each of `names` (one stream, one type), building resources
-    /// for names nobody had subscribed to.
-    pub fn watch(&self, names: &[String]) {
+    /// for names nobody had subscribed to. Returns those of `names` known to be unregistered:
+    /// odmesh cluster names that the registry, complete, does not list (while it is still
+    /// loading, a name it does not list yet is not known to be unregistered).
+    pub fn watch<'a>(&self, names: &'a [String]) -> Vec<&'a str> {
+        let mut unregistered = Vec::new();
         if names.is_empty() {
-            return;
+            return unregistered;
         }
         let mut state = self.lock();
         let State {
             snapshot, entries, ..
         } = &mut *state;
+        let complete = snapshot.is_complete();
         for name in names {
-            entries
-                .entry(name.clone())
-                .or_insert_with(|| Entry {
-                    watchers: 0,
-                    built: build(name, snapshot, &self.options),
-                })
-                .watchers += 1;
+            let entry = entries.entry(name.clone()).or_insert_with(|| Entry {
+                watchers: 0,
+                built: build(name, snapshot, &self.options),
+            });
+            entry.watchers += 1;
+            if complete && entry.built.as_ref().is_some_and(|b| !b.cluster.registered) {
+                unregistered.push(name.as_str());
+            }
         }
+        unregistered
     }
 
     /// Drops a subscription to each of `names`; forgets resources nobody subscribes to.
@@ -599,22 +605,6 @@ impl Cache {
     pub fn resource(&self, ty: ResourceType, name: &str) -> Option<Arc<Versioned>> {
         let state = self.lock();
         lookup(&state, &self.options, ty, name)
-    }
-
-    /// Whether the registry lists `name` now; `None` when it is not an odmesh cluster name.
-    pub fn is_registered(&self, name: &str) -> Option<bool> {
-        let state = self.lock();
-        lookup(&state, &self.options, ResourceType::Cluster, name).map(|r| r.registered)
-    }
-
-    /// Whether `name` is an odmesh cluster name that the (complete) registry does not list.
-    /// While the registry is still loading, a name it does not list yet is not known to be
-    /// unregistered.
-    pub fn is_unregistered(&self, name: &str) -> bool {
-        let state = self.lock();
-        state.snapshot.is_complete()
-            && lookup(&state, &self.options, ResourceType::Cluster, name)
-                .is_some_and(|r| !r.registered)
     }
 
     /// [`diff`] of `subs` (of type `ty`) against the resources now.
@@ -675,9 +665,11 @@ mod tests {
     }
 
     /// Subscribes like a stream does: update the state, then count the new names.
-    fn subscribe(cache: &Cache, subs: &mut Subscriptions, list: &[&str]) {
+    /// Subscribes `list`; returns the names of it known to be unregistered.
+    fn subscribe(cache: &Cache, subs: &mut Subscriptions, list: &[&str]) -> Vec<String> {
         let change = subs.update(&names(list), &[], &HashMap::new());
-        cache.watch(&change.added);
+        let unregistered = cache.watch(&change.added);
+        unregistered.into_iter().map(str::to_owned).collect()
     }
 
     /// Computes what to send and records it as sent.
@@ -1100,14 +1092,13 @@ mod tests {
     fn unregistered_names_over_their_bound_are_refused_until_they_are_registered() {
         let cache = cache(vec![inst("real", "10.0.0.1", Status::Up)]);
         let mut cds = limited(100, 2);
-        subscribe(
+        let unregistered = subscribe(
             &cache,
             &mut cds,
             &["real.vip", "x1.vip", "x2.vip", "x3.vip"],
         );
-        let admitted: Vec<bool> = ["real.vip", "x1.vip", "x2.vip", "x3.vip"]
+        let admitted: Vec<bool> = unregistered
             .iter()
-            .filter(|n| cache.is_registered(n) == Some(false))
             .map(|n| cds.admit_unregistered(n))
             .collect();
         assert_eq!(

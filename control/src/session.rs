@@ -17,7 +17,7 @@ use serde::Serialize;
 use tracing::{debug, warn};
 
 use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions};
-use crate::logs::{self, RateLimit, clip};
+use crate::logs::{self, clip};
 use crate::metrics::Metrics;
 use crate::xds::ResourceType;
 
@@ -281,18 +281,15 @@ impl Session {
                 Some(error) => {
                     self.nacks += 1;
                     Metrics::inc(&metrics.xds_nacks_total);
-                    static LOG: RateLimit = logs::per_second();
-                    if let Some(suppressed) = LOG.check() {
-                        warn!(
-                            suppressed,
-                            stream = self.id,
-                            node = %clip(&self.node_id),
-                            resource_type = ty.as_str(),
-                            nonce = %clip(&req.response_nonce),
-                            error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
-                            "proxy rejected an xDS response (NACK); it is sent again only when it changes"
-                        );
-                    }
+                    crate::limited!(
+                        warn,
+                        stream = self.id,
+                        node = %clip(&self.node_id),
+                        resource_type = ty.as_str(),
+                        nonce = %clip(&req.response_nonce),
+                        error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
+                        "proxy rejected an xDS response (NACK); it is sent again only when it changes"
+                    );
                     self.last_nack = Some(NackStatus {
                         resource_type: ty.as_str(),
                         nonce: logs::truncated(&req.response_nonce, MAX_NODE_FIELD),
@@ -361,18 +358,15 @@ impl Session {
             metrics
                 .xds_names_refused_total
                 .fetch_add(refused as u64, Ordering::Relaxed);
-            static LOG: RateLimit = logs::per_second();
-            if let Some(suppressed) = LOG.check() {
-                warn!(
-                    suppressed,
-                    stream = self.id,
-                    node = %clip(&self.node_id),
-                    resource_type = ty.as_str(),
-                    refused,
-                    limits = ?self.limits,
-                    "names over the stream's bounds answered with a removal"
-                );
-            }
+            crate::limited!(
+                warn,
+                stream = self.id,
+                node = %clip(&self.node_id),
+                resource_type = ty.as_str(),
+                refused,
+                limits = ?self.limits,
+                "names over the stream's bounds answered with a removal"
+            );
         }
         let kept = req.initial_resource_versions.len();
         if kept > 0 && !cache.snapshot().is_complete() {
@@ -406,20 +400,16 @@ impl Session {
     fn count_in(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[String]) -> usize {
         let metrics = cx.metrics;
         (metrics.xds_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
-        cx.cache.watch(names);
+        let unregistered = cx.cache.watch(names);
         if ty != ResourceType::Cluster {
             return 0;
         }
         (metrics.xds_cluster_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
         // Every unregistered name is a cluster in Envoy for the stream's life: a client
         // sending random `Host`s must not grow that without bound.
-        let mut refused = 0;
-        for name in names {
-            if cx.cache.is_unregistered(name) && !self.clusters.admit_unregistered(name) {
-                refused += 1;
-            }
-        }
-        refused
+        (unregistered.into_iter())
+            .filter(|name| !self.clusters.admit_unregistered(name))
+            .count()
     }
 
     /// Pushes what changed in the cache, clusters before their load assignments; and the
