@@ -178,9 +178,7 @@ fn read(path: &Path) -> Result<Vec<u8>, InvalidTlsFile> {
 }
 
 /// The certificates of a PEM file; at least one.
-pub fn certificates(
-    path: &Path,
-) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), InvalidTlsFile> {
+fn certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), InvalidTlsFile> {
     let pem = read(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()

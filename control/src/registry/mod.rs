@@ -268,9 +268,11 @@ pub fn split_vips(list: &str) -> Vec<String> {
     out
 }
 
-/// Checks one (already lowercased) VIP or SVIP name, with a reason a user can act on.
+/// Checks one (already lowercased) VIP or SVIP name, with a reason a user can act on (the
+/// name quoted, and clipped: it may come from a hostile client).
 pub fn check_vip(vip: &str) -> Result<(), String> {
-    odmesh_names::validate_vip(vip).map_err(|e| format!("{vip:?} is not a valid VIP: {e}"))
+    odmesh_names::validate_vip(vip)
+        .map_err(|e| format!("{} is not a valid VIP: {e}", crate::logs::clip(vip)))
 }
 
 /// Eureka's reconcile hash code (`apps__hashcode`) over instance statuses: for each status,

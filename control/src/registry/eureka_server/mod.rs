@@ -73,7 +73,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::http_server::{self, HttpEvent, HttpLimits};
-use crate::logs::{self, RateLimit, clip};
+use crate::logs::{self, clip};
 use crate::metrics::Metrics;
 
 use self::auth::{Authenticator, Caller};
@@ -1472,15 +1472,12 @@ async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next)
             Ok(caller) => caller,
             Err(e) => {
                 Metrics::inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
-                static LOG: RateLimit = logs::per_second();
-                if let Some(suppressed) = LOG.check() {
-                    tracing::warn!(
-                        suppressed,
-                        method = %request.method(),
-                        path = %clip(request.uri().path()),
-                        "eureka: request without valid credentials refused (401)"
-                    );
-                }
+                crate::limited!(
+                    warn,
+                    method = %request.method(),
+                    path = %clip(request.uri().path()),
+                    "eureka: request without valid credentials refused (401)"
+                );
                 let mut answer =
                     InvalidRequest::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response();
                 answer.headers_mut().insert(
@@ -1499,26 +1496,23 @@ async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next)
 fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> Response {
     let metrics = &eureka.shared.metrics;
     let counter = match e.status {
-        403 => &metrics.eureka_refused_forbidden_total,
-        408 | 413 | 415 => &metrics.eureka_refused_body_total,
-        503 => &metrics.eureka_refused_full_total,
         404 => return e.into_response(),
-        _ => &metrics.eureka_refused_invalid_total,
+        403 => Some(&metrics.eureka_refused_forbidden_total),
+        408 | 413 | 415 => Some(&metrics.eureka_refused_body_total),
+        // The registry-full count is taken where it is decided.
+        503 => None,
+        _ => Some(&metrics.eureka_refused_invalid_total),
     };
-    // The registry-full count is taken where it is decided.
-    if e.status != 503 {
+    if let Some(counter) = counter {
         Metrics::inc(counter);
     }
-    static LOG: RateLimit = logs::per_second();
-    if let Some(suppressed) = LOG.check() {
-        tracing::warn!(
-            suppressed,
-            app = %clip(app),
-            status = e.status,
-            error = %logs::clip_at(&e.reason, 300),
-            "eureka: {what} refused"
-        );
-    }
+    crate::limited!(
+        warn,
+        app = %clip(app),
+        status = e.status,
+        error = %logs::clip_at(&e.reason, 300),
+        "eureka: {what} refused"
+    );
     e.into_response()
 }
 

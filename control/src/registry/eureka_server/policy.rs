@@ -308,10 +308,7 @@ pub fn check_instance(info: &InstanceInfo, limits: &RegistrationLimits) -> Resul
     ];
     for (field, list) in lists {
         for vip in crate::registry::split_vips(list.as_deref().unwrap_or_default()) {
-            if let Err(e) = odmesh_names::validate_vip(&vip) {
-                let vip = crate::logs::clip(&vip);
-                return Err(refused(field, format!("{vip} is not a valid VIP: {e}")));
-            }
+            crate::registry::check_vip(&vip).map_err(|reason| refused(field, reason))?;
         }
     }
     let texts = [
