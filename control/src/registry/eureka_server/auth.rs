@@ -21,6 +21,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::{Arc, LazyLock};
 
 use axum::http::HeaderValue;
 use serde::Deserialize;
@@ -120,6 +121,9 @@ pub enum Caller {
     Operator { name: String },
 }
 
+/// [`Caller::Anyone`], shared by every request while authentication is off.
+pub static ANYONE: LazyLock<Arc<Caller>> = LazyLock::new(|| Arc::new(Caller::Anyone));
+
 impl Caller {
     /// The owner recorded on what this caller registers (`None` when authentication is off).
     pub fn owner(&self) -> Option<&str> {
@@ -176,16 +180,22 @@ pub struct Authenticator {
 }
 
 struct Identity {
-    name: String,
     token: Vec<u8>,
-    caller: Caller,
+    /// Shared with every request it makes.
+    caller: Arc<Caller>,
+}
+
+impl Identity {
+    fn name(&self) -> &str {
+        self.caller.owner().unwrap_or_default()
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
     /// Names only: tokens never reach a log.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.identities.iter().map(|i| &i.name))
+            .entries(self.identities.iter().map(Identity::name))
             .finish()
     }
 }
@@ -239,7 +249,7 @@ impl Authenticator {
             }
             if identities
                 .iter()
-                .any(|i| i.name == entry.name || i.token == entry.token.as_bytes())
+                .any(|i| i.name() == entry.name || i.token == entry.token.as_bytes())
             {
                 return Err(invalid(
                     "another identity has the same name or token".to_owned(),
@@ -275,40 +285,43 @@ impl Authenticator {
                 }
             };
             identities.push(Identity {
-                name: entry.name,
                 token: entry.token.into_bytes(),
-                caller,
+                caller: Arc::new(caller),
             });
         }
         Ok(Authenticator { identities })
     }
 
     /// The caller an `Authorization` header proves.
-    pub fn authenticate(&self, header: Option<&HeaderValue>) -> Result<Caller, Unauthenticated> {
+    pub fn authenticate(
+        &self,
+        header: Option<&HeaderValue>,
+    ) -> Result<Arc<Caller>, Unauthenticated> {
         let value = header
             .and_then(|h| h.to_str().ok())
             .ok_or(Unauthenticated)?;
         let (scheme, credentials) = value.trim().split_once(' ').ok_or(Unauthenticated)?;
         let credentials = credentials.trim();
-        let (name, token): (Option<String>, Vec<u8>) = if scheme.eq_ignore_ascii_case("bearer") {
-            (None, credentials.as_bytes().to_vec())
+        let basic: String;
+        let (name, token): (Option<&str>, &[u8]) = if scheme.eq_ignore_ascii_case("bearer") {
+            (None, credentials.as_bytes())
         } else if scheme.eq_ignore_ascii_case("basic") {
             let decoded = base64_decode(credentials).ok_or(Unauthenticated)?;
-            let text = String::from_utf8(decoded).map_err(|_| Unauthenticated)?;
-            let (user, password) = text.split_once(':').ok_or(Unauthenticated)?;
-            (Some(user.to_owned()), password.as_bytes().to_vec())
+            basic = String::from_utf8(decoded).map_err(|_| Unauthenticated)?;
+            let (user, password) = basic.split_once(':').ok_or(Unauthenticated)?;
+            (Some(user), password.as_bytes())
         } else {
             return Err(Unauthenticated);
         };
         // Every token is compared, in time independent of where they differ.
         let mut found: Option<&Identity> = None;
         for identity in &self.identities {
-            if constant_time_eq(&identity.token, &token) {
+            if constant_time_eq(&identity.token, token) {
                 found = Some(identity);
             }
         }
         match (found, name) {
-            (Some(identity), Some(user)) if user != identity.name => Err(Unauthenticated),
+            (Some(identity), Some(user)) if user != identity.name() => Err(Unauthenticated),
             (Some(identity), _) => Ok(identity.caller.clone()),
             (None, _) => Err(Unauthenticated),
         }
@@ -381,7 +394,7 @@ mod tests {
         let ops = auth
             .authenticate(Some(&header("bearer ops-token-0123456789ab")))
             .unwrap();
-        assert!(matches!(ops, Caller::Operator { .. }));
+        assert!(matches!(*ops, Caller::Operator { .. }));
     }
 
     #[test]

@@ -1467,7 +1467,7 @@ fn by_vip(
 /// handed to the handlers. Without one, everyone is [`Caller::Anyone`].
 async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next) -> Response {
     let caller = match &eureka.shared.config.auth {
-        None => Caller::Anyone,
+        None => auth::ANYONE.clone(),
         Some(auth) => match auth.authenticate(request.headers().get(header::AUTHORIZATION)) {
             Ok(caller) => caller,
             Err(e) => {
@@ -1528,7 +1528,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 
 async fn register(
     AxState(eureka): Eureka,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path(app): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -1561,7 +1561,7 @@ type Params = Query<HashMap<String, String>>;
 
 async fn renew(
     AxState(eureka): Eureka,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
@@ -1576,7 +1576,7 @@ async fn renew(
 
 async fn cancel(
     AxState(eureka): Eureka,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
 ) -> Response {
     match eureka.cancel(&caller, &app, &id) {
@@ -1602,7 +1602,7 @@ fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, Inva
 
 async fn put_status(
     AxState(eureka): Eureka,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
@@ -1621,7 +1621,7 @@ async fn put_status(
 
 async fn delete_status(
     AxState(eureka): Eureka,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
@@ -1636,7 +1636,7 @@ async fn delete_status(
 
 async fn put_metadata(
     AxState(eureka): Eureka,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
 ) -> Response {
