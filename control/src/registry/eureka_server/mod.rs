@@ -197,7 +197,6 @@ struct CachedAnswer {
 /// (lease timestamps in it move on meanwhile): Eureka's response cache does the same.
 const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
-#[derive(Default)]
 struct Ledger {
     /// APP (uppercase) → instance id → lease.
     apps: BTreeMap<String, BTreeMap<String, Lease>>,
@@ -216,7 +215,7 @@ struct Ledger {
     /// Bumped on every change; served as `versions__delta`.
     version: u64,
     /// Renewals counted for self-preservation.
-    preservation: Option<SelfPreservation>,
+    preservation: SelfPreservation,
     /// (APP, id) → the status override of a cancelled instance, and until when it comes
     /// back with a registration of the same instance (see [`EurekaRegistry::cancel`]).
     cancelled_overrides: CancelledOverrides,
@@ -385,8 +384,15 @@ impl EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
         let started = Instant::now();
         let ledger = Ledger {
-            preservation: Some(SelfPreservation::new(config.preservation, started)),
-            ..Ledger::default()
+            apps: BTreeMap::new(),
+            recent: BTreeMap::new(),
+            latest: HashMap::new(),
+            published: BTreeMap::new(),
+            warned: BTreeMap::new(),
+            version: 0,
+            preservation: SelfPreservation::new(config.preservation, started),
+            cancelled_overrides: CancelledOverrides::default(),
+            leases: 0,
         };
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
@@ -672,8 +678,8 @@ impl EurekaRegistry {
             )),
             _ => Ok(()),
         };
-        if counts && let Some(preservation) = state.preservation.as_mut() {
-            preservation.renewed(now);
+        if counts {
+            state.preservation.renewed(now);
         }
         Metrics::inc(&self.shared.metrics.eureka_renewals_total);
         answer
@@ -833,36 +839,33 @@ impl EurekaRegistry {
         let Ledger {
             apps, preservation, ..
         } = &mut *state;
-        let mut limit = leases;
-        if let Some(preservation) = preservation.as_mut() {
-            let instances = (apps.values().flat_map(BTreeMap::values))
-                .map(|lease| (lease.registered, lease.renewal_interval));
-            let verdict = preservation.allows_eviction(now, instances);
-            Metrics::set(
-                &metrics.eureka_self_preservation,
-                u64::from(!verdict.allows_eviction),
-            );
-            if verdict.changed {
-                if verdict.allows_eviction {
-                    tracing::info!(
-                        renewals = verdict.renewals,
-                        expected = verdict.expected,
-                        "eureka: renewals recovered; self-preservation released, eviction resumes"
-                    );
-                } else {
-                    tracing::warn!(
-                        renewals = verdict.renewals,
-                        expected = verdict.expected,
-                        "eureka: renewals fell below the self-preservation threshold; eviction stops until they recover"
-                    );
-                }
-            }
-            limit = if verdict.allows_eviction {
-                preservation.eviction_limit(leases)
+        let instances = (apps.values().flat_map(BTreeMap::values))
+            .map(|lease| (lease.registered, lease.renewal_interval));
+        let verdict = preservation.allows_eviction(now, instances);
+        Metrics::set(
+            &metrics.eureka_self_preservation,
+            u64::from(!verdict.allows_eviction),
+        );
+        if verdict.changed {
+            if verdict.allows_eviction {
+                tracing::info!(
+                    renewals = verdict.renewals,
+                    expected = verdict.expected,
+                    "eureka: renewals recovered; self-preservation released, eviction resumes"
+                );
             } else {
-                0
-            };
+                tracing::warn!(
+                    renewals = verdict.renewals,
+                    expected = verdict.expected,
+                    "eureka: renewals fell below the self-preservation threshold; eviction stops until they recover"
+                );
+            }
         }
+        let limit = if verdict.allows_eviction {
+            preservation.eviction_limit(leases)
+        } else {
+            0
+        };
         let held = expired.len().saturating_sub(limit);
         Metrics::set(&metrics.eureka_evictions_held, held as u64);
         if held > 0 {
@@ -996,7 +999,12 @@ impl EurekaRegistry {
     /// change of each instance, oldest first, and the hash code of the whole registry.
     pub fn delta(&self) -> Applications {
         let mut state = self.lock();
-        prune(&mut state, self.shared.config.delta_retention);
+        let config = &self.shared.config;
+        prune(
+            &mut state,
+            config.delta_retention,
+            config.limits.max_instances.max(1),
+        );
         let mut apps: Vec<Application> = Vec::new();
         let mut index: HashMap<&str, usize> = HashMap::new();
         for change in state.recent.values() {
@@ -1041,16 +1049,15 @@ impl EurekaRegistry {
                 info,
             },
         );
-        prune(state, self.shared.config.delta_retention);
         // Register-and-cancel churn with new ids must not grow the delta without bound:
         // past the registry's own bound, the oldest changes go (a client that misses one
         // sees a hash code mismatch and fetches the whole registry).
-        while state.recent.len() > self.shared.config.limits.max_instances.max(1) {
-            if let Some(oldest) = state.recent.first_entry() {
-                let change = oldest.remove();
-                state.latest.remove(&(change.app, change.id));
-            }
-        }
+        let config = &self.shared.config;
+        prune(
+            state,
+            config.delta_retention,
+            config.limits.max_instances.max(1),
+        );
     }
 
     /// Notes a change for the publisher ([`EurekaRegistry::run_publisher`]).
@@ -1178,13 +1185,17 @@ fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
     Some(lease)
 }
 
-/// Forgets the changes older than `retention`. Changes are made in order, so the oldest
-/// are first.
-fn prune(state: &mut Ledger, retention: Duration) {
+/// Forgets the changes older than `retention`, and the oldest beyond `max_len`. Changes are
+/// made in order, so the oldest are first.
+fn prune(state: &mut Ledger, retention: Duration, max_len: usize) {
     let now = Instant::now();
-    while let Some(oldest) = state.recent.first_entry() {
-        if now.saturating_duration_since(oldest.get().at) <= retention {
-            break;
+    loop {
+        let len = state.recent.len();
+        let Some(oldest) = state.recent.first_entry() else {
+            return;
+        };
+        if len <= max_len && now.saturating_duration_since(oldest.get().at) <= retention {
+            return;
         }
         let change = oldest.remove();
         state.latest.remove(&(change.app, change.id));
