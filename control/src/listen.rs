@@ -16,7 +16,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Clone, Debug)]
 pub struct ConnectionLimit {
     slots: Arc<Semaphore>,
-    max: usize,
 }
 
 impl ConnectionLimit {
@@ -24,13 +23,7 @@ impl ConnectionLimit {
     pub fn new(max: usize) -> ConnectionLimit {
         ConnectionLimit {
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
-            max,
         }
-    }
-
-    /// The bound.
-    pub fn max(&self) -> usize {
-        self.max
     }
 
     /// A slot for one more connection, if there is one; the connection holds it until it

@@ -573,7 +573,9 @@ impl EurekaRegistry {
         let (overridden, service_up) = match known {
             Some((overridden, up)) => (overridden.or(body_override), up),
             None => {
-                let restored = restore_override(&mut state, &app, &id);
+                // The override it had if it was cancelled within one lease duration.
+                let key = (app.clone(), id.clone());
+                let restored = state.cancelled_overrides.take(&key, Instant::now());
                 if restored.is_some() {
                     Metrics::inc(&self.shared.metrics.eureka_overrides_restored_total);
                     crate::limited!(
@@ -927,10 +929,8 @@ impl EurekaRegistry {
     pub fn applications_answer(&self, json: bool) -> axum::body::Bytes {
         let version = self.lock().version;
         let slot = usize::from(json);
-        let lock = |m: &Mutex<[Option<CachedAnswer>; 2]>| {
-            m.lock().unwrap_or_else(|e| e.into_inner()).clone()
-        };
-        if let Some(hit) = &lock(&self.shared.apps_answers)[slot]
+        let answers = || (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
+        if let Some(hit) = &answers()[slot]
             && hit.version == version
             && hit.written.elapsed() < ANSWER_MAX_AGE
         {
@@ -952,8 +952,7 @@ impl EurekaRegistry {
             written: Instant::now(),
             body: body.clone(),
         };
-        let mut answers = (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
-        answers[slot] = Some(answer);
+        answers()[slot] = Some(answer);
         body
     }
 
@@ -1125,14 +1124,6 @@ impl EurekaRegistry {
         }
         super::publish(&shared.tx, parsed.registry);
     }
-}
-
-/// The override a cancelled instance `app`/`id` had, if it was cancelled within one lease
-/// duration; forgets it (and every other that has run out).
-fn restore_override(state: &mut Ledger, app: &str, id: &str) -> Option<Status> {
-    state
-        .cancelled_overrides
-        .take(&(app.to_owned(), id.to_owned()), Instant::now())
 }
 
 /// The overrides of cancelled instances, each until a time, oldest first: what
