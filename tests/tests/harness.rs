@@ -164,16 +164,12 @@ fn odmesh_control_follows_the_fake_eureka_by_its_delta_and_counts_every_bad_mode
         metric("odmesh_eureka_fetches_total") > fetches
     });
 
-    // Empty: the fake serves a restarted Eureka's registry; what odmesh does with it is the
-    // chaos tests' business, here only that it fetched it.
-    let before = fake.full_fetches() + fake.delta_fetches();
+    // Empty: the fake serves a restarted Eureka's registry. Two instances are too few for
+    // the drop guard to hold (the chaos tests hold a large drop): odmesh follows it.
     fake.set_mode(Mode::Empty);
-    fake.wait_requests(2, POLLS);
-    eprintln!(
-        "fake Eureka requests {:?}; after serving an empty registry odmesh has {} instances",
-        fake.request_counts(),
-        metric("odmesh_registry_instances")
-    );
-    assert!(fake.full_fetches() + fake.delta_fetches() >= before + 2);
+    wait_until(POLLS, "odmesh to follow the empty registry", || {
+        metric("odmesh_registry_instances") == 0
+    });
+    eprintln!("fake Eureka requests {:?}", fake.request_counts());
     eprintln!("control plane RSS {}", mib(control.process().rss_bytes()));
 }
