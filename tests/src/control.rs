@@ -111,11 +111,6 @@ impl ControlPlane {
         panic!("the control plane found no free ports in {PORT_ATTEMPTS} attempts:\n{last_log}")
     }
 
-    /// The pid of the latest process started (it changes with [`ControlPlane::restart`]).
-    pub fn pid(&self) -> u32 {
-        self.process().id()
-    }
-
     /// The latest process started (its log, its memory; after [`ControlPlane::kill`], the
     /// killed one).
     pub fn process(&self) -> &ChildGuard {

@@ -188,9 +188,18 @@ impl Envoy {
         self.stats().remove(name)
     }
 
-    /// Its pid.
-    pub fn pid(&self) -> u32 {
-        self.process.id()
+    /// Waits at most `timeout` until its ADS stream is up (`connected`) or down: the stat
+    /// `control_plane.connected_state`.
+    pub fn wait_xds_connected(&self, connected: bool, timeout: Duration) {
+        let what = if connected {
+            "Envoy to connect to the control plane"
+        } else {
+            "Envoy to see the control plane gone"
+        };
+        let state = u64::from(connected);
+        wait_for(timeout, what, || {
+            (self.stat("control_plane.connected_state") == Some(state)).then_some(())
+        });
     }
 
     /// The process, read-only (its log, its memory).

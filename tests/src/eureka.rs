@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::http::{Request, Response};
 use crate::paths::repo_root;
 use crate::process::{ChildGuard, TestEnv};
+use crate::registry::Instance;
 use crate::wait::wait_for;
 
 /// Set to `1` to skip the tests that need the real client libraries.
@@ -40,23 +41,9 @@ impl EurekaApi {
     /// `POST /eureka/apps/{APP}` with the JSON a Eureka client sends: an `UP` instance `id`
     /// of `app` on `127.0.0.1:port`, VIP `app`. Panics unless the server answers 204.
     pub fn register(&self, app: &str, id: &str, port: u16) {
-        let app = app.to_ascii_uppercase();
-        let body = json!({"instance": {
-            "instanceId": id,
-            "hostName": "localhost",
-            "app": app,
-            "ipAddr": "127.0.0.1",
-            "status": "UP",
-            "port": {"$": port, "@enabled": "true"},
-            "securePort": {"$": 443, "@enabled": "false"},
-            "vipAddress": app.to_ascii_lowercase(),
-            "dataCenterInfo": {
-                "@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo",
-                "name": "MyOwn"
-            },
-            "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": 90},
-            "metadata": {"@class": "java.util.Collections$EmptyMap"}
-        }});
+        let instance = Instance::new(&app.to_ascii_lowercase(), port).id(id);
+        let body = json!({ "instance": instance.to_eureka() });
+        let app = instance.eureka_app();
         let request = Request::new("POST", &format!("/eureka/apps/{app}"))
             .header("content-type", "application/json")
             .body(body.to_string());

@@ -314,11 +314,6 @@ impl FakeEureka {
         }
     }
 
-    /// The current mode.
-    pub fn mode(&self) -> Mode {
-        lock(&self.shared.state).mode
-    }
-
     /// How many requests it got for exactly `path` (without the query), in any mode.
     pub fn requests(&self, path: &str) -> u64 {
         lock(&self.shared.state)

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::control::{ControlPlane, Source};
 use crate::envoy::Envoy;
@@ -18,7 +18,7 @@ use crate::http::{Request, Response};
 use crate::paths::{filter_wasm, repo_root};
 use crate::process::TestEnv;
 use crate::registry::{Instance, RegistryFile};
-use crate::wait::wait_until;
+use crate::wait::wait_until_since;
 
 /// The egress listener's name in `envoy/odmesh.yaml`.
 pub const EGRESS_LISTENER: &str = "odmesh_egress";
@@ -29,21 +29,37 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shipped `envoy/odmesh.yaml` with its listener and admin on port 0 and its xDS
 /// cluster on `xds_port`.
 pub fn odmesh_bootstrap(xds_port: u16) -> String {
-    let path = repo_root().join("envoy/odmesh.yaml");
+    let xds = format!("port_value: {xds_port}");
+    shipped_bootstrap(
+        "odmesh.yaml",
+        &[
+            // The egress listener, the admin, the control plane (xDS).
+            ("port_value: 15001", "port_value: 0", 1),
+            ("port_value: 9901", "port_value: 0", 1),
+            ("port_value: 18000", &xds, 1),
+        ],
+    )
+}
+
+/// The shipped bootstrap `envoy/<name>` as Envoy reads it (without its comments, which name
+/// the same ports and files in words), with each `(from, to, count)` of `edits` applied:
+/// `from` must occur exactly `count` times, so that a changed bootstrap fails the test
+/// instead of running with what it ships.
+pub fn shipped_bootstrap(name: &str, edits: &[(&str, &str, usize)]) -> String {
+    let path = repo_root().join("envoy").join(name);
     let shipped = fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read the bootstrap {}: {e}", path.display()));
-    let xds = format!("port_value: {xds_port}");
-    let mut out = shipped;
-    for (from, to, what) in [
-        ("port_value: 15001", "port_value: 0", "the egress listener"),
-        ("port_value: 9901", "port_value: 0", "the admin"),
-        ("port_value: 18000", xds.as_str(), "the control plane (xDS)"),
-    ] {
+    let mut out: String = shipped
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    for (from, to, count) in edits {
         let found = out.matches(from).count();
         assert_eq!(
             found,
-            1,
-            "{} should say `{from}` exactly once ({what}), it does {found} times",
+            *count,
+            "{} should say `{from}` {count} times, it does {found} times",
             path.display()
         );
         out = out.replace(from, to);
@@ -107,9 +123,10 @@ impl<R> Mesh<R> {
     /// Waits until Envoy's ADS stream is connected (`control_plane.connected_state` 1) and
     /// the control plane sees it.
     pub fn wait_connected(&self, timeout: Duration) {
-        wait_until(timeout, "Envoy to connect to the control plane", || {
-            self.envoy.stat("control_plane.connected_state") == Some(1)
-                && !self.control.proxies().is_empty()
+        let since = Instant::now();
+        self.envoy.wait_xds_connected(true, timeout);
+        wait_until_since(since, timeout, "the control plane to see Envoy", || {
+            !self.control.proxies().is_empty()
         });
     }
 

@@ -140,12 +140,6 @@ pub struct XdsFlood {
 }
 
 impl XdsFlood {
-    /// Floods the control plane at `xds` with `names` random names, batches of 1000, as
-    /// fast as it takes them; the log is `xds-flood.log`.
-    pub fn start(env: &TestEnv, xds: std::net::SocketAddr, names: u64) -> XdsFlood {
-        XdsFlood::start_with(env, "xds-flood", xds, &FloodOptions::names(names))
-    }
-
     /// Floods the control plane at `xds` as `options` say; the log is `<label>.log`.
     pub fn start_with(
         env: &TestEnv,
@@ -182,16 +176,6 @@ impl XdsFlood {
             process,
             stdin: Some(stdin),
         }
-    }
-
-    /// The process (pid, log, exit status).
-    pub fn process(&mut self) -> &mut ChildGuard {
-        &mut self.process
-    }
-
-    /// Its pid.
-    pub fn pid(&self) -> u32 {
-        self.process.id()
     }
 
     /// The latest progress line, if one was written yet.

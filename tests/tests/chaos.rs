@@ -51,13 +51,6 @@ fn assert_nothing_failed(load: Load, hosts: &[&str]) -> LoadReport {
     report
 }
 
-/// Waits until Envoy's ADS stream is down (the control plane is gone).
-fn wait_disconnected<R>(mesh: &Mesh<R>) {
-    wait_until(DEADLINE, "Envoy to see the control plane gone", || {
-        mesh.envoy.stat("control_plane.connected_state") == Some(0)
-    });
-}
-
 /// Waits until `/readyz` says the registry in use is complete.
 fn wait_complete<R>(mesh: &Mesh<R>) {
     wait_until(DEADLINE, "the registry to be complete", || {
@@ -113,7 +106,7 @@ fn restarting_the_control_plane_with_its_embedded_registry_fails_no_request_to_a
     let load = load(&mesh, &["chaos"]);
     load.mark("control plane killed");
     mesh.control.kill();
-    wait_disconnected(&mesh);
+    mesh.envoy.wait_xds_connected(false, DEADLINE);
     load.wait_completed(PHASE / 2, DEADLINE);
     load.mark("control plane restarted");
     mesh.control.restart(&env, "control");
@@ -152,7 +145,7 @@ fn restarting_the_control_plane_that_follows_eureka_fails_no_request_whether_eur
     // Eureka up: the restarted control plane loads it at once.
     load.mark("control plane killed, Eureka up");
     mesh.control.kill();
-    wait_disconnected(&mesh);
+    mesh.envoy.wait_xds_connected(false, DEADLINE);
     mesh.control.restart(&env, "control");
     mesh.wait_connected(DEADLINE);
     load.mark("restarted, Eureka up");
@@ -162,7 +155,7 @@ fn restarting_the_control_plane_that_follows_eureka_fails_no_request_whether_eur
     eureka.set_mode(Mode::Down);
     load.mark("control plane killed, Eureka down");
     mesh.control.kill();
-    wait_disconnected(&mesh);
+    mesh.envoy.wait_xds_connected(false, DEADLINE);
     mesh.control.restart_unready(&env, "control");
     mesh.wait_connected(DEADLINE);
     load.mark("restarted, Eureka down");
@@ -201,7 +194,7 @@ fn restarting_the_control_plane_over_a_registry_file_fails_no_request() {
     for round in 1..=2 {
         load.mark(&format!("control plane killed ({round})"));
         mesh.control.kill();
-        wait_disconnected(&mesh);
+        mesh.envoy.wait_xds_connected(false, DEADLINE);
         load.wait_completed(PHASE / 2, DEADLINE);
         mesh.control.restart(&env, "control");
         mesh.wait_connected(DEADLINE);
@@ -351,13 +344,6 @@ fn an_instance_drained_with_its_client_then_stopped_fails_no_request_of_its_vip(
     assert_nothing_failed(load, &["churn"]);
 }
 
-/// Envoy's clusters: its stat `cluster_manager.active_clusters`.
-fn active_clusters(envoy: &Envoy) -> u64 {
-    envoy
-        .stat("cluster_manager.active_clusters")
-        .unwrap_or_else(|| panic!("Envoy has no stat cluster_manager.active_clusters"))
-}
-
 #[test]
 fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxies_served() {
     let env = TestEnv::new("chaos_flood");
@@ -370,9 +356,7 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
         "envoy-b",
         &odmesh_bootstrap(mesh.control.xds().port()),
     );
-    wait_until(DEADLINE, "the other Envoy to connect", || {
-        other.stat("control_plane.connected_state") == Some(1)
-    });
+    other.wait_xds_connected(true, DEADLINE);
     let other_get = |host: &str| {
         Request::get("/")
             .host(host)
@@ -382,7 +366,7 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
     assert_eq!(other_get("hello").status, 200);
     let control_memory = RssSampler::of(mesh.control.process());
     let envoy_memory = RssSampler::of(mesh.envoy.child());
-    let clusters_before = active_clusters(&mesh.envoy);
+    let clusters_before = mesh.cluster_manager_stat("active_clusters");
 
     // A service keeps calling hello through the flooded proxy.
     let steady = load(&mesh, &["hello"]);
@@ -440,7 +424,7 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
     // hello served the steady load and the two requests before it, nothing else.
     assert_eq!(hello.requests() as usize, steady.sent() + 2);
     // The flooded proxy holds at most --xds-max-unregistered (100) clusters it was flooded with.
-    let flooded = active_clusters(&mesh.envoy) - clusters_before;
+    let flooded = mesh.cluster_manager_stat("active_clusters") - clusters_before;
     assert!(
         flooded <= 100,
         "the flooded Envoy holds {flooded} more clusters"

@@ -37,11 +37,7 @@ fn a_dead_control_plane_keeps_known_vips_working_fails_new_ones_in_bounded_time_
 
     mesh.control.kill();
     let killed = Instant::now();
-    wait_until(
-        Duration::from_secs(5),
-        "Envoy to see the control plane gone",
-        || mesh.envoy.stat("control_plane.connected_state") == Some(0),
-    );
+    mesh.envoy.wait_xds_connected(false, Duration::from_secs(5));
     for _ in 0..5 {
         assert_eq!(mesh.route("hello"), "hello-1");
     }

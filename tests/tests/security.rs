@@ -11,8 +11,9 @@ use odmesh_e2e::mesh::EGRESS_LISTENER;
 use odmesh_e2e::{
     ClientDriver, ControlPlane, EchoUpstream, Envoy, EurekaClient, Instance, Mesh, Registration,
     RegistryFile, Request, Response, Source, TestCa, TestEnv, hold_for, odmesh_bootstrap,
-    repo_root, timed, wait_until,
+    repo_root, shipped_bootstrap, timed, wait_until,
 };
+use serde_json::{Value, json};
 
 /// How long anything here may take.
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -20,37 +21,26 @@ const DEADLINE: Duration = Duration::from_secs(15);
 /// `envoy/odmesh-production.yaml` with the test's certificates, the control plane at
 /// `localhost:<xds_port>`, and the listener and admin on free ports.
 fn production_bootstrap(xds_port: u16, ca: &TestCa, proxy: &odmesh_e2e::CertifiedKey) -> String {
-    let path = repo_root().join("envoy/odmesh-production.yaml");
-    let shipped = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let path_of = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let xds = format!("port_value: {xds_port}");
-    // What Envoy reads: the comments name the same files and hosts, in words.
-    let mut out: String = shipped
-        .lines()
-        .filter(|line| !line.trim_start().starts_with('#'))
-        .map(|line| format!("{line}\n"))
-        .collect();
-    for (from, to, count) in [
-        ("port_value: 15001", "port_value: 0".to_owned(), 1),
-        ("port_value: 9901", "port_value: 0".to_owned(), 1),
-        ("port_value: 18000", xds, 1),
-        ("/etc/odmesh/xds-ca.pem", path_of(ca.cert()), 1),
-        ("/etc/odmesh/proxy.pem", path_of(&proxy.cert), 1),
-        ("/etc/odmesh/proxy.key", path_of(&proxy.key), 1),
-        // SNI, the expected SAN, and the address: the test certificate names localhost.
-        ("odmesh-control.mesh.internal", "localhost".to_owned(), 3),
-    ] {
-        let found = out.matches(from).count();
-        assert_eq!(
-            found,
-            count,
-            "{} should say `{from}` {count} times",
-            path.display()
-        );
-        out = out.replace(from, &to);
-    }
-    out
+    let (ca, cert, key) = (
+        path_of(ca.cert()),
+        path_of(&proxy.cert),
+        path_of(&proxy.key),
+    );
+    shipped_bootstrap(
+        "odmesh-production.yaml",
+        &[
+            ("port_value: 15001", "port_value: 0", 1),
+            ("port_value: 9901", "port_value: 0", 1),
+            ("port_value: 18000", &xds, 1),
+            ("/etc/odmesh/xds-ca.pem", &ca, 1),
+            ("/etc/odmesh/proxy.pem", &cert, 1),
+            ("/etc/odmesh/proxy.key", &key, 1),
+            // SNI, the expected SAN, and the address: the test certificate names localhost.
+            ("odmesh-control.mesh.internal", "localhost", 3),
+        ],
+    )
 }
 
 /// A bootstrap without its comments and without its `odmesh_xds` cluster (up to the
@@ -119,9 +109,7 @@ fn xds_over_mutual_tls_serves_the_production_bootstrap_and_no_proxy_without_a_ce
         "envoy",
         &production_bootstrap(control.xds().port(), &ca, &proxy),
     );
-    wait_until(DEADLINE, "Envoy to connect over mTLS", || {
-        envoy.stat("control_plane.connected_state") == Some(1)
-    });
+    envoy.wait_xds_connected(true, DEADLINE);
     let response = Request::get("/")
         .host("hello")
         .send(envoy.listener(EGRESS_LISTENER));
@@ -155,14 +143,10 @@ fn xds_over_mutual_tls_serves_the_production_bootstrap_and_no_proxy_without_a_ce
 const TOKENS: &str = "identities:\n  - name: secure\n    token: secure-token-0123456789\n  - name: intruder\n    token: intruder-token-0123456789\n  - name: ops\n    token: ops-token-0123456789abc\n    operator: true\n";
 
 /// A registration of `id` for app/VIP `app` at `ip:port`, as a Eureka client sends it.
-fn registration(app: &str, id: &str, ip: &str, port: u16) -> String {
-    serde_json::json!({"instance": {
-        "instanceId": id, "app": app.to_ascii_uppercase(), "hostName": "h", "ipAddr": ip,
-        "status": "UP", "port": {"$": port, "@enabled": "true"}, "vipAddress": app,
-        "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
-        "leaseInfo": {"durationInSecs": 30}
-    }})
-    .to_string()
+fn registration(app: &str, id: &str, ip: &str, port: u16) -> Value {
+    let mut instance = Instance::new(app, port).id(id).to_eureka();
+    instance["ipAddr"] = json!(ip);
+    json!({ "instance": instance })
 }
 
 /// Sends `method path` to the embedded registry of `mesh`, with `token` as Bearer if given
@@ -279,7 +263,7 @@ fn with_a_tokens_file_a_real_client_registers_and_nobody_else_can_hijack_or_drai
 
 /// The registration body of `id` of app `app` at 127.0.0.1:`port`.
 fn registration_body(app: &str, id: &str, port: u16) -> String {
-    registration(app, id, "127.0.0.1", port)
+    registration(app, id, "127.0.0.1", port).to_string()
 }
 
 /// Sends `head` and then `body` in one go on a new connection and reads the whole answer.
@@ -304,29 +288,32 @@ fn a_hostile_client_gets_a_clear_answer_from_the_registry_and_changes_nothing() 
         (
             "a browser page's text/plain POST",
             "text/plain",
-            registration("x", "x-1", "10.0.0.1", 80),
+            registration("x", "x-1", "10.0.0.1", 80).to_string(),
             415,
             "application/json",
         ),
         (
             "the cloud metadata address",
             "application/json",
-            registration("x", "x-1", "169.254.169.254", 80),
+            registration("x", "x-1", "169.254.169.254", 80).to_string(),
             400,
             "link-local",
         ),
         (
             "an app named ' '",
             "application/json",
-            registration(" ", "x-1", "10.0.0.1", 80),
+            registration(" ", "x-1", "10.0.0.1", 80).to_string(),
             400,
             "`app`",
         ),
         (
             "an eternal lease",
             "application/json",
-            registration("x", "x-1", "10.0.0.1", 80)
-                .replace("\"durationInSecs\":30", "\"durationInSecs\":4000000000"),
+            {
+                let mut body = registration("x", "x-1", "10.0.0.1", 80);
+                body["instance"]["leaseInfo"]["durationInSecs"] = json!(4_000_000_000u64);
+                body.to_string()
+            },
             400,
             "durationInSecs",
         ),
@@ -381,7 +368,7 @@ fn a_hostile_client_gets_a_clear_answer_from_the_registry_and_changes_nothing() 
         .send(addr);
     assert_eq!(
         apps.json()["applications"]["application"],
-        serde_json::json!([]),
+        json!([]),
         "{}",
         apps.text()
     );
