@@ -92,7 +92,7 @@ impl ControlPlane {
                 format!("{label}-attempt{attempt}")
             };
             let source_args = source.args(eureka);
-            match spawn_ready(env, &label, &source_args, &args, xds, admin) {
+            match spawn(env, &label, &source_args, &args, xds, admin, "/readyz") {
                 Ok(process) => {
                     return ControlPlane {
                         process: Some(process),
@@ -258,18 +258,6 @@ impl ControlPlane {
 
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
-}
-
-/// Starts the process and waits for `/readyz`; `Err(log)` if it exits first.
-fn spawn_ready(
-    env: &TestEnv,
-    label: &str,
-    source_args: &[OsString],
-    args: &[String],
-    xds: SocketAddr,
-    admin: SocketAddr,
-) -> Result<ChildGuard, String> {
-    spawn(env, label, source_args, args, xds, admin, "/readyz")
 }
 
 /// Starts the process and waits until the admin `ready` path answers 200; `Err(log)` if it

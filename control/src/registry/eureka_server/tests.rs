@@ -1189,9 +1189,9 @@ fn leased(id: &str, lease: u64, every: u64) -> Value {
     i
 }
 
-#[tokio::test(start_paused = true)]
-async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
-    let f = preserving();
+/// Registers ten instances of HELLO (5 s leases, a renewal a second) and renews each every
+/// second for 10 s, which evicts none; returns their ids.
+async fn ten_renewing(f: &Fixture) -> Vec<String> {
     let ids: Vec<String> = (0..10).map(|n| format!("h{n}")).collect();
     for id in &ids {
         f.register("HELLO", leased(id, 5, 1)).await;
@@ -1201,6 +1201,13 @@ async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
         f.renew(&ids).await;
         assert_eq!(f.eureka.evict_expired(), 0);
     }
+    ids
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
+    let f = preserving();
+    let ids = ten_renewing(&f).await;
     assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
     // The registry loses touch with every client: no heartbeat for longer than the lease.
     tokio::time::advance(Duration::from_secs(8)).await;
@@ -1335,14 +1342,7 @@ async fn a_drained_instance_that_registers_again_right_after_its_cancel_stays_dr
 #[tokio::test(start_paused = true)]
 async fn a_client_heartbeating_far_faster_than_it_said_cannot_hide_that_the_others_went_quiet() {
     let f = preserving();
-    let ids: Vec<String> = (0..10).map(|n| format!("h{n}")).collect();
-    for id in &ids {
-        f.register("HELLO", leased(id, 5, 1)).await;
-    }
-    for _ in 0..10 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        f.renew(&ids).await;
-    }
+    ten_renewing(&f).await;
     // Nine go quiet; one heartbeats 50 times a second.
     for _ in 0..(8 * 50) {
         tokio::time::advance(Duration::from_millis(20)).await;
