@@ -37,8 +37,8 @@ use odmesh_control::xds::XdsOptions;
 #[command(name = "odmesh-control", version, verbatim_doc_comment)]
 #[command(group(clap::ArgGroup::new("source").args(["registry", "eureka", "serve_eureka"])))]
 struct Args {
-    /// Registry file: Eureka's `GET /eureka/apps` JSON, or the YAML form
-    /// (`instances: [{app, ip, port, secure_port, vip, svip, status, zone}]`). Watched: a
+    /// Registry file: Eureka's `GET /eureka/apps` JSON, or the YAML form (`instances:
+    /// [{app, ip, port, secure_port, vip, svip, status, zone, id, protocol}]`). Watched: a
     /// change, including an atomic rename over it, takes effect within a second; a file that
     /// fails to parse is reported and the last good registry stays in use.
     #[arg(long, value_name = "FILE")]

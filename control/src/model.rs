@@ -17,7 +17,7 @@ use odmesh_names::{Kind, cluster_name};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::registry::{Instance, Registry, Status};
+use crate::registry::{Instance, Protocol, Registry, Status};
 
 /// One address traffic can go to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,6 +38,8 @@ pub struct ClusterInfo {
     pub endpoints: Vec<Endpoint>,
     /// How many instances list this VIP, whatever their status.
     pub instances: usize,
+    /// The HTTP protocol its instances declare ([`Protocol::of_cluster`]).
+    pub protocol: Protocol,
 }
 
 impl ClusterInfo {
@@ -65,6 +67,7 @@ impl ClusterInfo {
             kind,
             endpoints,
             instances: members.len(),
+            protocol: Protocol::of_cluster(members.iter().map(|inst| inst.protocol)),
         }
     }
 }
@@ -372,6 +375,7 @@ mod tests {
             svips: svips.iter().map(|s| s.to_string()).collect(),
             status,
             zone: None,
+            protocol: Protocol::Auto,
         }
     }
 
@@ -467,6 +471,7 @@ mod tests {
     /// [`SnapshotBuilder`] must agree with.
     fn reference(reg: &Registry) -> HashMap<String, ClusterInfo> {
         let mut out: HashMap<String, ClusterInfo> = HashMap::new();
+        let mut declared: HashMap<String, Vec<Protocol>> = HashMap::new();
         for inst in reg.instances() {
             let sides = [
                 (Kind::Vip, &inst.vips, inst.port),
@@ -481,8 +486,10 @@ mod tests {
                             kind,
                             endpoints: Vec::new(),
                             instances: 0,
+                            protocol: Protocol::Auto,
                         });
                     info.instances += 1;
+                    (declared.entry(cluster_name(vip, kind)).or_default()).push(inst.protocol);
                     if let (Status::Up, Some(port)) = (inst.status, port) {
                         info.endpoints.push(Endpoint {
                             zone: inst.zone.clone(),
@@ -493,9 +500,10 @@ mod tests {
                 }
             }
         }
-        for info in out.values_mut() {
+        for (name, info) in &mut out {
             info.endpoints.sort();
             info.endpoints.dedup();
+            info.protocol = Protocol::of_cluster(declared[name].iter().copied());
         }
         out
     }
@@ -528,6 +536,7 @@ mod tests {
             );
             i.vips.dedup();
             i.zone = (next(2) == 0).then(|| "z1".to_owned());
+            i.protocol = Protocol::ALL[next(3)];
             Arc::new(i)
         };
         let mut instances: Vec<Arc<Instance>> = (0..12).map(|id| make(id, &mut next)).collect();

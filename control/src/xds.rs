@@ -10,6 +10,10 @@
 //! request for it fast with `503 UH`, and starts routing as soon as a later push brings
 //! endpoints (see SPEC.md, "The Envoy chain").
 //!
+//! Each cluster also says which HTTP it speaks upstream (see [`Protocol`]): by default what
+//! the caller spoke (`.vip`) or what TLS ALPN settles (`.svip`), so HTTP/1.1, h2c, gRPC and
+//! WebSocket callers all work with no configuration; an instance's declaration overrides it.
+//!
 //! Versions are hashes of the inputs, not of the encoded bytes: prost writes map fields (the
 //! metadata `Struct`) in `HashMap` order, so identical resources can encode differently.
 
@@ -22,9 +26,10 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, Locality, Metadata,
-    SocketAddress, TransportSocket, address, config_source::ConfigSourceSpecifier,
-    data_source::Specifier, socket_address::PortSpecifier, transport_socket,
+    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, Http1ProtocolOptions,
+    Http2ProtocolOptions, Locality, Metadata, SocketAddress, TransportSocket, address,
+    config_source::ConfigSourceSpecifier, data_source::Specifier, socket_address::PortSpecifier,
+    transport_socket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints,
@@ -34,6 +39,13 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
 };
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions,
+    http_protocol_options::{
+        AutoHttpConfig, ExplicitHttpConfig, UpstreamProtocolOptions, UseDownstreamHttpConfig,
+        explicit_http_config::ProtocolConfig,
+    },
+};
 use envoy_types::pb::envoy::service::discovery::v3::Resource;
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Value, value};
@@ -41,6 +53,7 @@ use odmesh_names::{InvalidClusterName, Kind, parse_cluster_name};
 use prost::Message;
 
 use crate::model::{ClusterInfo, Endpoint, Snapshot};
+use crate::registry::Protocol;
 
 /// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -49,6 +62,10 @@ pub const ENDPOINTS_TYPE_URL: &str =
     "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 /// The `filter_metadata` namespace odmesh writes on every cluster.
 pub const METADATA_NAMESPACE: &str = "odmesh";
+/// The key of `typed_extension_protocol_options` that carries a cluster's HTTP settings.
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const HTTP_PROTOCOL_OPTIONS_TYPE_URL: &str =
+    "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 /// Envoy's name for the TLS transport socket.
 const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
 const UPSTREAM_TLS_TYPE_URL: &str =
@@ -253,6 +270,7 @@ struct Target<'a> {
     kind: Kind,
     state: State,
     endpoints: &'a [Endpoint],
+    protocol: Protocol,
 }
 
 impl<'a> Target<'a> {
@@ -264,6 +282,7 @@ impl<'a> Target<'a> {
             kind,
             state,
             endpoints: &[],
+            protocol: Protocol::Auto,
         };
         Ok(match lookup {
             Lookup::Registered(info) => Target {
@@ -272,6 +291,7 @@ impl<'a> Target<'a> {
                 kind: info.kind,
                 state: State::Registered,
                 endpoints: &info.endpoints,
+                protocol: info.protocol,
             },
             Lookup::Unregistered => missing(State::Unregistered),
             Lookup::NotYetKnown => missing(State::NotYetKnown),
@@ -287,6 +307,7 @@ impl<'a> Target<'a> {
         h.str(self.vip);
         h.str(self.kind.as_str());
         h.bytes(&[self.state as u8]);
+        h.str(self.protocol.as_str());
         h.bytes(&opts.connect_timeout.as_nanos().to_le_bytes());
         if self.kind == Kind::Svip {
             // TLS settings shape `.svip` clusters only; a new CA must not re-warm plain ones.
@@ -330,17 +351,77 @@ impl<'a> Target<'a> {
             outlier_detection: Some(OutlierDetection::default()),
             metadata: Some(self.metadata()),
             transport_socket: (self.kind == Kind::Svip).then(|| self.tls_socket(opts)),
+            typed_extension_protocol_options: HashMap::from([(
+                HTTP_PROTOCOL_OPTIONS.to_owned(),
+                any(
+                    HTTP_PROTOCOL_OPTIONS_TYPE_URL,
+                    &self.http_protocol_options(),
+                ),
+            )]),
             ..Default::default()
         }
     }
 
-    /// `filter_metadata.odmesh = {vip, kind, registered, reason}`, read by Envoy's
+    /// Which HTTP the cluster speaks upstream; see [`Protocol`] for the rule. With no
+    /// declaration a `.vip` cluster keeps one connection pool per protocol and uses the
+    /// caller's (`use_downstream_protocol_config`): an h2c or gRPC caller gets HTTP/2
+    /// upstream, an HTTP/1.1 caller (and its WebSocket upgrade) HTTP/1.1. A `.svip` cluster
+    /// offers `h2,http/1.1` in ALPN and speaks what the server picks (`auto_config`).
+    fn http_protocol_options(&self) -> HttpProtocolOptions {
+        let http1 = || Some(Http1ProtocolOptions::default());
+        let http2 = || Some(Http2ProtocolOptions::default());
+        let choice = match (self.protocol, self.kind) {
+            (Protocol::Auto, Kind::Vip) => {
+                UpstreamProtocolOptions::UseDownstreamProtocolConfig(UseDownstreamHttpConfig {
+                    http_protocol_options: http1(),
+                    http2_protocol_options: http2(),
+                    ..Default::default()
+                })
+            }
+            (Protocol::Auto, Kind::Svip) => UpstreamProtocolOptions::AutoConfig(AutoHttpConfig {
+                http_protocol_options: http1(),
+                http2_protocol_options: http2(),
+                ..Default::default()
+            }),
+            (Protocol::Http1, _) => {
+                UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        Http1ProtocolOptions::default(),
+                    )),
+                })
+            }
+            (Protocol::Http2, _) => {
+                UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
+                        Http2ProtocolOptions::default(),
+                    )),
+                })
+            }
+        };
+        HttpProtocolOptions {
+            upstream_protocol_options: Some(choice),
+            ..Default::default()
+        }
+    }
+
+    /// The ALPN list a `.svip` cluster offers: empty for [`Protocol::Auto`], where Envoy's
+    /// `auto_config` offers `h2,http/1.1` itself; the one declared protocol otherwise.
+    fn alpn(&self) -> Vec<String> {
+        match self.protocol {
+            Protocol::Auto => Vec::new(),
+            Protocol::Http1 => vec!["http/1.1".to_owned()],
+            Protocol::Http2 => vec!["h2".to_owned()],
+        }
+    }
+
+    /// `filter_metadata.odmesh = {vip, kind, protocol, registered, reason}`, read by Envoy's
     /// `local_reply_config`: `reason` is the error a client gets when no endpoint can take
     /// its request, telling "not registered" from "no healthy endpoint".
     fn metadata(&self) -> Metadata {
         let fields = HashMap::from([
             ("vip".to_owned(), string_value(self.vip)),
             ("kind".to_owned(), string_value(self.kind.as_str())),
+            ("protocol".to_owned(), string_value(self.protocol.as_str())),
             ("reason".to_owned(), string_value(&self.reason())),
             (
                 "registered".to_owned(),
@@ -399,6 +480,7 @@ impl<'a> Target<'a> {
                         ..Default::default()
                     },
                 )),
+                alpn_protocols: self.alpn(),
                 ..Default::default()
             }),
             sni: self.vip.to_owned(),
@@ -483,7 +565,7 @@ fn any(type_url: &str, msg: &impl Message) -> Any {
 /// model. It is part of every version, so a control plane whose resources are built differently
 /// (after an upgrade) re-sends them to reconnecting proxies instead of matching their old
 /// versions. Bump it with every change to the resources' shape or defaults.
-const TEMPLATE: &str = "odmesh-resources-1";
+const TEMPLATE: &str = "odmesh-resources-2";
 
 /// FNV-1a, 64 bits: stable across runs and builds, so a restarted control plane gives the
 /// same versions and a reconnecting Envoy is not sent what it already has. Every variable-size
@@ -534,6 +616,7 @@ mod tests {
             kind,
             instances: endpoints.len(),
             endpoints,
+            protocol: Protocol::Auto,
         }
     }
 
@@ -658,6 +741,99 @@ mod tests {
                 .match_pattern,
             Some(MatchPattern::Exact("hello".into()))
         );
+    }
+
+    /// The cluster's HTTP protocol options and, for a `.svip`, the ALPN it offers.
+    fn protocol_of(kind: Kind, protocol: Protocol) -> (UpstreamProtocolOptions, Vec<String>) {
+        let name = cluster_name_of("svc", kind);
+        let svc = ClusterInfo {
+            protocol,
+            ..info("svc", kind, vec![])
+        };
+        let c = cluster(&name, Lookup::Registered(&svc), &opts()).unwrap();
+        let any = &c.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
+        assert_eq!(any.type_url, HTTP_PROTOCOL_OPTIONS_TYPE_URL);
+        let options = HttpProtocolOptions::decode(any.value.as_slice()).unwrap();
+        let alpn = match c.transport_socket.and_then(|s| s.config_type) {
+            Some(transport_socket::ConfigType::TypedConfig(tls)) => {
+                let tls = UpstreamTlsContext::decode(tls.value.as_slice()).unwrap();
+                tls.common_tls_context.unwrap().alpn_protocols
+            }
+            _ => Vec::new(),
+        };
+        (options.upstream_protocol_options.unwrap(), alpn)
+    }
+
+    fn cluster_name_of(vip: &str, kind: Kind) -> String {
+        odmesh_names::cluster_name(vip, kind)
+    }
+
+    #[test]
+    fn without_a_declaration_a_vip_speaks_the_callers_protocol_and_an_svip_what_alpn_settles() {
+        let (vip, _) = protocol_of(Kind::Vip, Protocol::Auto);
+        let UpstreamProtocolOptions::UseDownstreamProtocolConfig(both) = vip else {
+            panic!("a .vip follows the caller: {vip:?}");
+        };
+        assert!(both.http_protocol_options.is_some() && both.http2_protocol_options.is_some());
+
+        let (svip, alpn) = protocol_of(Kind::Svip, Protocol::Auto);
+        let UpstreamProtocolOptions::AutoConfig(auto) = svip else {
+            panic!("a .svip follows ALPN: {svip:?}");
+        };
+        assert!(auto.http_protocol_options.is_some() && auto.http2_protocol_options.is_some());
+        assert!(
+            alpn.is_empty(),
+            "Envoy's auto_config offers h2,http/1.1 itself: {alpn:?}"
+        );
+    }
+
+    #[test]
+    fn a_declared_protocol_is_spoken_whatever_the_caller_spoke() {
+        for kind in [Kind::Vip, Kind::Svip] {
+            let (http2, alpn) = protocol_of(kind, Protocol::Http2);
+            assert_eq!(
+                http2,
+                UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
+                        Http2ProtocolOptions::default()
+                    )),
+                }),
+                "{kind:?}"
+            );
+            let expected: &[&str] = if kind == Kind::Svip { &["h2"] } else { &[] };
+            assert_eq!(alpn, expected, "{kind:?}");
+
+            let (http1, alpn) = protocol_of(kind, Protocol::Http1);
+            assert!(
+                matches!(
+                    http1,
+                    UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                        protocol_config: Some(ProtocolConfig::HttpProtocolOptions(_)),
+                    })
+                ),
+                "{kind:?}: {http1:?}"
+            );
+            let expected: &[&str] = if kind == Kind::Svip {
+                &["http/1.1"]
+            } else {
+                &[]
+            };
+            assert_eq!(alpn, expected, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_protocol_declaration_changes_the_cluster_version_and_its_metadata() {
+        let auto = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
+        let http2 = ClusterInfo {
+            protocol: Protocol::Http2,
+            ..auto.clone()
+        };
+        let a = build("hello.vip", Lookup::Registered(&auto), &opts()).unwrap();
+        let b = build("hello.vip", Lookup::Registered(&http2), &opts()).unwrap();
+        assert_ne!(a.cluster.version, b.cluster.version);
+        let c = cluster("hello.vip", Lookup::Registered(&http2), &opts()).unwrap();
+        assert_eq!(odmesh_meta(&c)["protocol"], string_value("http2"));
     }
 
     #[test]

@@ -75,7 +75,7 @@ use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use odmesh_control::cache::{Cache, SubscriptionLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
-use odmesh_control::registry::{Instance, Registry, Status};
+use odmesh_control::registry::{Instance, Protocol, Registry, Status};
 use odmesh_control::session::{Context, Service, Session};
 use odmesh_control::xds::{self, Lookup, ResourceType, XdsOptions};
 use odmesh_names::parse_cluster_name;
@@ -412,6 +412,7 @@ impl Inst {
             svips: self.svips.iter().map(|v| v.to_string()).collect(),
             status: self.status,
             zone: self.zone.map(str::to_owned),
+            protocol: Protocol::Auto,
         }
     }
 }

@@ -22,7 +22,7 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
-use odmesh_control::registry::{Instance, Registry, Status};
+use odmesh_control::registry::{Instance, Protocol, Registry, Status};
 use odmesh_control::server::{ProxyStatus, XdsConfig, XdsServer};
 use odmesh_control::tls::ServerIdentity;
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
@@ -53,6 +53,7 @@ fn inst(vip: &str, ip: &str, status: Status) -> Instance {
         svips: vec![],
         status,
         zone: None,
+        protocol: Protocol::Auto,
     }
 }
 

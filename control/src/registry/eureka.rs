@@ -19,7 +19,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Instance, InvalidInstance, Parsed, Registry, Status, check_vip, split_vips};
+use super::{
+    Instance, InvalidInstance, PROTOCOL_METADATA_KEY, Parsed, Protocol, Registry, Status,
+    check_vip, split_vips,
+};
 
 /// The whole answer of `GET /apps` or `GET /apps/delta`: `{"applications": {...}}`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -639,6 +642,14 @@ impl InstanceInfo {
             Some(id) => id.to_owned(),
             None => format!("{ip}:{}", port.or(secure_port).unwrap_or_default()),
         };
+        let protocol = match self.metadata.get(PROTOCOL_METADATA_KEY) {
+            None => Protocol::Auto,
+            Some(text) => Protocol::parse(text).unwrap_or_else(|reason| {
+                let field = format!("metadata.{PROTOCOL_METADATA_KEY}");
+                warnings.push(problem(&field, format!("{reason}; auto is used")));
+                Protocol::Auto
+            }),
+        };
         Ok(Instance {
             app,
             instance_id,
@@ -649,6 +660,7 @@ impl InstanceInfo {
             svips,
             status: self.status(),
             zone: self.zone().map(str::to_owned),
+            protocol,
         })
     }
 }
@@ -997,6 +1009,38 @@ mod tests {
         assert_eq!(inst.instance_id, "::1:8080");
         assert_eq!(inst.status, Status::Up, "Eureka's default");
         assert_eq!(inst.vips, ["hello"]);
+    }
+
+    #[test]
+    fn the_protocol_metadata_entry_declares_the_upstream_protocol() {
+        let declared = |metadata: &str| {
+            let p = one_instance(&format!(
+                r#"{{"ipAddr": "10.0.0.1", "port": 8080, "vipAddress": "hello", "metadata": {metadata}}}"#
+            ));
+            let protocol = p.registry.instances().next().unwrap().protocol;
+            (protocol, p.warnings)
+        };
+        assert_eq!(
+            declared(r#"{"odmesh.protocol": "http2"}"#).0,
+            Protocol::Http2
+        );
+        assert_eq!(
+            declared(r#"{"odmesh.protocol": " HTTP1 "}"#).0,
+            Protocol::Http1
+        );
+        assert_eq!(declared(r#"{"odmesh.protocol": "auto"}"#).0, Protocol::Auto);
+        assert_eq!(declared(r#"{"zone": "a"}"#).0, Protocol::Auto);
+        // A value odmesh does not know keeps the instance, speaking the caller's protocol,
+        // and says why.
+        let (protocol, warnings) = declared(r#"{"odmesh.protocol": "spdy"}"#);
+        assert_eq!(protocol, Protocol::Auto);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "metadata.odmesh.protocol");
+        assert!(
+            warnings[0]
+                .reason
+                .contains("\"spdy\" is not one of auto, http1, http2")
+        );
     }
 
     #[test]

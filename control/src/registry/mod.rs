@@ -42,6 +42,67 @@ impl Status {
     }
 }
 
+/// The HTTP protocol the mesh speaks to an instance, as the instance declares it with the
+/// metadata entry [`PROTOCOL_METADATA_KEY`] (Eureka) or the field `protocol` (registry file).
+///
+/// Without a declaration ([`Protocol::Auto`]) a `.vip` cluster speaks what the caller spoke
+/// (HTTP/1.1 or HTTP/2) and a `.svip` cluster what TLS ALPN settles (h2 first). A declaration
+/// is for the one case that rule cannot serve: an HTTP/1.1 caller to a server that speaks only
+/// HTTP/2 (a gRPC server that a plain HTTP/1.1 client calls), or a server that must never be
+/// sent HTTP/2.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// The caller's protocol (`.vip`), or ALPN (`.svip`).
+    #[default]
+    Auto,
+    /// Always HTTP/1.1.
+    Http1,
+    /// Always HTTP/2: cleartext with prior knowledge (`.vip`), ALPN `h2` (`.svip`).
+    Http2,
+}
+
+/// The instance metadata entry that declares its [`Protocol`]: `auto`, `http1` or `http2`.
+pub const PROTOCOL_METADATA_KEY: &str = "odmesh.protocol";
+
+impl Protocol {
+    /// Every protocol, in the order of their names in messages.
+    pub const ALL: [Protocol; 3] = [Protocol::Auto, Protocol::Http1, Protocol::Http2];
+
+    /// The spelling in metadata, the registry file and the admin endpoints.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Auto => "auto",
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+        }
+    }
+
+    /// Parses [`Protocol::as_str`], case-insensitively; the error says what is accepted.
+    pub fn parse(s: &str) -> Result<Protocol, String> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("{s:?} is not one of auto, http1, http2"))
+    }
+
+    /// The protocol of a cluster whose instances declare `declared`: the one they declare
+    /// when those that declare one agree; [`Protocol::Auto`] when none does, or when two
+    /// instances contradict each other (a registry mistake that must not pick a winner by
+    /// the order of registration).
+    pub fn of_cluster(declared: impl IntoIterator<Item = Protocol>) -> Protocol {
+        let mut chosen = Protocol::Auto;
+        for p in declared.into_iter().filter(|p| *p != Protocol::Auto) {
+            if chosen == Protocol::Auto {
+                chosen = p;
+            } else if chosen != p {
+                return Protocol::Auto;
+            }
+        }
+        chosen
+    }
+}
+
 /// One registered instance of an app, in the terms every source shares.
 ///
 /// VIP and SVIP names are lowercase and valid (see `odmesh_names::validate_vip`); a source
@@ -65,6 +126,8 @@ pub struct Instance {
     pub status: Status,
     /// Availability zone, used as the endpoint's locality.
     pub zone: Option<String>,
+    /// The HTTP protocol the instance declares (default: follow the caller).
+    pub protocol: Protocol,
 }
 
 /// The instances of one app (or of part of one), next to each other.
@@ -399,6 +462,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn protocols_parse_as_written_in_metadata_and_files() {
+        for p in Protocol::ALL {
+            assert_eq!(Protocol::parse(p.as_str()), Ok(p));
+        }
+        assert_eq!(Protocol::parse(" HTTP2 "), Ok(Protocol::Http2));
+        assert!(Protocol::parse("h2").unwrap_err().contains("\"h2\""));
+    }
+
+    #[test]
+    fn a_cluster_speaks_what_its_instances_declare_when_they_agree() {
+        use Protocol::{Auto, Http1, Http2};
+        assert_eq!(Protocol::of_cluster([]), Auto);
+        assert_eq!(Protocol::of_cluster([Auto, Auto]), Auto);
+        // One declaration speaks for the VIP: the others did not say (a rolling deploy).
+        assert_eq!(Protocol::of_cluster([Auto, Http2, Auto]), Http2);
+        assert_eq!(Protocol::of_cluster([Http1, Http1]), Http1);
+        // A contradiction picks no winner.
+        assert_eq!(Protocol::of_cluster([Http2, Auto, Http1]), Auto);
+        assert_eq!(Protocol::of_cluster([Http1, Http2, Http1]), Auto);
+    }
+
+    #[test]
     fn split_vips_trims_lowercases_and_drops_empties_and_repeats() {
         assert_eq!(
             split_vips(" Hello , ,hello.internal,HELLO,"),
@@ -523,7 +608,7 @@ mod tests {
 pub(crate) mod testdata {
     use std::path::PathBuf;
 
-    use super::{Instance, Status};
+    use super::{Instance, Protocol, Status};
 
     /// An UP instance `id` of app `VIP` (the VIP upper-cased) serving `vip` on `ip:8080`.
     pub(crate) fn instance(vip: &str, id: &str, ip: &str) -> Instance {
@@ -537,6 +622,7 @@ pub(crate) mod testdata {
             svips: Vec::new(),
             status: Status::Up,
             zone: None,
+            protocol: Protocol::Auto,
         }
     }
 

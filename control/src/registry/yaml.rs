@@ -11,6 +11,7 @@
 //!     status: UP            # default UP
 //!     zone: us-east-1a      # optional
 //!     id: hello-1           # optional; default derived from app, ip and ports
+//!     protocol: http2       # optional: auto (default), http1 or http2 (see `Protocol`)
 //! ```
 //!
 //! Strict, because a person wrote it: an unknown field, a missing or ill-typed value, an
@@ -41,7 +42,7 @@ use serde::de::{
 };
 use serde_yaml::Value;
 
-use super::{Instance, InvalidInstance, Registry, Status, check_vip, split_vips};
+use super::{Instance, InvalidInstance, Protocol, Registry, Status, check_vip, split_vips};
 
 /// The fields an instance may have.
 pub const FIELDS: &[&str] = &[
@@ -54,6 +55,7 @@ pub const FIELDS: &[&str] = &[
     "status",
     "zone",
     "id",
+    "protocol",
 ];
 
 /// Why a YAML registry was refused.
@@ -467,6 +469,7 @@ struct Fields {
     status: Option<String>,
     zone: Option<String>,
     id: Option<String>,
+    protocol: Option<String>,
 }
 
 /// A field in error: its name and the reason.
@@ -486,6 +489,7 @@ fn read_field(f: &mut Fields, field: &str, value: Value) -> Result<(), FieldErro
         "status" => f.status = text(field, value)?,
         "zone" => f.zone = text(field, value)?,
         "id" => f.id = text(field, value)?,
+        "protocol" => f.protocol = text(field, value)?,
         _ => unreachable!("{field} is not in FIELDS"),
     }
     Ok(())
@@ -607,6 +611,11 @@ fn convert(index: usize, f: Fields) -> Result<Instance, InvalidInstance> {
         None => derived_id(&app, ip, f.port, f.secure_port),
     };
 
+    let protocol = match f.protocol.as_deref() {
+        None => Protocol::Auto,
+        Some(p) => Protocol::parse(p).map_err(|reason| fail("protocol", reason))?,
+    };
+
     Ok(Instance {
         app,
         instance_id,
@@ -617,6 +626,7 @@ fn convert(index: usize, f: Fields) -> Result<Instance, InvalidInstance> {
         svips,
         status,
         zone,
+        protocol,
     })
 }
 
@@ -702,6 +712,23 @@ mod tests {
         assert_eq!(greeter.instance_id, "greeter-canary");
         assert_eq!(greeter.vips, ["greeter-v2"]);
         assert_eq!(greeter.status, Status::OutOfService);
+    }
+
+    #[test]
+    fn protocol_declares_the_upstream_protocol_and_defaults_to_auto() {
+        let reg = parse(
+            b"instances: [{app: a, ip: 10.0.0.1, port: 80, protocol: http2}, {app: b, ip: 10.0.0.2, port: 80}]",
+        )
+        .unwrap();
+        let protocols: Vec<Protocol> = reg.instances().map(|i| i.protocol).collect();
+        assert_eq!(protocols, [Protocol::Http2, Protocol::Auto]);
+
+        let err = instance_error("instances: [{app: a, ip: 10.0.0.1, port: 80, protocol: h3}]");
+        assert_eq!((err.index, err.field.as_str()), (0, "protocol"));
+        assert!(
+            err.reason.contains("not one of auto, http1, http2"),
+            "{err}"
+        );
     }
 
     #[test]

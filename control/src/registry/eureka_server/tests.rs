@@ -185,6 +185,20 @@ async fn a_registration_is_answered_204_and_published_at_once() {
 }
 
 #[tokio::test]
+async fn a_registration_declares_its_protocol_in_metadata() {
+    let f = fixture();
+    let mut body = instance("h1", "HELLO", "hello", 8080);
+    body["metadata"] = json!({"odmesh.protocol": "http2"});
+    assert_eq!(f.register("hello", body).await, StatusCode::NO_CONTENT);
+    let reg = f.published().await;
+    let protocol = reg.instances().next().unwrap().protocol;
+    assert_eq!(protocol, crate::registry::Protocol::Http2);
+    // And it reads back as registered, for the clients that fetch it.
+    let back = f.get_json("/eureka/apps/HELLO/h1").await.json();
+    assert_eq!(back["instance"]["metadata"]["odmesh.protocol"], "http2");
+}
+
+#[tokio::test]
 async fn app_names_are_case_insensitive_and_stored_uppercase() {
     let f = fixture();
     f.register("Hello", instance("h1", "hello", "hello", 8080))
