@@ -19,7 +19,7 @@ help: ## list the verbs
 
 .PHONY: run
 run: wasm envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter
-	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
+	$(CARGO) build $(CARGOFLAGS) -p odmesh-control -p odmesh-demo
 	scripts/run.sh
 
 .PHONY: test

@@ -8,6 +8,9 @@ server no longer knows it), and cancel on exit.
     demo/upstream.py --app demo-a --instance demo-a-1 --port 18081
     demo/upstream.py --app demo-a --instance demo-a-1 --port 18081 --eureka http://127.0.0.1:8761/eureka
     demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 --cert c.pem --key k.pem
+
+With --register-only it serves nothing and only keeps the registration of a server another
+process runs on that port (`make run` registers the demo gRPC service this way).
 """
 import argparse
 import http.server
@@ -82,7 +85,21 @@ def main() -> None:
     p.add_argument("--cert", help="serve TLS with this certificate (PEM)")
     p.add_argument("--key", help="the certificate's private key (PEM)")
     p.add_argument("--eureka", metavar="URL", help="register with this Eureka server, e.g. http://127.0.0.1:8761/eureka")
+    p.add_argument("--register-only", action="store_true",
+                   help="serve nothing: register a server that another process runs on --port")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if args.register_only:
+        if not args.eureka:
+            p.error("--register-only needs --eureka")
+        eureka = Eureka(args.eureka, args)
+        try:
+            eureka.run()
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            eureka.cancel()
+        return
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -111,7 +128,6 @@ def main() -> None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.cert, args.key)
         server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     scheme = "https" if args.cert else "http"
     print(f"{args.app}/{args.instance} listening on {scheme}://{args.host}:{args.port}", flush=True)
     eureka = Eureka(args.eureka, args) if args.eureka else None

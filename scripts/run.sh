@@ -8,6 +8,7 @@ top="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$top"
 ENVOY="${ENVOY:-$top/.tools/envoy-1.40.0/envoy/_bin/envoy}"
 CONTROL="${CONTROL:-$top/target/debug/odmesh-control}"
+DEMO_GRPC="${DEMO_GRPC:-target/debug/odmesh-demo-grpc}"
 state="$top/.run"
 rm -rf "$state" && mkdir -p "$state"
 
@@ -23,7 +24,7 @@ stop() {
 trap stop EXIT
 trap 'stop; exit 0' INT TERM
 
-for port in 15001 9901 18000 18001 8761 18081 18082 18083 18443; do
+for port in 15001 9901 18000 18001 8761 18081 18082 18083 18084 18443; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "port $port on 127.0.0.1 is in use: stop what runs there (another 'make run'?) and try again" >&2
     exit 1
@@ -64,10 +65,14 @@ start demo-a-2 demo/upstream.py --app demo-a --instance demo-a-2 --port 18082 --
 start demo-b-1 demo/upstream.py --app demo-b --instance demo-b-1 --port 18083 --eureka "$eureka"
 start demo-secure-1 demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 \
   --cert "$state/demo-secure.pem" --key "$state/demo-secure.key" --eureka "$eureka"
+# A gRPC service (demo/echo.proto), registered like the others; it speaks only HTTP/2.
+start demo-grpc-1 "$DEMO_GRPC" serve --listen 127.0.0.1:18084 --name demo-grpc-1
+start demo-grpc-1-registration demo/upstream.py --app demo-grpc --instance demo-grpc-1 --port 18084 \
+  --register-only --eureka "$eureka"
 
 deadline=$((SECONDS + 20))
 until curl -sf http://127.0.0.1:9901/ready >/dev/null &&
-  [ "$(curl -sf -H 'Accept: application/json' "$eureka/apps" | grep -o '"instanceId"' | wc -l)" -ge 4 ]; do
+  [ "$(curl -sf -H 'Accept: application/json' "$eureka/apps" | grep -o '"instanceId"' | wc -l)" -ge 5 ]; do
   if ((SECONDS > deadline)); then
     echo "odmesh did not become ready in 20 s; see the logs in $state/" >&2
     tail -n 20 "$state"/odmesh-control.log "$state"/envoy.log >&2 || true
@@ -83,6 +88,9 @@ Try:
   curl -H 'Host: demo-a' http://127.0.0.1:15001/             # VIP demo-a: round robin over 2 instances
   curl -H 'Host: demo-b' http://127.0.0.1:15001/             # VIP demo-b
   curl -H 'Host: demo-secure:8443' http://127.0.0.1:15001/   # SVIP demo-secure, TLS to the upstream
+  $DEMO_GRPC call --vip demo-grpc --message hi      # gRPC to VIP demo-grpc
+  $DEMO_GRPC call --vip demo-grpc --stream 3        # a server stream, with its trailers
+  $DEMO_GRPC call --vip nosuch                      # gRPC: UNAVAILABLE, naming the VIP
   curl -H 'Host: nosuch' http://127.0.0.1:15001/             # not registered: fast 503 that says so
   curl -H 'Host: bad_name!' http://127.0.0.1:15001/          # invalid: 400 that says why
 Change the registry as a Eureka client or operator would:
