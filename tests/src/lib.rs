@@ -1,6 +1,7 @@
 //! Test harness for odmesh's end-to-end tests: real Envoy and the control plane as child
 //! processes ([`Mesh`] runs both from the shipped bootstrap), registry files, a raw HTTP/1.1
-//! client, echo and TLS upstreams, bounded waits.
+//! client, echo and TLS upstreams, upstreams and clients of every protocol
+//! ([`protocols`]: gRPC, h2c, TLS with ALPN, WebSocket), bounded waits.
 //!
 //! A test starts with a [`TestEnv`], which owns the test's log folder (`tests/logs/<name>/`)
 //! and prints where it is, with the tail of each log, when the test fails:
@@ -45,6 +46,7 @@ pub mod memory;
 pub mod mesh;
 pub mod paths;
 pub mod process;
+pub mod protocols;
 pub mod registry;
 mod serve;
 #[cfg(test)]
@@ -64,6 +66,9 @@ pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
+pub use protocols::{
+    GrpcUpstream, H2Response, HttpUpstream, Versions, WebSocketClient, grpc_call, h2c_get, runtime,
+};
 pub use registry::{Instance, RegistryFile};
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
 pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};

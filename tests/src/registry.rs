@@ -18,6 +18,7 @@ pub struct Instance {
     vip: Option<String>,
     svip: Option<String>,
     status: String,
+    protocol: Option<String>,
 }
 
 impl Instance {
@@ -31,6 +32,7 @@ impl Instance {
             vip: None,
             svip: None,
             status: "UP".to_owned(),
+            protocol: None,
         }
     }
 
@@ -64,6 +66,13 @@ impl Instance {
     /// Sets the status (`UP`, `DOWN`, `STARTING`, `OUT_OF_SERVICE`, `UNKNOWN`).
     pub fn status(mut self, status: &str) -> Instance {
         self.status = status.to_owned();
+        self
+    }
+
+    /// Declares the HTTP protocol the instance speaks (`auto`, `http1`, `http2`): the field
+    /// `protocol` in the file, the metadata entry `odmesh.protocol` in Eureka.
+    pub fn protocol(mut self, protocol: &str) -> Instance {
+        self.protocol = Some(protocol.to_owned());
         self
     }
 
@@ -103,6 +112,9 @@ impl Instance {
         if self.secure_port.is_some() || self.svip.is_some() {
             instance["secureVipAddress"] = Value::String(svip);
         }
+        if let Some(protocol) = &self.protocol {
+            instance["metadata"] = json!({ "odmesh.protocol": protocol });
+        }
         instance
     }
 
@@ -125,6 +137,9 @@ impl Instance {
             let _ = writeln!(out, "    svip: \"{svip}\"");
         }
         let _ = writeln!(out, "    status: {}", self.status);
+        if let Some(protocol) = &self.protocol {
+            let _ = writeln!(out, "    protocol: {protocol}");
+        }
     }
 }
 
