@@ -745,7 +745,7 @@ mod tests {
 
     /// The cluster's HTTP protocol options and, for a `.svip`, the ALPN it offers.
     fn protocol_of(kind: Kind, protocol: Protocol) -> (UpstreamProtocolOptions, Vec<String>) {
-        let name = cluster_name_of("svc", kind);
+        let name = odmesh_names::cluster_name("svc", kind);
         let svc = ClusterInfo {
             protocol,
             ..info("svc", kind, vec![])
@@ -762,10 +762,6 @@ mod tests {
             _ => Vec::new(),
         };
         (options.upstream_protocol_options.unwrap(), alpn)
-    }
-
-    fn cluster_name_of(vip: &str, kind: Kind) -> String {
-        odmesh_names::cluster_name(vip, kind)
     }
 
     #[test]

@@ -67,7 +67,8 @@ pub use mesh::{Mesh, odmesh_bootstrap, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
 pub use protocols::{
-    GrpcUpstream, H2Response, HttpUpstream, Versions, WebSocketClient, grpc_call, h2c_get, runtime,
+    GrpcUpstream, H2Response, HttpUpstream, Versions, WebSocketClient, block_on_within, grpc_call,
+    h2c_get, runtime,
 };
 pub use registry::{Instance, RegistryFile};
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};

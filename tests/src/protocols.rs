@@ -48,11 +48,34 @@ pub fn runtime() -> Runtime {
         .unwrap_or_else(|e| panic!("cannot start a tokio runtime: {e}"))
 }
 
+/// Runs `body` on a new runtime and fails the test if it takes longer than `bound`: every
+/// call a test makes through the mesh is bounded, whatever the client library does.
+pub fn block_on_within<T>(bound: Duration, body: impl Future<Output = T>) -> T {
+    runtime().block_on(async {
+        (tokio::time::timeout(bound, body).await)
+            .unwrap_or_else(|_| panic!("the test's calls did not finish within {bound:?}"))
+    })
+}
+
+/// A new runtime for upstream `name` and a listener on a loopback port the OS picked.
+fn bind_loopback(name: &str) -> (Runtime, TcpListener, SocketAddr) {
+    let runtime = runtime();
+    let listener = runtime
+        .block_on(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .unwrap_or_else(|e| panic!("upstream {name}: cannot bind a loopback port: {e}"));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("upstream {name}: no local address: {e}"));
+    (runtime, listener, addr)
+}
+
 /// Which HTTP versions a cleartext [`HttpUpstream`] accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Versions {
     /// HTTP/1.1 and HTTP/2 with prior knowledge (told apart by the HTTP/2 preface).
     Both,
+    /// HTTP/1.1 only, as most HTTP servers: HTTP/2 is a protocol error.
+    Http1Only,
     /// HTTP/2 only, as a gRPC server: an HTTP/1.1 request is a protocol error.
     Http2Only,
 }
@@ -95,13 +118,7 @@ impl HttpUpstream {
     }
 
     fn spawn(name: &str, listen: Listen) -> HttpUpstream {
-        let runtime = runtime();
-        let listener = runtime
-            .block_on(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-            .unwrap_or_else(|e| panic!("upstream {name}: cannot bind a loopback port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("upstream {name}: no local address: {e}"));
+        let (runtime, listener, addr) = bind_loopback(name);
         let name: Arc<str> = Arc::from(name);
         let listen = Arc::new(listen);
         runtime.spawn(async move {
@@ -128,6 +145,7 @@ async fn serve_connection(name: Arc<str>, listen: Arc<Listen>, stream: TcpStream
             let builder = auto::Builder::new(TokioExecutor::new());
             let _ = (builder.serve_connection_with_upgrades(TokioIo::new(stream), service)).await;
         }
+        Listen::Cleartext(Versions::Http1Only) => serve_http1(name, None, stream).await,
         Listen::Cleartext(Versions::Http2Only) => serve_http2(name, None, stream).await,
         Listen::Tls(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config.clone());
@@ -139,13 +157,20 @@ async fn serve_connection(name: Arc<str>, listen: Arc<Listen>, stream: TcpStream
             if alpn.as_deref() == Some(b"h2") {
                 serve_http2(name, Some(alpn_text), tls).await;
             } else {
-                let service = service(name, Some(alpn_text));
-                let builder = hyper::server::conn::http1::Builder::new();
-                let connection = builder.serve_connection(TokioIo::new(tls), service);
-                let _ = connection.with_upgrades().await;
+                serve_http1(name, Some(alpn_text), tls).await;
             }
         }
     }
+}
+
+/// Serves HTTP/1.1 only (with upgrades): an HTTP/2 preface is a protocol error.
+async fn serve_http1<S>(name: Arc<str>, alpn: Option<String>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let builder = hyper::server::conn::http1::Builder::new();
+    let connection = builder.serve_connection(TokioIo::new(stream), service(name, alpn));
+    let _ = connection.with_upgrades().await;
 }
 
 /// Serves HTTP/2 only, as a gRPC server does: anything else is a protocol error.
@@ -253,13 +278,7 @@ pub struct GrpcUpstream {
 impl GrpcUpstream {
     /// Starts the demo service, naming itself `name` in every reply.
     pub fn start(name: &str) -> GrpcUpstream {
-        let runtime = runtime();
-        let listener = runtime
-            .block_on(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-            .unwrap_or_else(|e| panic!("gRPC upstream {name}: cannot bind a loopback port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("gRPC upstream {name}: no local address: {e}"));
+        let (runtime, listener, addr) = bind_loopback(name);
         let server = EchoServer::new(name);
         runtime.spawn(server.serve(listener, std::future::pending()));
         GrpcUpstream {

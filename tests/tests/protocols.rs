@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use odmesh_demo::{EchoClient, EchoRequest, SENT_TRAILER, SERVER_TRAILER};
 use odmesh_e2e::{
     GrpcUpstream, HttpUpstream, Instance, Mesh, Request, TestCa, TestEnv, Versions,
-    WebSocketClient, grpc_call, h2c_get, runtime, wait_until,
+    WebSocketClient, block_on_within, grpc_call, h2c_get, wait_until,
 };
 use tonic::Code;
 
@@ -19,6 +19,8 @@ use tonic::Code;
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The bound on one message of a stream through the mesh.
 const STEP: Duration = Duration::from_secs(5);
+/// The bound on all the calls of one test (but the 60 s stream's).
+const CALLS: Duration = Duration::from_secs(30);
 
 /// A request stream of `messages` as the client-streaming and bidi calls take it.
 fn requests(messages: &[&str]) -> impl tokio_stream::Stream<Item = EchoRequest> + use<> {
@@ -46,7 +48,7 @@ fn grpc_unary_and_every_streaming_kind_pass_through_with_statuses_and_trailers()
     );
     let egress = mesh.egress();
 
-    runtime().block_on(async {
+    block_on_within(CALLS, async {
         let mut client = EchoClient::connect(egress, "greeter")
             .await
             .expect("connect");
@@ -153,26 +155,21 @@ fn grpc_unary_and_every_streaming_kind_pass_through_with_statuses_and_trailers()
 #[test]
 fn a_grpc_deadline_that_passes_ends_the_call_with_deadline_exceeded_and_resets_the_upstream() {
     let env = TestEnv::new("protocols_grpc_deadline");
-    let server = GrpcUpstream::start("slow-1");
+    // A server that knows nothing of gRPC deadlines (a tonic server would end the call itself
+    // at its deadline and race Envoy): whatever ends the call at 300 ms is Envoy.
+    let server = HttpUpstream::start("slow-1", Versions::Both);
     let mesh = Mesh::start(&env, &[Instance::new("slow", server.port())]);
     let egress = mesh.egress();
 
-    let (answer, took) = runtime().block_on(async {
-        let mut client = EchoClient::connect(egress, "slow").await.expect("connect");
+    let (answer, took) = block_on_within(CALLS, async {
         // Warm: the deadline below must not include discovery.
-        client
-            .unary(tonic::Request::new(EchoRequest::new("warm")))
-            .await
-            .expect("warm-up call");
+        assert_eq!(h2c_get(egress, "slow", "/").await.status, 200);
         // The server answers after 10 s; the caller allows 300 ms, in the header every gRPC
-        // library sends, `grpc-timeout`. The call is made by hand over HTTP/2 because tonic's
-        // client would give up at the deadline by itself, and the answer must be Envoy's.
-        let late = EchoRequest {
-            interval_ms: 10_000,
-            ..EchoRequest::new("late")
-        };
+        // library sends, `grpc-timeout`. The call is made by hand over HTTP/2 because a gRPC
+        // client library would give up at the deadline by itself.
         let start = Instant::now();
-        let answer = grpc_call(egress, "slow", "/odmesh.demo.Echo/Unary", &late, "300m").await;
+        let late = EchoRequest::new("late");
+        let answer = grpc_call(egress, "slow", "/slow?ms=10000", &late, "300m").await;
         (answer, start.elapsed())
     });
     assert_eq!(
@@ -184,40 +181,58 @@ fn a_grpc_deadline_that_passes_ends_the_call_with_deadline_exceeded_and_resets_t
         took >= Duration::from_millis(300) && took < Duration::from_secs(5),
         "the call ended after {took:?}, not at its 300 ms deadline"
     );
-    // Envoy, not the server, ended it: it reset the upstream stream.
+    // And the instance's stream was reset, so it can stop working on the call.
     wait_until(CHANGE_DEADLINE, "Envoy to count the upstream reset", || {
         cluster_stat(&mesh, "slow.vip", "upstream_rq_tx_reset") >= 1
     });
 }
 
 #[test]
-fn grpc_calls_to_an_unknown_vip_or_one_without_healthy_instances_get_unavailable_naming_it() {
+fn grpc_calls_that_no_instance_can_take_get_unavailable_saying_why() {
     let env = TestEnv::new("protocols_grpc_unavailable");
     let server = GrpcUpstream::start("drained-1");
-    let mesh = Mesh::start(
+    let closed = odmesh_e2e::free_port(); // nothing listens there
+    let mut mesh = Mesh::start(
         &env,
-        &[Instance::new("drained", server.port()).status("OUT_OF_SERVICE")],
+        &[
+            Instance::new("drained", server.port()).status("OUT_OF_SERVICE"),
+            Instance::new("gone", closed),
+        ],
     );
     let egress = mesh.egress();
+    let unavailable = |vip: &'static str| async move {
+        let mut client = EchoClient::connect(egress, vip).await.expect("connect");
+        let status = client
+            .unary(tonic::Request::new(EchoRequest::new("hi")))
+            .await
+            .expect_err("no instance can answer");
+        assert_eq!(status.code(), Code::Unavailable, "{vip}: {status:?}");
+        status.message().to_owned()
+    };
 
-    runtime().block_on(async {
+    block_on_within(CALLS, async {
+        // Each reason in words, naming the cluster: not registered (flag UH), registered
+        // without a healthy instance (UH), the instance refuses connections (UF).
         for (vip, says) in [
-            ("nosuch", "VIP nosuch is not registered"),
+            (
+                "nosuch",
+                "VIP nosuch is not registered (cluster nosuch.vip)",
+            ),
             ("drained", "VIP drained has no healthy endpoint"),
+            ("gone", "upstream connection failed (cluster gone.vip"),
         ] {
-            let mut client = EchoClient::connect(egress, vip).await.expect("connect");
-            let status = client
-                .unary(tonic::Request::new(EchoRequest::new("hi")))
-                .await
-                .expect_err("no instance can answer");
-            assert_eq!(status.code(), Code::Unavailable, "{vip}: {status:?}");
-            assert!(
-                status.message().starts_with(says) && status.message().contains(".vip"),
-                "{vip}: the message should say why and name the cluster: {:?}",
-                status.message()
-            );
+            let message = unavailable(vip).await;
+            assert!(message.starts_with(says), "{vip}: {message:?}");
         }
     });
+
+    // The control plane is gone: a VIP Envoy never saw cannot be discovered (NC).
+    mesh.control.kill();
+    let message = block_on_within(CALLS, unavailable("newcomer"));
+    assert!(
+        message.starts_with("cluster newcomer.vip not discovered"),
+        "{message:?}"
+    );
 }
 
 #[test]
@@ -248,7 +263,7 @@ fn a_sixty_second_grpc_stream_and_a_twenty_second_http1_answer_are_not_cut() {
         });
 
         // A server stream of 61 replies a second apart: 60 s.
-        let ticks = runtime().block_on(async {
+        let ticks = block_on_within(Duration::from_secs(90), async {
             let mut client = EchoClient::connect(egress, "ticker")
                 .await
                 .expect("connect");
@@ -300,7 +315,7 @@ fn h2c_and_http1_callers_to_the_same_vip_each_reach_it_over_their_own_protocol()
     assert_eq!(http1.status, 200, "{}", http1.text());
     assert_eq!(http1.json()["version"], "HTTP/1.1", "{}", http1.text());
 
-    let h2 = runtime().block_on(h2c_get(mesh.egress(), "both", "/h2"));
+    let h2 = block_on_within(CALLS, h2c_get(mesh.egress(), "both", "/h2"));
     assert_eq!(h2.status, 200, "{}", h2.text);
     assert_eq!(h2.json["version"], "HTTP/2.0", "{}", h2.text);
     assert_eq!(h2.json["path"], "/h2", "{}", h2.text);
@@ -323,7 +338,7 @@ fn an_http1_caller_reaches_an_http2_only_server_once_the_registry_declares_http2
         refused.text()
     );
     // An h2c caller is fine without it.
-    let h2 = runtime().block_on(h2c_get(mesh.egress(), "h2only", "/"));
+    let h2 = block_on_within(CALLS, h2c_get(mesh.egress(), "h2only", "/"));
     assert_eq!(h2.status, 200, "{}", h2.text);
 
     // The instance declares HTTP/2; the proxy holding the cluster gets it within seconds.
@@ -355,6 +370,36 @@ fn an_http1_caller_reaches_an_http2_only_server_once_the_registry_declares_http2
 }
 
 #[test]
+fn an_h2c_caller_reaches_an_http1_only_server_once_the_registry_declares_http1() {
+    let env = TestEnv::new("protocols_declared_http1");
+    let upstream = HttpUpstream::start("h1only-1", Versions::Http1Only);
+    let instance = Instance::new("h1only", upstream.port());
+    let mesh = Mesh::start(&env, std::slice::from_ref(&instance));
+
+    // The other mismatch: HTTP/2 in, a server that speaks only HTTP/1.1.
+    let refused = block_on_within(CALLS, h2c_get(mesh.egress(), "h1only", "/"));
+    assert!(
+        refused.status == 502 || refused.status == 503,
+        "h2c to an HTTP/1.1-only server should fail without a declaration: {refused:?}"
+    );
+    assert_eq!(
+        mesh.get("h1only").status,
+        200,
+        "HTTP/1.1 needs no declaration"
+    );
+
+    mesh.registry.write_atomic(&[instance.protocol("http1")]);
+    wait_until(
+        CHANGE_DEADLINE,
+        "h2c to reach the HTTP/1.1-only server",
+        || {
+            let response = block_on_within(CALLS, h2c_get(mesh.egress(), "h1only", "/"));
+            response.status == 200 && response.json["version"] == "HTTP/1.1"
+        },
+    );
+}
+
+#[test]
 fn a_secure_vip_speaks_http2_or_http1_as_alpn_settles() {
     let env = TestEnv::new("protocols_svip_alpn");
     let ca = TestCa::new(env.log_dir(), "alpn");
@@ -382,7 +427,7 @@ fn a_secure_vip_speaks_http2_or_http1_as_alpn_settles() {
         assert_eq!(answer["alpn"], alpn, "{host}: {answer}");
     }
     // An h2c caller to the HTTP/1.1-only server: Envoy translates.
-    let h2 = runtime().block_on(h2c_get(mesh.egress(), "legacy:8443", "/"));
+    let h2 = block_on_within(CALLS, h2c_get(mesh.egress(), "legacy:8443", "/"));
     assert_eq!(h2.status, 200, "{}", h2.text);
     assert_eq!(h2.json["version"], "HTTP/1.1", "{}", h2.text);
 }
@@ -394,7 +439,7 @@ fn a_websocket_upgrade_to_a_new_vip_passes_through_and_echoes() {
     let mesh = Mesh::start(&env, &[Instance::new("chat", upstream.port())]);
     let egress = mesh.egress();
 
-    runtime().block_on(async {
+    block_on_within(CALLS, async {
         // The first request to the VIP is the upgrade itself: discovery pauses it too.
         let mut ws = WebSocketClient::connect(egress, "chat", "/socket")
             .await

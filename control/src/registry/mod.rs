@@ -47,9 +47,9 @@ impl Status {
 ///
 /// Without a declaration ([`Protocol::Auto`]) a `.vip` cluster speaks what the caller spoke
 /// (HTTP/1.1 or HTTP/2) and a `.svip` cluster what TLS ALPN settles (h2 first). A declaration
-/// is for the one case that rule cannot serve: an HTTP/1.1 caller to a server that speaks only
-/// HTTP/2 (a gRPC server that a plain HTTP/1.1 client calls), or a server that must never be
-/// sent HTTP/2.
+/// is for what that rule cannot serve: a caller and a server that share no version (an
+/// HTTP/1.1 client calling a gRPC server, an h2c client calling an HTTP/1.1-only server), or
+/// a `.svip` server that prefers h2 but must be sent HTTP/1.1 (WebSocket).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
