@@ -16,6 +16,7 @@ pub mod listen;
 pub mod logs;
 pub mod metrics;
 pub mod model;
+pub mod policy;
 pub mod registry;
 pub mod server;
 pub mod session;

@@ -31,6 +31,10 @@ macro_rules! metrics {
 }
 
 metrics! {
+    /// Policy file loads that succeeded (`--policy`).
+    policy_loads_total: "counter",
+    /// Policy file loads that failed (the last good policy stayed in use).
+    policy_load_errors_total: "counter",
     /// Registry loads that succeeded.
     registry_loads_total: "counter",
     /// Registry loads that failed (the last good registry stayed in use).

@@ -50,7 +50,19 @@ impl Status {
 /// is for what that rule cannot serve: a caller and a server that share no version (an
 /// HTTP/1.1 client calling a gRPC server, an h2c client calling an HTTP/1.1-only server), or
 /// a `.svip` server that prefers h2 but must be sent HTTP/1.1 (WebSocket).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// The caller's protocol (`.vip`), or ALPN (`.svip`).

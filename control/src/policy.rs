@@ -1,0 +1,531 @@
+//! Per-destination policy: what a cluster gets beyond its endpoints (timeouts, retries,
+//! circuit breakers, outlier detection, load balancing, upstream protocol, idle timeout), from
+//! the policy file (`--policy FILE`), for each calling service, and where each value came from.
+//!
+//! ```yaml
+//! defaults:                      # every cluster
+//!   retries: {count: 2}
+//! vips:                          # per VIP (`svips:` likewise, per SVIP)
+//!   payments:
+//!     request_timeout: 300ms
+//!     retries: {on: [reset, connect-failure], count: 1}
+//!     circuit_breakers: {max_requests: 100}
+//!     callers:                   # per calling service: the Envoy node's `cluster`
+//!       checkout:
+//!         circuit_breakers: {max_requests: 500}
+//! ```
+//!
+//! Precedence, weakest first: odmesh's built-in defaults ([`Settings::builtin`]), the file's
+//! `defaults`, the VIP's entry, the VIP's entry for the calling service. Each layer sets only
+//! the values it names, down to single fields of `retries`, `circuit_breakers` and
+//! `outlier_detection`. The upstream protocol declared by the instances in the registry sits
+//! between the file's `defaults` and the VIP's entry: a service owner knows what their server
+//! speaks, and a platform team can still decide per VIP.
+//!
+//! Everything is checked while the file is read, so an error names the line and the field.
+//! Pure: the watcher that reads the file is [`watch`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use odmesh_names::Kind;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::registry::Protocol;
+
+pub mod watch;
+
+/// The whole policy file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    #[serde(default)]
+    defaults: Settings,
+    #[serde(default)]
+    vips: BTreeMap<VipName, Entry>,
+    #[serde(default)]
+    svips: BTreeMap<VipName, Entry>,
+}
+
+/// The policy of one VIP or SVIP, with its per-caller overrides.
+type Entry = Settings<BTreeMap<String, Settings>>;
+
+/// Where `callers:` may not be written (the file's `defaults`, a caller's own entry).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NoCallers;
+
+impl<'de> Deserialize<'de> for NoCallers {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<NoCallers, D::Error> {
+        Err(serde::de::Error::custom(
+            "`callers` belongs in a VIP's or SVIP's entry only",
+        ))
+    }
+}
+
+/// One layer of policy: every value optional. `C` is what `callers:` holds: the per-caller
+/// overrides in a VIP's entry, nothing elsewhere. (Not `#[serde(flatten)]`, which would cost
+/// the errors their line.)
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings<C = NoCallers> {
+    /// Per calling service (the Envoy node's `cluster`): overrides of this entry.
+    #[serde(default)]
+    pub callers: C,
+    pub connect_timeout: Option<Positive>,
+    /// The whole request, all tries included; 0 for none.
+    pub request_timeout: Option<Dur>,
+    /// Each try; 0 for none.
+    pub per_try_timeout: Option<Dur>,
+    /// How long an unused connection to an instance is kept.
+    pub idle_timeout: Option<Positive>,
+    pub protocol: Option<Protocol>,
+    pub load_balancing: Option<LoadBalancing>,
+    pub retries: Option<Retries>,
+    pub circuit_breakers: Option<CircuitBreakers>,
+    pub outlier_detection: Option<OutlierDetection>,
+}
+
+/// What to retry, how often, and how fast.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retries {
+    /// Envoy's retry conditions (`x-envoy-retry-on` words).
+    pub on: Option<Vec<RetryOn>>,
+    /// Retries after the first try (0 to 10).
+    pub count: Option<Bounded<0, 10>>,
+    /// Base interval of the exponential backoff (the maximum is 10 times it unless given).
+    pub backoff: Option<Backoff>,
+    /// At most this percent of the active requests may be retries (a retry budget).
+    pub budget_percent: Option<Bounded<1, 100>>,
+}
+
+/// Exponential backoff between retries.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backoff {
+    pub base: Positive,
+    pub max: Option<Positive>,
+}
+
+/// Envoy's circuit breakers (per cluster, default priority).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitBreakers {
+    pub max_connections: Option<Bounded<1, 1_000_000>>,
+    pub max_pending_requests: Option<Bounded<1, 1_000_000>>,
+    pub max_requests: Option<Bounded<1, 1_000_000>>,
+    pub max_retries: Option<Bounded<0, 1_000_000>>,
+}
+
+/// Envoy's outlier detection: instances that keep failing are ejected for a while.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierDetection {
+    pub consecutive_5xx: Option<Bounded<1, 1000>>,
+    pub interval: Option<Positive>,
+    pub base_ejection_time: Option<Positive>,
+    pub max_ejection_percent: Option<Bounded<0, 100>>,
+}
+
+/// How a cluster picks an instance. The hashing policies hash the request header
+/// `x-odmesh-hash-key` (the bootstrap's route names it), so requests with one key go to one
+/// instance while it is up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadBalancing {
+    RoundRobin,
+    LeastRequest,
+    RingHash,
+    Maglev,
+}
+
+/// One of Envoy's retry conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryOn {
+    #[serde(rename = "5xx")]
+    FiveXx,
+    GatewayError,
+    Reset,
+    ResetBeforeRequest,
+    ConnectFailure,
+    RefusedStream,
+    EnvoyRatelimited,
+    Retriable4xx,
+    /// gRPC statuses (for gRPC calls).
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    ResourceExhausted,
+    Unavailable,
+}
+
+impl RetryOn {
+    /// Envoy's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryOn::FiveXx => "5xx",
+            RetryOn::GatewayError => "gateway-error",
+            RetryOn::Reset => "reset",
+            RetryOn::ResetBeforeRequest => "reset-before-request",
+            RetryOn::ConnectFailure => "connect-failure",
+            RetryOn::RefusedStream => "refused-stream",
+            RetryOn::EnvoyRatelimited => "envoy-ratelimited",
+            RetryOn::Retriable4xx => "retriable-4xx",
+            RetryOn::Cancelled => "cancelled",
+            RetryOn::DeadlineExceeded => "deadline-exceeded",
+            RetryOn::Internal => "internal",
+            RetryOn::ResourceExhausted => "resource-exhausted",
+            RetryOn::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A duration written `300ms`, `2s`, `5m` or `1h` (0 allowed: "none").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dur(pub Duration);
+
+/// A duration that must not be 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Positive(pub Duration);
+
+/// An integer in `MIN..=MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bounded<const MIN: u32, const MAX: u32>(pub u32);
+
+/// A VIP name as a key of `vips:`/`svips:`: valid, lowercase.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct VipName(String);
+
+/// Parses `300ms`, `2s`, `5m`, `1h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 300ms, 2s, 5m or 1h"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{text:?} needs a unit: ms, s, m or h")),
+    };
+    if d > Duration::from_secs(24 * 3600) {
+        return Err(format!("{text:?} is longer than a day"));
+    }
+    Ok(d)
+}
+
+/// A value read as text or number, for messages.
+fn text_of<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Number(u64),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::Text(t) => t,
+        Raw::Number(n) => n.to_string(),
+    })
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+        let text = text_of(d)?;
+        parse_duration(&text)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for Positive {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Positive, D::Error> {
+        let Dur(d0) = Dur::deserialize(d)?;
+        if d0.is_zero() {
+            return Err(serde::de::Error::custom("must be more than 0"));
+        }
+        Ok(Positive(d0))
+    }
+}
+
+impl<'de, const MIN: u32, const MAX: u32> Deserialize<'de> for Bounded<MIN, MAX> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u64::deserialize(d)?;
+        match u32::try_from(n) {
+            Ok(n) if (MIN..=MAX).contains(&n) => Ok(Bounded(n)),
+            _ => Err(serde::de::Error::custom(format!(
+                "{n} is not between {MIN} and {MAX}"
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for VipName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<VipName, D::Error> {
+        let name = String::deserialize(d)?.trim().to_ascii_lowercase();
+        crate::registry::check_vip(&name).map_err(serde::de::Error::custom)?;
+        Ok(VipName(name))
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0.as_millis())
+    }
+}
+
+/// Why a policy file was refused: the parser's message, with the line and column.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidPolicy(pub String);
+
+impl Policy {
+    /// Parses and checks a policy file.
+    pub fn parse(yaml: &[u8]) -> Result<Policy, InvalidPolicy> {
+        if yaml.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Policy::default());
+        }
+        serde_yaml::from_slice(yaml).map_err(|e| {
+            let message = e.to_string();
+            if message.contains(" at line ") {
+                return InvalidPolicy(message);
+            }
+            // serde_yaml does not always write the position (a mistake in the top-level
+            // mapping itself): say where, as for every other mistake.
+            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+            InvalidPolicy(format!("{message} at line {line} column {column}"))
+        })
+    }
+
+    /// The entry of `vip` (of `kind`), if the file has one.
+    fn entry(&self, kind: Kind, vip: &str) -> Option<&Entry> {
+        let table = match kind {
+            Kind::Vip => &self.vips,
+            Kind::Svip => &self.svips,
+        };
+        table.get(&VipName(vip.to_owned()))
+    }
+
+    /// Whether `caller` has an override of its own for `vip`: its proxies then get their own
+    /// version of the cluster, and everyone else shares one.
+    pub fn has_caller_override(&self, kind: Kind, vip: &str, caller: &str) -> bool {
+        self.entry(kind, vip)
+            .is_some_and(|e| e.callers.contains_key(caller))
+    }
+
+    /// The effective policy of `vip` (of `kind`) for proxies of `caller` (`None`: a caller
+    /// without an override), with `declared` the protocol its instances declare.
+    pub fn resolve(
+        &self,
+        kind: Kind,
+        vip: &str,
+        caller: Option<&str>,
+        declared: Protocol,
+    ) -> Effective {
+        let mut out = Effective::builtin();
+        out.apply(&self.defaults, Source::Defaults);
+        if declared != Protocol::Auto {
+            out.protocol = Sourced::new(declared, Source::Registry);
+        }
+        if let Some(entry) = self.entry(kind, vip) {
+            out.apply(entry, Source::Vip);
+            if let Some(settings) = caller.and_then(|c| entry.callers.get(c)) {
+                out.apply(settings, Source::Caller);
+            }
+        }
+        out
+    }
+
+    /// The file's VIP and SVIP entries and their callers, for the admin endpoint.
+    pub fn summary(&self) -> serde_json::Value {
+        let list = |table: &BTreeMap<VipName, Entry>| -> serde_json::Value {
+            (table.iter())
+                .map(|(vip, entry)| {
+                    let callers: Vec<&str> = entry.callers.keys().map(String::as_str).collect();
+                    (vip.0.clone(), serde_json::json!({ "callers": callers }))
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        };
+        serde_json::json!({ "vips": list(&self.vips), "svips": list(&self.svips) })
+    }
+}
+
+/// Where an effective value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// odmesh's default.
+    Builtin,
+    /// The policy file's `defaults`.
+    Defaults,
+    /// The instances' declaration in the registry.
+    Registry,
+    /// The VIP's entry in the policy file.
+    Vip,
+    /// The VIP's entry for the calling service.
+    Caller,
+}
+
+/// A value and where it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Sourced<T> {
+    pub value: T,
+    pub from: Source,
+}
+
+impl<T> Sourced<T> {
+    fn new(value: T, from: Source) -> Sourced<T> {
+        Sourced { value, from }
+    }
+}
+
+/// Every value a cluster gets, each with its source. What [`crate::xds`] turns into Envoy's
+/// fields.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Effective {
+    pub connect_timeout: Sourced<Duration>,
+    /// Zero: none.
+    pub request_timeout: Sourced<Duration>,
+    /// Zero: none.
+    pub per_try_timeout: Sourced<Duration>,
+    pub idle_timeout: Sourced<Duration>,
+    pub protocol: Sourced<Protocol>,
+    pub load_balancing: Sourced<LoadBalancing>,
+    pub retry_on: Sourced<Vec<RetryOn>>,
+    pub retries: Sourced<u32>,
+    pub retry_backoff_base: Sourced<Duration>,
+    pub retry_backoff_max: Sourced<Duration>,
+    /// Zero: no budget (`max_retries` bounds the retries alone).
+    pub retry_budget_percent: Sourced<u32>,
+    pub max_connections: Sourced<u32>,
+    pub max_pending_requests: Sourced<u32>,
+    pub max_requests: Sourced<u32>,
+    pub max_retries: Sourced<u32>,
+    pub consecutive_5xx: Sourced<u32>,
+    pub outlier_interval: Sourced<Duration>,
+    pub base_ejection_time: Sourced<Duration>,
+    pub max_ejection_percent: Sourced<u32>,
+}
+
+impl Effective {
+    /// odmesh's defaults, with no policy file: Envoy's own defaults, plus a retry of a request
+    /// that never reached an instance (connect failure, refused stream, reset before the
+    /// request), twice, each on another instance, so an instance that died before the
+    /// registry knew costs no request.
+    pub fn builtin() -> Effective {
+        fn b<T>(value: T) -> Sourced<T> {
+            Sourced::new(value, Source::Builtin)
+        }
+        let secs = |s| b(Duration::from_secs(s));
+        Effective {
+            connect_timeout: secs(1),
+            request_timeout: secs(0),
+            per_try_timeout: secs(0),
+            idle_timeout: secs(3600),
+            protocol: Sourced::new(Protocol::Auto, Source::Builtin),
+            load_balancing: Sourced::new(LoadBalancing::RoundRobin, Source::Builtin),
+            retry_on: Sourced::new(
+                vec![
+                    RetryOn::ConnectFailure,
+                    RetryOn::RefusedStream,
+                    RetryOn::ResetBeforeRequest,
+                ],
+                Source::Builtin,
+            ),
+            retries: b(2),
+            retry_backoff_base: b(Duration::from_millis(25)),
+            retry_backoff_max: b(Duration::from_millis(250)),
+            retry_budget_percent: b(0),
+            max_connections: b(1024),
+            max_pending_requests: b(1024),
+            max_requests: b(1024),
+            max_retries: b(3),
+            consecutive_5xx: b(5),
+            outlier_interval: secs(10),
+            base_ejection_time: secs(30),
+            max_ejection_percent: b(10),
+        }
+    }
+
+    /// Applies the values `s` sets, marked as coming from `from`.
+    fn apply<C>(&mut self, s: &Settings<C>, from: Source) {
+        fn set<T: Clone>(slot: &mut Sourced<T>, value: Option<T>, from: Source) {
+            if let Some(value) = value {
+                *slot = Sourced::new(value, from);
+            }
+        }
+        set(
+            &mut self.connect_timeout,
+            s.connect_timeout.map(|d| d.0),
+            from,
+        );
+        set(
+            &mut self.request_timeout,
+            s.request_timeout.map(|d| d.0),
+            from,
+        );
+        set(
+            &mut self.per_try_timeout,
+            s.per_try_timeout.map(|d| d.0),
+            from,
+        );
+        set(&mut self.idle_timeout, s.idle_timeout.map(|d| d.0), from);
+        set(&mut self.protocol, s.protocol, from);
+        set(&mut self.load_balancing, s.load_balancing, from);
+        if let Some(r) = &s.retries {
+            set(&mut self.retry_on, r.on.clone(), from);
+            set(&mut self.retries, r.count.map(|n| n.0), from);
+            if let Some(backoff) = &r.backoff {
+                set(&mut self.retry_backoff_base, Some(backoff.base.0), from);
+                let max = backoff.max.map_or(backoff.base.0 * 10, |m| m.0);
+                set(&mut self.retry_backoff_max, Some(max), from);
+            }
+            set(
+                &mut self.retry_budget_percent,
+                r.budget_percent.map(|n| n.0),
+                from,
+            );
+        }
+        if let Some(c) = &s.circuit_breakers {
+            set(
+                &mut self.max_connections,
+                c.max_connections.map(|n| n.0),
+                from,
+            );
+            set(
+                &mut self.max_pending_requests,
+                c.max_pending_requests.map(|n| n.0),
+                from,
+            );
+            set(&mut self.max_requests, c.max_requests.map(|n| n.0), from);
+            set(&mut self.max_retries, c.max_retries.map(|n| n.0), from);
+        }
+        if let Some(o) = &s.outlier_detection {
+            set(
+                &mut self.consecutive_5xx,
+                o.consecutive_5xx.map(|n| n.0),
+                from,
+            );
+            set(&mut self.outlier_interval, o.interval.map(|d| d.0), from);
+            set(
+                &mut self.base_ejection_time,
+                o.base_ejection_time.map(|d| d.0),
+                from,
+            );
+            let percent = o.max_ejection_percent.map(|n| n.0);
+            set(&mut self.max_ejection_percent, percent, from);
+        }
+    }
+}
+
+/// The policy in use, shared: replaced whole when the file changes.
+pub type SharedPolicy = Arc<Policy>;
+
+#[cfg(test)]
+mod tests;

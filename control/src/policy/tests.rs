@@ -1,0 +1,232 @@
+use super::*;
+
+const EXAMPLE: &str = r#"
+defaults:
+  connect_timeout: 2s
+  retries:
+    count: 3
+vips:
+  payments:
+    request_timeout: 300ms
+    retries:
+      on: [reset, connect-failure]
+      count: 1
+    circuit_breakers: {max_requests: 100}
+    callers:
+      checkout:
+        circuit_breakers: {max_requests: 500}
+        request_timeout: 1s
+svips:
+  payments:
+    protocol: http2
+"#;
+
+fn example() -> Policy {
+    Policy::parse(EXAMPLE.as_bytes()).unwrap()
+}
+
+#[test]
+fn without_a_policy_every_cluster_gets_the_builtin_defaults() {
+    let e = Policy::default().resolve(Kind::Vip, "hello", None, Protocol::Auto);
+    assert_eq!(e, Effective::builtin());
+    assert_eq!(e.retries.value, 2);
+    assert_eq!(
+        e.retry_on.value,
+        [
+            RetryOn::ConnectFailure,
+            RetryOn::RefusedStream,
+            RetryOn::ResetBeforeRequest
+        ]
+    );
+    assert_eq!(
+        e.request_timeout.value,
+        Duration::ZERO,
+        "no request timeout"
+    );
+}
+
+#[test]
+fn layers_apply_weakest_first_and_each_value_says_where_it_came_from() {
+    let p = example();
+    let e = p.resolve(Kind::Vip, "payments", None, Protocol::Auto);
+    assert_eq!(
+        e.connect_timeout,
+        Sourced::new(Duration::from_secs(2), Source::Defaults)
+    );
+    assert_eq!(
+        e.request_timeout,
+        Sourced::new(Duration::from_millis(300), Source::Vip)
+    );
+    assert_eq!(
+        e.retries,
+        Sourced::new(1, Source::Vip),
+        "the VIP's count beats the defaults'"
+    );
+    assert_eq!(e.retry_on.value, [RetryOn::Reset, RetryOn::ConnectFailure]);
+    assert_eq!(e.max_requests, Sourced::new(100, Source::Vip));
+    assert_eq!(
+        e.max_connections,
+        Sourced::new(1024, Source::Builtin),
+        "field by field"
+    );
+
+    let checkout = p.resolve(Kind::Vip, "payments", Some("checkout"), Protocol::Auto);
+    assert_eq!(checkout.max_requests, Sourced::new(500, Source::Caller));
+    assert_eq!(checkout.request_timeout.value, Duration::from_secs(1));
+    assert_eq!(checkout.retries, Sourced::new(1, Source::Vip));
+
+    // Another VIP gets the defaults only; another caller gets the VIP's entry.
+    let other = p.resolve(Kind::Vip, "ledger", Some("checkout"), Protocol::Auto);
+    assert_eq!(other.retries, Sourced::new(3, Source::Defaults));
+    assert_eq!(other.max_requests.from, Source::Builtin);
+    let cart = p.resolve(Kind::Vip, "payments", Some("cart"), Protocol::Auto);
+    assert_eq!(cart.max_requests, Sourced::new(100, Source::Vip));
+}
+
+#[test]
+fn vips_and_svips_are_separate_tables_and_only_named_callers_have_overrides() {
+    let p = example();
+    let svip = p.resolve(Kind::Svip, "payments", None, Protocol::Auto);
+    assert_eq!(svip.protocol, Sourced::new(Protocol::Http2, Source::Vip));
+    assert_eq!(svip.request_timeout.from, Source::Builtin);
+    assert!(p.has_caller_override(Kind::Vip, "payments", "checkout"));
+    assert!(!p.has_caller_override(Kind::Vip, "payments", "cart"));
+    assert!(!p.has_caller_override(Kind::Svip, "payments", "checkout"));
+}
+
+#[test]
+fn a_protocol_declared_in_the_registry_beats_the_defaults_but_not_the_vip_entry() {
+    let p = Policy::parse(b"defaults: {protocol: http1}\nvips: {grpc: {protocol: http2}}").unwrap();
+    let declared = p.resolve(Kind::Vip, "web", None, Protocol::Http2);
+    assert_eq!(
+        declared.protocol,
+        Sourced::new(Protocol::Http2, Source::Registry)
+    );
+    let undeclared = p.resolve(Kind::Vip, "web", None, Protocol::Auto);
+    assert_eq!(
+        undeclared.protocol,
+        Sourced::new(Protocol::Http1, Source::Defaults)
+    );
+    let entry = p.resolve(Kind::Vip, "grpc", None, Protocol::Http1);
+    assert_eq!(entry.protocol, Sourced::new(Protocol::Http2, Source::Vip));
+}
+
+#[test]
+fn a_backoff_without_a_maximum_gets_ten_times_its_base() {
+    let p = Policy::parse(b"defaults: {retries: {backoff: {base: 50ms}}}").unwrap();
+    let e = p.resolve(Kind::Vip, "x", None, Protocol::Auto);
+    assert_eq!(e.retry_backoff_base.value, Duration::from_millis(50));
+    assert_eq!(e.retry_backoff_max.value, Duration::from_millis(500));
+}
+
+#[test]
+fn an_empty_file_is_the_empty_policy() {
+    assert_eq!(Policy::parse(b"").unwrap(), Policy::default());
+    assert_eq!(Policy::parse(b"  \n").unwrap(), Policy::default());
+}
+
+/// The error for `yaml`, which must be refused.
+fn refused(yaml: &str) -> String {
+    Policy::parse(yaml.as_bytes())
+        .expect_err("the policy should be refused")
+        .to_string()
+}
+
+#[test]
+fn every_mistake_is_refused_with_its_field_and_line() {
+    for (yaml, says) in [
+        (
+            "vips:\n  payments:\n    retries: {count: 11}\n",
+            "11 is not between 0 and 10",
+        ),
+        (
+            "vips:\n  payments:\n    request_timeout: 3\n",
+            "needs a unit",
+        ),
+        (
+            "vips:\n  payments:\n    request_timeout: soon\n",
+            "is not a duration",
+        ),
+        (
+            "vips:\n  payments:\n    connect_timeout: 0s\n",
+            "must be more than 0",
+        ),
+        (
+            "vips:\n  payments:\n    retries: {on: [sometimes]}\n",
+            "unknown variant `sometimes`",
+        ),
+        (
+            "vips:\n  payments:\n    timeout: 1s\n",
+            "unknown field `timeout`",
+        ),
+        (
+            "vips:\n  payments:\n    load_balancing: random\n",
+            "unknown variant `random`",
+        ),
+        (
+            "vips:\n  \"bad name!\":\n    retries: {count: 1}\n",
+            "not a valid VIP",
+        ),
+        (
+            "vips:\n  payments:\n    outlier_detection: {max_ejection_percent: 101}\n",
+            "101 is not between 0 and 100",
+        ),
+        ("defaults:\n  request_timeout: 2d\n", "needs a unit"),
+        ("vipz: {}\n", "unknown field `vipz`"),
+    ] {
+        let error = refused(yaml);
+        assert!(error.contains(says), "{yaml:?}: {error}");
+        assert!(
+            error.contains("line "),
+            "{yaml:?}: the error should give the line: {error}"
+        );
+    }
+}
+
+#[test]
+fn the_error_names_the_line_of_the_mistake() {
+    let error =
+        refused("defaults:\n  retries: {count: 1}\nvips:\n  payments:\n    retries: {count: 99}\n");
+    assert!(error.contains("line 5"), "{error}");
+}
+
+#[test]
+fn durations_take_the_usual_units() {
+    for (text, d) in [
+        ("0s", Duration::ZERO),
+        ("250ms", Duration::from_millis(250)),
+        ("2s", Duration::from_secs(2)),
+        ("5m", Duration::from_secs(300)),
+        ("1h", Duration::from_secs(3600)),
+    ] {
+        assert_eq!(parse_duration(text), Ok(d), "{text}");
+    }
+    assert!(
+        parse_duration("25h")
+            .unwrap_err()
+            .contains("longer than a day")
+    );
+    assert!(parse_duration("-1s").is_err());
+}
+
+#[test]
+fn callers_belong_in_a_vip_entry_only() {
+    let error = refused("defaults:\n  callers: {checkout: {}}\n");
+    assert!(
+        error.contains("belongs in a VIP's or SVIP's entry only"),
+        "{error}"
+    );
+    let error = refused("vips:\n  a:\n    callers:\n      c:\n        callers: {}\n");
+    assert!(
+        error.contains("belongs in a VIP's or SVIP's entry only"),
+        "{error}"
+    );
+    assert!(error.contains("line 5"), "{error}");
+}
+
+#[test]
+fn a_mistake_inside_a_vip_entry_names_its_field_and_its_own_line() {
+    let error = refused("vips:\n  slow:\n    request_timeout: 300ms\n    retries: {count: many}\n");
+    assert!(error.contains("vips.slow.retries.count"), "{error}");
+    assert!(error.contains("line 4"), "{error}");
+}

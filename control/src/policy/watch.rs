@@ -1,0 +1,118 @@
+//! Follows the policy file: reads it every interval, and publishes each new good policy. A
+//! file that fails to parse (or goes missing) is reported, and the last good policy stays.
+//!
+//! The file is small, so it is simply read whole and compared with what was read last: no
+//! modification-time heuristics, and an atomic rename over it is seen like any other change.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{InvalidPolicy, Policy};
+use crate::metrics::Metrics;
+
+/// What the admin endpoint shows of the policy source.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PolicyStatus {
+    /// The file, or `None` without `--policy`.
+    pub path: Option<PathBuf>,
+    /// Unix seconds of the last good load.
+    pub loaded_at: Option<u64>,
+    /// Why the file in place now is not in use (the last good policy is).
+    pub last_error: Option<String>,
+}
+
+/// A followed policy file: the policy in use, and the source's status.
+#[derive(Debug)]
+pub struct PolicySource {
+    pub policy: watch::Receiver<Arc<Policy>>,
+    pub status: Arc<Mutex<PolicyStatus>>,
+    pub task: JoinHandle<()>,
+}
+
+/// Loads `path` (an error if it is missing or invalid: the control plane does not start on
+/// a bad policy), then follows it every `interval`.
+pub fn start(
+    path: PathBuf,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+) -> Result<PolicySource, InvalidPolicy> {
+    let content = std::fs::read(&path)
+        .map_err(|e| InvalidPolicy(format!("cannot read {}: {e}", path.display())))?;
+    let first =
+        Policy::parse(&content).map_err(|e| InvalidPolicy(format!("{}: {e}", path.display())))?;
+    Metrics::inc(&metrics.policy_loads_total);
+    let status = Arc::new(Mutex::new(PolicyStatus {
+        path: Some(path.clone()),
+        loaded_at: Some(unix_now()),
+        last_error: None,
+    }));
+    let (tx, policy) = watch::channel(Arc::new(first));
+    let task = tokio::spawn(follow(path, interval, content, tx, status.clone(), metrics));
+    Ok(PolicySource {
+        policy,
+        status,
+        task,
+    })
+}
+
+async fn follow(
+    path: PathBuf,
+    interval: Duration,
+    mut last: Vec<u8>,
+    tx: watch::Sender<Arc<Policy>>,
+    status: Arc<Mutex<PolicyStatus>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if tx.is_closed() {
+            return;
+        }
+        let read = tokio::fs::read(&path).await;
+        let outcome = match read {
+            Ok(content) if content == last => continue,
+            Ok(content) => {
+                let parsed = Policy::parse(&content);
+                last = content;
+                parsed
+            }
+            Err(e) => {
+                // Reported once per distinct failure: `last` forgets the content, so the file
+                // coming back is read again.
+                let error = Err(InvalidPolicy(format!("cannot read the file: {e}")));
+                if last.is_empty() {
+                    continue;
+                }
+                last.clear();
+                error
+            }
+        };
+        let mut st = status.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(policy) => {
+                tracing::info!(path = %path.display(), "policy loaded");
+                Metrics::inc(&metrics.policy_loads_total);
+                st.loaded_at = Some(unix_now());
+                st.last_error = None;
+                tx.send_replace(Arc::new(policy));
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "policy file not loaded; keeping the last good policy");
+                Metrics::inc(&metrics.policy_load_errors_total);
+                st.last_error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
