@@ -7,13 +7,14 @@
 //! | `/metrics` | Prometheus text |
 //! | `/debug/registry` | JSON: the source's state and every instance in use |
 //! | `/debug/proxies` | JSON: each connected proxy and what it subscribed |
+//! | `/debug/policy` | JSON: the policy file's state, and the effective policy of every cluster a proxy holds, per calling service, with where each value came from; `?cluster=<name>&caller=<service>` for any other |
 //!
 //! The admin only renders what the other layers hand it, through [`AdminView`].
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,6 +30,9 @@ pub trait AdminView: Send + Sync + 'static {
     fn registry(&self) -> serde_json::Value;
     /// The connected proxies and their subscriptions, as JSON.
     fn proxies(&self) -> serde_json::Value;
+    /// The policy: the file's state and the effective policy of the clusters proxies hold,
+    /// or of `cluster` for proxies of `caller` when asked for one.
+    fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value;
     /// The process metrics.
     fn metrics(&self) -> &Metrics;
 }
@@ -41,6 +45,7 @@ pub fn router(view: Arc<dyn AdminView>) -> Router {
         .route("/metrics", get(metrics))
         .route("/debug/registry", get(debug_registry))
         .route("/debug/proxies", get(debug_proxies))
+        .route("/debug/policy", get(debug_policy))
         .with_state(view)
 }
 
@@ -73,6 +78,14 @@ async fn debug_proxies(State(view): View) -> Response {
     pretty(&view.proxies()).into_response()
 }
 
+async fn debug_policy(
+    State(view): View,
+    Query(query): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let caller = query.get("caller").map_or("", String::as_str);
+    pretty(&view.policy(query.get("cluster").map(String::as_str), caller)).into_response()
+}
+
 fn pretty(value: &serde_json::Value) -> Response {
     let mut body =
         serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
@@ -101,6 +114,9 @@ mod tests {
         }
         fn proxies(&self) -> serde_json::Value {
             json!([{ "node": "proxy-1", "clusters": ["hello.vip"] }])
+        }
+        fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value {
+            json!({ "cluster": cluster, "caller": caller })
         }
         fn metrics(&self) -> &Metrics {
             &self.metrics

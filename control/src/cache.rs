@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::watch;
 
 use crate::model::Snapshot;
+use crate::policy::{Effective, Policy};
 use crate::xds::{self, ResourceType, Versioned, XdsOptions};
 
 /// What a client has of one subscribed resource, as far as this stream knows.
@@ -424,27 +425,94 @@ impl Built {
     }
 }
 
-#[derive(Debug)]
+/// One subscribed cluster name: who subscribes, and its resources as each of them gets them.
+#[derive(Debug, Default)]
 struct Entry {
-    /// Subscriptions to this name, over all streams and both types.
-    watchers: usize,
-    /// `None` when the name is not an odmesh cluster name (`<vip>.vip` / `<svip>.svip`).
-    built: Option<Built>,
+    /// Subscriptions to this name per calling service (the proxies' `node.cluster`), over all
+    /// streams and both types.
+    watchers: HashMap<Arc<str>, usize>,
+    /// The resources, per variant: `None` for every caller without a policy override of its
+    /// own for this name, `Some(caller)` for each caller with one. The inner `None` when the
+    /// name is not an odmesh cluster name (`<vip>.vip` / `<svip>.svip`).
+    built: HashMap<Option<Arc<str>>, Option<Built>>,
 }
 
 #[derive(Debug)]
 struct State {
     snapshot: Arc<Snapshot>,
+    policy: Arc<Policy>,
     generation: u64,
     entries: HashMap<String, Entry>,
 }
 
-/// The current snapshot and the built resources of every subscribed cluster name.
+impl State {
+    /// The variant of `name` that proxies of `caller` get.
+    fn variant(&self, name: &str, caller: &Arc<str>) -> Option<Arc<str>> {
+        let (vip, kind) = odmesh_names::parse_cluster_name(name).ok()?;
+        (self.policy)
+            .has_caller_override(kind, vip, caller)
+            .then(|| caller.clone())
+    }
+
+    fn build(&self, name: &str, variant: Option<&str>, options: &XdsOptions) -> Option<Built> {
+        let lookup = xds::Lookup::in_snapshot(&self.snapshot, name);
+        let r = xds::build_for(name, lookup, options, &self.policy, variant).ok()?;
+        Some(Built {
+            cluster: Arc::new(r.cluster),
+            endpoints: Arc::new(r.endpoints),
+        })
+    }
+
+    /// Rebuilds every variant of `name` that its watchers need, and only those.
+    fn rebuild(&mut self, name: &str, options: &XdsOptions) {
+        let Some(entry) = self.entries.get(name) else {
+            return;
+        };
+        let mut variants: Vec<Option<Arc<str>>> = entry
+            .watchers
+            .keys()
+            .map(|c| self.variant(name, c))
+            .collect();
+        variants.sort();
+        variants.dedup();
+        let built = variants
+            .into_iter()
+            .map(|v| {
+                let b = self.build(name, v.as_deref(), options);
+                (v, b)
+            })
+            .collect();
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.built = built;
+        }
+    }
+
+    /// The resources of `name` for proxies of `caller`: the built ones, or built on the spot
+    /// if nobody subscribes to that variant.
+    fn lookup(
+        &self,
+        options: &XdsOptions,
+        caller: &Arc<str>,
+        ty: ResourceType,
+        name: &str,
+    ) -> Option<Arc<Versioned>> {
+        let variant = self.variant(name, caller);
+        match self.entries.get(name).and_then(|e| e.built.get(&variant)) {
+            Some(built) => built.as_ref().map(|b| b.get(ty).clone()),
+            None => (self.build(name, variant.as_deref(), options)).map(|b| b.get(ty).clone()),
+        }
+    }
+}
+
+/// The current snapshot and policy, and the built resources of every subscribed cluster name.
 ///
 /// Names that are not odmesh cluster names (anything but `<vip>.vip` / `<svip>.svip`, e.g. a
 /// static cluster's name) have no resource: the diff answers them with a removal, once. odmesh
 /// must never define a cluster it does not own, and Envoy asks for them only if it was
 /// configured to.
+///
+/// A cluster is built once for all its subscribers, except for a calling service that the
+/// policy gives an override of its own for that VIP: its proxies get their own variant.
 ///
 /// Locking: one short-held mutex, never held across an `.await`; building a resource takes
 /// microseconds.
@@ -461,13 +529,14 @@ impl Cache {
         Cache::with_snapshot(options, Arc::default())
     }
 
-    /// A cache that starts from `snapshot`.
+    /// A cache that starts from `snapshot`, with the default policy.
     pub fn with_snapshot(options: XdsOptions, snapshot: Arc<Snapshot>) -> Cache {
         let (changes, _) = watch::channel(0);
         Cache {
             options,
             state: Mutex::new(State {
                 snapshot,
+                policy: Arc::default(),
                 generation: 0,
                 entries: HashMap::new(),
             }),
@@ -486,12 +555,17 @@ impl Cache {
         self.lock().snapshot.clone()
     }
 
-    /// The generation: bumped by every [`Cache::set_snapshot`].
+    /// The policy in use.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.lock().policy.clone()
+    }
+
+    /// The generation: bumped by every [`Cache::set_snapshot`] and [`Cache::set_policy`].
     pub fn generation(&self) -> u64 {
         self.lock().generation
     }
 
-    /// A receiver that sees the generation change whenever the snapshot changes.
+    /// A receiver that sees the generation change whenever the snapshot or policy changes.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
@@ -504,28 +578,25 @@ impl Cache {
         let generation = {
             let mut state = self.lock();
             old = std::mem::replace(&mut state.snapshot, snapshot);
-            let State {
-                snapshot, entries, ..
-            } = &mut *state;
             // Only the clusters that changed, not every subscribed name: a registry of
             // 100,000 VIPs changes a few at a time.
-            for name in snapshot.changed_names(&old) {
-                if let Some(entry) = entries.get_mut(name)
-                    && entry.built.is_some()
-                {
-                    entry.built = build(name, snapshot, &self.options);
-                    rebuilt.push(name.to_owned());
-                }
-            }
+            let changed: Vec<String> = (state.snapshot.changed_names(&old).into_iter())
+                .filter(|name| state.entries.contains_key(*name))
+                .map(str::to_owned)
+                .collect();
             // A registry that finished loading turns every name it does not list from "not
             // known yet" into "not registered".
-            if snapshot.is_complete() != old.is_complete() {
-                for (name, entry) in entries.iter_mut() {
-                    if entry.built.as_ref().is_some_and(|b| !b.cluster.registered) {
-                        entry.built = build(name, snapshot, &self.options);
-                        rebuilt.push(name.clone());
-                    }
-                }
+            let finished: Vec<String> = if state.snapshot.is_complete() != old.is_complete() {
+                (state.entries.iter())
+                    .filter(|(_, e)| (e.built.values().flatten()).any(|b| !b.cluster.registered))
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            for name in changed.into_iter().chain(finished) {
+                state.rebuild(&name, &self.options);
+                rebuilt.push(name);
             }
             state.generation += 1;
             state.generation
@@ -544,6 +615,35 @@ impl Cache {
         rebuilt
     }
 
+    /// Replaces the policy; rebuilds every subscribed name (a resource the policy does not
+    /// change keeps its version, so its subscribers are sent nothing), then wakes every
+    /// subscriber. Returns the names whose resources changed for some caller.
+    pub fn set_policy(&self, policy: Arc<Policy>) -> Vec<String> {
+        let mut changed = Vec::new();
+        let generation = {
+            let mut state = self.lock();
+            state.policy = policy;
+            let names: Vec<String> = state.entries.keys().cloned().collect();
+            for name in names {
+                let before = cluster_versions(&state.entries[&name]);
+                state.rebuild(&name, &self.options);
+                if cluster_versions(&state.entries[&name]) != before {
+                    changed.push(name);
+                }
+            }
+            state.generation += 1;
+            state.generation
+        };
+        self.changes.send_replace(generation);
+        changed.sort();
+        tracing::info!(
+            generation,
+            changed = changed.len(),
+            "policy applied; subscribers woken"
+        );
+        changed
+    }
+
     /// Applies every snapshot `snapshots` yields, until its sender goes away. For `main`, to
     /// connect the registry watcher to the cache.
     pub async fn follow(&self, mut snapshots: watch::Receiver<Arc<Snapshot>>) {
@@ -556,42 +656,70 @@ impl Cache {
         }
     }
 
-    /// Counts a subscription to each of `names` (one stream, one type), building resources
-    /// for names nobody had subscribed to. Returns those of `names` known to be unregistered:
-    /// odmesh cluster names that the registry, complete, does not list (while it is still
-    /// loading, a name it does not list yet is not known to be unregistered).
-    pub fn watch<'a>(&self, names: &'a [String]) -> Vec<&'a str> {
+    /// Applies every policy `policies` yields, until its sender goes away.
+    pub async fn follow_policy(&self, mut policies: watch::Receiver<Arc<Policy>>) {
+        loop {
+            let policy = policies.borrow_and_update().clone();
+            self.set_policy(policy);
+            if policies.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Counts a subscription by a proxy of `caller` to each of `names` (one stream, one
+    /// type), building resources for names nobody had subscribed to. Returns those of `names`
+    /// known to be unregistered: odmesh cluster names that the registry, complete, does not
+    /// list (while it is still loading, a name it does not list yet is not known to be
+    /// unregistered).
+    pub fn watch<'a>(&self, caller: &str, names: &'a [String]) -> Vec<&'a str> {
         let mut unregistered = Vec::new();
         if names.is_empty() {
             return unregistered;
         }
+        let caller: Arc<str> = Arc::from(caller);
         let mut state = self.lock();
-        let State {
-            snapshot, entries, ..
-        } = &mut *state;
-        let complete = snapshot.is_complete();
+        let complete = state.snapshot.is_complete();
         for name in names {
-            let entry = entries.entry(name.clone()).or_insert_with(|| Entry {
-                watchers: 0,
-                built: build(name, snapshot, &self.options),
-            });
-            entry.watchers += 1;
-            if complete && entry.built.as_ref().is_some_and(|b| !b.cluster.registered) {
+            let variant = state.variant(name, &caller);
+            let needs_build =
+                !(state.entries.get(name.as_str())).is_some_and(|e| e.built.contains_key(&variant));
+            let built = needs_build.then(|| state.build(name, variant.as_deref(), &self.options));
+            let entry = state.entries.entry(name.clone()).or_default();
+            *entry.watchers.entry(caller.clone()).or_insert(0) += 1;
+            if let Some(built) = built {
+                entry.built.insert(variant.clone(), built);
+            }
+            let built = entry.built.get(&variant).and_then(Option::as_ref);
+            if complete && built.is_some_and(|b| !b.cluster.registered) {
                 unregistered.push(name.as_str());
             }
         }
         unregistered
     }
 
-    /// Drops a subscription to each of `names`; forgets resources nobody subscribes to.
-    pub fn unwatch<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+    /// Drops a subscription by a proxy of `caller` to each of `names`; forgets resources
+    /// nobody subscribes to.
+    pub fn unwatch<'a>(&self, caller: &str, names: impl IntoIterator<Item = &'a str>) {
         let mut state = self.lock();
         for name in names {
-            if let Some(entry) = state.entries.get_mut(name) {
-                entry.watchers = entry.watchers.saturating_sub(1);
-                if entry.watchers == 0 {
-                    state.entries.remove(name);
-                }
+            let Some(entry) = state.entries.get_mut(name) else {
+                continue;
+            };
+            let Some(count) = entry.watchers.get_mut(caller) else {
+                continue;
+            };
+            *count = count.saturating_sub(1);
+            if *count > 0 {
+                continue;
+            }
+            entry.watchers.remove(caller);
+            if entry.watchers.is_empty() {
+                state.entries.remove(name);
+            } else if let Some((key, _)) = entry.built.get_key_value(&Some(Arc::from(caller))) {
+                // The caller's own variant, if it had one, goes with its last subscriber.
+                let key = key.clone();
+                entry.built.remove(&key);
             }
         }
     }
@@ -601,40 +729,51 @@ impl Cache {
         self.lock().entries.len()
     }
 
-    /// The resource of type `ty` for `name` now; built on the spot if nobody subscribes to it.
+    /// The resource of type `ty` for `name` now, as a caller without an override of its own
+    /// gets it; built on the spot if nobody subscribes to it.
     pub fn resource(&self, ty: ResourceType, name: &str) -> Option<Arc<Versioned>> {
-        let state = self.lock();
-        lookup(&state, &self.options, ty, name)
+        self.resource_for("", ty, name)
     }
 
-    /// [`diff`] of `subs` (of type `ty`) against the resources now.
-    pub fn delta(&self, ty: ResourceType, subs: &Subscriptions) -> Delta {
+    /// [`Cache::resource`] as proxies of `caller` get it.
+    pub fn resource_for(
+        &self,
+        caller: &str,
+        ty: ResourceType,
+        name: &str,
+    ) -> Option<Arc<Versioned>> {
+        let state = self.lock();
+        state.lookup(&self.options, &Arc::from(caller), ty, name)
+    }
+
+    /// The effective policy of `name` for proxies of `caller`, with where each value came
+    /// from; `None` if `name` is not an odmesh cluster name.
+    pub fn effective_policy(&self, name: &str, caller: &str) -> Option<Effective> {
+        let state = self.lock();
+        let variant = state.variant(name, &Arc::from(caller));
+        let lookup = xds::Lookup::in_snapshot(&state.snapshot, name);
+        xds::effective_policy(name, lookup, &state.policy, variant.as_deref()).ok()
+    }
+
+    /// [`diff`] of `subs` (of type `ty`, a stream of a proxy of `caller`) against the
+    /// resources now.
+    pub fn delta(&self, caller: &str, ty: ResourceType, subs: &Subscriptions) -> Delta {
         let state = self.lock();
         let loading = !state.snapshot.is_complete();
+        let caller: Arc<str> = Arc::from(caller);
         diff(subs, loading, |name| {
-            lookup(&state, &self.options, ty, name)
+            state.lookup(&self.options, &caller, ty, name)
         })
     }
 }
 
-fn lookup(
-    state: &State,
-    options: &XdsOptions,
-    ty: ResourceType,
-    name: &str,
-) -> Option<Arc<Versioned>> {
-    match state.entries.get(name) {
-        Some(entry) => entry.built.as_ref().map(|b| b.get(ty).clone()),
-        None => build(name, &state.snapshot, options).map(|b| b.get(ty).clone()),
-    }
-}
-
-fn build(name: &str, snapshot: &Snapshot, options: &XdsOptions) -> Option<Built> {
-    let r = xds::build(name, xds::Lookup::in_snapshot(snapshot, name), options).ok()?;
-    Some(Built {
-        cluster: Arc::new(r.cluster),
-        endpoints: Arc::new(r.endpoints),
-    })
+/// The cluster versions of every variant of an entry, to tell whether a rebuild changed it.
+fn cluster_versions(entry: &Entry) -> Vec<(Option<Arc<str>>, Option<String>)> {
+    let mut versions: Vec<_> = (entry.built.iter())
+        .map(|(v, b)| (v.clone(), b.as_ref().map(|b| b.cluster.version.clone())))
+        .collect();
+    versions.sort();
+    versions
 }
 
 #[cfg(test)]
@@ -668,13 +807,13 @@ mod tests {
     /// Subscribes `list`; returns the names of it known to be unregistered.
     fn subscribe(cache: &Cache, subs: &mut Subscriptions, list: &[&str]) -> Vec<String> {
         let change = subs.update(&names(list), &[], &HashMap::new());
-        let unregistered = cache.watch(&change.added);
+        let unregistered = cache.watch("", &change.added);
         unregistered.into_iter().map(str::to_owned).collect()
     }
 
     /// Computes what to send and records it as sent.
     fn send(cache: &Cache, ty: ResourceType, subs: &mut Subscriptions) -> Delta {
-        let delta = cache.delta(ty, subs);
+        let delta = cache.delta("", ty, subs);
         subs.record(&delta);
         delta
     }
@@ -694,7 +833,7 @@ mod tests {
         let mut subs = Subscriptions::default();
         let added = subs.presubscribe(&names(&["hello.vip"]));
         assert_eq!(added, ["hello.vip"]);
-        cache.watch(&added);
+        cache.watch("", &added);
         let pushed = send(&cache, ResourceType::Endpoints, &mut subs);
         assert_eq!(sent_names(&pushed), ["hello.vip"]);
 
@@ -770,7 +909,7 @@ mod tests {
         send(&cache, ResourceType::Endpoints, &mut subs);
         let change = subs.update(&[], &names(&["hello.vip"]), &HashMap::new());
         assert_eq!(change.removed, ["hello.vip"]);
-        cache.unwatch(change.removed.iter().map(String::as_str));
+        cache.unwatch("", change.removed.iter().map(String::as_str));
         assert_eq!(
             cache.watched(),
             0,
@@ -796,7 +935,7 @@ mod tests {
         ]);
         let mut subs = Subscriptions::default();
         let change = subs.update(&names(&["same.vip", "stale.vip", "new.vip"]), &[], &initial);
-        cache.watch(&change.added);
+        cache.watch("", &change.added);
         let delta = send(&cache, ResourceType::Cluster, &mut subs);
         assert_eq!(sent_names(&delta), ["new.vip", "stale.vip"]);
         assert!(delta.remove.is_empty());
@@ -867,6 +1006,94 @@ mod tests {
         );
     }
 
+    /// [`subscribe`] by a proxy of `caller`.
+    fn subscribe_as(cache: &Cache, caller: &str, subs: &mut Subscriptions, list: &[&str]) {
+        let change = subs.update(&names(list), &[], &HashMap::new());
+        cache.watch(caller, &change.added);
+    }
+
+    /// [`send`] to a proxy of `caller`.
+    fn send_as(cache: &Cache, caller: &str, ty: ResourceType, subs: &mut Subscriptions) -> Delta {
+        let delta = cache.delta(caller, ty, subs);
+        subs.record(&delta);
+        delta
+    }
+
+    fn policy(yaml: &str) -> Arc<Policy> {
+        Arc::new(Policy::parse(yaml.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn a_policy_change_is_sent_to_the_subscribers_of_the_clusters_it_changes_only() {
+        let cache = cache(vec![
+            inst("a", "10.0.0.1", Status::Up),
+            inst("b", "10.0.0.2", Status::Up),
+        ]);
+        let (mut on_a, mut on_b) = (Subscriptions::default(), Subscriptions::default());
+        subscribe(&cache, &mut on_a, &["a.vip"]);
+        subscribe(&cache, &mut on_b, &["b.vip"]);
+        send(&cache, ResourceType::Cluster, &mut on_a);
+        send(&cache, ResourceType::Cluster, &mut on_b);
+
+        let changed = cache.set_policy(policy("vips: {a: {request_timeout: 300ms}}"));
+        assert_eq!(changed, ["a.vip"]);
+        assert_eq!(
+            sent_names(&send(&cache, ResourceType::Cluster, &mut on_a)),
+            ["a.vip"]
+        );
+        assert!(send(&cache, ResourceType::Cluster, &mut on_b).is_empty());
+        // The same policy again changes nothing.
+        assert!(
+            cache
+                .set_policy(policy("vips: {a: {request_timeout: 300ms}}"))
+                .is_empty()
+        );
+        assert!(send(&cache, ResourceType::Cluster, &mut on_a).is_empty());
+    }
+
+    #[test]
+    fn a_caller_with_an_override_gets_its_own_cluster_and_the_others_share_one() {
+        let cache = cache(vec![inst("pay", "10.0.0.1", Status::Up)]);
+        cache.set_policy(policy(
+            "vips: {pay: {retries: {count: 1}, callers: {checkout: {retries: {count: 4}}}}}",
+        ));
+        let (mut checkout, mut cart, mut web) = Default::default();
+        subscribe_as(&cache, "checkout", &mut checkout, &["pay.vip"]);
+        subscribe_as(&cache, "cart", &mut cart, &["pay.vip"]);
+        subscribe_as(&cache, "web", &mut web, &["pay.vip"]);
+        let version = |caller: &str, subs: &mut Subscriptions| {
+            send_as(&cache, caller, ResourceType::Cluster, subs).send[0]
+                .version
+                .clone()
+        };
+        let (v_checkout, v_cart, v_web) = (
+            version("checkout", &mut checkout),
+            version("cart", &mut cart),
+            version("web", &mut web),
+        );
+        assert_ne!(v_checkout, v_cart);
+        assert_eq!(
+            v_cart, v_web,
+            "callers without an override share one cluster"
+        );
+        let retries = |caller| cache.effective_policy("pay.vip", caller).unwrap().retries;
+        assert_eq!(retries("checkout").value, 4);
+        assert_eq!(retries("cart").value, 1);
+
+        // The override goes away: checkout's proxies get the shared cluster, the others
+        // nothing new.
+        cache.set_policy(policy("vips: {pay: {retries: {count: 1}}}"));
+        let to_checkout = send_as(&cache, "checkout", ResourceType::Cluster, &mut checkout);
+        assert_eq!(to_checkout.send[0].version, v_cart);
+        assert!(send_as(&cache, "cart", ResourceType::Cluster, &mut cart).is_empty());
+
+        // Unsubscribing every caller forgets the name.
+        for (caller, subs) in [("checkout", &checkout), ("cart", &cart), ("web", &web)] {
+            cache.unwatch(caller, subs.names().collect::<Vec<_>>());
+        }
+        assert_eq!(cache.watched(), 0);
+    }
+
     #[test]
     fn a_vip_that_appears_later_changes_its_cluster_and_its_endpoints() {
         let cache = cache(vec![]);
@@ -917,9 +1144,9 @@ mod tests {
         let (mut a, mut b) = (Subscriptions::default(), Subscriptions::default());
         subscribe(&cache, &mut a, &["x.vip"]);
         subscribe(&cache, &mut b, &["x.vip"]);
-        cache.unwatch(["x.vip"]);
+        cache.unwatch("", ["x.vip"]);
         assert_eq!(cache.watched(), 1);
-        cache.unwatch(["x.vip"]);
+        cache.unwatch("", ["x.vip"]);
         assert_eq!(cache.watched(), 0);
     }
 
@@ -945,7 +1172,7 @@ mod tests {
             .collect();
         let names: Vec<String> = initial.keys().cloned().collect();
         let change = subs.update(&names, &[], &initial);
-        cache.watch(&change.added);
+        cache.watch("", &change.added);
     }
 
     #[test]
@@ -1029,7 +1256,7 @@ mod tests {
         );
         assert_eq!(change.added, ["a.vip", "b.vip"]);
         assert_eq!(change.over_limit, 2);
-        cache.watch(&change.added);
+        cache.watch("", &change.added);
         let delta = send(&cache, ResourceType::Cluster, &mut cds);
         assert_eq!(sent_names(&delta), ["a.vip", "b.vip"]);
         assert_eq!(delta.remove, ["c.vip", "d.vip"]);
@@ -1058,14 +1285,14 @@ mod tests {
         assert_eq!((cds.len(), cds.counted_len(), cds.waiting()), (3, 1, 2));
         // Answered with a removal while they wait, then sent once admitted.
         let cache = cache(vec![inst("b", "10.0.0.2", Status::Up)]);
-        cache.watch(&change.added);
+        cache.watch("", &change.added);
         let first = send(&cache, ResourceType::Cluster, &mut cds);
         assert_eq!(sent_names(&first), ["a.vip"]);
         assert_eq!(first.remove, ["b.vip", "c.vip"]);
         assert!(send(&cache, ResourceType::Cluster, &mut cds).is_empty());
         let admitted = cds.admit_waiting(1);
         assert_eq!(admitted, ["b.vip"]);
-        cache.watch(&admitted);
+        cache.watch("", &admitted);
         assert_eq!(
             sent_names(&send(&cache, ResourceType::Cluster, &mut cds)),
             ["b.vip"]

@@ -17,6 +17,7 @@ use odmesh_control::cache::{Cache, SubscriptionLimits};
 use odmesh_control::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model;
+use odmesh_control::policy::{self, watch::PolicyStatus};
 use odmesh_control::registry::eureka_server::auth::Authenticator;
 use odmesh_control::registry::eureka_server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
 use odmesh_control::registry::eureka_server::preservation::PreservationConfig;
@@ -100,6 +101,14 @@ struct Args {
     /// /debug/proxies.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18001")]
     admin: SocketAddr,
+
+    /// Policy file (YAML): per-destination timeouts, retries, circuit breakers, outlier
+    /// detection, load balancing and protocol, with defaults, per-VIP/SVIP entries and
+    /// per-calling-service overrides (README, "Per-destination policy"). Watched: a change
+    /// reaches the proxies holding the affected clusters within a second; a file that fails
+    /// to parse is reported (log, metric, /debug/policy) and the last good policy stays.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
 
     /// CA bundle (PEM) with which Envoy verifies `.svip` upstreams. The path is Envoy's: it
     /// must exist where Envoy runs. Default: the system CA bundle.
@@ -509,7 +518,19 @@ async fn run() -> anyhow::Result<()> {
         let cache = cache.clone();
         async move { cache.follow(snapshots).await }
     });
-    let xds = XdsServer::with_config(cache, metrics.clone(), xds_config(&args)?);
+    let policy_status = match &args.policy {
+        None => Arc::default(),
+        Some(path) => {
+            let source =
+                policy::watch::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
+                    .with_context(|| "--policy: the policy file is not valid".to_string())?;
+            let cache = cache.clone();
+            let policies = source.policy.clone();
+            tokio::spawn(async move { cache.follow_policy(policies).await });
+            source.status
+        }
+    };
+    let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config(&args)?);
 
     let xds_listener = TcpListener::bind(args.xds)
         .await
@@ -537,6 +558,8 @@ async fn run() -> anyhow::Result<()> {
         health: source.health.clone(),
         registry: source.registry.clone(),
         xds: xds.clone(),
+        cache,
+        policy: policy_status,
     });
     let admin_metrics = metrics.clone();
     let mut admin_task = tokio::spawn(http_server::serve(
@@ -635,6 +658,8 @@ struct View {
     health: SourceHealth,
     registry: watch::Receiver<Arc<Registry>>,
     xds: XdsServer,
+    cache: Arc<Cache>,
+    policy: Arc<std::sync::Mutex<PolicyStatus>>,
 }
 
 impl AdminView for View {
@@ -654,6 +679,37 @@ impl AdminView for View {
 
     fn proxies(&self) -> serde_json::Value {
         serde_json::to_value(self.xds.proxies()).unwrap_or_default()
+    }
+
+    fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value {
+        let status = self.policy.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut out = serde_json::json!({
+            "source": status,
+            "file": self.cache.policy().summary(),
+        });
+        if let Some(cluster) = cluster {
+            out["effective"] = serde_json::json!([{
+                "cluster": cluster,
+                "caller": caller,
+                "policy": self.cache.effective_policy(cluster, caller),
+            }]);
+            return out;
+        }
+        // Every (cluster, calling service) that a connected proxy holds.
+        let mut held = std::collections::BTreeSet::new();
+        for proxy in self.xds.proxies() {
+            for cluster in proxy.clusters {
+                held.insert((cluster, proxy.node_cluster.clone()));
+            }
+        }
+        out["effective"] = (held.into_iter())
+            .map(|(cluster, caller)| {
+                let policy = self.cache.effective_policy(&cluster, &caller);
+                serde_json::json!({ "cluster": cluster, "caller": caller, "policy": policy })
+            })
+            .collect::<Vec<_>>()
+            .into();
+        out
     }
 
     fn metrics(&self) -> &Metrics {

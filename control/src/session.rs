@@ -126,6 +126,8 @@ pub struct Session {
     connected_since: SystemTime,
     node_id: String,
     node_cluster: String,
+    /// Whether a request has named the node (see `apply_request`).
+    node_seen: bool,
     clusters: Subscriptions,
     endpoints: Subscriptions,
     next_nonce: u64,
@@ -146,6 +148,7 @@ impl Session {
             connected_since: SystemTime::now(),
             node_id: String::new(),
             node_cluster: String::new(),
+            node_seen: false,
             clusters: Subscriptions::with_limits(limits),
             endpoints: Subscriptions::with_limits(limits),
             next_nonce: 1,
@@ -237,7 +240,7 @@ impl Session {
             .collect();
         let presubscribed = self.endpoints.presubscribe(&added);
         (cx.metrics.xds_subscriptions).fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
-        cx.cache.watch(&presubscribed);
+        cx.cache.watch(&self.node_cluster, &presubscribed);
         [first, self.respond(cx, ResourceType::Endpoints)]
     }
 
@@ -251,9 +254,12 @@ impl Session {
     ) -> Option<(ResourceType, Vec<String>)> {
         let metrics = cx.metrics;
         Metrics::inc(&metrics.xds_requests_total);
+        // The node counts once, from the first request that carries one: the subscriptions
+        // are counted under its `cluster` (the calling service), which must not change.
         if let Some(node) = &req.node
-            && self.node_id.is_empty()
+            && !self.node_seen
         {
+            self.node_seen = true;
             // Kept for the admin: bounded, whatever the client sent.
             self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
             self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
@@ -332,7 +338,10 @@ impl Session {
             );
         }
         let cache = cx.cache;
-        cache.unwatch(change.removed.iter().map(String::as_str));
+        cache.unwatch(
+            &self.node_cluster,
+            change.removed.iter().map(String::as_str),
+        );
         if change.over_room > 0 {
             (metrics.xds_names_waiting_total).fetch_add(change.over_room as u64, Ordering::Relaxed);
             crate::limited!(
@@ -350,7 +359,7 @@ impl Session {
             // will never come, so the one made on its behalf goes too.
             let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
             total.fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
-            cache.unwatch(withdrawn.iter().map(String::as_str));
+            cache.unwatch(&self.node_cluster, withdrawn.iter().map(String::as_str));
         }
         refused += self.count_in(cx, ty, &change.added);
         if refused > 0 {
@@ -400,7 +409,7 @@ impl Session {
     fn count_in(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[String]) -> usize {
         let metrics = cx.metrics;
         (metrics.xds_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
-        let unregistered = cx.cache.watch(names);
+        let unregistered = cx.cache.watch(&self.node_cluster, names);
         if ty != ResourceType::Cluster {
             return 0;
         }
@@ -447,11 +456,12 @@ impl Session {
     /// The response bringing this stream's `ty` subscriptions up to date, if any is needed.
     fn respond(&mut self, cx: &Context<'_>, ty: ResourceType) -> Option<DeltaDiscoveryResponse> {
         let cache = cx.cache;
+        let caller = self.node_cluster.clone();
         let subs = self.subs(ty);
         if subs.is_idle() {
             return None;
         }
-        let delta = cache.delta(ty, subs);
+        let delta = cache.delta(&caller, ty, subs);
         if delta.is_empty() {
             return None;
         }
@@ -477,7 +487,7 @@ impl Session {
     /// The stream ended: its subscriptions no longer count.
     pub fn close(&self, cx: &Context<'_>) {
         for subs in [&self.clusters, &self.endpoints] {
-            cx.cache.unwatch(subs.counted_names());
+            cx.cache.unwatch(&self.node_cluster, subs.counted_names());
         }
         let metrics = cx.metrics;
         metrics

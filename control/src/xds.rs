@@ -22,18 +22,23 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::cluster::v3::{
-    Cluster, OutlierDetection,
+    CircuitBreakers, Cluster, OutlierDetection,
+    circuit_breakers::{Thresholds, thresholds::RetryBudget},
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, Http1ProtocolOptions,
-    Http2ProtocolOptions, Locality, Metadata, SocketAddress, TransportSocket, address,
-    config_source::ConfigSourceSpecifier, data_source::Specifier, socket_address::PortSpecifier,
-    transport_socket,
+    Http2ProtocolOptions, HttpProtocolOptions as CoreHttpProtocolOptions, Locality, Metadata,
+    SocketAddress, TransportSocket, address, config_source::ConfigSourceSpecifier,
+    data_source::Specifier, socket_address::PortSpecifier, transport_socket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints,
     lb_endpoint::HostIdentifier,
+};
+use envoy_types::pb::envoy::config::route::v3::{
+    RetryPolicy,
+    retry_policy::{RetryBackOff, RetryHostPredicate, retry_host_predicate},
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
@@ -48,11 +53,15 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 };
 use envoy_types::pb::envoy::service::discovery::v3::Resource;
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
-use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Value, value};
+use envoy_types::pb::envoy::r#type::v3::Percent;
+use envoy_types::pb::google::protobuf::{
+    Any, Duration as PbDuration, Struct, UInt32Value, Value, value,
+};
 use odmesh_names::{InvalidClusterName, Kind, parse_cluster_name};
 use prost::Message;
 
 use crate::model::{ClusterInfo, Endpoint, Snapshot};
+use crate::policy::{Effective, LoadBalancing, Policy};
 use crate::registry::Protocol;
 
 /// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
@@ -66,6 +75,13 @@ pub const METADATA_NAMESPACE: &str = "odmesh";
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const HTTP_PROTOCOL_OPTIONS_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+/// The cluster metadata keys (namespace `odmesh`) of the request and per-try timeouts, in
+/// milliseconds; absent for none.
+pub const REQUEST_TIMEOUT_KEY: &str = "request_timeout_ms";
+pub const PER_TRY_TIMEOUT_KEY: &str = "per_try_timeout_ms";
+const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
+const PREVIOUS_HOSTS_TYPE_URL: &str =
+    "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
 /// Envoy's name for the TLS transport socket.
 const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
 const UPSTREAM_TLS_TYPE_URL: &str =
@@ -122,8 +138,6 @@ pub struct XdsOptions {
     /// Whether a `.svip` upstream's certificate must name the SVIP (DNS SAN), on top of the
     /// chain check. On by default: a valid chain alone proves nothing about who answered.
     pub verify_upstream_san: bool,
-    /// TCP connect timeout of every cluster.
-    pub connect_timeout: Duration,
 }
 
 impl XdsOptions {
@@ -136,7 +150,6 @@ impl XdsOptions {
         XdsOptions {
             upstream_ca,
             verify_upstream_san: true,
-            connect_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -210,22 +223,35 @@ impl<'a> Lookup<'a> {
     }
 }
 
-/// Builds and versions both resources for cluster `name`. Fails only when `name` is not an
-/// odmesh cluster name.
+/// Builds and versions both resources for cluster `name`, with odmesh's default policy.
+/// Fails only when `name` is not an odmesh cluster name.
 pub fn build(
     name: &str,
     lookup: Lookup<'_>,
     opts: &XdsOptions,
 ) -> Result<ClusterResources, InvalidClusterName> {
-    let target = Target::new(name, lookup)?;
-    let cluster_version = target.cluster_version(opts);
+    build_for(name, lookup, opts, &Policy::default(), None)
+}
+
+/// [`build`] under `policy`, for the proxies of `caller` (`None`: a caller without an
+/// override of its own; see [`Policy::has_caller_override`]).
+pub fn build_for(
+    name: &str,
+    lookup: Lookup<'_>,
+    opts: &XdsOptions,
+    policy: &Policy,
+    caller: Option<&str>,
+) -> Result<ClusterResources, InvalidClusterName> {
+    let target = Target::new(name, lookup, policy, caller)?;
+    let cluster = target.cluster(opts);
+    let cluster_version = target.cluster_version(opts, &cluster);
     let endpoints_version = target.endpoints_version(cluster_version);
     let registered = target.state == State::Registered;
     Ok(ClusterResources {
         cluster: Versioned {
             name: name.to_owned(),
             version: format!("{cluster_version:016x}"),
-            resource: any(CLUSTER_TYPE_URL, &target.cluster(opts)),
+            resource: any(CLUSTER_TYPE_URL, &cluster),
             registered,
         },
         endpoints: Versioned {
@@ -237,13 +263,23 @@ pub fn build(
     })
 }
 
-/// The `Cluster` for `name`; see the module docs.
+/// The `Cluster` for `name` with odmesh's default policy; see the module docs.
 pub fn cluster(
     name: &str,
     lookup: Lookup<'_>,
     opts: &XdsOptions,
 ) -> Result<Cluster, InvalidClusterName> {
-    Ok(Target::new(name, lookup)?.cluster(opts))
+    Ok(Target::new(name, lookup, &Policy::default(), None)?.cluster(opts))
+}
+
+/// The policy `name` gets under `policy` for `caller`, with where each value came from.
+pub fn effective_policy(
+    name: &str,
+    lookup: Lookup<'_>,
+    policy: &Policy,
+    caller: Option<&str>,
+) -> Result<Effective, InvalidClusterName> {
+    Ok(Target::new(name, lookup, policy, caller)?.policy)
 }
 
 /// The `ClusterLoadAssignment` for `name`: UP endpoints grouped by zone (empty when unknown).
@@ -251,7 +287,7 @@ pub fn load_assignment(
     name: &str,
     lookup: Lookup<'_>,
 ) -> Result<ClusterLoadAssignment, InvalidClusterName> {
-    Ok(Target::new(name, lookup)?.load_assignment())
+    Ok(Target::new(name, lookup, &Policy::default(), None)?.load_assignment())
 }
 
 /// [`Lookup`] without the cluster, as it shapes a resource.
@@ -270,45 +306,63 @@ struct Target<'a> {
     kind: Kind,
     state: State,
     endpoints: &'a [Endpoint],
-    protocol: Protocol,
+    /// What the policy (and the instances' declared protocol) give this cluster.
+    policy: Effective,
 }
 
 impl<'a> Target<'a> {
-    fn new(name: &'a str, lookup: Lookup<'a>) -> Result<Target<'a>, InvalidClusterName> {
+    fn new(
+        name: &'a str,
+        lookup: Lookup<'a>,
+        policy: &Policy,
+        caller: Option<&str>,
+    ) -> Result<Target<'a>, InvalidClusterName> {
         let (vip, kind) = parse_cluster_name(name)?;
-        let missing = |state| Target {
+        let (vip, state, endpoints, declared): (&str, _, &[Endpoint], _) = match lookup {
+            Lookup::Registered(info) => {
+                (&info.vip, State::Registered, &info.endpoints, info.protocol)
+            }
+            Lookup::Unregistered => (vip, State::Unregistered, &[], Protocol::Auto),
+            Lookup::NotYetKnown => (vip, State::NotYetKnown, &[], Protocol::Auto),
+        };
+        Ok(Target {
             name,
             vip,
             kind,
             state,
-            endpoints: &[],
-            protocol: Protocol::Auto,
-        };
-        Ok(match lookup {
-            Lookup::Registered(info) => Target {
-                name,
-                vip: &info.vip,
-                kind: info.kind,
-                state: State::Registered,
-                endpoints: &info.endpoints,
-                protocol: info.protocol,
-            },
-            Lookup::Unregistered => missing(State::Unregistered),
-            Lookup::NotYetKnown => missing(State::NotYetKnown),
+            endpoints,
+            policy: policy.resolve(kind, vip, caller, declared),
         })
     }
 
+    fn protocol(&self) -> Protocol {
+        self.policy.protocol.value
+    }
+
     /// Version of the cluster: everything but the endpoints, so an endpoint change never
-    /// re-warms the cluster (which would drain its connection pools).
-    fn cluster_version(&self, opts: &XdsOptions) -> u64 {
+    /// re-warms the cluster (which would drain its connection pools). The policy's part is
+    /// read from `cluster` as encoded: those messages have no map fields, so they encode the
+    /// same way every time.
+    fn cluster_version(&self, opts: &XdsOptions, cluster: &Cluster) -> u64 {
         let mut h = Fnv64::default();
         h.str(TEMPLATE);
         h.str(self.name);
         h.str(self.vip);
         h.str(self.kind.as_str());
         h.bytes(&[self.state as u8]);
-        h.str(self.protocol.as_str());
-        h.bytes(&opts.connect_timeout.as_nanos().to_le_bytes());
+        h.str(self.protocol().as_str());
+        h.bytes(&self.http_protocol_options().encode_to_vec());
+        if let Some(breakers) = &cluster.circuit_breakers {
+            h.bytes(&breakers.encode_to_vec());
+        }
+        if let Some(outliers) = &cluster.outlier_detection {
+            h.bytes(&outliers.encode_to_vec());
+        }
+        h.bytes(&self.policy.connect_timeout.value.as_nanos().to_le_bytes());
+        h.bytes(&cluster.lb_policy.to_le_bytes());
+        for timeout in [&self.policy.request_timeout, &self.policy.per_try_timeout] {
+            h.bytes(&timeout.value.as_nanos().to_le_bytes());
+        }
         if self.kind == Kind::Svip {
             // TLS settings shape `.svip` clusters only; a new CA must not re-warm plain ones.
             h.str(&opts.upstream_ca.to_string_lossy());
@@ -346,9 +400,15 @@ impl<'a> Target<'a> {
                 }),
                 service_name: self.name.to_owned(),
             }),
-            connect_timeout: Some(duration(opts.connect_timeout)),
-            lb_policy: LbPolicy::RoundRobin as i32,
-            outlier_detection: Some(OutlierDetection::default()),
+            connect_timeout: Some(duration(self.policy.connect_timeout.value)),
+            lb_policy: match self.policy.load_balancing.value {
+                LoadBalancing::RoundRobin => LbPolicy::RoundRobin,
+                LoadBalancing::LeastRequest => LbPolicy::LeastRequest,
+                LoadBalancing::RingHash => LbPolicy::RingHash,
+                LoadBalancing::Maglev => LbPolicy::Maglev,
+            } as i32,
+            circuit_breakers: Some(self.circuit_breakers()),
+            outlier_detection: Some(self.outlier_detection()),
             metadata: Some(self.metadata()),
             transport_socket: (self.kind == Kind::Svip).then(|| self.tls_socket(opts)),
             typed_extension_protocol_options: HashMap::from([(
@@ -367,10 +427,81 @@ impl<'a> Target<'a> {
     /// caller's (`use_downstream_protocol_config`): an h2c or gRPC caller gets HTTP/2
     /// upstream, an HTTP/1.1 caller (and its WebSocket upgrade) HTTP/1.1. A `.svip` cluster
     /// offers `h2,http/1.1` in ALPN and speaks what the server picks (`auto_config`).
+    fn circuit_breakers(&self) -> CircuitBreakers {
+        let p = &self.policy;
+        let budget = (p.retry_budget_percent.value > 0).then(|| RetryBudget {
+            budget_percent: Some(Percent {
+                value: f64::from(p.retry_budget_percent.value),
+            }),
+            min_retry_concurrency: Some(UInt32Value { value: 3 }),
+            ..Default::default()
+        });
+        CircuitBreakers {
+            thresholds: vec![Thresholds {
+                max_connections: Some(UInt32Value {
+                    value: p.max_connections.value,
+                }),
+                max_pending_requests: Some(UInt32Value {
+                    value: p.max_pending_requests.value,
+                }),
+                max_requests: Some(UInt32Value {
+                    value: p.max_requests.value,
+                }),
+                max_retries: Some(UInt32Value {
+                    value: p.max_retries.value,
+                }),
+                retry_budget: budget,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn outlier_detection(&self) -> OutlierDetection {
+        let p = &self.policy;
+        OutlierDetection {
+            consecutive_5xx: Some(UInt32Value {
+                value: p.consecutive_5xx.value,
+            }),
+            interval: Some(duration(p.outlier_interval.value)),
+            base_ejection_time: Some(duration(p.base_ejection_time.value)),
+            max_ejection_percent: Some(UInt32Value {
+                value: p.max_ejection_percent.value,
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The cluster's retry policy (Envoy 1.37+: it replaces the route's). A retry goes to
+    /// another instance when there is one (`previous_hosts`).
+    fn retry_policy(&self) -> RetryPolicy {
+        let p = &self.policy;
+        let on: Vec<&str> = p.retry_on.value.iter().map(|r| r.as_str()).collect();
+        RetryPolicy {
+            retry_on: on.join(","),
+            num_retries: Some(UInt32Value {
+                value: p.retries.value,
+            }),
+            retry_back_off: Some(RetryBackOff {
+                base_interval: Some(duration(p.retry_backoff_base.value)),
+                max_interval: Some(duration(p.retry_backoff_max.value)),
+            }),
+            retry_host_predicate: vec![RetryHostPredicate {
+                name: PREVIOUS_HOSTS.to_owned(),
+                config_type: Some(retry_host_predicate::ConfigType::TypedConfig(Any {
+                    type_url: PREVIOUS_HOSTS_TYPE_URL.to_owned(),
+                    value: Vec::new(),
+                })),
+            }],
+            host_selection_retry_max_attempts: 3,
+            ..Default::default()
+        }
+    }
+
     fn http_protocol_options(&self) -> HttpProtocolOptions {
         let http1 = || Some(Http1ProtocolOptions::default());
         let http2 = || Some(Http2ProtocolOptions::default());
-        let choice = match (self.protocol, self.kind) {
+        let choice = match (self.protocol(), self.kind) {
             (Protocol::Auto, Kind::Vip) => {
                 UpstreamProtocolOptions::UseDownstreamProtocolConfig(UseDownstreamHttpConfig {
                     http_protocol_options: http1(),
@@ -400,6 +531,11 @@ impl<'a> Target<'a> {
         };
         HttpProtocolOptions {
             upstream_protocol_options: Some(choice),
+            common_http_protocol_options: Some(CoreHttpProtocolOptions {
+                idle_timeout: Some(duration(self.policy.idle_timeout.value)),
+                ..Default::default()
+            }),
+            retry_policy: Some(self.retry_policy()),
             ..Default::default()
         }
     }
@@ -407,7 +543,7 @@ impl<'a> Target<'a> {
     /// The ALPN list a `.svip` cluster offers: empty for [`Protocol::Auto`], where Envoy's
     /// `auto_config` offers `h2,http/1.1` itself; the one declared protocol otherwise.
     fn alpn(&self) -> Vec<String> {
-        match self.protocol {
+        match self.protocol() {
             Protocol::Auto => Vec::new(),
             Protocol::Http1 => vec!["http/1.1".to_owned()],
             Protocol::Http2 => vec!["h2".to_owned()],
@@ -421,7 +557,10 @@ impl<'a> Target<'a> {
         let fields = HashMap::from([
             ("vip".to_owned(), string_value(self.vip)),
             ("kind".to_owned(), string_value(self.kind.as_str())),
-            ("protocol".to_owned(), string_value(self.protocol.as_str())),
+            (
+                "protocol".to_owned(),
+                string_value(self.protocol().as_str()),
+            ),
             ("reason".to_owned(), string_value(&self.reason())),
             (
                 "registered".to_owned(),
@@ -430,6 +569,19 @@ impl<'a> Target<'a> {
                 },
             ),
         ]);
+        let mut fields = fields;
+        // Read by the bootstrap's `header_mutation` filter, which turns them into the router's
+        // `x-envoy-upstream-rq-timeout-ms` and `x-envoy-upstream-rq-per-try-timeout-ms`: the
+        // one way a cluster can give its requests a timeout with a single shared route.
+        for (key, timeout) in [
+            (REQUEST_TIMEOUT_KEY, &self.policy.request_timeout),
+            (PER_TRY_TIMEOUT_KEY, &self.policy.per_try_timeout),
+        ] {
+            if !timeout.value.is_zero() {
+                let ms = timeout.value.as_millis().max(1).to_string();
+                fields.insert(key.to_owned(), string_value(&ms));
+            }
+        }
         Metadata {
             filter_metadata: HashMap::from([(METADATA_NAMESPACE.to_owned(), Struct { fields })]),
             ..Default::default()
@@ -830,6 +982,114 @@ mod tests {
         assert_ne!(a.cluster.version, b.cluster.version);
         let c = cluster("hello.vip", Lookup::Registered(&http2), &opts()).unwrap();
         assert_eq!(odmesh_meta(&c)["protocol"], string_value("http2"));
+    }
+
+    /// The cluster `hello.vip` builds under `yaml`, for proxies of `caller`.
+    fn under_policy(yaml: &str, caller: Option<&str>) -> (Cluster, HttpProtocolOptions) {
+        let policy = Policy::parse(yaml.as_bytes()).unwrap();
+        let hello = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
+        let built = build_for(
+            "hello.vip",
+            Lookup::Registered(&hello),
+            &opts(),
+            &policy,
+            caller,
+        )
+        .unwrap();
+        let c = Cluster::decode(built.cluster.resource.value.as_slice()).unwrap();
+        let any = &c.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
+        let options = HttpProtocolOptions::decode(any.value.as_slice()).unwrap();
+        (c, options)
+    }
+
+    #[test]
+    fn without_a_policy_a_request_that_never_reached_an_instance_is_retried_on_another() {
+        let (c, options) = under_policy("", None);
+        let retry = options.retry_policy.unwrap();
+        assert_eq!(
+            retry.retry_on,
+            "connect-failure,refused-stream,reset-before-request"
+        );
+        assert_eq!(retry.num_retries, Some(UInt32Value { value: 2 }));
+        assert_eq!(retry.retry_host_predicate[0].name, PREVIOUS_HOSTS);
+        assert_eq!(retry.host_selection_retry_max_attempts, 3);
+        assert_eq!(c.connect_timeout.unwrap().seconds, 1);
+        assert_eq!(c.lb_policy, LbPolicy::RoundRobin as i32);
+        let meta = odmesh_meta(&c);
+        assert!(
+            !meta.contains_key(REQUEST_TIMEOUT_KEY),
+            "no request timeout by default"
+        );
+        assert!(!meta.contains_key(PER_TRY_TIMEOUT_KEY));
+    }
+
+    #[test]
+    fn each_policy_value_lands_in_its_envoy_field() {
+        let (c, options) = under_policy(
+            "vips:
+  hello:
+    connect_timeout: 250ms
+    request_timeout: 2s
+    per_try_timeout: 500ms
+    idle_timeout: 5m
+    load_balancing: least_request
+    retries: {on: [5xx, reset], count: 3, backoff: {base: 10ms, max: 1s}, budget_percent: 20}
+    circuit_breakers: {max_connections: 10, max_pending_requests: 11, max_requests: 12, max_retries: 2}
+    outlier_detection: {consecutive_5xx: 7, interval: 2s, base_ejection_time: 9s, max_ejection_percent: 50}
+",
+            None,
+        );
+        assert_eq!(c.connect_timeout.unwrap().nanos, 250_000_000);
+        assert_eq!(c.lb_policy, LbPolicy::LeastRequest as i32);
+        let retry = options.retry_policy.unwrap();
+        assert_eq!(retry.retry_on, "5xx,reset");
+        assert_eq!(retry.num_retries, Some(UInt32Value { value: 3 }));
+        let backoff = retry.retry_back_off.unwrap();
+        assert_eq!(backoff.base_interval.unwrap().nanos, 10_000_000);
+        assert_eq!(backoff.max_interval.unwrap().seconds, 1);
+        let idle = options.common_http_protocol_options.unwrap().idle_timeout;
+        assert_eq!(idle.unwrap().seconds, 300);
+        let limits = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+        let n = |v: &Option<UInt32Value>| v.as_ref().unwrap().value;
+        assert_eq!(
+            (n(&limits.max_connections), n(&limits.max_pending_requests)),
+            (10, 11)
+        );
+        assert_eq!((n(&limits.max_requests), n(&limits.max_retries)), (12, 2));
+        let budget = limits.retry_budget.as_ref().unwrap();
+        assert_eq!(budget.budget_percent.as_ref().unwrap().value, 20.0);
+        let outliers = c.outlier_detection.as_ref().unwrap();
+        assert_eq!(n(&outliers.consecutive_5xx), 7);
+        assert_eq!(outliers.interval.unwrap().seconds, 2);
+        assert_eq!(outliers.base_ejection_time.unwrap().seconds, 9);
+        assert_eq!(n(&outliers.max_ejection_percent), 50);
+        // The timeouts travel in the metadata, for the bootstrap's header_mutation filter.
+        let meta = odmesh_meta(&c);
+        assert_eq!(meta[REQUEST_TIMEOUT_KEY], string_value("2000"));
+        assert_eq!(meta[PER_TRY_TIMEOUT_KEY], string_value("500"));
+    }
+
+    #[test]
+    fn a_callers_override_and_a_policy_change_change_the_cluster_version() {
+        let yaml = "vips: {hello: {callers: {checkout: {circuit_breakers: {max_requests: 5}}}}}";
+        let policy = Policy::parse(yaml.as_bytes()).unwrap();
+        let hello = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
+        let lookup = Lookup::Registered(&hello);
+        let version = |policy: &Policy, caller| {
+            build_for("hello.vip", lookup, &opts(), policy, caller)
+                .unwrap()
+                .cluster
+                .version
+        };
+        let shared = version(&policy, None);
+        assert_eq!(
+            shared,
+            version(&Policy::default(), None),
+            "no change for the others"
+        );
+        assert_ne!(shared, version(&policy, Some("checkout")));
+        let hash = Policy::parse(b"vips: {hello: {load_balancing: maglev}}").unwrap();
+        assert_ne!(shared, version(&hash, None));
     }
 
     #[test]
