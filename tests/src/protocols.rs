@@ -85,6 +85,8 @@ enum Listen {
     Cleartext(Versions),
     /// TLS offering these ALPN protocols, in order of preference.
     Tls(Arc<rustls::ServerConfig>),
+    /// Reads a request's head, then closes the connection.
+    Dying,
 }
 
 /// An HTTP server on its own runtime; stopped when dropped.
@@ -117,6 +119,12 @@ impl HttpUpstream {
         HttpUpstream::spawn(name, Listen::Tls(Arc::new(config)))
     }
 
+    /// An instance that dies with every request: it reads the request, then closes the
+    /// connection without answering, as a process killed mid-request does.
+    pub fn start_dying(name: &str) -> HttpUpstream {
+        HttpUpstream::spawn(name, Listen::Dying)
+    }
+
     fn spawn(name: &str, listen: Listen) -> HttpUpstream {
         let (runtime, listener, addr) = bind_loopback(name);
         let name: Arc<str> = Arc::from(name);
@@ -146,6 +154,18 @@ async fn serve_connection(name: Arc<str>, listen: Arc<Listen>, stream: TcpStream
             let _ = (builder.serve_connection_with_upgrades(TokioIo::new(stream), service)).await;
         }
         Listen::Cleartext(Versions::Http1Only) => serve_http1(name, None, stream).await,
+        Listen::Dying => {
+            let mut stream = stream;
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            drop(stream);
+        }
         Listen::Cleartext(Versions::Http2Only) => serve_http2(name, None, stream).await,
         Listen::Tls(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config.clone());

@@ -1,0 +1,330 @@
+//! Per-destination policy (`odmesh-control --policy FILE`) against real Envoy: each knob takes
+//! effect in the shipped bootstrap (a request timeout, a circuit breaker, retries on reset), a
+//! per-caller override applies to that caller only, a bad file keeps the last good policy and
+//! says where it is wrong, and a change reaches only the proxies holding the affected cluster,
+//! without cutting a request in flight. Needs `make envoy`, `make wasm` and
+//! `cargo build -p odmesh-control`.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use odmesh_e2e::{
+    Envoy, HttpUpstream, Instance, Mesh, Request, Response, TestEnv, Versions, hold_for,
+    odmesh_bootstrap, wait_until,
+};
+
+/// How soon a policy change must reach Envoy: the file is read every second.
+const CHANGE_DEADLINE: Duration = Duration::from_secs(3);
+/// The bound on any one request of these tests.
+const REQUEST_BOUND: Duration = Duration::from_secs(20);
+
+/// Writes the policy file atomically (a temporary file renamed over it).
+fn write_policy(path: &Path, yaml: &str) {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, yaml).unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.display()));
+    fs::rename(&tmp, path).unwrap_or_else(|e| panic!("cannot rename over {}: {e}", path.display()));
+}
+
+/// A mesh whose control plane follows the policy file `policy.yaml` (written with `yaml`).
+fn mesh_with_policy(env: &TestEnv, instances: &[Instance], yaml: &str) -> (Mesh, PathBuf) {
+    let path = env.log_dir().join("policy.yaml");
+    write_policy(&path, yaml);
+    let arg = path.to_string_lossy().into_owned();
+    (Mesh::start_with(env, instances, &["--policy", &arg]), path)
+}
+
+/// `GET path` with `Host: host` to `addr`, bounded; the response and how long it took.
+fn timed_get(addr: SocketAddr, host: &str, path: &str) -> (Response, Duration) {
+    let start = Instant::now();
+    let response = Request::get(path)
+        .host(host)
+        .send_within(addr, REQUEST_BOUND)
+        .unwrap_or_else(|e| panic!("GET {path} to {host}: {e}"));
+    (response, start.elapsed())
+}
+
+/// A second Envoy on the mesh's control plane, from the shipped bootstrap, for the calling
+/// service `service`.
+fn envoy_of_service(env: &TestEnv, mesh: &Mesh, service: &str) -> Envoy {
+    let yaml = odmesh_bootstrap(mesh.control.xds().port())
+        .replace("  id: odmesh-local\n", &format!("  id: {service}-1\n"))
+        .replace("  cluster: odmesh\n", &format!("  cluster: {service}\n"));
+    let envoy = Envoy::start(env, service, &yaml);
+    envoy.wait_xds_connected(true, Duration::from_secs(10));
+    envoy
+}
+
+fn egress(envoy: &Envoy) -> SocketAddr {
+    envoy.listener(odmesh_e2e::mesh::EGRESS_LISTENER)
+}
+
+#[test]
+fn a_request_timeout_cuts_a_slow_upstream_at_the_configured_time_even_on_the_first_request() {
+    let env = TestEnv::new("policy_request_timeout");
+    let slow = HttpUpstream::start("slow-1", Versions::Both);
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[
+            Instance::new("slow", slow.port()),
+            Instance::new("patient", slow.port()),
+            Instance::new("posted", slow.port()),
+        ],
+        "vips: {slow: {request_timeout: 500ms}, posted: {request_timeout: 500ms}}",
+    );
+
+    // The first request to the VIP (discovery, then the timeout from the new cluster).
+    let (cut, took) = timed_get(mesh.egress(), "slow", "/slow?ms=3000");
+    assert_eq!(cut.status, 504, "{}", cut.text());
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(2500),
+        "cut after {took:?}, not at 500 ms"
+    );
+    // A first request with a body: on_demand resumes it instead of starting it again.
+    let start = Instant::now();
+    let posted = Request::new("POST", "/slow?ms=3000")
+        .host("posted")
+        .body("payload")
+        .send_within(mesh.egress(), REQUEST_BOUND)
+        .unwrap_or_else(|e| panic!("POST to posted: {e}"));
+    let took = start.elapsed();
+    assert_eq!(posted.status, 504, "{}", posted.text());
+    assert!(
+        took < Duration::from_millis(2500),
+        "the POST was cut after {took:?}"
+    );
+    let (fast, _) = timed_get(mesh.egress(), "slow", "/slow?ms=50");
+    assert_eq!(fast.status, 200, "{}", fast.text());
+    // A VIP without the policy waits as long as the upstream takes.
+    let (waited, took) = timed_get(mesh.egress(), "patient", "/slow?ms=1500");
+    assert_eq!(waited.status, 200, "{}", waited.text());
+    assert!(took >= Duration::from_millis(1500), "{took:?}");
+    assert!(
+        mesh.envoy
+            .stat("cluster.slow.vip.upstream_rq_timeout")
+            .unwrap_or(0)
+            >= 1
+    );
+}
+
+#[test]
+fn a_circuit_breaker_overflow_answers_503_with_the_overflow_flag_at_the_configured_limit() {
+    let env = TestEnv::new("policy_circuit_breaker");
+    let upstream = HttpUpstream::start("busy-1", Versions::Both);
+    // HTTP/1.1 upstream: two connections, each carrying one request, and one request queued.
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[Instance::new("busy", upstream.port())],
+        "vips: {busy: {circuit_breakers: {max_connections: 2, max_pending_requests: 1}}}",
+    );
+    assert_eq!(timed_get(mesh.egress(), "busy", "/").0.status, 200, "warm");
+
+    let egress = mesh.egress();
+    let slow = |_| thread::spawn(move || timed_get(egress, "busy", "/slow?ms=2000").0.status);
+    let mut admitted: Vec<_> = (0..2).map(slow).collect();
+    wait_until(Duration::from_secs(5), "two requests in flight", || {
+        mesh.envoy.stat("cluster.busy.vip.upstream_rq_active") == Some(2)
+    });
+    admitted.push(slow(2));
+    wait_until(Duration::from_secs(5), "a third request queued", || {
+        mesh.envoy
+            .stat("cluster.busy.vip.upstream_rq_pending_active")
+            == Some(1)
+    });
+    // The fourth finds both limits reached: refused at once.
+    let (overflow, took) = timed_get(egress, "busy", "/");
+    assert_eq!(overflow.status, 503, "{}", overflow.text());
+    assert_eq!(
+        overflow.header("x-envoy-overloaded"),
+        Some("true"),
+        "the overflow flag (UO): {:?}",
+        overflow.headers
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "answered after {took:?}, not at once"
+    );
+    assert_eq!(
+        mesh.envoy
+            .stat("cluster.busy.vip.upstream_rq_pending_overflow"),
+        Some(1)
+    );
+    for request in admitted {
+        assert_eq!(request.join().expect("a slow request"), 200);
+    }
+    assert_eq!(timed_get(egress, "busy", "/").0.status, 200, "room again");
+}
+
+#[test]
+fn a_retry_on_reset_turns_a_killed_instance_into_a_success() {
+    let env = TestEnv::new("policy_retry_on_reset");
+    let good = HttpUpstream::start("good-1", Versions::Both);
+    let dying = HttpUpstream::start_dying("dying-1");
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[
+            Instance::new("fragile", good.port()).id("fragile-good"),
+            Instance::new("fragile", dying.port()).id("fragile-dying"),
+            Instance::new("sturdy", good.port()).id("sturdy-good"),
+            Instance::new("sturdy", dying.port()).id("sturdy-dying"),
+        ],
+        "vips: {sturdy: {retries: {on: [reset, connect-failure], count: 2}}}",
+    );
+    let failures = |host: &str| {
+        (0..20)
+            .filter(|_| timed_get(mesh.egress(), host, "/").0.status != 200)
+            .count()
+    };
+    // Without the policy, a request the dying instance took is lost (it may have been
+    // processed: only a request that never reached an instance is retried by default).
+    assert!(
+        failures("fragile") > 0,
+        "the dying instance should cost requests by default"
+    );
+    assert_eq!(
+        failures("sturdy"),
+        0,
+        "every request retried on the other instance"
+    );
+    assert!(
+        mesh.envoy
+            .stat("cluster.sturdy.vip.upstream_rq_retry")
+            .unwrap_or(0)
+            >= 1
+    );
+}
+
+#[test]
+fn a_callers_override_applies_only_to_that_caller() {
+    let env = TestEnv::new("policy_per_caller");
+    let slow = HttpUpstream::start("slow-1", Versions::Both);
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[Instance::new("slow", slow.port())],
+        "vips: {slow: {request_timeout: 10s, callers: {checkout: {request_timeout: 300ms}}}}",
+    );
+    let checkout = envoy_of_service(&env, &mesh, "checkout");
+
+    let (cut, took) = timed_get(egress(&checkout), "slow", "/slow?ms=1500");
+    assert_eq!(
+        cut.status,
+        504,
+        "checkout's timeout is 300 ms: {}",
+        cut.text()
+    );
+    assert!(took < Duration::from_millis(1400), "{took:?}");
+    let (whole, _) = timed_get(mesh.egress(), "slow", "/slow?ms=1500");
+    assert_eq!(
+        whole.status,
+        200,
+        "another caller's timeout is 10 s: {}",
+        whole.text()
+    );
+
+    let shown = mesh.control.admin_get("/debug/policy").json();
+    let effective = shown["effective"].as_array().expect("effective policies");
+    let of = |caller: &str| {
+        (effective.iter())
+            .find(|e| e["cluster"] == "slow.vip" && e["caller"] == caller)
+            .unwrap_or_else(|| panic!("no effective policy for {caller}: {shown}"))
+            ["policy"]["request_timeout"]
+            .clone()
+    };
+    assert_eq!(of("checkout")["from"], "caller", "{shown}");
+    assert_eq!(of("odmesh")["from"], "vip", "{shown}");
+}
+
+#[test]
+fn a_bad_policy_file_keeps_the_last_good_policy_and_says_where_it_is_wrong() {
+    let env = TestEnv::new("policy_bad_file");
+    let slow = HttpUpstream::start("slow-1", Versions::Both);
+    let (mesh, path) = mesh_with_policy(
+        &env,
+        &[Instance::new("slow", slow.port())],
+        "vips: {slow: {request_timeout: 300ms}}",
+    );
+    assert_eq!(
+        timed_get(mesh.egress(), "slow", "/slow?ms=1000").0.status,
+        504
+    );
+
+    write_policy(
+        &path,
+        "vips:\n  slow:\n    request_timeout: 300ms\n    retries: {count: many}\n",
+    );
+    wait_until(CHANGE_DEADLINE, "the bad file to be reported", || {
+        mesh.control.metric("odmesh_policy_load_errors_total") >= 1
+    });
+    let status = mesh.control.admin_get("/debug/policy").json();
+    let error = status["source"]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("line 4"),
+        "the error should say where: {status}"
+    );
+    assert!(error.contains("retries.count"), "and which field: {status}");
+    // The last good policy is still in force.
+    assert_eq!(
+        timed_get(mesh.egress(), "slow", "/slow?ms=1000").0.status,
+        504
+    );
+
+    // A good file again: no timeout.
+    write_policy(&path, "vips: {slow: {request_timeout: 0s}}");
+    wait_until(CHANGE_DEADLINE, "the good file to apply", || {
+        timed_get(mesh.egress(), "slow", "/slow?ms=700").0.status == 200
+    });
+}
+
+#[test]
+fn a_policy_change_updates_only_the_proxies_holding_the_cluster_and_cuts_no_request_in_flight() {
+    let env = TestEnv::new("policy_live_change");
+    let upstream = HttpUpstream::start("svc-1", Versions::Both);
+    let (mesh, path) = mesh_with_policy(
+        &env,
+        &[
+            Instance::new("alpha", upstream.port()),
+            Instance::new("beta", upstream.port()),
+        ],
+        "",
+    );
+    let other = envoy_of_service(&env, &mesh, "other");
+    assert_eq!(timed_get(mesh.egress(), "alpha", "/").0.status, 200);
+    assert_eq!(timed_get(egress(&other), "beta", "/").0.status, 200);
+    let modified = |envoy: &Envoy| envoy.stat("cluster_manager.cluster_modified").unwrap_or(0);
+    let (alpha_before, beta_before) = (modified(&mesh.envoy), modified(&other));
+
+    // A request in flight on alpha when its cluster changes.
+    let egress_alpha = mesh.egress();
+    let in_flight = thread::spawn(move || timed_get(egress_alpha, "alpha", "/slow?ms=2000"));
+    wait_until(
+        Duration::from_secs(5),
+        "the slow request to be in flight",
+        || mesh.envoy.stat("cluster.alpha.vip.upstream_rq_active") == Some(1),
+    );
+    write_policy(
+        &path,
+        "vips: {alpha: {circuit_breakers: {max_requests: 50}}}",
+    );
+    wait_until(
+        CHANGE_DEADLINE,
+        "alpha's proxy to get the new cluster",
+        || modified(&mesh.envoy) > alpha_before,
+    );
+    let (response, _) = in_flight.join().expect("the request in flight");
+    assert_eq!(
+        response.status,
+        200,
+        "the update cut a request: {}",
+        response.text()
+    );
+    // The other proxy holds only beta, which did not change.
+    // Over another poll of the file, the proxy holding only beta gets nothing.
+    hold_for(
+        Duration::from_millis(1500),
+        "beta's proxy left alone",
+        || modified(&other) == beta_before,
+    );
+    assert_eq!(timed_get(egress(&other), "beta", "/").0.status, 200);
+}
