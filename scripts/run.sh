@@ -47,7 +47,8 @@ start() { # name, command...
 }
 # The control plane, being the registry (the default without --registry or --eureka).
 # The demo services run on this machine, at 127.0.0.1: a production registry refuses that.
-start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --allow-loopback-instances --upstream-ca "$state/ca.pem"
+start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --allow-loopback-instances --upstream-ca "$state/ca.pem" \
+  --policy demo/policy.yaml
 start envoy "$ENVOY" -c envoy/odmesh.yaml --concurrency 2 --disable-hot-restart --log-level warn
 eureka=http://127.0.0.1:8761/eureka
 deadline=$((SECONDS + 20))
@@ -99,6 +100,7 @@ Change the registry as a Eureka client or operator would:
   curl -H 'Accept: application/json' $eureka/apps                           # what is registered
 See what the mesh holds:
   curl http://127.0.0.1:18001/debug/proxies                  # what Envoy subscribed to
+  curl http://127.0.0.1:18001/debug/policy                   # each cluster's policy (demo/policy.yaml), and from where
   curl -s http://127.0.0.1:9901/clusters | grep -c '::cx_total'   # endpoints Envoy knows
 Logs: $state/. Ctrl-C stops everything.
 TXT
