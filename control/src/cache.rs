@@ -622,8 +622,15 @@ impl Cache {
         let mut changed = Vec::new();
         let generation = {
             let mut state = self.lock();
-            state.policy = policy;
-            let names: Vec<String> = state.entries.keys().cloned().collect();
+            let old = std::mem::replace(&mut state.policy, policy);
+            // Only the names whose entry (or the defaults) changed.
+            let names: Vec<String> = (state.entries.keys())
+                .filter(|name| match odmesh_names::parse_cluster_name(name) {
+                    Ok((vip, kind)) => old.changes_for(&state.policy, kind, vip),
+                    Err(_) => false,
+                })
+                .cloned()
+                .collect();
             for name in names {
                 let before = cluster_versions(&state.entries[&name]);
                 state.rebuild(&name, &self.options);
@@ -716,10 +723,15 @@ impl Cache {
             entry.watchers.remove(caller);
             if entry.watchers.is_empty() {
                 state.entries.remove(name);
-            } else if let Some((key, _)) = entry.built.get_key_value(&Some(Arc::from(caller))) {
-                // The caller's own variant, if it had one, goes with its last subscriber.
-                let key = key.clone();
-                entry.built.remove(&key);
+                continue;
+            }
+            // A variant no remaining watcher gets (the caller's own, or the shared one when
+            // only callers with an override are left) goes.
+            let needed: Vec<Option<Arc<str>>> = (state.entries[name].watchers.keys())
+                .map(|c| state.variant(name, c))
+                .collect();
+            if let Some(entry) = state.entries.get_mut(name) {
+                entry.built.retain(|variant, _| needed.contains(variant));
             }
         }
     }
@@ -1091,6 +1103,35 @@ mod tests {
         for (caller, subs) in [("checkout", &checkout), ("cart", &cart), ("web", &web)] {
             cache.unwatch(caller, subs.names().collect::<Vec<_>>());
         }
+        assert_eq!(cache.watched(), 0);
+    }
+
+    #[test]
+    fn an_override_added_for_a_subscribed_caller_moves_it_to_its_own_cluster_alone() {
+        let cache = cache(vec![inst("pay", "10.0.0.1", Status::Up)]);
+        let (mut checkout, mut cart) = (Subscriptions::default(), Subscriptions::default());
+        subscribe_as(&cache, "checkout", &mut checkout, &["pay.vip"]);
+        subscribe_as(&cache, "cart", &mut cart, &["pay.vip"]);
+        send_as(&cache, "checkout", ResourceType::Cluster, &mut checkout);
+        send_as(&cache, "cart", ResourceType::Cluster, &mut cart);
+
+        let changed = cache.set_policy(policy(
+            "vips: {pay: {callers: {checkout: {request_timeout: 1s}}}}",
+        ));
+        assert_eq!(changed, ["pay.vip"]);
+        let to_checkout = send_as(&cache, "checkout", ResourceType::Cluster, &mut checkout);
+        assert_eq!(sent_names(&to_checkout), ["pay.vip"]);
+        assert!(send_as(&cache, "cart", ResourceType::Cluster, &mut cart).is_empty());
+
+        // The last subscriber of each variant takes it along; the name stays for the other.
+        cache.unwatch("cart", ["pay.vip"]);
+        assert_eq!(cache.watched(), 1);
+        let timeout = cache
+            .effective_policy("pay.vip", "checkout")
+            .unwrap()
+            .request_timeout;
+        assert_eq!(timeout.value, std::time::Duration::from_secs(1));
+        cache.unwatch("checkout", ["pay.vip"]);
         assert_eq!(cache.watched(), 0);
     }
 

@@ -105,8 +105,9 @@ struct Args {
     /// Policy file (YAML): per-destination timeouts, retries, circuit breakers, outlier
     /// detection, load balancing and protocol, with defaults, per-VIP/SVIP entries and
     /// per-calling-service overrides (README, "Per-destination policy"). Watched: a change
-    /// reaches the proxies holding the affected clusters within a second; a file that fails
-    /// to parse is reported (log, metric, /debug/policy) and the last good policy stays.
+    /// reaches the proxies holding the affected clusters within a second (the file is read
+    /// five times a second); a file that fails to parse is reported (log, metric,
+    /// /debug/policy) and the last good policy stays.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
 
@@ -524,6 +525,8 @@ async fn run() -> anyhow::Result<()> {
             let source =
                 policy::watch::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
                     .with_context(|| "--policy: the policy file is not valid".to_string())?;
+            // In force before the xDS server starts: no proxy gets a cluster without it.
+            cache.set_policy(source.policy.borrow().clone());
             let cache = cache.clone();
             let policies = source.policy.clone();
             tokio::spawn(async move { cache.follow_policy(policies).await });

@@ -82,6 +82,8 @@ pub struct Settings<C = NoCallers> {
     pub idle_timeout: Option<Positive>,
     pub protocol: Option<Protocol>,
     pub load_balancing: Option<LoadBalancing>,
+    /// The request header that `ring_hash` and `maglev` hash.
+    pub hash_header: Option<HeaderName>,
     pub retries: Option<Retries>,
     pub circuit_breakers: Option<CircuitBreakers>,
     pub outlier_detection: Option<OutlierDetection>,
@@ -101,12 +103,60 @@ pub struct Retries {
     pub budget_percent: Option<Bounded<1, 100>>,
 }
 
-/// Exponential backoff between retries.
+/// Exponential backoff between retries: `max` at least `base` (Envoy refuses a cluster
+/// otherwise).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, try_from = "RawBackoff")]
 pub struct Backoff {
     pub base: Positive,
     pub max: Option<Positive>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackoff {
+    base: Positive,
+    max: Option<Positive>,
+}
+
+impl TryFrom<RawBackoff> for Backoff {
+    type Error = String;
+    fn try_from(raw: RawBackoff) -> Result<Backoff, String> {
+        if let Some(max) = raw.max
+            && max.0 < raw.base.0
+        {
+            return Err(format!(
+                "max ({}) is shorter than base ({})",
+                Dur(max.0),
+                Dur(raw.base.0)
+            ));
+        }
+        Ok(Backoff {
+            base: raw.base,
+            max: raw.max,
+        })
+    }
+}
+
+/// An HTTP header name: lowercase letters, digits and `-`, as Envoy takes it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct HeaderName(pub String);
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HeaderName, D::Error> {
+        let name = String::deserialize(d)?.trim().to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name.len() <= 100
+            && !name.starts_with(':')
+            && (name.bytes()).all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(serde::de::Error::custom(format!(
+                "{} is not a header name (letters, digits, - and _)",
+                crate::logs::clip(&name)
+            )));
+        }
+        Ok(HeaderName(name))
+    }
 }
 
 /// Envoy's circuit breakers (per cluster, default priority).
@@ -130,8 +180,8 @@ pub struct OutlierDetection {
 }
 
 /// How a cluster picks an instance. The hashing policies hash the request header
-/// `x-odmesh-hash-key` (the bootstrap's route names it), so requests with one key go to one
-/// instance while it is up.
+/// `hash_header` (default `x-odmesh-hash-key`), so requests with one key go to one instance
+/// while it is up; a request without it goes to any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LoadBalancing {
@@ -182,6 +232,9 @@ impl RetryOn {
         }
     }
 }
+
+/// The header `ring_hash` and `maglev` hash unless the policy names another.
+pub const DEFAULT_HASH_HEADER: &str = "x-odmesh-hash-key";
 
 /// A duration written `300ms`, `2s`, `5m` or `1h` (0 allowed: "none").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -341,6 +394,12 @@ impl Policy {
         out
     }
 
+    /// Whether going from `self` to `new` can change what `vip` (of `kind`) gets: its entry,
+    /// or the defaults, differ.
+    pub fn changes_for(&self, new: &Policy, kind: Kind, vip: &str) -> bool {
+        self.defaults != new.defaults || self.entry(kind, vip) != new.entry(kind, vip)
+    }
+
     /// The file's VIP and SVIP entries and their callers, for the admin endpoint.
     pub fn summary(&self) -> serde_json::Value {
         let list = |table: &BTreeMap<VipName, Entry>| -> serde_json::Value {
@@ -397,6 +456,7 @@ pub struct Effective {
     pub idle_timeout: Sourced<Duration>,
     pub protocol: Sourced<Protocol>,
     pub load_balancing: Sourced<LoadBalancing>,
+    pub hash_header: Sourced<HeaderName>,
     pub retry_on: Sourced<Vec<RetryOn>>,
     pub retries: Sourced<u32>,
     pub retry_backoff_base: Sourced<Duration>,
@@ -430,6 +490,7 @@ impl Effective {
             idle_timeout: secs(3600),
             protocol: Sourced::new(Protocol::Auto, Source::Builtin),
             load_balancing: Sourced::new(LoadBalancing::RoundRobin, Source::Builtin),
+            hash_header: b(HeaderName(DEFAULT_HASH_HEADER.to_owned())),
             retry_on: Sourced::new(
                 vec![
                     RetryOn::ConnectFailure,
@@ -478,6 +539,7 @@ impl Effective {
         set(&mut self.idle_timeout, s.idle_timeout.map(|d| d.0), from);
         set(&mut self.protocol, s.protocol, from);
         set(&mut self.load_balancing, s.load_balancing, from);
+        set(&mut self.hash_header, s.hash_header.clone(), from);
         if let Some(r) = &s.retries {
             set(&mut self.retry_on, r.on.clone(), from);
             set(&mut self.retries, r.count.map(|n| n.0), from);

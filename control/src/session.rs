@@ -126,7 +126,7 @@ pub struct Session {
     connected_since: SystemTime,
     node_id: String,
     node_cluster: String,
-    /// Whether a request has named the node (see `apply_request`).
+    /// Whether the stream's first request has been applied (see `apply_request`).
     node_seen: bool,
     clusters: Subscriptions,
     endpoints: Subscriptions,
@@ -256,10 +256,11 @@ impl Session {
         Metrics::inc(&metrics.xds_requests_total);
         // The node counts once, from the first request that carries one: the subscriptions
         // are counted under its `cluster` (the calling service), which must not change.
+        // A first request without a node leaves the caller empty for the stream's life.
+        let first = !std::mem::replace(&mut self.node_seen, true);
         if let Some(node) = &req.node
-            && !self.node_seen
+            && first
         {
-            self.node_seen = true;
             // Kept for the admin: bounded, whatever the client sent.
             self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
             self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);

@@ -39,6 +39,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::envoy::config::route::v3::{
     RetryPolicy,
     retry_policy::{RetryBackOff, RetryHostPredicate, retry_host_predicate},
+    route_action::{HashPolicy, hash_policy},
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
@@ -351,13 +352,26 @@ impl<'a> Target<'a> {
         h.str(self.kind.as_str());
         h.bytes(&[self.state as u8]);
         h.str(self.protocol().as_str());
-        h.bytes(&self.http_protocol_options().encode_to_vec());
-        if let Some(breakers) = &cluster.circuit_breakers {
-            h.bytes(&breakers.encode_to_vec());
-        }
-        if let Some(outliers) = &cluster.outlier_detection {
-            h.bytes(&outliers.encode_to_vec());
-        }
+        // Length-prefixed (`str` does), so no two messages can shift into each other.
+        let mut message = |bytes: Vec<u8>| {
+            h.bytes(&(bytes.len() as u64).to_le_bytes());
+            h.bytes(&bytes);
+        };
+        message(self.http_protocol_options().encode_to_vec());
+        message(
+            cluster
+                .circuit_breakers
+                .as_ref()
+                .map(Message::encode_to_vec)
+                .unwrap_or_default(),
+        );
+        message(
+            cluster
+                .outlier_detection
+                .as_ref()
+                .map(Message::encode_to_vec)
+                .unwrap_or_default(),
+        );
         h.bytes(&self.policy.connect_timeout.value.as_nanos().to_le_bytes());
         h.bytes(&cluster.lb_policy.to_le_bytes());
         for timeout in [&self.policy.request_timeout, &self.policy.per_try_timeout] {
@@ -472,6 +486,21 @@ impl<'a> Target<'a> {
         }
     }
 
+    /// What `ring_hash` and `maglev` hash: the policy's header (a cluster's hash policy
+    /// replaces the route's); nothing for the other balancers.
+    fn hash_policy(&self) -> Vec<HashPolicy> {
+        match self.policy.load_balancing.value {
+            LoadBalancing::RingHash | LoadBalancing::Maglev => vec![HashPolicy {
+                policy_specifier: Some(hash_policy::PolicySpecifier::Header(hash_policy::Header {
+                    header_name: self.policy.hash_header.value.0.clone(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            LoadBalancing::RoundRobin | LoadBalancing::LeastRequest => Vec::new(),
+        }
+    }
+
     /// The cluster's retry policy (Envoy 1.37+: it replaces the route's). A retry goes to
     /// another instance when there is one (`previous_hosts`).
     fn retry_policy(&self) -> RetryPolicy {
@@ -536,6 +565,7 @@ impl<'a> Target<'a> {
                 ..Default::default()
             }),
             retry_policy: Some(self.retry_policy()),
+            hash_policy: self.hash_policy(),
             ..Default::default()
         }
     }
@@ -1067,6 +1097,72 @@ mod tests {
         let meta = odmesh_meta(&c);
         assert_eq!(meta[REQUEST_TIMEOUT_KEY], string_value("2000"));
         assert_eq!(meta[PER_TRY_TIMEOUT_KEY], string_value("500"));
+    }
+
+    #[test]
+    fn hashing_balancers_hash_the_policys_header_and_the_others_hash_nothing() {
+        let (c, options) = under_policy(
+            "vips: {hello: {load_balancing: maglev, hash_header: x-user}}",
+            None,
+        );
+        assert_eq!(c.lb_policy, LbPolicy::Maglev as i32);
+        let Some(hash_policy::PolicySpecifier::Header(header)) =
+            &options.hash_policy[0].policy_specifier
+        else {
+            panic!("a header hash policy: {:?}", options.hash_policy);
+        };
+        assert_eq!(header.header_name, "x-user");
+        let (_, round_robin) = under_policy("", None);
+        assert!(round_robin.hash_policy.is_empty());
+    }
+
+    #[test]
+    fn every_policy_knob_changes_the_cluster_version() {
+        let hello = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
+        let version = |yaml: &str| {
+            let policy = Policy::parse(yaml.as_bytes()).unwrap();
+            build_for(
+                "hello.vip",
+                Lookup::Registered(&hello),
+                &opts(),
+                &policy,
+                None,
+            )
+            .unwrap()
+            .cluster
+            .version
+        };
+        let base = version("");
+        let knobs = [
+            "connect_timeout: 2s",
+            "request_timeout: 1s",
+            "per_try_timeout: 1s",
+            "idle_timeout: 1m",
+            "protocol: http2",
+            "load_balancing: least_request",
+            "retries: {on: [5xx]}",
+            "retries: {count: 1}",
+            "retries: {backoff: {base: 1s}}",
+            "retries: {budget_percent: 10}",
+            "circuit_breakers: {max_connections: 1}",
+            "circuit_breakers: {max_pending_requests: 1}",
+            "circuit_breakers: {max_requests: 1}",
+            "circuit_breakers: {max_retries: 1}",
+            "outlier_detection: {consecutive_5xx: 1}",
+            "outlier_detection: {interval: 1s}",
+            "outlier_detection: {base_ejection_time: 1s}",
+            "outlier_detection: {max_ejection_percent: 1}",
+        ];
+        for knob in knobs {
+            let changed = version(&format!("vips: {{hello: {{{knob}}}}}"));
+            assert_ne!(changed, base, "{knob} did not change the version");
+        }
+        assert_eq!(version("vips: {other: {retries: {count: 1}}}"), base);
+        assert_ne!(
+            version("vips: {hello: {load_balancing: ring_hash, hash_header: a}}"),
+            version("vips: {hello: {load_balancing: ring_hash, hash_header: b}}"),
+            "the hash header"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use odmesh_e2e::{
     odmesh_bootstrap, wait_until,
 };
 
-/// How soon a policy change must reach Envoy: the file is read every second.
+/// How soon a policy change must reach Envoy (the file is read five times a second).
 const CHANGE_DEADLINE: Duration = Duration::from_secs(3);
 /// The bound on any one request of these tests.
 const REQUEST_BOUND: Duration = Duration::from_secs(20);
@@ -55,6 +55,14 @@ fn envoy_of_service(env: &TestEnv, mesh: &Mesh, service: &str) -> Envoy {
     let envoy = Envoy::start(env, service, &yaml);
     envoy.wait_xds_connected(true, Duration::from_secs(10));
     envoy
+}
+
+/// How many xDS responses the proxies of `service` acknowledged (`/debug/proxies`).
+fn acks_of(mesh: &Mesh, service: &str) -> u64 {
+    (mesh.control.proxies().iter())
+        .filter(|p| p["node_cluster"] == service)
+        .map(|p| p["acks"].as_u64().unwrap_or(0))
+        .sum()
 }
 
 fn egress(envoy: &Envoy) -> SocketAddr {
@@ -97,8 +105,15 @@ fn a_request_timeout_cuts_a_slow_upstream_at_the_configured_time_even_on_the_fir
     );
     let (fast, _) = timed_get(mesh.egress(), "slow", "/slow?ms=50");
     assert_eq!(fast.status, 200, "{}", fast.text());
-    // A VIP without the policy waits as long as the upstream takes.
-    let (waited, took) = timed_get(mesh.egress(), "patient", "/slow?ms=1500");
+    // A VIP without the policy waits as long as the upstream takes, and a caller cannot set
+    // a timeout of its own through Envoy's header (the listener strips it).
+    let start = Instant::now();
+    let waited = Request::get("/slow?ms=1500")
+        .host("patient")
+        .header("x-envoy-upstream-rq-timeout-ms", "100")
+        .send_within(mesh.egress(), REQUEST_BOUND)
+        .unwrap_or_else(|e| panic!("GET to patient: {e}"));
+    let took = start.elapsed();
     assert_eq!(waited.status, 200, "{}", waited.text());
     assert!(took >= Duration::from_millis(1500), "{took:?}");
     assert!(
@@ -294,6 +309,8 @@ fn a_policy_change_updates_only_the_proxies_holding_the_cluster_and_cuts_no_requ
     assert_eq!(timed_get(egress(&other), "beta", "/").0.status, 200);
     let modified = |envoy: &Envoy| envoy.stat("cluster_manager.cluster_modified").unwrap_or(0);
     let (alpha_before, beta_before) = (modified(&mesh.envoy), modified(&other));
+    mesh.control.wait_all_answered(Duration::from_secs(5));
+    let other_acks = acks_of(&mesh, "other");
 
     // A request in flight on alpha when its cluster changes.
     let egress_alpha = mesh.egress();
@@ -319,12 +336,51 @@ fn a_policy_change_updates_only_the_proxies_holding_the_cluster_and_cuts_no_requ
         "the update cut a request: {}",
         response.text()
     );
-    // The other proxy holds only beta, which did not change.
-    // Over another poll of the file, the proxy holding only beta gets nothing.
+    // The other proxy holds only beta, which did not change: over several polls of the
+    // file it is sent nothing (no response to acknowledge) and changes nothing.
     hold_for(
         Duration::from_millis(1500),
         "beta's proxy left alone",
-        || modified(&other) == beta_before,
+        || modified(&other) == beta_before && acks_of(&mesh, "other") == other_acks,
     );
     assert_eq!(timed_get(egress(&other), "beta", "/").0.status, 200);
+}
+
+#[test]
+fn a_hashing_balancer_sends_every_request_with_one_key_to_one_instance() {
+    let env = TestEnv::new("policy_ring_hash");
+    let one = HttpUpstream::start("sticky-1", Versions::Both);
+    let two = HttpUpstream::start("sticky-2", Versions::Both);
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[
+            Instance::new("sticky", one.port()).id("sticky-1"),
+            Instance::new("sticky", two.port()).id("sticky-2"),
+        ],
+        "vips: {sticky: {load_balancing: ring_hash, hash_header: x-user}}",
+    );
+    let mut used = std::collections::BTreeSet::new();
+    for user in 0..16 {
+        let answers: std::collections::BTreeSet<String> = (0..4)
+            .map(|_| {
+                let response = Request::get("/")
+                    .host("sticky")
+                    .header("x-user", &format!("user-{user}"))
+                    .send_within(mesh.egress(), REQUEST_BOUND)
+                    .unwrap_or_else(|e| panic!("GET to sticky: {e}"));
+                assert_eq!(response.status, 200, "{}", response.text());
+                response.json()["upstream"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(answers.len(), 1, "user-{user} went to {answers:?}");
+        used.extend(answers);
+    }
+    assert_eq!(
+        used.len(),
+        2,
+        "16 keys should spread over both instances: {used:?}"
+    );
 }

@@ -230,3 +230,40 @@ fn a_mistake_inside_a_vip_entry_names_its_field_and_its_own_line() {
     assert!(error.contains("vips.slow.retries.count"), "{error}");
     assert!(error.contains("line 4"), "{error}");
 }
+
+#[test]
+fn a_backoff_whose_maximum_is_below_its_base_is_refused() {
+    let error = refused("vips:\n  a:\n    retries: {backoff: {base: 1s, max: 100ms}}\n");
+    assert!(
+        error.contains("max (100ms) is shorter than base (1000ms)"),
+        "{error}"
+    );
+    assert!(error.contains("line 3"), "{error}");
+}
+
+#[test]
+fn the_hash_header_is_a_header_name_and_defaults_to_x_odmesh_hash_key() {
+    let p = Policy::parse(b"vips: {a: {load_balancing: ring_hash, hash_header: X-User}}").unwrap();
+    let a = p.resolve(Kind::Vip, "a", None, Protocol::Auto);
+    assert_eq!(
+        a.hash_header,
+        Sourced::new(HeaderName("x-user".into()), Source::Vip)
+    );
+    let b = p.resolve(Kind::Vip, "b", None, Protocol::Auto);
+    assert_eq!(b.hash_header.value.0, DEFAULT_HASH_HEADER);
+    let error = refused("vips: {a: {hash_header: \"bad header\"}}");
+    assert!(error.contains("is not a header name"), "{error}");
+}
+
+#[test]
+fn a_change_concerns_a_vip_when_its_entry_or_the_defaults_change() {
+    let before =
+        Policy::parse(b"vips: {a: {retries: {count: 1}}, b: {retries: {count: 1}}}").unwrap();
+    let after =
+        Policy::parse(b"vips: {a: {retries: {count: 2}}, b: {retries: {count: 1}}}").unwrap();
+    assert!(before.changes_for(&after, Kind::Vip, "a"));
+    assert!(!before.changes_for(&after, Kind::Vip, "b"));
+    assert!(!before.changes_for(&after, Kind::Vip, "c"));
+    let defaults = Policy::parse(b"defaults: {retries: {count: 3}}").unwrap();
+    assert!(before.changes_for(&defaults, Kind::Vip, "c"));
+}

@@ -1,4 +1,4 @@
-//! Follows the policy file: reads it every interval, and publishes each new good policy. A
+//! Follows the policy file: reads it every interval (200 ms), and publishes each new good policy. A
 //! file that fails to parse (or goes missing) is reported, and the last good policy stays.
 //!
 //! The file is small, so it is simply read whole and compared with what was read last: no
@@ -62,11 +62,14 @@ pub fn start(
 async fn follow(
     path: PathBuf,
     interval: Duration,
-    mut last: Vec<u8>,
+    last: Vec<u8>,
     tx: watch::Sender<Arc<Policy>>,
     status: Arc<Mutex<PolicyStatus>>,
     metrics: Arc<Metrics>,
 ) {
+    // What was read last: `None` after a read failed (reported once; the file coming back is
+    // read again, even empty).
+    let mut last = Some(last);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -76,21 +79,16 @@ async fn follow(
         }
         let read = tokio::fs::read(&path).await;
         let outcome = match read {
-            Ok(content) if content == last => continue,
+            Ok(content) if last.as_ref() == Some(&content) => continue,
             Ok(content) => {
                 let parsed = Policy::parse(&content);
-                last = content;
+                last = Some(content);
                 parsed
             }
+            Err(_) if last.is_none() => continue,
             Err(e) => {
-                // Reported once per distinct failure: `last` forgets the content, so the file
-                // coming back is read again.
-                let error = Err(InvalidPolicy(format!("cannot read the file: {e}")));
-                if last.is_empty() {
-                    continue;
-                }
-                last.clear();
-                error
+                last = None;
+                Err(InvalidPolicy(format!("cannot read the file: {e}")))
             }
         };
         let mut st = status.lock().unwrap_or_else(PoisonError::into_inner);
@@ -100,7 +98,10 @@ async fn follow(
                 Metrics::inc(&metrics.policy_loads_total);
                 st.loaded_at = Some(unix_now());
                 st.last_error = None;
-                tx.send_replace(Arc::new(policy));
+                // An edit that changes nothing (a comment) rebuilds nothing.
+                if **tx.borrow() != policy {
+                    tx.send_replace(Arc::new(policy));
+                }
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "policy file not loaded; keeping the last good policy");
