@@ -4,11 +4,13 @@
 //! **The property.** Several simulated proxies ([`Proxy`]), each on an ADS stream ([`Stream`]:
 //! a real [`Session`] and the messages in flight both ways) to a control plane
 //! ([`ControlPlane`]: a cache, its metrics, the bound over all streams), go through any sequence
-//! of subscribes, unsubscribes, registry changes, reconnects, control-plane restarts and
-//! partial deliveries. Whenever everything in flight has been delivered:
+//! of subscribes, unsubscribes, registry changes, policy changes, reconnects, control-plane
+//! restarts and partial deliveries. The proxies belong to two calling services, and some
+//! policies give one of them an override. Whenever everything in flight has been delivered:
 //! 1. every proxy holds, for every name it subscribes (cluster names by on-demand CDS; the load
-//!    assignment of every cluster it holds), exactly what `xds::build` makes of that name from
-//!    the registry now: the same version and the same message; nothing for a name that is not
+//!    assignment of every cluster it holds), exactly what `xds::build_for` makes of that name
+//!    from the registry and the policy now, for its calling service: the same version and the
+//!    same message; nothing for a name that is not
 //!    an odmesh cluster name; and nothing at all for a name it does not subscribe;
 //! 2. except that, while the registry is still loading, what a proxy kept from an earlier
 //!    stream (sent in `initial_resource_versions`) is left exactly as it held it (the restart
@@ -75,6 +77,7 @@ use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use odmesh_control::cache::{Cache, SubscriptionLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
+use odmesh_control::policy::Policy;
 use odmesh_control::registry::{Instance, Protocol, Registry, Status};
 use odmesh_control::session::{Context, Service, Session};
 use odmesh_control::xds::{self, Lookup, ResourceType, XdsOptions};
@@ -254,6 +257,8 @@ enum Op {
     Step(usize, Step),
     /// Everything in flight is delivered until all is quiet, then the property is checked.
     Deliver,
+    /// The policy file changes to one of [`POLICIES`].
+    Policy(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -334,7 +339,24 @@ fn op() -> impl Strategy<Value = Op> {
         1 => proptest::option::of(0..6usize).prop_map(Op::Restart),
         8 => (proxy, step).prop_map(|(p, s)| Op::Step(p, s)),
         3 => Just(Op::Deliver),
+        1 => (0..POLICIES.len()).prop_map(Op::Policy),
     ]
+}
+
+/// The policies the control plane may be given: none; one that changes a VIP for every
+/// caller; one with an override for the calling service of the odd proxies (`svc-1`); one
+/// that changes every cluster.
+const POLICIES: &[&str] = &[
+    "",
+    "vips: {a: {retries: {count: 1}}}",
+    "vips: {a: {callers: {svc-1: {request_timeout: 1s}}}, b: {load_balancing: least_request}}",
+    "defaults: {connect_timeout: 2s}",
+];
+
+/// The calling service (`node.cluster`) of proxy `p`: two services, so that a caller's
+/// override applies to some proxies and not others.
+fn caller_of(p: usize) -> String {
+    format!("svc-{}", p % 2)
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
@@ -460,9 +482,23 @@ impl Held {
         }
     }
 
-    /// What `xds::build` makes of `name` in `snapshot`; `None` if it is not an odmesh name.
-    fn built(name: &str, ty: ResourceType, snapshot: &Snapshot, opts: &XdsOptions) -> Option<Held> {
-        let built = xds::build(name, Lookup::in_snapshot(snapshot, name), opts).ok()?;
+    /// What `xds::build_for` makes of `name` in `snapshot` under `policy` for proxies of
+    /// `caller` (their own variant if the policy has an override for them); `None` if it is
+    /// not an odmesh name.
+    fn built(
+        name: &str,
+        ty: ResourceType,
+        snapshot: &Snapshot,
+        opts: &XdsOptions,
+        policy: &Policy,
+        caller: &str,
+    ) -> Option<Held> {
+        let (vip, kind) = parse_cluster_name(name).ok()?;
+        let variant = policy
+            .has_caller_override(kind, vip, caller)
+            .then_some(caller);
+        let lookup = Lookup::in_snapshot(snapshot, name);
+        let built = xds::build_for(name, lookup, opts, policy, variant).ok()?;
         Some(Held::received(&built.get(ty).to_resource()))
     }
 
@@ -976,7 +1012,7 @@ impl Stream {
                 self.named = true;
                 req.node = Some(Node {
                     id: format!("proxy-{p}"),
-                    cluster: "sim".into(),
+                    cluster: caller_of(p),
                     ..Default::default()
                 });
             }
@@ -1016,6 +1052,8 @@ impl Stream {
 /// streams (stream `i` is proxy `i`'s).
 struct World {
     options: XdsOptions,
+    /// The policy file as the control plane reads it (a restart reads it again).
+    policy: Arc<Policy>,
     limits: Limits,
     registry: Vec<Inst>,
     loading: bool,
@@ -1037,6 +1075,7 @@ impl World {
             .collect();
         World {
             options,
+            policy: Arc::default(),
             limits: scenario.limits,
             registry: scenario.registry.clone(),
             loading: false,
@@ -1081,6 +1120,7 @@ impl World {
                 self.snapshot = Snapshot::from_registry(&registry);
                 // The old control plane is gone with its streams: a fresh cache and metrics.
                 self.cp = ControlPlane::start(registry, self.options.clone(), self.limits.total);
+                self.cp.cache.set_policy(self.policy.clone());
                 for p in 0..n {
                     self.reconnect(p);
                 }
@@ -1091,6 +1131,11 @@ impl World {
             Op::Deliver => {
                 self.deliver(seen)?;
                 self.check(seen)?;
+            }
+            Op::Policy(i) => {
+                let yaml = POLICIES[i % POLICIES.len()];
+                self.policy = Arc::new(Policy::parse(yaml.as_bytes()).expect("a valid policy"));
+                self.cp.cache.set_policy(self.policy.clone());
             }
         }
         Ok(())
@@ -1365,7 +1410,14 @@ impl World {
                 let tracked = tracked(&stream.session, ty);
                 for name in proxy.subscribed(ty) {
                     let key = (ty, name.clone());
-                    let built = Held::built(name, ty, &self.snapshot, &self.options);
+                    let built = Held::built(
+                        name,
+                        ty,
+                        &self.snapshot,
+                        &self.options,
+                        &self.policy,
+                        &caller_of(p),
+                    );
                     let kept = proxy.kept.get(&key).filter(|_| loading);
                     let cluster = ty == ResourceType::Cluster;
                     let refused = cluster
