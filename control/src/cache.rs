@@ -818,14 +818,29 @@ mod tests {
     /// Subscribes like a stream does: update the state, then count the new names.
     /// Subscribes `list`; returns the names of it known to be unregistered.
     fn subscribe(cache: &Cache, subs: &mut Subscriptions, list: &[&str]) -> Vec<String> {
-        let change = subs.update(&names(list), &[], &HashMap::new());
-        let unregistered = cache.watch("", &change.added);
-        unregistered.into_iter().map(str::to_owned).collect()
+        subscribe_as(cache, "", subs, list)
     }
 
     /// Computes what to send and records it as sent.
     fn send(cache: &Cache, ty: ResourceType, subs: &mut Subscriptions) -> Delta {
-        let delta = cache.delta("", ty, subs);
+        send_as(cache, "", ty, subs)
+    }
+
+    /// [`subscribe`] by a proxy of `caller`: the names the cache knows to be unregistered.
+    fn subscribe_as(
+        cache: &Cache,
+        caller: &str,
+        subs: &mut Subscriptions,
+        list: &[&str],
+    ) -> Vec<String> {
+        let change = subs.update(&names(list), &[], &HashMap::new());
+        let unregistered = cache.watch(caller, &change.added);
+        unregistered.into_iter().map(str::to_owned).collect()
+    }
+
+    /// [`send`] to a proxy of `caller`.
+    fn send_as(cache: &Cache, caller: &str, ty: ResourceType, subs: &mut Subscriptions) -> Delta {
+        let delta = cache.delta(caller, ty, subs);
         subs.record(&delta);
         delta
     }
@@ -1016,19 +1031,6 @@ mod tests {
             send(&cache, ResourceType::Cluster, &mut a).send.len() == 3,
             "clusters were never sent on this state, so all go now"
         );
-    }
-
-    /// [`subscribe`] by a proxy of `caller`.
-    fn subscribe_as(cache: &Cache, caller: &str, subs: &mut Subscriptions, list: &[&str]) {
-        let change = subs.update(&names(list), &[], &HashMap::new());
-        cache.watch(caller, &change.added);
-    }
-
-    /// [`send`] to a proxy of `caller`.
-    fn send_as(cache: &Cache, caller: &str, ty: ResourceType, subs: &mut Subscriptions) -> Delta {
-        let delta = cache.delta(caller, ty, subs);
-        subs.record(&delta);
-        delta
     }
 
     fn policy(yaml: &str) -> Arc<Policy> {

@@ -326,6 +326,24 @@ impl<'de> Deserialize<'de> for VipName {
     }
 }
 
+impl From<Dur> for Duration {
+    fn from(d: Dur) -> Duration {
+        d.0
+    }
+}
+
+impl From<Positive> for Duration {
+    fn from(d: Positive) -> Duration {
+        d.0
+    }
+}
+
+impl<const MIN: u32, const MAX: u32> From<Bounded<MIN, MAX>> for u32 {
+    fn from(n: Bounded<MIN, MAX>) -> u32 {
+        n.0
+    }
+}
+
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}ms", self.0.as_millis())
@@ -516,72 +534,49 @@ impl Effective {
 
     /// Applies the values `s` sets, marked as coming from `from`.
     fn apply<C>(&mut self, s: &Settings<C>, from: Source) {
-        fn set<T: Clone>(slot: &mut Sourced<T>, value: Option<T>, from: Source) {
+        /// Sets `slot` to `value` (a parsed form that converts to the slot's type) if the
+        /// layer has one.
+        fn set<T, V: Clone + Into<T>>(slot: &mut Sourced<T>, value: &Option<V>, from: Source) {
             if let Some(value) = value {
-                *slot = Sourced::new(value, from);
+                *slot = Sourced::new(value.clone().into(), from);
             }
         }
-        set(
-            &mut self.connect_timeout,
-            s.connect_timeout.map(|d| d.0),
-            from,
-        );
-        set(
-            &mut self.request_timeout,
-            s.request_timeout.map(|d| d.0),
-            from,
-        );
-        set(
-            &mut self.per_try_timeout,
-            s.per_try_timeout.map(|d| d.0),
-            from,
-        );
-        set(&mut self.idle_timeout, s.idle_timeout.map(|d| d.0), from);
-        set(&mut self.protocol, s.protocol, from);
-        set(&mut self.load_balancing, s.load_balancing, from);
-        set(&mut self.hash_header, s.hash_header.clone(), from);
+        set(&mut self.connect_timeout, &s.connect_timeout, from);
+        set(&mut self.request_timeout, &s.request_timeout, from);
+        set(&mut self.per_try_timeout, &s.per_try_timeout, from);
+        set(&mut self.idle_timeout, &s.idle_timeout, from);
+        set(&mut self.protocol, &s.protocol, from);
+        set(&mut self.load_balancing, &s.load_balancing, from);
+        set(&mut self.hash_header, &s.hash_header, from);
         if let Some(r) = &s.retries {
-            set(&mut self.retry_on, r.on.clone(), from);
-            set(&mut self.retries, r.count.map(|n| n.0), from);
+            set(&mut self.retry_on, &r.on, from);
+            set(&mut self.retries, &r.count, from);
             if let Some(backoff) = &r.backoff {
-                set(&mut self.retry_backoff_base, Some(backoff.base.0), from);
+                set(&mut self.retry_backoff_base, &Some(backoff.base), from);
                 let max = backoff.max.map_or(backoff.base.0 * 10, |m| m.0);
-                set(&mut self.retry_backoff_max, Some(max), from);
+                set(&mut self.retry_backoff_max, &Some(max), from);
             }
-            set(
-                &mut self.retry_budget_percent,
-                r.budget_percent.map(|n| n.0),
-                from,
-            );
+            set(&mut self.retry_budget_percent, &r.budget_percent, from);
         }
         if let Some(c) = &s.circuit_breakers {
-            set(
-                &mut self.max_connections,
-                c.max_connections.map(|n| n.0),
-                from,
-            );
+            set(&mut self.max_connections, &c.max_connections, from);
             set(
                 &mut self.max_pending_requests,
-                c.max_pending_requests.map(|n| n.0),
+                &c.max_pending_requests,
                 from,
             );
-            set(&mut self.max_requests, c.max_requests.map(|n| n.0), from);
-            set(&mut self.max_retries, c.max_retries.map(|n| n.0), from);
+            set(&mut self.max_requests, &c.max_requests, from);
+            set(&mut self.max_retries, &c.max_retries, from);
         }
         if let Some(o) = &s.outlier_detection {
+            set(&mut self.consecutive_5xx, &o.consecutive_5xx, from);
+            set(&mut self.outlier_interval, &o.interval, from);
+            set(&mut self.base_ejection_time, &o.base_ejection_time, from);
             set(
-                &mut self.consecutive_5xx,
-                o.consecutive_5xx.map(|n| n.0),
+                &mut self.max_ejection_percent,
+                &o.max_ejection_percent,
                 from,
             );
-            set(&mut self.outlier_interval, o.interval.map(|d| d.0), from);
-            set(
-                &mut self.base_ejection_time,
-                o.base_ejection_time.map(|d| d.0),
-                from,
-            );
-            let percent = o.max_ejection_percent.map(|n| n.0);
-            set(&mut self.max_ejection_percent, percent, from);
         }
     }
 }

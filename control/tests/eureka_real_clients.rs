@@ -7,8 +7,7 @@
 //! (cancel); a second instance is killed and its lease expires.
 //!
 //! The clients come from `scripts/install-eureka-clients.sh` (into `.tools/eureka-clients/`).
-//! When they are missing these tests FAIL and say how to install them; they are skipped only
-//! when `ODMESH_SKIP_REAL_EUREKA_CLIENTS=1` is set.
+//! When they are missing these tests FAIL and say how to install them; there is no skip.
 
 mod eureka_support;
 
@@ -47,19 +46,8 @@ fn tools() -> PathBuf {
     repo_root().join(".tools/eureka-clients")
 }
 
-/// Whether to run: false only when explicitly skipped outside CI (the skip is printed);
-/// panics when the clients are missing or when CI asks to skip.
-fn clients_ready(kind: Kind) -> bool {
-    if std::env::var("ODMESH_SKIP_REAL_EUREKA_CLIENTS").as_deref() == Ok("1") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "ODMESH_SKIP_REAL_EUREKA_CLIENTS=1 is set under CI: CI must run the real clients"
-        );
-        eprintln!(
-            "ODMESH_SKIP_REAL_EUREKA_CLIENTS=1: real Eureka client test for {kind:?} skipped"
-        );
-        return false;
-    }
+/// Panics, saying how to install them, when the client or its runtime is missing.
+fn require_installed(kind: Kind) {
     let (installed, runtime) = match kind {
         Kind::Js => (tools().join("node/node_modules/eureka-js-client"), "node"),
         Kind::Python => (tools().join("python/py_eureka_client"), "python3"),
@@ -67,7 +55,7 @@ fn clients_ready(kind: Kind) -> bool {
     assert!(
         installed.is_dir(),
         "{} is missing: run scripts/install-eureka-clients.sh (needs npm and pip and the \
-         registries), or set ODMESH_SKIP_REAL_EUREKA_CLIENTS=1 to skip these tests",
+         registries)",
         installed.display()
     );
     let found = std::process::Command::new(runtime)
@@ -76,9 +64,8 @@ fn clients_ready(kind: Kind) -> bool {
         .is_ok_and(|o| o.status.success());
     assert!(
         found,
-        "`{runtime}` is not on PATH; it runs the {kind:?} Eureka client (or set ODMESH_SKIP_REAL_EUREKA_CLIENTS=1)"
+        "`{runtime}` is not on PATH; it runs the {kind:?} Eureka client"
     );
-    true
 }
 
 /// One client process and what it printed.
@@ -204,9 +191,7 @@ async fn start_registry() -> (EmbeddedSource, Arc<Metrics>) {
 
 /// The whole life of one client's instances in the embedded registry.
 async fn a_real_client_registers_heartbeats_drains_reregisters_stops_and_expires(kind: Kind) {
-    if !clients_ready(kind) {
-        return;
-    }
+    require_installed(kind);
     let (registry, metrics) = start_registry().await;
     let app = match kind {
         Kind::Js => "jsdemo",

@@ -23,9 +23,6 @@ use crate::process::{ChildGuard, TestEnv};
 use crate::registry::Instance;
 use crate::wait::wait_for;
 
-/// Set to `1` to skip the tests that need the real client libraries.
-pub const SKIP_REAL_CLIENTS: &str = "ODMESH_SKIP_REAL_EUREKA_CLIENTS";
-
 /// Eureka's REST API at `http://<addr>/eureka`, as a client library calls it.
 #[derive(Clone, Copy, Debug)]
 pub struct EurekaApi {
@@ -103,19 +100,9 @@ impl fmt::Display for EurekaClient {
 }
 
 impl EurekaClient {
-    /// Whether to run a test with this client: false only when [`SKIP_REAL_CLIENTS`] is `1`
-    /// outside CI (the skip is printed; under CI it panics).
-    /// Panics saying how to install it when the library or its runtime is missing: a test
-    /// that needs a real client must not pass without it.
-    pub fn ready(self) -> bool {
-        if std::env::var(SKIP_REAL_CLIENTS).as_deref() == Ok("1") {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{SKIP_REAL_CLIENTS}=1 is set under CI: CI must run the real clients"
-            );
-            eprintln!("{SKIP_REAL_CLIENTS}=1: the test with the real {self} is skipped");
-            return false;
-        }
+    /// Panics saying how to install this client when its library or its runtime is missing:
+    /// a test that needs a real client never passes without it (there is no skip).
+    pub fn require_installed(self) {
         let (library, runtime) = match self {
             EurekaClient::Js => (tools().join("node/node_modules/eureka-js-client"), "node"),
             EurekaClient::Python => (tools().join("python/py_eureka_client"), "python3"),
@@ -123,18 +110,14 @@ impl EurekaClient {
         assert!(
             library.is_dir(),
             "{self} is not installed ({} is missing): run scripts/install-eureka-clients.sh \
-             (needs node, npm, python3 and pip), or set {SKIP_REAL_CLIENTS}=1 to skip",
+             (needs node, npm, python3 and pip)",
             library.display()
         );
         let found = Command::new(runtime)
             .arg("--version")
             .output()
             .is_ok_and(|o| o.status.success());
-        assert!(
-            found,
-            "`{runtime}` is not on PATH; it runs {self} (or set {SKIP_REAL_CLIENTS}=1 to skip)"
-        );
-        true
+        assert!(found, "`{runtime}` is not on PATH; it runs {self}");
     }
 }
 

@@ -76,9 +76,7 @@ fn error_of(response: &odmesh_e2e::Response) -> String {
 #[test]
 fn restarting_the_control_plane_with_its_embedded_registry_fails_no_request_to_a_known_vip() {
     let client = EurekaClient::Js;
-    if !client.ready() {
-        return;
-    }
+    client.require_installed();
     let env = TestEnv::new("chaos_restart_embedded");
     let lease = LEASE_SECS.to_string();
     // A short warm-up: the clients heartbeat every second, so all are back within it.
@@ -283,9 +281,7 @@ fn envoy_ports<R>(mesh: &Mesh<R>, cluster: &str) -> BTreeSet<u16> {
 #[test]
 fn an_instance_drained_with_its_client_then_stopped_fails_no_request_of_its_vip() {
     let client = EurekaClient::Python;
-    if !client.ready() {
-        return;
-    }
+    client.require_installed();
     let env = TestEnv::new("chaos_churn_embedded");
     let lease = LEASE_SECS.to_string();
     let mesh = Mesh::start_source(&env, Source::ServeEureka, &["--lease-duration", &lease]);

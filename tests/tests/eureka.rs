@@ -3,8 +3,7 @@
 //! their VIP routes, drains and expires; and odmesh follows a Eureka server in another
 //! process (another `odmesh-control --serve-eureka`) through changes, an outage and a
 //! failover. Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control`, and the
-//! clients from `scripts/install-eureka-clients.sh` (the client tests fail without them,
-//! unless `ODMESH_SKIP_REAL_EUREKA_CLIENTS=1`).
+//! clients from `scripts/install-eureka-clients.sh` (the client tests fail without them).
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -97,9 +96,7 @@ fn readiness<R>(mesh: &Mesh<R>) -> (bool, f64) {
 /// One real client's instance through the whole chain: register → routed, OUT_OF_SERVICE →
 /// drained, back in service → routed, killed → lease expired, 503.
 fn a_real_client_registers_routes_drains_and_expires(client: EurekaClient, test: &str) {
-    if !client.ready() {
-        return;
-    }
+    client.require_installed();
     let env = TestEnv::new(test);
     let lease = LEASE_SECS.to_string();
     let mesh = Mesh::start_source(&env, Source::ServeEureka, &["--lease-duration", &lease]);

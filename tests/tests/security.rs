@@ -174,9 +174,7 @@ fn eureka<R>(
 #[test]
 fn with_a_tokens_file_a_real_client_registers_and_nobody_else_can_hijack_or_drain_its_vip() {
     let client = EurekaClient::Python;
-    if !client.ready() {
-        return;
-    }
+    client.require_installed();
     let env = TestEnv::new("security_eureka_auth");
     let tokens = env.write_file("tokens.yaml", TOKENS);
     let tokens = tokens.to_string_lossy().into_owned();
