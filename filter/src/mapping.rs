@@ -163,6 +163,53 @@ fn parse_port(digits: &str) -> Option<u16> {
     digits.parse::<u16>().ok().filter(|&p| p != 0)
 }
 
+/// The header the filter falls back to when the configured source header is absent.
+pub const HOST_HEADER: &str = "host";
+/// Counter: requests mapped to a `.vip` cluster.
+pub const METRIC_VIP: &str = "odmesh_requests_vip";
+/// Counter: requests mapped to a `.svip` cluster.
+pub const METRIC_SVIP: &str = "odmesh_requests_svip";
+/// Counter: requests answered with 400 because their host names no valid VIP.
+pub const METRIC_REJECTED: &str = "odmesh_requests_rejected";
+/// The `content-type` of the filter's local replies.
+pub const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+
+/// What a shell does with one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Write `cluster` into the cluster header (always, over whatever the client sent), remove
+    /// the secure header if `remove_secure`, count one request of `kind`, and continue.
+    Route {
+        cluster: String,
+        kind: Kind,
+        remove_secure: bool,
+    },
+    /// Answer 400 with `body` (text), count one rejected request, and stop.
+    Reject { body: String },
+}
+
+/// The whole per-request decision, from the request's headers as the shell reads them
+/// (`header(name)`: the value, `None` if absent): one read of the destination header (or
+/// `host`), one of the secure header, one mapping. Every shell does exactly this, so they
+/// behave the same.
+pub fn decide(config: &Config, header: impl Fn(&str) -> Option<Vec<u8>>) -> Verdict {
+    let host = header(&config.source_header).or_else(|| header(HOST_HEADER));
+    let secure_value = header(&config.secure_header);
+    let secure = secure_value.as_deref().is_some_and(is_secure_value);
+    match route_request(host, secure, config) {
+        Ok(route) => Verdict::Route {
+            cluster: route.cluster,
+            kind: route.kind,
+            remove_secure: secure_value.is_some(),
+        },
+        Err(e) => {
+            let mut body = e.to_string();
+            body.push('\n');
+            Verdict::Reject { body }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,5 +467,51 @@ mod tests {
         let route = map_host(host, false, &Config::default()).expect("valid");
         assert_eq!(route.cluster, "hello.vip");
         assert_eq!(route.cluster.as_ptr(), before);
+    }
+
+    fn headers<'a>(list: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<Vec<u8>> + 'a {
+        move |name| {
+            (list.iter())
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_bytes().to_vec())
+        }
+    }
+
+    #[test]
+    fn decide_reads_the_source_header_then_host_and_the_secure_header() {
+        let config = Config::default();
+        let routed = |list: &[(&str, &str)]| decide(&config, headers(list));
+        assert_eq!(
+            routed(&[(":authority", "Hello"), ("host", "other")]),
+            Verdict::Route {
+                cluster: "hello.vip".into(),
+                kind: Kind::Vip,
+                remove_secure: false
+            }
+        );
+        assert_eq!(
+            routed(&[("host", "hello:8443")]),
+            Verdict::Route {
+                cluster: "hello.svip".into(),
+                kind: Kind::Svip,
+                remove_secure: false
+            }
+        );
+        assert_eq!(
+            routed(&[(":authority", "hello"), ("x-odmesh-secure", "no")]),
+            Verdict::Route {
+                cluster: "hello.vip".into(),
+                kind: Kind::Vip,
+                remove_secure: true
+            },
+            "a secure header is removed whatever it says"
+        );
+        let Verdict::Reject { body } = routed(&[]) else {
+            panic!("no host must be rejected");
+        };
+        assert!(
+            body.ends_with('\n') && body.starts_with("odmesh: "),
+            "{body}"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! The filter's decisions: its configuration (`Config::parse`) and the per-request mapping
-//! of a Host to a cluster (`mapping::route_request`, what the wasm glue calls).
+//! of a Host to a cluster (`mapping::route_request`, what both shells call through `decide`).
 //!
 //! Input: `HOST`, or `CONFIG-JSON \0 HOST` (any bytes; HOST need not be UTF-8). Checks:
 //! - a refused configuration says why, naming odmesh; an accepted one keeps its rules
