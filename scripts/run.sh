@@ -49,7 +49,12 @@ start() { # name, command...
 # The demo services run on this machine, at 127.0.0.1: a production registry refuses that.
 start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --allow-loopback-instances --upstream-ca "$state/ca.pem" \
   --policy demo/policy.yaml
-start envoy "$ENVOY" -c envoy/odmesh.yaml --concurrency 2 --disable-hot-restart --log-level warn
+case "${FILTER:-wasm}" in
+  wasm) bootstrap=envoy/odmesh.yaml ;;
+  native) bootstrap=envoy/odmesh-native.yaml ;;
+  *) echo "FILTER=$FILTER: expected wasm or native" >&2; exit 1 ;;
+esac
+start envoy "$ENVOY" -c "$bootstrap" --concurrency 2 --disable-hot-restart --log-level warn
 eureka=http://127.0.0.1:8761/eureka
 deadline=$((SECONDS + 20))
 until curl -sf "$eureka/apps" >/dev/null; do
@@ -84,7 +89,7 @@ done
 
 cat <<TXT
 
-odmesh is running: Envoy on 127.0.0.1:15001, the registry on $eureka, admin on 127.0.0.1:18001.
+odmesh is running ($bootstrap): Envoy on 127.0.0.1:15001, the registry on $eureka, admin on 127.0.0.1:18001.
 Try:
   curl -H 'Host: demo-a' http://127.0.0.1:15001/             # VIP demo-a: round robin over 2 instances
   curl -H 'Host: demo-b' http://127.0.0.1:15001/             # VIP demo-b
