@@ -49,6 +49,7 @@ pub mod process;
 pub mod protocols;
 pub mod registry;
 mod serve;
+pub mod shell;
 #[cfg(test)]
 mod test_server;
 pub mod tls;
@@ -64,13 +65,14 @@ pub use http::{Connection, Request, Response};
 pub use load::{Load, LoadConfig, LoadReport, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, shipped_bootstrap};
-pub use paths::{control_binary, envoy_binary, filter_wasm, free_port, repo_root};
+pub use paths::{control_binary, envoy_binary, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
 pub use protocols::{
     GrpcUpstream, H2Response, HttpUpstream, Versions, WebSocketClient, block_on_within, grpc_call,
     h2c_get, runtime,
 };
 pub use registry::{Instance, RegistryFile};
+pub use shell::Shell;
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
 pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};
 pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};

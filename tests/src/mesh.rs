@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use crate::control::{ControlPlane, Source};
 use crate::envoy::Envoy;
 use crate::http::{Request, Response};
-use crate::paths::{filter_wasm, repo_root};
+use crate::paths::repo_root;
 use crate::process::TestEnv;
 use crate::registry::{Instance, RegistryFile};
+use crate::shell::Shell;
 use crate::wait::wait_until_since;
 
 /// The egress listener's name in `envoy/odmesh.yaml`.
@@ -26,17 +27,25 @@ pub const EGRESS_LISTENER: &str = "odmesh_egress";
 /// How long Envoy may take to open its xDS stream to a fresh control plane.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The shipped `envoy/odmesh.yaml` with its listener and admin on port 0 and its xDS
-/// cluster on `xds_port`.
+/// The shipped bootstrap of the filter shell under test (`envoy/odmesh.yaml`, or
+/// `envoy/odmesh-native.yaml`: see [`Shell`]) with its listener and admin on port 0, its xDS
+/// cluster on `xds_port`, and the filter at its absolute path.
 pub fn odmesh_bootstrap(xds_port: u16) -> String {
     let xds = format!("port_value: {xds_port}");
+    let shell = Shell::current();
+    let relative = match shell {
+        Shell::Wasm => "filename: dist/odmesh_filter.wasm",
+        Shell::Native => "filename: dist/libodmesh_filter.so",
+    };
+    let absolute = format!("filename: {}", shell.artifact().display());
     shipped_bootstrap(
-        "odmesh.yaml",
+        shell.bootstrap(),
         &[
             // The egress listener, the admin, the control plane (xDS).
             ("port_value: 15001", "port_value: 0", 1),
             ("port_value: 9901", "port_value: 0", 1),
             ("port_value: 18000", &xds, 1),
+            (relative, &absolute, 1),
         ],
     )
 }
@@ -85,7 +94,7 @@ impl Mesh<()> {
     /// Starts the control plane on `source` with `control_args` (e.g. `--lease-duration 3`),
     /// then Envoy, and waits until Envoy's xDS stream is up.
     pub fn start_source(env: &TestEnv, source: Source, control_args: &[&str]) -> Mesh<()> {
-        filter_wasm();
+        Shell::current().artifact();
         let control = ControlPlane::start_source(env, "control", source, control_args);
         Mesh::connect(env, control, ())
     }
@@ -100,7 +109,7 @@ impl Mesh {
 
     /// [`Mesh::start`] with more arguments for `odmesh-control` (e.g. `--upstream-ca F`).
     pub fn start_with(env: &TestEnv, instances: &[Instance], control_args: &[&str]) -> Mesh {
-        filter_wasm();
+        Shell::current().artifact();
         let registry = RegistryFile::create(&env.log_dir().join("registry.yaml"), instances);
         let control = ControlPlane::start(env, "control", registry.path(), control_args);
         Mesh::connect(env, control, registry)

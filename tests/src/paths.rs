@@ -43,17 +43,6 @@ pub fn envoy_binary() -> PathBuf {
     path
 }
 
-/// The built filter, `dist/odmesh_filter.wasm`. Panics telling to run `make wasm` if missing.
-pub fn filter_wasm() -> PathBuf {
-    let path = repo_root().join("dist/odmesh_filter.wasm");
-    assert!(
-        path.is_file(),
-        "the filter is not built: {} is missing; run `make wasm`",
-        path.display()
-    );
-    path
-}
-
 /// A loopback TCP port that was free a moment ago (the OS picked it).
 ///
 /// Another process may take it before it is used; where a server can bind port 0 itself and

@@ -1,11 +1,12 @@
 //! The odmesh filter in real Envoy: hosts reach the right static cluster, invalid hosts get a
 //! clear 400, clients cannot pick a cluster or leak the secure header, counters move, a
 //! bad plugin configuration is refused, and two plugins in one VM keep their own
-//! configurations. Needs `make envoy` and `make wasm`.
+//! configurations. For the shell under test (`ODMESH_FILTER`, see `odmesh_e2e::Shell`): needs
+//! `make envoy` and `make wasm` or `make native`.
 
 use std::time::Duration;
 
-use odmesh_e2e::{EchoUpstream, Envoy, Request, Response, TestEnv, filter_wasm, render};
+use odmesh_e2e::{EchoUpstream, Envoy, Request, Response, Shell, TestEnv, render};
 
 const BOOTSTRAP: &str = include_str!("../envoy/filter-test.yaml");
 
@@ -44,24 +45,23 @@ impl Mesh {
         response.json()
     }
 
-    /// The filter's counter `name` (`wasmcustom.<name>` in `/stats`).
+    /// The filter's counter `name` (`wasmcustom.<name>` or `dynamicmodulescustom.<name>` in
+    /// `/stats`).
     fn counter(&self, name: &str) -> u64 {
-        let stat = format!("wasmcustom.{name}");
+        let stat = Shell::current().counter(name);
         self.envoy.stat(&stat).unwrap_or_else(|| {
             let stats = self.envoy.stats();
-            let wasm: Vec<_> = stats.keys().filter(|k| k.contains("wasm")).collect();
-            panic!("Envoy has no stat {stat}; its wasm stats: {wasm:?}")
+            let ours: Vec<_> = stats.keys().filter(|k| k.contains("odmesh")).collect();
+            panic!("Envoy has no stat {stat}; its odmesh stats: {ours:?}")
         })
     }
 }
 
 fn bootstrap(plugin_config: &str, vip: &EchoUpstream, svip: &EchoUpstream) -> String {
-    let wasm = filter_wasm();
     render(
         BOOTSTRAP,
         &[
-            ("WASM", &wasm.to_string_lossy()),
-            ("PLUGIN_CONFIG", plugin_config),
+            ("FILTER", &Shell::current().http_filter(plugin_config, 10)),
             ("VIP_PORT", &vip.port().to_string()),
             ("SVIP_PORT", &svip.port().to_string()),
         ],
@@ -198,9 +198,13 @@ fn a_plugin_configuration_with_an_unknown_field_is_refused() {
         log.contains("unknown field `strip_sufixes`"),
         "Envoy's log should name the unknown field:\n{log}"
     );
+    let refused = match Shell::current() {
+        Shell::Wasm => "Unable to create Wasm plugin odmesh",
+        Shell::Native => "Failed to initialize dynamic module",
+    };
     assert!(
-        log.contains("Unable to create Wasm plugin odmesh"),
-        "Envoy's log should say it refused the plugin:\n{log}"
+        log.contains(refused),
+        "Envoy's log should say it refused the filter ({refused}):\n{log}"
     );
 }
 
@@ -237,15 +241,25 @@ fn two_plugins_in_one_vm_each_route_with_their_own_configuration() {
     let bootstrap = render(
         include_str!("../envoy/filter-two-plugins.yaml"),
         &[
-            ("WASM", &filter_wasm().to_string_lossy()),
+            ("FILTER_EGRESS", &Shell::current().http_filter("{}", 10)),
+            (
+                "FILTER_INTERNAL",
+                &Shell::current().http_filter(
+                    r#"{"strip_suffixes": [".mesh.internal"], "cluster_header": "x-route-to"}"#,
+                    10,
+                ),
+            ),
             ("VIP_PORT", &vip.port().to_string()),
             ("SVIP_PORT", &svip.port().to_string()),
         ],
     );
     let envoy = Envoy::start(&env, "envoy", &bootstrap);
-    // Both plugins share each VM: with one plugin Envoy 1.40 also has 3 (the base VM, the main
-    // thread's and the worker's, at --concurrency 1); with a VM per plugin it has 6.
-    assert_eq!(envoy.stat("wasm.envoy.wasm.runtime.v8.active"), Some(3));
+    // Wasm: both plugins share each VM: with one plugin Envoy 1.40 also has 3 (the base VM, the
+    // main thread's and the worker's, at --concurrency 1); with a VM per plugin it has 6. The
+    // native module is loaded once, whatever the number of configurations.
+    if Shell::current() == Shell::Wasm {
+        assert_eq!(envoy.stat("wasm.envoy.wasm.runtime.v8.active"), Some(3));
+    }
     let egress = envoy.listener("egress");
     let internal = envoy.listener("internal");
 
