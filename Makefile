@@ -6,8 +6,9 @@ CARGO      ?= cargo
 JOBS       ?= 2
 CARGOFLAGS := -j$(JOBS)
 WASM_TARGET := wasm32-wasip1
-WASM_OUT   := target/$(WASM_TARGET)/wasm/odmesh_filter.wasm
+WASM_OUT   := target/$(WASM_TARGET)/wasm/odmesh_filter_wasm.wasm
 DIST_WASM  := dist/odmesh_filter.wasm
+DIST_NATIVE := dist/libodmesh_filter.so
 ENVOY_VERSION ?= 1.40.0
 # ENVOY=/path/to/envoy overrides the Envoy that `make envoy` installs.
 ENVOY      ?= $(CURDIR)/.tools/envoy-$(ENVOY_VERSION)/envoy/_bin/envoy
@@ -17,10 +18,13 @@ export ENVOY
 help: ## list the verbs
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
+# `make run FILTER=native` runs Envoy with the native filter instead of the wasm one.
+FILTER ?= wasm
+
 .PHONY: run
-run: wasm envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter
+run: $(FILTER) envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter (FILTER=native for the .so)
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control -p odmesh-demo
-	scripts/run.sh
+	FILTER=$(FILTER) scripts/run.sh
 
 .PHONY: test
 test: lint unit fuzz-quick wasm validate e2e ## everything CI runs: lint, unit tests (host and wasm), fuzzing, Envoy tests
@@ -28,11 +32,19 @@ test: lint unit fuzz-quick wasm validate e2e ## everything CI runs: lint, unit t
 .PHONY: wasm
 wasm: ## build the filter: dist/odmesh_filter.wasm and its .sha256
 	@scripts/ensure-toolchain.sh
-	$(CARGO) build $(CARGOFLAGS) --target $(WASM_TARGET) --profile wasm -p odmesh-filter
+	$(CARGO) build $(CARGOFLAGS) --target $(WASM_TARGET) --profile wasm -p odmesh-filter-wasm
 	@mkdir -p dist
 	cp $(WASM_OUT) $(DIST_WASM)
 	cd dist && sha256sum odmesh_filter.wasm > odmesh_filter.wasm.sha256
 	@echo "$(DIST_WASM): $$(stat -c %s $(DIST_WASM)) bytes, sha256 $$(cut -d' ' -f1 $(DIST_WASM).sha256)"
+
+.PHONY: native
+native: ## build the native filter (Envoy dynamic module): dist/libodmesh_filter.so and its .sha256
+	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-filter-native
+	@mkdir -p dist
+	cp target/release/libodmesh_filter_native.so $(DIST_NATIVE)
+	cd dist && sha256sum libodmesh_filter.so > libodmesh_filter.so.sha256
+	@echo "$(DIST_NATIVE): $$(stat -c %s $(DIST_NATIVE)) bytes, sha256 $$(cut -d' ' -f1 $(DIST_NATIVE).sha256)"
 
 .PHONY: envoy
 envoy: ## install stock Envoy 1.40.0 from PyPI into .tools/ (ENVOY=... overrides)
@@ -44,9 +56,11 @@ control: ## build the control plane (release): target/release/odmesh-control
 	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control
 
 .PHONY: validate
-validate: wasm envoy ## check envoy/odmesh.yaml with `envoy --mode validate`
+validate: wasm native envoy ## check envoy/odmesh.yaml and envoy/odmesh-native.yaml with `envoy --mode validate`
 	"$(ENVOY)" --mode validate -c envoy/odmesh.yaml --log-level warn
 	@echo "envoy/odmesh.yaml: valid"
+	"$(ENVOY)" --mode validate -c envoy/odmesh-native.yaml --log-level warn
+	@echo "envoy/odmesh-native.yaml: valid"
 
 .PHONY: lint
 lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings denied), also of fuzz/
@@ -54,7 +68,7 @@ lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings de
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	$(CARGO) clippy $(CARGOFLAGS) --workspace --all-targets -- -D warnings
-	$(CARGO) clippy $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names -- -D warnings
+	$(CARGO) clippy $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-filter-wasm -p odmesh-names -- -D warnings
 	$(CARGO) clippy $(CARGOFLAGS) --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 .PHONY: unit
@@ -77,17 +91,18 @@ fuzz-quick: ## run every fuzz target briefly (FUZZ_QUICK_SECONDS, 15 s each), as
 	FUZZ_SECONDS=$(FUZZ_QUICK_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
 
 .PHONY: e2e
-e2e: wasm envoy ## end-to-end tests against real Envoy (and real Eureka clients)
+e2e: wasm native envoy ## end-to-end tests against real Envoy, once with each filter shell (wasm, native)
 	@scripts/install-eureka-clients.sh
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
-	$(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
+	ODMESH_FILTER=wasm $(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
+	ODMESH_FILTER=native $(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
 
 .PHONY: bench-deps
 bench-deps: ## install the benchmark tools (nginx-light, wrk, nghttp2-client) with apt
 	@scripts/bench-deps.sh
 
 .PHONY: bench-build
-bench-build: wasm envoy bench-deps
+bench-build: wasm native envoy bench-deps
 	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control -p odmesh-bench
 
 .PHONY: bench-quick
@@ -95,8 +110,24 @@ bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/qui
 	python3 bench/run.py --quick
 
 .PHONY: bench
-bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md
+bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells
 	python3 bench/run.py
+	$(MAKE) bench-shells
+
+# The two filter shells against a static route, alternating rounds (docs/benchmarks.md, "6. Two
+# shells"); SHELLS_ROUNDS rounds of SHELLS_SECONDS seconds each. Beside them, the wasm filter as
+# it was before the SDK shell (its hand-written proxy-wasm ABI, built from commit
+# SHELLS_HAND_ABI by bench/probes/hand_abi_wasm.sh); SHELLS_HAND_ABI= leaves it out.
+SHELLS_ROUNDS ?= 20
+SHELLS_SECONDS ?= 4
+SHELLS_HAND_ABI ?= 702a260
+
+.PHONY: bench-shells
+bench-shells: bench-build ## the native and the wasm filter against a static route: docs/bench/shells.json
+	python3 bench/wasm_floor.py --no-floor --rounds $(SHELLS_ROUNDS) --seconds $(SHELLS_SECONDS) \
+	  --filter native=dist/libodmesh_filter.so --filter wasm=dist/odmesh_filter.wasm \
+	  $(if $(SHELLS_HAND_ABI),--filter wasm-hand-abi=$$(bench/probes/hand_abi_wasm.sh $(SHELLS_HAND_ABI) /tmp/odmesh-hand-abi.wasm)) \
+	  --out docs/bench/shells.json
 
 .PHONY: clean
 clean: ## remove build output (keeps the installed Envoy)

@@ -3,6 +3,8 @@
 
     bench/wasm_floor.py                                   # 30 rounds of 5 s
     bench/wasm_floor.py --filter sdk=/tmp/old.wasm --filter new=dist/odmesh_filter.wasm
+    bench/wasm_floor.py --no-floor --filter native=dist/libodmesh_filter.so \
+        --filter wasm=dist/odmesh_filter.wasm                # the two shells side by side
 
 Envoys (each `--concurrency 1`, one nginx upstream), in bench/run.py's harness:
 - `static`: a plain static route, the baseline;
@@ -12,8 +14,14 @@ Envoys (each `--concurrency 1`, one nginx upstream), in bench/run.py's harness:
 - `context-create`: plus an empty `proxy_on_context_create`;
 - `all-http`: plus empty `proxy_on_response_headers`, `_body`, `proxy_on_log`, `_done`,
   `_delete` (what an SDK exports, and the host calls, on every request);
-- each `--filter NAME=FILE` (default: `odmesh=dist/odmesh_filter.wasm`): the wasm filter and a
-  static cluster named like the VIP, as bench/run.py's overhead section.
+- `header-route`: no filter, the route of the odmesh chain (`cluster_header: x-odmesh-cluster`),
+  the client sending that header itself: what routing by a header costs with no filter at all,
+  the floor of any filter that routes by setting it;
+- each `--filter NAME=FILE` (default: `odmesh=dist/odmesh_filter.wasm`): the filter and a
+  static cluster named like the VIP, as bench/run.py's overhead section. A `.so` is loaded as
+  a native Envoy dynamic module (`envoy.filters.http.dynamic_modules`), a `.wasm` by the wasm
+  filter.
+`--no-floor` leaves out the hand-written modules (the floor steps), to compare filters only.
 The hand-written modules are a few bytes each, written here; the static route serves them since
 nothing sets the cluster header. Each round runs `wrk -t1 -c32` against every Envoy, the order
 rotated; Envoy CPU per request from /proc/<pid>/stat. The report: each configuration's median
@@ -77,11 +85,34 @@ def module(funcs):
             + section(5, vec([bytes([0, 1])])) + section(7, exports) + section(10, vec([leb(len(b)) + b for b in bodies])))
 
 
+NATIVE_FILTER = """
+          - name: envoy.filters.http.dynamic_modules
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config: {{module: {{local: {{filename: {path}}}}}, do_not_close: true}}
+              filter_name: odmesh
+              filter_config: {{"@type": type.googleapis.com/google.protobuf.StringValue, value: "{{}}"}}"""
+
+
+HEADER_ROUTE = "header-route"
+
+
 def bootstrap(listener, admin, upstream, wasm, static_route):
+    if wasm == HEADER_ROUTE:
+        # The filter chain's route and cluster, without the filter.
+        boot = run.static_bootstrap(listener, admin, upstream, wasm=True)
+        start = boot.index("\n          - name: envoy.filters.http.wasm")
+        end = boot.index("\n", boot.index("code: {local:", start))
+        return boot[:start] + boot[end:]
     run.WASM = wasm
     boot = run.static_bootstrap(listener, admin, upstream, wasm=wasm is not None)
     if static_route and wasm is not None:
         boot = boot.replace("route: {cluster_header: x-odmesh-cluster}", "route: {cluster: fr-000000.vip}")
+    if wasm is not None and Path(wasm).suffix == ".so":
+        # The same chain with the native module in the wasm filter's place.
+        start = boot.index("\n          - name: envoy.filters.http.wasm")
+        end = boot.index("\n", boot.index("code: {local:", start))
+        boot = boot[:start] + NATIVE_FILTER.format(path=wasm) + boot[end:]
     return boot
 
 
@@ -90,6 +121,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--filter", action="append", default=[], metavar="NAME=FILE")
+    ap.add_argument("--no-floor", action="store_true", help="leave out the hand-written floor modules")
     ap.add_argument("--out", type=Path, help="write every sample here (JSON)")
     args = ap.parse_args()
     filters = [f.split("=", 1) for f in args.filter] or [["odmesh", str(run.ROOT / "dist/odmesh_filter.wasm")]]
@@ -97,10 +129,11 @@ def main():
     workdir = Path(tempfile.mkdtemp(prefix="odmesh-wasm-floor-"))
     run.log(f"work folder (logs): {workdir}")
     configs = [("static", None, True)]
-    for label, funcs in EMPTY.items():
+    for label, funcs in ({} if args.no_floor else EMPTY).items():
         path = workdir / f"{label}.wasm"
         path.write_bytes(module(funcs))
         configs.append((label, path, True))
+    configs.append((HEADER_ROUTE, HEADER_ROUTE, False))
     configs += [(label, Path(path).resolve(), False) for label, path in filters]
 
     procs = run.Procs(workdir)
@@ -108,11 +141,15 @@ def main():
     try:
         upstream = run.start_nginx(procs, workdir)
         envoys = {}
+        headers = {}  # label: the request headers wrk and curl send
         for label, wasm, static_route in configs:
             lst, adm = run.free_port(), run.free_port()
             envoys[label] = run.start_envoy(procs, workdir, f"envoy-{label}",
                                             bootstrap(lst, adm, upstream, wasm, static_route), lst, adm)
-            status = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: fr-000000",
+            headers[label] = ["-H", "Host: fr-000000"]
+            if wasm == HEADER_ROUTE:
+                headers[label] += ["-H", "x-odmesh-cluster: fr-000000.vip"]
+            status = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *headers[label],
                                      f"http://127.0.0.1:{lst}/"], capture_output=True, text=True).stdout
             if status != "200":
                 raise RuntimeError(f"{label}: a request got {status}, not 200")
@@ -121,7 +158,7 @@ def main():
             for label in order[rnd % len(order):] + order[:rnd % len(order)]:
                 e = envoys[label]
                 c0 = run.cpu_seconds(e.pid)
-                out = subprocess.run(["wrk", "-t1", "-c32", f"-d{args.seconds}s", "-H", "Host: fr-000000",
+                out = subprocess.run(["wrk", "-t1", "-c32", f"-d{args.seconds}s", *headers[label],
                                       f"http://127.0.0.1:{e.listener}/"], check=True, capture_output=True, text=True).stdout
                 c1 = run.cpu_seconds(e.pid)
                 requests, rps = run.parse_wrk(out)
@@ -143,6 +180,16 @@ def main():
             se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
             line += f"  {statistics.mean(ratios):.3f} ± {se:.3f} ({statistics.median(ratios):.3f})"
         print(line)
+    # Every configuration against the static route, per round (the same round's static run).
+    print(f"\n{'Envoy':<18} {'throughput / static':>22} {'CPU per request / static':>26}   (mean ± SE over rounds)")
+    base = rows[labels[0]]
+    for label in labels[1:]:
+        rps = [b["rps"] / a["rps"] for a, b in zip(base, rows[label])]
+        cpu = [b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in zip(base, rows[label])]
+        def fmt(xs):
+            se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
+            return f"{statistics.mean(xs):.3f} ± {se:.3f}"
+        print(f"{label:<18} {fmt(rps):>22} {fmt(cpu):>26}")
 
 
 if __name__ == "__main__":
