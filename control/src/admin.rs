@@ -7,6 +7,7 @@
 //! | `/metrics` | Prometheus text |
 //! | `/debug/registry` | JSON: the source's state and every instance in use |
 //! | `/debug/proxies` | JSON: each connected proxy and what it subscribed |
+//! | `/debug/prewarm` | JSON: per calling service, the clusters a connecting proxy is sent ahead (prewarm), with when each was last used, and how many sent ahead were then used (hit rate) |
 //! | `/debug/policy` | JSON: the policy file's state, and the effective policy of every cluster a proxy holds, per calling service, with where each value came from; `?cluster=<name>&caller=<service>` for any other |
 //!
 //! The admin only renders what the other layers hand it, through [`AdminView`].
@@ -33,6 +34,8 @@ pub trait AdminView: Send + Sync + 'static {
     /// The policy: the file's state and the effective policy of the clusters proxies hold,
     /// or of `cluster` for proxies of `caller` when asked for one.
     fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value;
+    /// The prewarm history per calling service, and its hit rate.
+    fn prewarm(&self) -> serde_json::Value;
     /// The process metrics.
     fn metrics(&self) -> &Metrics;
 }
@@ -46,6 +49,7 @@ pub fn router(view: Arc<dyn AdminView>) -> Router {
         .route("/debug/registry", get(debug_registry))
         .route("/debug/proxies", get(debug_proxies))
         .route("/debug/policy", get(debug_policy))
+        .route("/debug/prewarm", get(debug_prewarm))
         .with_state(view)
 }
 
@@ -86,6 +90,10 @@ async fn debug_policy(
     pretty(&view.policy(query.get("cluster").map(String::as_str), caller)).into_response()
 }
 
+async fn debug_prewarm(State(view): View) -> Response {
+    pretty(&view.prewarm()).into_response()
+}
+
 fn pretty(value: &serde_json::Value) -> Response {
     let mut body =
         serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
@@ -117,6 +125,9 @@ mod tests {
         }
         fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value {
             json!({ "cluster": cluster, "caller": caller })
+        }
+        fn prewarm(&self) -> serde_json::Value {
+            json!({ "enabled": false })
         }
         fn metrics(&self) -> &Metrics {
             &self.metrics

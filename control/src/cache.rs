@@ -99,7 +99,8 @@ pub struct SubscriptionChange {
     /// Names beyond the room left by other streams ([`Subscriptions::update_within`]):
     /// subscribed, but waiting for room (answered with a removal meanwhile); not in `added`.
     pub over_room: usize,
-    /// The request asked for the wildcard (`*`), which odmesh does not serve.
+    /// The request named the wildcard (`*`): not tracked as a name (see
+    /// [`Subscriptions::update`]).
     pub wildcard: bool,
 }
 
@@ -115,9 +116,10 @@ impl Subscriptions {
     /// Applies one request's `resource_names_subscribe`, `resource_names_unsubscribe` and
     /// `initial_resource_versions`.
     ///
-    /// Wildcard: odmesh is on-demand and never sends the whole registry, so `*` is reported in
-    /// [`SubscriptionChange::wildcard`] and otherwise ignored; an empty first request is not
-    /// taken as a wildcard either (Envoy with on-demand CDS and no `cds_config` sends names).
+    /// Wildcard: odmesh never sends the whole registry, so `*` is not a name here; it is
+    /// reported in [`SubscriptionChange::wildcard`], and the [`session`](crate::session) sends
+    /// a wildcard stream only what its proxy's service used before
+    /// ([`Subscriptions::push_ahead`]).
     pub fn update(
         &mut self,
         subscribe: &[String],
@@ -283,6 +285,30 @@ impl Subscriptions {
             added.push(name.clone());
         }
         added
+    }
+
+    /// Subscribes `names` on a wildcard stream on the server's initiative: clusters sent ahead
+    /// of any request (prewarm), which the client takes under its wildcard subscription and
+    /// will not subscribe to by name. Names already subscribed are left alone, and none beyond
+    /// [`SubscriptionLimits::max_names`] is added. Returns the names added.
+    pub fn push_ahead(&mut self, names: &[String]) -> Vec<String> {
+        let mut added = Vec::new();
+        for name in names {
+            if name == WILDCARD
+                || self.names.contains_key(name)
+                || self.names.len() >= self.limits.max_names
+            {
+                continue;
+            }
+            self.names.insert(name.clone(), Known::Nothing);
+            added.push(name.clone());
+        }
+        added
+    }
+
+    /// Whether `name` is subscribed (waiting for room or not).
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
     }
 
     /// Unsubscribes those of `names` that are still only presubscribed: the client dropped

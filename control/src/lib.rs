@@ -4,7 +4,9 @@
 //! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints)
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
 //! (versions, subscriptions, the delta diff) → [`session`] (one stream's protocol, without the
-//! transport) → [`server`] (tonic: the xDS streams).
+//! transport) → [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each
+//! calling service used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that
+//! a connecting proxy is sent them ahead.
 //! [`admin`] and [`metrics`] watch from the side; [`listen`] and [`logs`] bound what clients
 //! can make the servers hold and log; [`tls`] holds what several layers need of TLS.
 #![forbid(unsafe_code)]
@@ -14,9 +16,11 @@ pub mod cache;
 pub mod http_server;
 pub mod listen;
 pub mod logs;
+pub mod lrs;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod prewarm;
 pub mod registry;
 pub mod server;
 pub mod session;

@@ -18,6 +18,7 @@ use odmesh_control::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model;
 use odmesh_control::policy::{self, watch::PolicyStatus};
+use odmesh_control::prewarm::{self, Prewarm};
 use odmesh_control::registry::eureka_server::auth::Authenticator;
 use odmesh_control::registry::eureka_server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
 use odmesh_control::registry::eureka_server::preservation::PreservationConfig;
@@ -129,6 +130,41 @@ struct Args {
 
     #[command(flatten)]
     xds_limits: XdsArgs,
+
+    #[command(flatten)]
+    prewarm: PrewarmArgs,
+}
+
+/// Prewarm: a connecting proxy is sent the clusters its service used before.
+#[derive(Debug, clap::Args)]
+struct PrewarmArgs {
+    /// Where the request history is kept (JSON, written atomically every few seconds and at
+    /// exit): per calling service (Envoy's `node.cluster`), the clusters its proxies used and
+    /// when. A proxy that connects with a wildcard cluster subscription (`cds_config` in its
+    /// bootstrap, as envoy/odmesh.yaml has) is sent those that are still registered before
+    /// any request needs them. Replicas may share one file (each merges the others' writes).
+    /// A file that is not a history is set aside as FILE.unreadable and a new one started.
+    #[arg(long, value_name = "FILE", default_value = "odmesh-prewarm.json")]
+    prewarm_history: PathBuf,
+
+    /// Turn prewarm off: no history is kept or read, proxies get only what they ask for.
+    #[arg(long, conflicts_with_all = ["prewarm_history", "prewarm_max_clusters", "prewarm_max_age"])]
+    no_prewarm: bool,
+
+    /// Clusters kept per calling service (the most recently used); also the most one
+    /// connecting proxy is sent ahead.
+    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    prewarm_max_clusters: usize,
+
+    /// Seconds after which a cluster nobody used is forgotten (default: 7 days).
+    #[arg(long, value_name = "SECS", default_value_t = 604_800.0)]
+    prewarm_max_age: f64,
+
+    /// Seconds between two load reports from each proxy (Envoy's LRS), which tell which
+    /// clusters carried requests: a cluster sent ahead is never asked for again, so this is how
+    /// the history learns that it is still in use.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    load_report_interval: f64,
 }
 
 /// Guards against a source that loses most of the registry at once.
@@ -437,7 +473,68 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         max_subscriptions: at_least_one("--xds-max-subscriptions", x.xds_max_subscriptions)?,
         tls_handshake_timeout: seconds("--tls-handshake-timeout", args.tls_handshake_timeout)?,
         tls,
+        prewarm: start_prewarm(&args.prewarm)?,
+        load_report_interval: seconds("--load-report-interval", args.prewarm.load_report_interval)?,
     })
+}
+
+/// The prewarm history from the flags, read from its file; `None` with --no-prewarm. A file
+/// that is not a history is set aside (renamed to FILE.unreadable), not overwritten.
+fn start_prewarm(args: &PrewarmArgs) -> anyhow::Result<Option<Arc<Prewarm>>> {
+    if args.no_prewarm {
+        return Ok(None);
+    }
+    let limits = prewarm::Limits {
+        max_per_service: at_least_one("--prewarm-max-clusters", args.prewarm_max_clusters)?,
+        max_age: seconds("--prewarm-max-age", args.prewarm_max_age)?,
+    };
+    let path = &args.prewarm_history;
+    let history = match prewarm::load(path) {
+        Ok(history) => history,
+        Err(e @ prewarm::LoadError::Parse { .. }) => {
+            let aside = path.with_extension("json.unreadable");
+            std::fs::rename(path, &aside)
+                .with_context(|| format!("--prewarm-history: {e}; cannot set it aside"))?;
+            tracing::error!(error = %e, aside = %aside.display(), "the prewarm history was not readable: set aside, starting a new one");
+            prewarm::History::default()
+        }
+        Err(e) => return Err(e).context("--prewarm-history"),
+    };
+    tracing::info!(file = %path.display(), entries = history.len(), "prewarm history loaded");
+    Ok(Some(Arc::new(Prewarm::new(
+        limits,
+        Some(path.clone()),
+        history,
+    ))))
+}
+
+/// How often the prewarm history is written to its file (when it changed).
+const PREWARM_SAVE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Writes the prewarm history every [`PREWARM_SAVE_INTERVAL`], until `stop` completes; then
+/// once more.
+async fn keep_prewarm_history(
+    prewarm: Arc<Prewarm>,
+    metrics: Arc<Metrics>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let save = |prewarm: &Prewarm| {
+        if let Err(e) = prewarm.save() {
+            Metrics::inc(&metrics.prewarm_save_errors_total);
+            tracing::warn!(error = %e, "cannot write the prewarm history (kept in memory, tried again)");
+        }
+        Metrics::set(&metrics.prewarm_history_entries, prewarm.len() as u64);
+    };
+    let mut tick = tokio::time::interval(PREWARM_SAVE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => save(&prewarm),
+            _ = &mut stop => break,
+        }
+    }
+    save(&prewarm);
 }
 
 /// A share from 0 to 1 from flag `flag`.
@@ -533,7 +630,9 @@ async fn run() -> anyhow::Result<()> {
             source.status
         }
     };
-    let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config(&args)?);
+    let xds_config = xds_config(&args)?;
+    let prewarm = xds_config.prewarm.clone();
+    let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config);
 
     let xds_listener = TcpListener::bind(args.xds)
         .await
@@ -563,6 +662,7 @@ async fn run() -> anyhow::Result<()> {
         xds: xds.clone(),
         cache,
         policy: policy_status,
+        prewarm: prewarm.clone(),
     });
     let admin_metrics = metrics.clone();
     let mut admin_task = tokio::spawn(http_server::serve(
@@ -578,6 +678,8 @@ async fn run() -> anyhow::Result<()> {
         stopped(),
     ));
     let mut xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
+    let prewarm_task = (prewarm.clone())
+        .map(|p| tokio::spawn(keep_prewarm_history(p, metrics.clone(), stopped())));
     let mut source_task = source.task;
     tracing::info!(xds = %args.xds, admin = %args.admin, source = %source.description, "odmesh-control serving");
 
@@ -595,6 +697,9 @@ async fn run() -> anyhow::Result<()> {
     // Open streams end at once on shutdown; a proxy that stopped reading must not hold us.
     stop_within("xDS server", &mut xds_task).await;
     stop_within("admin server", &mut admin_task).await;
+    if let Some(mut task) = prewarm_task {
+        stop_within("prewarm history", &mut task).await;
+    }
     outcome
 }
 
@@ -663,6 +768,7 @@ struct View {
     xds: XdsServer,
     cache: Arc<Cache>,
     policy: Arc<std::sync::Mutex<PolicyStatus>>,
+    prewarm: Option<Arc<Prewarm>>,
 }
 
 impl AdminView for View {
@@ -713,6 +819,16 @@ impl AdminView for View {
             .collect::<Vec<_>>()
             .into();
         out
+    }
+
+    fn prewarm(&self) -> serde_json::Value {
+        match &self.prewarm {
+            Some(prewarm) => {
+                let snapshot = self.cache.snapshot();
+                prewarm.view(|name| snapshot.get(name).is_some())
+            }
+            None => serde_json::json!({ "enabled": false }),
+        }
     }
 
     fn metrics(&self) -> &Metrics {

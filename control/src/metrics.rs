@@ -139,6 +139,16 @@ metrics! {
     /// Names answered with a removal because a stream was over --xds-max-names or
     /// --xds-max-unregistered.
     xds_names_refused_total: "counter",
+    /// Clusters sent to connecting proxies from their service's history, before any request.
+    prewarm_pushed_total: "counter",
+    /// Clusters asked for on demand that a proxy needed and was not sent ahead (misses).
+    prewarm_asked_total: "counter",
+    /// Load reports (LRS) received from proxies: each tells which clusters carried requests.
+    load_reports_total: "counter",
+    /// Writes of the prewarm history file that failed (the history stays in memory).
+    prewarm_save_errors_total: "counter",
+    /// (calling service, cluster) entries in the prewarm history.
+    prewarm_history_entries: "gauge",
 }
 
 impl Metrics {

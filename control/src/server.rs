@@ -41,7 +41,9 @@ use tracing::{debug, info};
 use crate::cache::{Cache, SubscriptionLimits};
 use crate::listen::ConnectionLimit;
 use crate::logs::clip;
+use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
+use crate::prewarm::Prewarm;
 use crate::session::{Context, Service, Session};
 
 pub use crate::session::{NackStatus, ProxyStatus};
@@ -74,6 +76,12 @@ pub struct XdsConfig {
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// How long a client may take to complete its TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// The request history that connecting proxies are prewarmed from and that on-demand
+    /// requests and load reports are recorded into; `None`: prewarm is off, and the load
+    /// reporting service is not served.
+    pub prewarm: Option<Arc<Prewarm>>,
+    /// How often proxies are asked for their load reports.
+    pub load_report_interval: Duration,
 }
 
 impl Default for XdsConfig {
@@ -87,6 +95,8 @@ impl Default for XdsConfig {
             max_subscriptions: 1_000_000,
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
+            prewarm: None,
+            load_report_interval: Duration::from_secs(30),
         }
     }
 }
@@ -156,9 +166,10 @@ impl XdsServer {
         streams.iter().map(|s| lock(s).status()).collect()
     }
 
-    /// The gRPC services (delta ADS, CDS, EDS), for a caller that runs its own tonic server.
+    /// The gRPC services (delta ADS, CDS, EDS; with prewarm, load reporting), for a caller
+    /// that runs its own tonic server.
     pub fn routes(&self) -> tonic::service::Routes {
-        tonic::service::Routes::new(
+        let routes = tonic::service::Routes::new(
             AggregatedDiscoveryServiceServer::new(self.clone())
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
@@ -169,7 +180,22 @@ impl XdsServer {
         .add_service(
             EndpointDiscoveryServiceServer::new(self.clone())
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
+        );
+        let shared = &self.shared;
+        match &shared.config.prewarm {
+            Some(prewarm) => routes.add_service(
+                LoadReports::new(
+                    prewarm.clone(),
+                    shared.cache.clone(),
+                    shared.metrics.clone(),
+                    shared.config.load_report_interval,
+                    shared.closing.subscribe(),
+                )
+                .into_service()
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            ),
+            None => routes,
+        }
     }
 
     /// Serves xDS on `listener` (with `TCP_NODELAY`) until `shutdown` completes; then ends
@@ -301,6 +327,7 @@ impl StreamTask {
             cache: &self.shared.cache,
             metrics: &self.shared.metrics,
             max_subscriptions: self.shared.config.max_subscriptions,
+            prewarm: self.shared.config.prewarm.as_deref(),
         }
     }
 

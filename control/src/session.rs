@@ -14,11 +14,12 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use odmesh_names::parse_cluster_name;
 use serde::Serialize;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions};
+use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions, WILDCARD};
 use crate::logs::{self, clip};
 use crate::metrics::Metrics;
+use crate::prewarm::Prewarm;
 use crate::xds::ResourceType;
 
 /// At most so many bytes of a proxy's node id, node cluster and nonces are kept.
@@ -26,14 +27,16 @@ const MAX_NODE_FIELD: usize = 256;
 /// At most so many bytes of a NACK's message are kept and logged.
 const MAX_NACK_MESSAGE: usize = 4096;
 
-/// What a session works with: the cache it answers from, the metrics it counts into, and
-/// the bound on cluster subscriptions over all streams.
+/// What a session works with: the cache it answers from, the metrics it counts into, the
+/// bound on cluster subscriptions over all streams, and the request history it records into
+/// and prewarms from (`None`: prewarm is off).
 #[derive(Clone, Copy, Debug)]
 pub struct Context<'a> {
     pub cache: &'a Cache,
     pub metrics: &'a Metrics,
     /// Cluster names subscribed over all streams at most (`--xds-max-subscriptions`).
     pub max_subscriptions: usize,
+    pub prewarm: Option<&'a Prewarm>,
 }
 
 /// One connected stream, as the admin's `/debug/proxies` shows it.
@@ -63,6 +66,11 @@ pub struct ProxyStatus {
     pub refused: u64,
     /// Cluster names waiting for room under `--xds-max-subscriptions`.
     pub waiting: usize,
+    /// Whether the proxy subscribed to every cluster (`cds_config` in its bootstrap): it then
+    /// takes the clusters odmesh sends it ahead, from its service's history.
+    pub wildcard: bool,
+    /// Clusters sent ahead from the history on this stream.
+    pub prewarmed: usize,
 }
 
 /// A response a proxy rejected.
@@ -135,7 +143,16 @@ pub struct Session {
     nacks: u64,
     last_nack: Option<NackStatus>,
     refused: u64,
-    wildcard_warned: bool,
+    /// Whether a `Cluster` request has arrived (the first, if empty, is a wildcard).
+    cluster_request_seen: bool,
+    /// The proxy subscribed to every cluster: it takes what is sent ahead.
+    wildcard: bool,
+    /// The wildcard subscription awaits its first answer (sent even if empty: Envoy holds its
+    /// listeners until it comes).
+    wildcard_answer_due: bool,
+    /// The history's clusters are to be sent ahead, once the registry is complete.
+    prewarm_due: bool,
+    prewarmed: usize,
     limits: SubscriptionLimits,
 }
 
@@ -156,7 +173,11 @@ impl Session {
             nacks: 0,
             last_nack: None,
             refused: 0,
-            wildcard_warned: false,
+            cluster_request_seen: false,
+            wildcard: false,
+            wildcard_answer_due: false,
+            prewarm_due: false,
+            prewarmed: 0,
             limits,
         }
     }
@@ -193,6 +214,8 @@ impl Session {
             last_nack: self.last_nack.clone(),
             refused: self.refused,
             waiting: self.clusters.waiting(),
+            wildcard: self.wildcard,
+            prewarmed: self.prewarmed,
         }
     }
 
@@ -272,6 +295,16 @@ impl Session {
                 "proxy connected",
             );
         }
+        tracing::trace!(
+            stream = self.id,
+            type_url = %req.type_url,
+            subscribe = ?req.resource_names_subscribe,
+            unsubscribe = ?req.resource_names_unsubscribe,
+            initial = ?req.initial_resource_versions.keys().collect::<Vec<_>>(),
+            nonce = %req.response_nonce,
+            nack = req.error_detail.is_some(),
+            "request"
+        );
         let Some(ty) = self.service.resource_type(&req.type_url) else {
             debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
             return None;
@@ -307,8 +340,37 @@ impl Session {
             }
         }
 
-        if req.resource_names_subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
-            return None;
+        // Rule: a client's first request of a type with no names subscribes to the wildcard
+        // (every resource, "legacy wildcard"), as does `*` in any request; it stays subscribed
+        // to the names it adds besides. Envoy does so for clusters when its bootstrap has a
+        // `cds_config`: odmesh then sends it, ahead of any request, the clusters its service
+        // used before (see `prewarm`), never the whole registry.
+        let first_of_type =
+            ty == ResourceType::Cluster && !std::mem::replace(&mut self.cluster_request_seen, true);
+        let legacy_wildcard = first_of_type
+            && req.resource_names_subscribe.is_empty()
+            && req.resource_names_unsubscribe.is_empty();
+        let explicit_wildcard = req.resource_names_subscribe.iter().any(|n| n == WILDCARD);
+        let mut subscribe = req.resource_names_subscribe;
+        if ty == ResourceType::Cluster && (legacy_wildcard || explicit_wildcard) && !self.wildcard {
+            self.wildcard = true;
+            self.wildcard_answer_due = true;
+            self.prewarm_due = cx.prewarm.is_some();
+        }
+        if ty == ResourceType::Cluster && self.wildcard {
+            // Rule: on a new stream the client lists in `initial_resource_versions` every
+            // resource it kept, including those it had under the wildcard, which it does not
+            // name in `resource_names_subscribe`. They are this stream's too: kept, and brought
+            // up to date like any other.
+            let held: Vec<String> = (req.initial_resource_versions.keys())
+                .filter(|name| !subscribe.contains(name))
+                .cloned()
+                .collect();
+            subscribe.extend(held);
+        }
+        if subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
+            let due = ty == ResourceType::Cluster && self.wildcard_answer_due;
+            return due.then(|| (ty, self.take_prewarm(cx)));
         }
         // The bound over all streams is on cluster names; each brings its load assignment.
         let room = match ty {
@@ -318,7 +380,7 @@ impl Session {
             ResourceType::Endpoints => usize::MAX,
         };
         let change = self.subs(ty).update_within(
-            &req.resource_names_subscribe,
+            &subscribe,
             &req.resource_names_unsubscribe,
             &req.initial_resource_versions,
             room,
@@ -329,13 +391,10 @@ impl Session {
             let gauge = &metrics.xds_cluster_subscriptions;
             gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
         }
-        if change.wildcard && !self.wildcard_warned {
-            self.wildcard_warned = true;
-            warn!(
+        if change.wildcard && ty == ResourceType::Endpoints {
+            debug!(
                 stream = self.id,
-                node = %clip(&self.node_id),
-                resource_type = ty.as_str(),
-                "proxy asked for every resource (wildcard); odmesh serves named, on-demand subscriptions only"
+                "proxy asked for every load assignment (wildcard); it gets those of its clusters"
             );
         }
         let cache = cx.cache;
@@ -392,16 +451,78 @@ impl Session {
         debug!(
             stream = self.id,
             resource_type = ty.as_str(),
-            subscribed = req.resource_names_subscribe.len(),
+            subscribed = subscribe.len(),
             unsubscribed = req.resource_names_unsubscribe.len(),
-            first = ?req.resource_names_subscribe.first().map(|n| clip(n)),
+            first = ?subscribe.first().map(|n| clip(n)),
             "subscriptions changed"
         );
         // Names the client says it has (on reconnect) are not new to it: their load
         // assignments need no head start.
         let mut fresh = change.added;
         fresh.retain(|name| !req.initial_resource_versions.contains_key(name));
+        if ty == ResourceType::Cluster {
+            self.record_asked(cx, &fresh);
+            fresh.extend(self.take_prewarm(cx));
+        }
         Some((ty, fresh))
+    }
+
+    /// Records in the history the clusters the proxy just asked for on demand: registered
+    /// ones, each a need the history did not predict for this proxy.
+    fn record_asked(&self, cx: &Context<'_>, names: &[String]) {
+        let Some(prewarm) = cx.prewarm else {
+            return;
+        };
+        let snapshot = cx.cache.snapshot();
+        let asked: Vec<&str> = (names.iter())
+            .map(String::as_str)
+            .filter(|name| snapshot.get(name).is_some())
+            .collect();
+        if asked.is_empty() {
+            return;
+        }
+        (cx.metrics.prewarm_asked_total).fetch_add(asked.len() as u64, Ordering::Relaxed);
+        prewarm.asked(&self.node_cluster, asked);
+    }
+
+    /// Sends ahead, once per stream, the clusters the proxy's service used before (its wildcard
+    /// subscription takes them), as soon as the registry is complete (until then, which VIPs
+    /// are gone is not known). Only registered ones, within the stream's bound and the room
+    /// left under `--xds-max-subscriptions`. Returns the names added.
+    fn take_prewarm(&mut self, cx: &Context<'_>) -> Vec<String> {
+        let Some(prewarm) = cx.prewarm else {
+            return Vec::new();
+        };
+        let snapshot = cx.cache.snapshot();
+        if !self.prewarm_due || !snapshot.is_complete() {
+            return Vec::new();
+        }
+        self.prewarm_due = false;
+        let used = cx.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize;
+        let room = cx.max_subscriptions.saturating_sub(used);
+        let mut predicted = prewarm.predict(&self.node_cluster, |name| {
+            snapshot.get(name).is_some() && parse_cluster_name(name).is_ok()
+        });
+        predicted.retain(|name| !self.clusters.contains(name));
+        predicted.truncate(room);
+        let added = self.clusters.push_ahead(&predicted);
+        if added.is_empty() {
+            return added;
+        }
+        let refused = self.count_in(cx, ResourceType::Cluster, &added);
+        debug_assert_eq!(refused, 0, "only registered clusters are sent ahead");
+        self.prewarmed += added.len();
+        (cx.metrics.prewarm_pushed_total).fetch_add(added.len() as u64, Ordering::Relaxed);
+        prewarm.pushed(&self.node_cluster, &added);
+        crate::limited!(
+            info,
+            stream = self.id,
+            node = %clip(&self.node_id),
+            service = %clip(&self.node_cluster),
+            clusters = added.len(),
+            "sending a connecting proxy its service's clusters ahead (prewarm)"
+        );
+        added
     }
 
     /// Counts newly subscribed `names` of type `ty` (the gauges, the cache's watch) and, for
@@ -425,6 +546,13 @@ impl Session {
     /// Pushes what changed in the cache, clusters before their load assignments; and the
     /// clusters that waited for room, if there is room now.
     pub fn on_change(&mut self, cx: &Context<'_>) -> [Option<DeltaDiscoveryResponse>; 2] {
+        // The registry became complete: what was to be sent ahead goes now.
+        let ahead = self.take_prewarm(cx);
+        if !ahead.is_empty() {
+            let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, ahead);
+            let endpoints = endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints));
+            return [clusters, endpoints];
+        }
         if self.clusters.is_waiting() {
             let used = cx.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize;
             let admitted = self
@@ -458,12 +586,17 @@ impl Session {
     fn respond(&mut self, cx: &Context<'_>, ty: ResourceType) -> Option<DeltaDiscoveryResponse> {
         let cache = cx.cache;
         let caller = self.node_cluster.clone();
+        // Rule: the first request of a wildcard subscription gets an answer, even one with no
+        // resources; Envoy holds its listeners until it comes (or `initial_fetch_timeout`).
+        let answer_due =
+            ty == ResourceType::Cluster && std::mem::take(&mut self.wildcard_answer_due);
         let subs = self.subs(ty);
-        if subs.is_idle() {
-            return None;
-        }
-        let delta = cache.delta(&caller, ty, subs);
-        if delta.is_empty() {
+        let delta = if subs.is_idle() {
+            Delta::default()
+        } else {
+            cache.delta(&caller, ty, subs)
+        };
+        if delta.is_empty() && !answer_due {
             return None;
         }
         subs.record(&delta);
@@ -520,6 +653,7 @@ fn unix_seconds(t: SystemTime) -> u64 {
 mod tests {
     use super::*;
     use crate::model::Snapshot;
+    use crate::prewarm::{History, Limits};
     use crate::registry::{Registry, testdata};
     use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
 
@@ -539,6 +673,7 @@ mod tests {
                 cache: &self.cache,
                 metrics: &self.metrics,
                 max_subscriptions: usize::MAX,
+                prewarm: None,
             };
             self.session.on_request(&cx, req)
         }
@@ -619,6 +754,7 @@ mod tests {
             cache: &stream.cache,
             metrics: &stream.metrics,
             max_subscriptions: 1,
+            prewarm: None,
         };
         // One name fits; the second waits: a removal now, and not counted.
         let [cluster, endpoints] = stream.session.on_request(
@@ -660,6 +796,215 @@ mod tests {
             ),
             (0, 0, 0)
         );
+    }
+
+    /// A session of a proxy of service `billing` on a cache where `hello` and `world` are
+    /// registered (complete, unless `loading`), with a history in which `billing` used
+    /// `hello.vip`, `world.vip` and `gone.vip` (no longer registered).
+    struct Prewarmed {
+        cache: Cache,
+        metrics: Metrics,
+        prewarm: Prewarm,
+        session: Session,
+    }
+
+    impl Prewarmed {
+        fn new(loading: bool) -> Prewarmed {
+            let registry = Registry::from_iter([
+                testdata::instance("hello", "hello-1", "10.0.0.1"),
+                testdata::instance("world", "world-1", "10.0.0.2"),
+            ])
+            .still_loading(loading);
+            let cache = Cache::with_snapshot(
+                XdsOptions::new(Some("/ca.pem".into())),
+                Snapshot::from_registry(&registry).into(),
+            );
+            let prewarm = Prewarm::new(Limits::default(), None, History::default());
+            prewarm.asked("billing", ["hello.vip", "world.vip", "gone.vip"]);
+            Prewarmed {
+                cache,
+                metrics: Metrics::default(),
+                prewarm,
+                session: Session::new(1, Service::Ads, SubscriptionLimits::default()),
+            }
+        }
+
+        fn on_request(
+            &mut self,
+            req: DeltaDiscoveryRequest,
+        ) -> [Option<DeltaDiscoveryResponse>; 2] {
+            let cx = Context {
+                cache: &self.cache,
+                metrics: &self.metrics,
+                max_subscriptions: usize::MAX,
+                prewarm: Some(&self.prewarm),
+            };
+            self.session.on_request(&cx, req)
+        }
+
+        fn on_change(&mut self) -> [Option<DeltaDiscoveryResponse>; 2] {
+            let cx = Context {
+                cache: &self.cache,
+                metrics: &self.metrics,
+                max_subscriptions: usize::MAX,
+                prewarm: Some(&self.prewarm),
+            };
+            self.session.on_change(&cx)
+        }
+
+        fn close(&self) {
+            let cx = Context {
+                cache: &self.cache,
+                metrics: &self.metrics,
+                max_subscriptions: usize::MAX,
+                prewarm: Some(&self.prewarm),
+            };
+            self.session.close(&cx);
+        }
+    }
+
+    /// Envoy's first cluster request with a `cds_config`: no names (the wildcard), and the node.
+    fn wildcard_request(service: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            node: Some(envoy_types::pb::envoy::config::core::v3::Node {
+                id: "proxy-1".into(),
+                cluster: service.into(),
+                ..Default::default()
+            }),
+            ..request(CLUSTER_TYPE_URL, &[], &[])
+        }
+    }
+
+    #[test]
+    fn a_wildcard_stream_is_sent_its_services_registered_history_with_the_load_assignments() {
+        let mut stream = Prewarmed::new(false);
+        let [clusters, endpoints] = stream.on_request(wildcard_request("billing"));
+        assert_eq!(
+            sent(&clusters),
+            ["hello.vip", "world.vip"],
+            "gone.vip is not registered"
+        );
+        assert_eq!(sent(&endpoints), ["hello.vip", "world.vip"]);
+        let status = stream.session.status();
+        assert!(status.wildcard);
+        assert_eq!(status.prewarmed, 2);
+        assert_eq!(
+            stream.metrics.prewarm_pushed_total.load(Ordering::Relaxed),
+            2
+        );
+        assert_eq!(
+            stream
+                .metrics
+                .xds_cluster_subscriptions
+                .load(Ordering::Relaxed),
+            2
+        );
+        // Envoy subscribes to the load assignments it was sent: not sent again.
+        let [again, _] = stream.on_request(request(
+            ENDPOINTS_TYPE_URL,
+            &["hello.vip", "world.vip"],
+            &[],
+        ));
+        assert!(again.is_none());
+        // An on-demand name besides the wildcard is served as ever.
+        let [clusters, _] = stream.on_request(request(CLUSTER_TYPE_URL, &["other.vip"], &[]));
+        assert_eq!(sent(&clusters), ["other.vip"]);
+        stream.close();
+        assert_eq!(
+            stream.cache.watched(),
+            0,
+            "closing gives back what prewarm counted"
+        );
+    }
+
+    #[test]
+    fn a_wildcard_with_nothing_to_send_is_answered_at_once_with_an_empty_response() {
+        let mut stream = Prewarmed::new(false);
+        let [clusters, endpoints] = stream.on_request(wildcard_request("search"));
+        let clusters = clusters.expect("Envoy holds its listeners until this answer");
+        assert!(clusters.resources.is_empty() && clusters.removed_resources.is_empty());
+        assert!(endpoints.is_none());
+        // Its ACK is not answered again.
+        let ack = DeltaDiscoveryRequest {
+            response_nonce: clusters.nonce,
+            ..request(CLUSTER_TYPE_URL, &[], &[])
+        };
+        assert!(stream.on_request(ack).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn while_the_registry_loads_nothing_is_sent_ahead_and_once_complete_the_history_goes() {
+        let mut stream = Prewarmed::new(true);
+        let [clusters, _] = stream.on_request(wildcard_request("billing"));
+        assert!(
+            sent(&clusters).is_empty(),
+            "which VIPs are gone is not known yet"
+        );
+        assert!(clusters.is_some(), "but the wildcard is answered");
+        let complete = Registry::from_iter([testdata::instance("hello", "hello-1", "10.0.0.1")]);
+        stream
+            .cache
+            .set_snapshot(Snapshot::from_registry(&complete).into());
+        let [clusters, endpoints] = stream.on_change();
+        assert_eq!(sent(&clusters), ["hello.vip"], "world.vip went meanwhile");
+        assert_eq!(sent(&endpoints), ["hello.vip"]);
+        assert!(stream.on_change().iter().all(Option::is_none), "once only");
+    }
+
+    #[test]
+    fn a_reconnecting_wildcard_proxy_keeps_what_it_holds_and_gets_only_what_it_lacks() {
+        let mut stream = Prewarmed::new(false);
+        // Envoy held hello.vip (sent ahead before) and other.vip (asked on demand); on the
+        // new stream it names the wildcard and its on-demand name, and lists both as kept.
+        let versions = stream.cache.snapshot();
+        assert!(versions.get("hello.vip").is_some());
+        let mut first = wildcard_request("billing");
+        first.resource_names_subscribe = vec!["*".into(), "other.vip".into()];
+        let [clusters, _] = stream.on_request(DeltaDiscoveryRequest {
+            initial_resource_versions: [
+                ("hello.vip".to_owned(), "stale".to_owned()),
+                ("other.vip".to_owned(), "stale".to_owned()),
+            ]
+            .into(),
+            ..first
+        });
+        // hello.vip is brought up to date (its version differs), world.vip is sent ahead,
+        // other.vip too (changed); nothing is sent twice.
+        assert_eq!(sent(&clusters), ["hello.vip", "other.vip", "world.vip"]);
+        let status = stream.session.status();
+        assert_eq!(status.clusters, ["hello.vip", "other.vip", "world.vip"]);
+        assert_eq!(status.prewarmed, 1);
+    }
+
+    #[test]
+    fn on_demand_asks_are_recorded_for_the_service_and_prewarm_off_records_nothing() {
+        let mut stream = Prewarmed::new(false);
+        let mut first = request(CLUSTER_TYPE_URL, &["hello.vip", "nobody.vip"], &[]);
+        first.node = wildcard_request("search").node;
+        stream.on_request(first);
+        assert_eq!(
+            stream.prewarm.predict("search", |_| true),
+            ["hello.vip"],
+            "only registered VIPs"
+        );
+        assert!(
+            !stream.session.status().wildcard,
+            "names in a first request: no wildcard"
+        );
+        assert_eq!(
+            stream.metrics.prewarm_asked_total.load(Ordering::Relaxed),
+            1
+        );
+
+        let mut off = ads_stream();
+        let mut first = request(CLUSTER_TYPE_URL, &[], &[]);
+        first.node = wildcard_request("search").node;
+        let [clusters, _] = off.on_request(first);
+        assert!(
+            clusters.is_some(),
+            "a wildcard is answered even with prewarm off"
+        );
+        assert!(sent(&clusters).is_empty());
     }
 
     #[test]

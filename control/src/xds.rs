@@ -729,7 +729,7 @@ fn string_value(s: &str) -> Value {
     }
 }
 
-fn duration(d: Duration) -> PbDuration {
+pub(crate) fn duration(d: Duration) -> PbDuration {
     PbDuration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),

@@ -736,6 +736,7 @@ impl ControlPlane {
             cache: &self.cache,
             metrics: &self.metrics,
             max_subscriptions: self.max_subscriptions,
+            prewarm: None,
         }
     }
 
