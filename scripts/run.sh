@@ -48,7 +48,7 @@ start() { # name, command...
 # The control plane, being the registry (the default without --registry or --eureka).
 # The demo services run on this machine, at 127.0.0.1: a production registry refuses that.
 start odmesh-control "$CONTROL" --serve-eureka 127.0.0.1:8761 --allow-loopback-instances --upstream-ca "$state/ca.pem" \
-  --policy demo/policy.yaml
+  --policy demo/policy.yaml --prewarm-history "$state/prewarm.json"
 case "${FILTER:-wasm}" in
   wasm) bootstrap=envoy/odmesh.yaml ;;
   native) bootstrap=envoy/odmesh-native.yaml ;;
@@ -106,6 +106,7 @@ Change the registry as a Eureka client or operator would:
 See what the mesh holds:
   curl http://127.0.0.1:18001/debug/proxies                  # what Envoy subscribed to
   curl http://127.0.0.1:18001/debug/policy                   # each cluster's policy (demo/policy.yaml), and from where
+  curl http://127.0.0.1:18001/debug/prewarm                  # what a restarted Envoy would be sent ahead
   curl -s http://127.0.0.1:9901/clusters | grep -c '::cx_total'   # endpoints Envoy knows
 Logs: $state/. Ctrl-C stops everything.
 TXT

@@ -79,8 +79,20 @@ impl ControlPlane {
     /// Starts `odmesh-control` on `source` plus `extra_args` (e.g. `--eureka-interval 0.5`) on
     /// free loopback ports for xDS, admin and (for [`Source::ServeEureka`]) the embedded
     /// registry, and waits until `/readyz` answers 200. Its log is `<label>.log`.
+    ///
+    /// Unless `extra_args` say otherwise, its prewarm history is `<label>-prewarm.json` in the
+    /// test's folder (kept across [`ControlPlane::restart`]s; never the working folder), and
+    /// proxies report their load every second.
     pub fn start_source(env: &TestEnv, label: &str, source: Source, extra_args: &[&str]) -> Self {
-        let args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        let mut args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        let given = |flag: &str| extra_args.contains(&flag);
+        if !given("--prewarm-history") && !given("--no-prewarm") {
+            let history = env.log_dir().join(format!("{label}-prewarm.json"));
+            args.extend(["--prewarm-history".into(), history.display().to_string()]);
+        }
+        if !given("--load-report-interval") {
+            args.extend(["--load-report-interval".into(), "1".into()]);
+        }
         let mut last_log = String::new();
         for attempt in 1..=PORT_ATTEMPTS {
             let xds = loopback(free_port());
@@ -128,6 +140,11 @@ impl ControlPlane {
     /// The admin HTTP address.
     pub fn admin(&self) -> SocketAddr {
         self.admin
+    }
+
+    /// `/debug/prewarm`: per calling service, what a connecting proxy is sent ahead.
+    pub fn prewarm(&self) -> Value {
+        self.admin_get("/debug/prewarm").json()
     }
 
     /// The embedded Eureka registry's address; panics unless started with

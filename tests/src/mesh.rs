@@ -139,6 +139,27 @@ impl<R> Mesh<R> {
         });
     }
 
+    /// Stops Envoy and starts a new one from the same bootstrap (as a deploy or a restart of
+    /// the proxy would; its log is `<label>.log`), and waits until its xDS stream is up. The
+    /// new Envoy is ready (admin `/ready`) only once its first cluster answer arrived, so what
+    /// the control plane sent it ahead is in it when this returns.
+    pub fn restart_envoy(&mut self, env: &TestEnv, label: &str) {
+        self.envoy.process().kill();
+        self.envoy = Envoy::start(env, label, &odmesh_bootstrap(self.control.xds().port()));
+        self.wait_connected(CONNECT_TIMEOUT);
+    }
+
+    /// The odmesh clusters (`*.vip`, `*.svip`) Envoy holds now, from its admin `/clusters`.
+    pub fn envoy_clusters(&self) -> Vec<String> {
+        let mut names: Vec<String> = (self.envoy.admin_get("/clusters").text().lines())
+            .filter_map(|line| line.split_once("::added_via_api::"))
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| name.ends_with(".vip") || name.ends_with(".svip"))
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Envoy's egress listener, where services send their requests.
     pub fn egress(&self) -> SocketAddr {
         self.envoy.listener(EGRESS_LISTENER)
