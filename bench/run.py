@@ -181,13 +181,17 @@ http {{
     return port
 
 
-def start_control(procs, registry, name="control"):
-    """odmesh-control on `registry` (a file), or with registry=None its embedded Eureka registry."""
+def start_control(procs, registry, name="control", extra=()):
+    """odmesh-control on `registry` (a file), or with registry=None its embedded Eureka registry;
+    `extra`: more flags. Without a `--prewarm-history` in `extra`, prewarm is off: a proxy then
+    gets only what it asks for, as the sections measuring discovery need."""
+    if not any(a in ("--prewarm-history", "--no-prewarm") for a in extra):
+        extra = [*extra, "--no-prewarm"]
     xds, admin, eureka = free_port(), free_port(), free_port()
     source = ["--registry", registry] if registry else ["--serve-eureka", f"127.0.0.1:{eureka}"]
     # The embedded registry logs every registration at info; at a million that is the log's whole size.
     log_level = "info" if registry else "warn"
-    p = procs.start(name, [CONTROL, *source, "--xds", f"127.0.0.1:{xds}", "--admin", f"127.0.0.1:{admin}"],
+    p = procs.start(name, [CONTROL, *source, "--xds", f"127.0.0.1:{xds}", "--admin", f"127.0.0.1:{admin}", *extra],
                     env={"NO_COLOR": "1", "RUST_LOG": f"{log_level},odmesh_control::model=debug,odmesh_control::cache=debug"})
     wait_for("control plane ready", lambda: http_get(f"http://127.0.0.1:{admin}/readyz") is not None,
              timeout=600, every=0.1)
@@ -195,15 +199,19 @@ def start_control(procs, registry, name="control"):
     return p
 
 
-def odmesh_bootstrap(listener, admin, xds, push_all=False):
-    """envoy/odmesh.yaml as shipped, with this run's ports and the wasm path made absolute."""
+def odmesh_bootstrap(listener, admin, xds, push_all=False, service=None):
+    """envoy/odmesh.yaml as shipped, with this run's ports and the wasm path made absolute;
+    `service`: another node.cluster (the calling service the prewarm history is kept for)."""
     y = Path(os.environ.get("ODMESH_BOOTSTRAP", ROOT / "envoy/odmesh.yaml")).read_text()
     y = y.replace("port_value: 9901", f"port_value: {admin}")
     y = y.replace("port_value: 15001", f"port_value: {listener}")
     y = y.replace("port_value: 18000", f"port_value: {xds}")
     y = y.replace("filename: dist/odmesh_filter.wasm", f"filename: {WASM}")
-    if push_all:
+    if push_all and "cds_config:" not in y:
         y = y.replace("dynamic_resources:\n", "dynamic_resources:\n  cds_config: {ads: {}, resource_api_version: V3}\n", 1)
+    if service:
+        assert y.count("\n  cluster: odmesh\n") == 1, "the bootstrap's node.cluster moved"
+        y = y.replace("\n  cluster: odmesh\n", f"\n  cluster: {service}\n")
     return y
 
 
@@ -290,6 +298,8 @@ def envoy_stats(p, flt):
 
 
 def bench_first(cfg, workdir, results):
+    """First requests to new VIPs, then (prewarm) to the same VIPs from a restarted Envoy of the
+    same service, which the control plane sends them ahead."""
     procs = Procs(workdir)
     try:
         up = start_nginx(procs, workdir)
@@ -297,11 +307,14 @@ def bench_first(cfg, workdir, results):
         reg = workdir / "first.yaml"
         bench_json("gen-registry", "--out", reg, "--vips", 1 + 20 + n, "--instances", 1,
                    "--prefix", "fr-", "--loopback", "--port", up)
-        cp = start_control(procs, reg)
-        runs, mem = [], []
+        cp = start_control(procs, reg, extra=["--prewarm-history", workdir / "first-prewarm.json"])
+        runs, predicted, mem, mem_pushed = [], [], [], []
         for rep in range(reps):
+            # Each rep is a service of its own: nothing in the history for it yet.
+            service = f"bench-first-{rep}"
             lst, adm = free_port(), free_port()
-            envoy = start_envoy(procs, workdir, f"envoy-first-{rep}", odmesh_bootstrap(lst, adm, cp.xds), lst, adm)
+            envoy = start_envoy(procs, workdir, f"envoy-first-{rep}",
+                                odmesh_bootstrap(lst, adm, cp.xds, service=service), lst, adm)
             wait_for("ADS connected", lambda: envoy_stats(envoy, "control_plane.connected_state").get(
                 "control_plane.connected_state") == 1)
             m_start = envoy_memory(envoy)
@@ -323,13 +336,43 @@ def bench_first(cfg, workdir, results):
                         "per_cluster_20": {k: (m20[k] - m0[k]) / 20 for k in m0},
                         f"per_cluster_{n}": {k: (mn[k] - m20[k]) / n for k in m0}})
             procs.stop(envoy)
+
+            # The same service's proxy restarts: its 1 + 20 + n clusters come ahead.
+            lst, adm = free_port(), free_port()
+            envoy = start_envoy(procs, workdir, f"envoy-predicted-{rep}",
+                                odmesh_bootstrap(lst, adm, cp.xds, service=service), lst, adm)
+            active = envoy_stats(envoy, "cluster_manager.active_clusters")["cluster_manager.active_clusters"]
+            if active < 1 + 20 + n:
+                raise RuntimeError(f"prewarm: the restarted Envoy holds {active} clusters, not {1 + 20 + n} and more")
+            wait_for("prewarmed clusters warm", lambda: envoy_stats(envoy, "cluster_manager.warming_clusters").get(
+                "cluster_manager.warming_clusters", 0) == 0)
+            p_start = envoy_memory(envoy)
+            probe = ["first-request", "--envoy", f"127.0.0.1:{lst}", "--prefix", "fr-"]
+            bench_json(*probe, "--start", 0, "--count", 21, lines=True)  # the same warm-up as above
+            time.sleep(0.5)
+            p21 = envoy_memory(envoy)
+            rows = bench_json(*probe, "--start", 21, "--count", n, lines=True)
+            time.sleep(0.5)
+            pn = envoy_memory(envoy)
+            bad = [r for r in rows if r["first_status"] != 200 or r["warm_status"] != 200]
+            if bad:
+                raise RuntimeError(f"first-request (predicted): non-200 answers: {bad[:3]}")
+            predicted.extend(rows)
+            mem_pushed.append({"start": p_start, "after_21": p21, f"after_{21 + n}": pn,
+                               "clusters": active - 1,  # without the static odmesh_xds
+                               f"connections_per_cluster_{n}": {k: (pn[k] - p21[k]) / n for k in pn}})
+            procs.stop(envoy)
         added = [r["first_us"] - statistics.median(r["warm_us"]) for r in runs]
+        added_pred = [r["first_us"] - statistics.median(r["warm_us"]) for r in predicted]
         results["first_request"] = {
             "vips": n, "reps": reps,
             "first_us": summary([r["first_us"] for r in runs]),
             "warm_us": summary([statistics.median(r["warm_us"]) for r in runs]),
             "added_us": summary(added),
             "added_samples_us": added,
+            "predicted_first_us": summary([r["first_us"] for r in predicted]),
+            "predicted_warm_us": summary([statistics.median(r["warm_us"]) for r in predicted]),
+            "predicted_added_us": summary(added_pred),
         }
         results["memory_on_demand"] = {
             "runs": mem,
@@ -338,10 +381,21 @@ def bench_first(cfg, workdir, results):
             f"per_cluster_{n}_allocated": statistics.median(m[f"per_cluster_{n}"]["allocated"] for m in mem),
             f"per_cluster_{n}_rss": statistics.median(m[f"per_cluster_{n}"]["rss"] for m in mem),
             "baseline": mem[0]["start"],
+            # Prewarmed: the restarted Envoy's memory with every cluster pushed and no upstream
+            # connection yet, against the fresh Envoy's baseline; then what the connections add.
+            "prewarmed_runs": mem_pushed,
+            "prewarmed_per_cluster_allocated": statistics.median(
+                (m["start"]["allocated"] - mem[0]["start"]["allocated"]) / m["clusters"] for m in mem_pushed),
+            f"prewarmed_connection_per_cluster_{n}_allocated": statistics.median(
+                m[f"connections_per_cluster_{n}"]["allocated"] for m in mem_pushed),
         }
         fr = results["first_request"]["added_us"]
+        fp = results["first_request"]["predicted_added_us"]
         log(f"first request: added p50 {fr['p50']:.0f} us p90 {fr['p90']:.0f} p99 {fr['p99']:.0f}; "
-            f"on-demand memory {results['memory_on_demand']['per_cluster_20_allocated'] / 1024:.1f} KB/cluster")
+            f"predicted: p50 {fp['p50']:.0f} us p90 {fp['p90']:.0f} p99 {fp['p99']:.0f}; "
+            f"on-demand memory {results['memory_on_demand']['per_cluster_20_allocated'] / 1024:.1f} KB/cluster; "
+            f"prewarmed {results['memory_on_demand']['prewarmed_per_cluster_allocated'] / 1024:.1f} KB/cluster "
+            f"+ {results['memory_on_demand'][f'prewarmed_connection_per_cluster_{n}_allocated'] / 1024:.1f} KB with its connection")
     finally:
         procs.stop_all()
 
@@ -572,7 +626,12 @@ def write_report(cfg, results, argv):
               "registered with one nginx endpoint; the first request on a keep-alive connection (Envoy "
               "discovers the cluster meanwhile) against the median of 5 warm requests right after.", "",
               "| | p50 | p90 | p99 | max |", "|---|---|---|---|---|"]
-        for k, label in [("first_us", "first request"), ("warm_us", "warm request"), ("added_us", "**added by discovery**")]:
+        rows = [("first_us", "first request"), ("warm_us", "warm request"), ("added_us", "**added by discovery**")]
+        if "predicted_added_us" in f:
+            rows += [("predicted_first_us", "predicted VIP (prewarmed), first request"),
+                     ("predicted_warm_us", "predicted VIP, warm request"),
+                     ("predicted_added_us", "**predicted VIP: added over warm**")]
+        for k, label in rows:
             s = f[k]
             L.append(f"| {label} | {fmt_us(s['p50'])} | {fmt_us(s['p90'])} | {fmt_us(s['p99'])} | {fmt_us(s['max'])} |")
         L += ["", "Target: p50 < 1,000 µs, p99 < 3,000 µs added. Reference (prototype): +2.4 ms p50, +3.0 ms p90.",
@@ -606,6 +665,13 @@ def write_report(cfg, results, argv):
               f"{mo['runs'][0]['after_21']['allocated'] / 2**20:.1f} MiB |",
               f"| on demand (odmesh) | {n} | {mo[f'per_cluster_{n}_allocated'] / 1024:.1f} KB | "
               f"{mo[f'per_cluster_{n}_rss'] / 1024:.1f} KB | {mo['runs'][0][f'after_{21 + n}']['allocated'] / 2**20:.1f} MiB |"]
+        if "prewarmed_per_cluster_allocated" in mo:
+            clusters = mo["prewarmed_runs"][0]["clusters"]
+            L.append(f"| prewarmed (sent ahead from the history as Envoy starts; no connection yet) | {clusters} | "
+                     f"{mo['prewarmed_per_cluster_allocated'] / 1024:.1f} KB | | "
+                     f"{mo['prewarmed_runs'][0]['start']['allocated'] / 2**20:.1f} MiB |")
+            L.append(f"| prewarmed, then its first request: + the upstream connection | {n} | "
+                     f"+{mo[f'prewarmed_connection_per_cluster_{n}_allocated'] / 1024:.1f} KB | | |")
         for row in results.get("memory_push_all", []):
             pc = row.get("per_cluster", {})
             L.append(f"| push all (bench push-all ADS server, same Cluster/CLA as odmesh) | {row['vips']:,} | "
