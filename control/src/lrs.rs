@@ -91,6 +91,7 @@ impl LoadReports {
     ) {
         let mut closing = self.closing.clone();
         let mut service: Option<String> = None;
+        let mut node_id = String::new();
         loop {
             let req = tokio::select! {
                 msg = inbound.message() => match msg {
@@ -102,8 +103,11 @@ impl LoadReports {
             Metrics::inc(&self.metrics.load_reports_total);
             if service.is_none() {
                 // The first message names the node; the answer asks for every cluster.
-                let node = req.node.as_ref().map(|n| n.cluster.as_str()).unwrap_or("");
-                service = Some(logs::truncated(node, MAX_NODE_FIELD));
+                let node = req.node.as_ref();
+                let cluster = node.map(|n| n.cluster.as_str()).unwrap_or("");
+                service = Some(logs::truncated(cluster, MAX_NODE_FIELD));
+                node_id =
+                    logs::truncated(node.map(|n| n.id.as_str()).unwrap_or(""), MAX_NODE_FIELD);
                 let answer = LoadStatsResponse {
                     send_all_clusters: true,
                     load_reporting_interval: Some(crate::xds::duration(self.interval)),
@@ -117,7 +121,7 @@ impl LoadReports {
             let snapshot = self.cache.snapshot();
             let used = used_clusters(&req.cluster_stats, |name| snapshot.get(name).is_some());
             debug!(service, used = used.len(), "load report");
-            self.prewarm.used(service, used);
+            self.prewarm.report(&node_id, service, &used, self.interval);
         }
     }
 }

@@ -165,6 +165,13 @@ struct PrewarmArgs {
     /// the history learns that it is still in use.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     load_report_interval: f64,
+
+    /// Seconds after which a cluster sent ahead that carried no request (by the proxy's load
+    /// reports) is removed from the proxy, which asks for it again by name when a request
+    /// needs it; 0: never. Clusters a proxy asked for itself are never removed (Envoy would
+    /// not ask for them again).
+    #[arg(long, value_name = "SECS", default_value_t = 3600.0)]
+    idle_cluster_timeout: f64,
 }
 
 /// Guards against a source that loses most of the registry at once.
@@ -475,6 +482,11 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         tls,
         prewarm: start_prewarm(&args.prewarm)?,
         load_report_interval: seconds("--load-report-interval", args.prewarm.load_report_interval)?,
+        idle_cluster_timeout: Some(seconds_or_zero(
+            "--idle-cluster-timeout",
+            args.prewarm.idle_cluster_timeout,
+        )?)
+        .filter(|t| !t.is_zero()),
     })
 }
 

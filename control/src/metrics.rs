@@ -143,6 +143,9 @@ metrics! {
     prewarm_pushed_total: "counter",
     /// Clusters asked for on demand that a proxy needed and was not sent ahead (misses).
     prewarm_asked_total: "counter",
+    /// Clusters sent ahead that were removed from a proxy again, unused for
+    /// --idle-cluster-timeout (it asks for them by name when a request needs them).
+    idle_clusters_evicted_total: "counter",
     /// Load reports (LRS) received from proxies: each tells which clusters carried requests.
     load_reports_total: "counter",
     /// Writes of the prewarm history file that failed (the history stays in memory).

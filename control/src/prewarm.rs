@@ -274,7 +274,23 @@ struct State {
     counts: BTreeMap<String, Counts>,
     /// (service, cluster) pushed ahead and not yet seen carrying requests.
     pending: BTreeSet<(String, String)>,
+    /// Per proxy (node id), what its load reports said: for evicting idle clusters.
+    nodes: BTreeMap<String, NodeReports>,
 }
+
+/// What one proxy's load reports said, for [`Prewarm::idle`].
+#[derive(Debug, Default)]
+struct NodeReports {
+    /// Since when reports came without a gap (seconds since the Unix epoch).
+    reporting_since: u64,
+    /// The last report.
+    last_report: u64,
+    /// Each cluster that carried requests, and when it last did.
+    used: BTreeMap<String, u64>,
+}
+
+/// At most so many proxies' reports are kept (the least recently reporting go first).
+const MAX_NODES: usize = 100_000;
 
 impl Prewarm {
     /// A prewarm over `history` (as read from `path`, if it is kept in a file).
@@ -321,6 +337,78 @@ impl Prewarm {
     /// Envoy's load report: `names` carried requests from a proxy of `service`.
     pub fn used<'a>(&self, service: &str, names: impl IntoIterator<Item = &'a str>) {
         self.used_at(service, names, false, unix_now());
+    }
+
+    /// One load report of the proxy `node` (of `service`), sent every `interval`: `names`
+    /// carried requests. Besides [`Prewarm::used`], remembers per proxy what it used, for
+    /// [`Prewarm::idle`].
+    pub fn report(&self, node: &str, service: &str, names: &[&str], interval: Duration) {
+        self.report_at(node, service, names, interval, unix_now());
+    }
+
+    fn report_at(&self, node: &str, service: &str, names: &[&str], interval: Duration, now: u64) {
+        self.used_at(service, names.iter().copied(), false, now);
+        let mut state = self.lock();
+        if !state.nodes.contains_key(node) && state.nodes.len() >= MAX_NODES {
+            let oldest = (state.nodes.iter())
+                .min_by_key(|(_, r)| r.last_report)
+                .map(|(n, _)| n.clone());
+            if let Some(oldest) = oldest {
+                state.nodes.remove(&oldest);
+            }
+        }
+        let reports = state.nodes.entry(node.to_owned()).or_default();
+        // A report later than three intervals after the last one: what happened in between
+        // is not known, so the proxy counts as reporting only from now.
+        let gap = 3 * interval.as_secs().max(1);
+        if reports.last_report == 0 || now > reports.last_report + gap {
+            reports.reporting_since = now;
+        }
+        reports.last_report = now;
+        for name in names {
+            reports.used.insert((*name).to_owned(), now);
+        }
+        let oldest = now.saturating_sub(self.limits.max_age.as_secs());
+        reports.used.retain(|_, last| *last >= oldest);
+    }
+
+    /// Those of `held` (clusters the proxy `node` holds, each with when it got it) that
+    /// carried no request for `timeout`, as far as its load reports tell: only if the proxy
+    /// has reported without a gap for at least `timeout`, and still does (a report within the
+    /// last three `interval`s). A proxy that does not report has no idle cluster.
+    pub fn idle<'a>(
+        &self,
+        node: &str,
+        held: impl IntoIterator<Item = (&'a str, u64)>,
+        timeout: Duration,
+        interval: Duration,
+    ) -> Vec<String> {
+        self.idle_at(node, held, timeout, interval, unix_now())
+    }
+
+    fn idle_at<'a>(
+        &self,
+        node: &str,
+        held: impl IntoIterator<Item = (&'a str, u64)>,
+        timeout: Duration,
+        interval: Duration,
+        now: u64,
+    ) -> Vec<String> {
+        let state = self.lock();
+        let Some(reports) = state.nodes.get(node) else {
+            return Vec::new();
+        };
+        let since = now.saturating_sub(timeout.as_secs());
+        let fresh = now <= reports.last_report + 3 * interval.as_secs().max(1);
+        if !fresh || reports.reporting_since > since {
+            return Vec::new();
+        }
+        (held.into_iter())
+            .filter(|(name, got)| {
+                *got <= since && reports.used.get(*name).is_none_or(|last| *last < since)
+            })
+            .map(|(name, _)| name.to_owned())
+            .collect()
     }
 
     fn used_at<'a>(
@@ -573,6 +661,44 @@ mod tests {
         sorted.sort_unstable();
         assert_eq!(sorted, ["new.vip", "other.vip", "users.vip"]);
         assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn a_cluster_is_idle_only_when_the_proxys_reports_cover_the_whole_timeout() {
+        let p = Prewarm::new(limits(10), None, History::default());
+        let (timeout, interval) = (Duration::from_secs(60), Duration::from_secs(10));
+        let held = || [("used.vip", 0), ("idle.vip", 0), ("new.vip", 95)];
+        assert!(
+            p.idle_at("n1", held(), timeout, interval, 100).is_empty(),
+            "no reports: nothing is idle"
+        );
+        for t in (0..=100).step_by(10) {
+            let used: &[&str] = if t == 80 { &["used.vip"] } else { &[] };
+            p.report_at("n1", "svc", used, interval, t);
+        }
+        // Reporting since 0, every 10 s: idle.vip carried nothing for 60 s; used.vip did at
+        // 80; new.vip arrived 5 s ago.
+        assert_eq!(
+            p.idle_at("n1", held(), timeout, interval, 100),
+            ["idle.vip"]
+        );
+        assert!(
+            p.idle_at("n1", held(), timeout, interval, 131).is_empty(),
+            "reports stopped: unknown"
+        );
+        // A gap in the reports: the window starts again.
+        p.report_at("n1", "svc", &[], interval, 200);
+        assert!(p.idle_at("n1", held(), timeout, interval, 200).is_empty());
+        for t in (210..=260).step_by(10) {
+            p.report_at("n1", "svc", &[], interval, t);
+        }
+        let mut idle = p.idle_at("n1", held(), timeout, interval, 260);
+        idle.sort();
+        assert_eq!(idle, ["idle.vip", "new.vip", "used.vip"]);
+        assert!(
+            p.idle_at("n2", held(), timeout, interval, 260).is_empty(),
+            "another proxy"
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ use crate::logs::clip;
 use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
-use crate::session::{Context, Service, Session};
+use crate::session::{Context, Eviction, Service, Session};
 
 pub use crate::session::{NackStatus, ProxyStatus};
 
@@ -82,6 +82,9 @@ pub struct XdsConfig {
     pub prewarm: Option<Arc<Prewarm>>,
     /// How often proxies are asked for their load reports.
     pub load_report_interval: Duration,
+    /// Clusters sent ahead that carried no request for this long are removed from the proxy
+    /// (it asks for them again when needed); `None`: never. Needs `prewarm`.
+    pub idle_cluster_timeout: Option<Duration>,
 }
 
 impl Default for XdsConfig {
@@ -97,6 +100,7 @@ impl Default for XdsConfig {
             tls_handshake_timeout: Duration::from_secs(10),
             prewarm: None,
             load_report_interval: Duration::from_secs(30),
+            idle_cluster_timeout: None,
         }
     }
 }
@@ -308,8 +312,9 @@ impl StreamTask {
                     self.on_change()
                 }
                 _ = closing.changed() => break,
-                // Room under --xds-max-subscriptions frees up without any registry change.
-                _ = retry.tick(), if self.is_waiting() => self.on_change(),
+                // Room under --xds-max-subscriptions frees up without any registry change, and
+                // clusters sent ahead become idle.
+                _ = retry.tick(), if self.ticks() => self.on_tick(),
             };
             for response in responses.into_iter().flatten() {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
@@ -328,6 +333,10 @@ impl StreamTask {
             metrics: &self.shared.metrics,
             max_subscriptions: self.shared.config.max_subscriptions,
             prewarm: self.shared.config.prewarm.as_deref(),
+            eviction: (self.shared.config.idle_cluster_timeout).map(|idle| Eviction {
+                idle,
+                interval: self.shared.config.load_report_interval,
+            }),
         }
     }
 
@@ -339,8 +348,23 @@ impl StreamTask {
         lock(&self.state).on_request(&self.context(), req)
     }
 
-    fn is_waiting(&self) -> bool {
-        lock(&self.state).is_waiting()
+    /// Whether the stream has something to look at on the ticker.
+    fn ticks(&self) -> bool {
+        let state = lock(&self.state);
+        state.is_waiting() || state.may_evict(&self.context())
+    }
+
+    /// Names waiting for room, then idle clusters sent ahead.
+    fn on_tick(&self) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let mut state = lock(&self.state);
+        let cx = self.context();
+        if state.is_waiting() {
+            let responses = state.on_change(&cx);
+            if responses.iter().any(Option::is_some) {
+                return responses;
+            }
+        }
+        [state.evict_idle(&cx), None]
     }
 
     fn on_change(&self) -> [Option<DeltaDiscoveryResponse>; 2] {

@@ -6,6 +6,7 @@
 //! See [`cache`](crate::cache) for the delta xDS rules (subscriptions, the diff, kept
 //! resources, bounds) that a session applies.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -37,6 +38,16 @@ pub struct Context<'a> {
     /// Cluster names subscribed over all streams at most (`--xds-max-subscriptions`).
     pub max_subscriptions: usize,
     pub prewarm: Option<&'a Prewarm>,
+    /// Evicting idle clusters sent ahead (`None`: off).
+    pub eviction: Option<Eviction>,
+}
+
+/// When a cluster sent ahead counts as idle: no request for `idle`, by the load reports the
+/// proxy sends every `interval` (see [`Prewarm::idle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Eviction {
+    pub idle: std::time::Duration,
+    pub interval: std::time::Duration,
 }
 
 /// One connected stream, as the admin's `/debug/proxies` shows it.
@@ -71,6 +82,8 @@ pub struct ProxyStatus {
     pub wildcard: bool,
     /// Clusters sent ahead from the history on this stream.
     pub prewarmed: usize,
+    /// Clusters sent ahead that were removed again, unused (they come back on demand).
+    pub evicted: usize,
 }
 
 /// A response a proxy rejected.
@@ -153,6 +166,13 @@ pub struct Session {
     /// The history's clusters are to be sent ahead, once the registry is complete.
     prewarm_due: bool,
     prewarmed: usize,
+    /// Clusters the proxy holds under its wildcard subscription (sent ahead, or kept from an
+    /// earlier stream without naming them), with when: the only ones that can be evicted, as
+    /// the proxy asks for them again by name when a request needs them. (A name the proxy
+    /// subscribed itself stays subscribed in Envoy after a removal, and is never asked for
+    /// again: those are never evicted.)
+    ahead: BTreeMap<String, u64>,
+    evicted: usize,
     limits: SubscriptionLimits,
 }
 
@@ -178,6 +198,8 @@ impl Session {
             wildcard_answer_due: false,
             prewarm_due: false,
             prewarmed: 0,
+            ahead: BTreeMap::new(),
+            evicted: 0,
             limits,
         }
     }
@@ -216,6 +238,7 @@ impl Session {
             waiting: self.clusters.waiting(),
             wildcard: self.wildcard,
             prewarmed: self.prewarmed,
+            evicted: self.evicted,
         }
     }
 
@@ -357,16 +380,23 @@ impl Session {
             self.wildcard_answer_due = true;
             self.prewarm_due = cx.prewarm.is_some();
         }
+        let mut held = Vec::new();
+        if ty == ResourceType::Cluster {
+            // Names the proxy subscribed itself are not under the wildcard only.
+            for name in subscribe.iter().chain(&req.resource_names_unsubscribe) {
+                self.ahead.remove(name);
+            }
+        }
         if ty == ResourceType::Cluster && self.wildcard {
             // Rule: on a new stream the client lists in `initial_resource_versions` every
             // resource it kept, including those it had under the wildcard, which it does not
             // name in `resource_names_subscribe`. They are this stream's too: kept, and brought
             // up to date like any other.
-            let held: Vec<String> = (req.initial_resource_versions.keys())
+            held = (req.initial_resource_versions.keys())
                 .filter(|name| !subscribe.contains(name))
                 .cloned()
                 .collect();
-            subscribe.extend(held);
+            subscribe.extend(held.iter().cloned());
         }
         if subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
             let due = ty == ResourceType::Cluster && self.wildcard_answer_due;
@@ -385,6 +415,12 @@ impl Session {
             &req.initial_resource_versions,
             room,
         );
+        let now = crate::prewarm::unix_now();
+        for name in held {
+            if self.clusters.contains(&name) {
+                self.ahead.insert(name, now);
+            }
+        }
         let total = &metrics.xds_subscriptions;
         total.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
         if ty == ResourceType::Cluster {
@@ -512,6 +548,9 @@ impl Session {
         let refused = self.count_in(cx, ResourceType::Cluster, &added);
         debug_assert_eq!(refused, 0, "only registered clusters are sent ahead");
         self.prewarmed += added.len();
+        let now = crate::prewarm::unix_now();
+        self.ahead
+            .extend(added.iter().map(|name| (name.clone(), now)));
         (cx.metrics.prewarm_pushed_total).fetch_add(added.len() as u64, Ordering::Relaxed);
         prewarm.pushed(&self.node_cluster, &added);
         crate::limited!(
@@ -580,6 +619,65 @@ impl Session {
     /// [`Session::on_change`] now and then, as room may free up without a registry change).
     pub fn is_waiting(&self) -> bool {
         self.clusters.is_waiting()
+    }
+
+    /// Whether this stream holds clusters that may become idle (the server then calls
+    /// [`Session::evict_idle`] now and then).
+    pub fn may_evict(&self, cx: &Context<'_>) -> bool {
+        cx.eviction.is_some() && cx.prewarm.is_some() && !self.ahead.is_empty()
+    }
+
+    /// Removes from the proxy the clusters it holds under its wildcard subscription that
+    /// carried no request for the eviction timeout, by its load reports: it drops them (and
+    /// their load assignments), and asks for any of them by name when a request needs it
+    /// again. Returns the removal to send, if any.
+    pub fn evict_idle(&mut self, cx: &Context<'_>) -> Option<DeltaDiscoveryResponse> {
+        let (Some(eviction), Some(prewarm)) = (cx.eviction, cx.prewarm) else {
+            return None;
+        };
+        let held = self.ahead.iter().map(|(name, got)| (name.as_str(), *got));
+        let idle = prewarm.idle(&self.node_id, held, eviction.idle, eviction.interval);
+        if idle.is_empty() {
+            return None;
+        }
+        for name in &idle {
+            self.ahead.remove(name);
+        }
+        let change = self.clusters.update(&[], &idle, &Default::default());
+        let removed = change.removed;
+        let metrics = cx.metrics;
+        (metrics.xds_subscriptions).fetch_sub(removed.len() as u64, Ordering::Relaxed);
+        (metrics.xds_cluster_subscriptions).fetch_sub(removed.len() as u64, Ordering::Relaxed);
+        (metrics.idle_clusters_evicted_total).fetch_add(removed.len() as u64, Ordering::Relaxed);
+        cx.cache
+            .unwatch(&self.node_cluster, removed.iter().map(String::as_str));
+        // A load assignment sent ahead that Envoy has not subscribed to yet: it never will.
+        let withdrawn = self.endpoints.withdraw_presubscribed(&removed);
+        (metrics.xds_subscriptions).fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
+        cx.cache
+            .unwatch(&self.node_cluster, withdrawn.iter().map(String::as_str));
+        self.evicted += removed.len();
+        crate::limited!(
+            info,
+            stream = self.id,
+            node = %clip(&self.node_id),
+            clusters = removed.len(),
+            first = %clip(removed.first().map_or("", String::as_str)),
+            "removing clusters the proxy did not use (it asks for them again when needed)"
+        );
+        let nonce = self.next_nonce;
+        self.next_nonce += 1;
+        Metrics::inc(&metrics.xds_responses_total);
+        let delta = Delta {
+            send: Vec::new(),
+            remove: removed,
+        };
+        Some(response(
+            ResourceType::Cluster,
+            delta,
+            nonce,
+            cx.cache.generation(),
+        ))
     }
 
     /// The response bringing this stream's `ty` subscriptions up to date, if any is needed.
@@ -674,6 +772,7 @@ mod tests {
                 metrics: &self.metrics,
                 max_subscriptions: usize::MAX,
                 prewarm: None,
+                eviction: None,
             };
             self.session.on_request(&cx, req)
         }
@@ -755,6 +854,7 @@ mod tests {
             metrics: &stream.metrics,
             max_subscriptions: 1,
             prewarm: None,
+            eviction: None,
         };
         // One name fits; the second waits: a removal now, and not counted.
         let [cluster, endpoints] = stream.session.on_request(
@@ -838,6 +938,7 @@ mod tests {
                 metrics: &self.metrics,
                 max_subscriptions: usize::MAX,
                 prewarm: Some(&self.prewarm),
+                eviction: None,
             };
             self.session.on_request(&cx, req)
         }
@@ -848,6 +949,7 @@ mod tests {
                 metrics: &self.metrics,
                 max_subscriptions: usize::MAX,
                 prewarm: Some(&self.prewarm),
+                eviction: None,
             };
             self.session.on_change(&cx)
         }
@@ -858,6 +960,7 @@ mod tests {
                 metrics: &self.metrics,
                 max_subscriptions: usize::MAX,
                 prewarm: Some(&self.prewarm),
+                eviction: None,
             };
             self.session.close(&cx);
         }

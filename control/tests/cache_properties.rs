@@ -737,6 +737,7 @@ impl ControlPlane {
             metrics: &self.metrics,
             max_subscriptions: self.max_subscriptions,
             prewarm: None,
+            eviction: None,
         }
     }
 

@@ -1,8 +1,9 @@
 //! Prewarm against real Envoy and `odmesh-control`: a proxy that restarts holds the clusters
 //! its service used before it serves its first request; the history survives a restart of
 //! the control plane (SIGKILL included); a VIP gone from the registry is not sent ahead;
-//! Envoy's load reports count a cluster sent ahead as used (the hit rate); with prewarm off
-//! the wildcard subscription of the shipped bootstrap is still answered at once. Needs
+//! Envoy's load reports count a cluster sent ahead as used (the hit rate); a cluster sent ahead
+//! that carries no request is removed, and comes back on demand; with prewarm off the wildcard
+//! subscription of the shipped bootstrap is still answered at once. Needs
 //! `make envoy`, `make wasm`/`make native` and `cargo build -p odmesh-control`.
 
 use std::fs;
@@ -186,4 +187,49 @@ fn with_prewarm_off_the_shipped_bootstrap_starts_at_once_and_discovers_on_demand
         "Envoy waited for its first cluster answer until the timeout"
     );
     assert_eq!(mesh.route("hello"), "hello-1");
+}
+
+#[test]
+fn an_idle_cluster_sent_ahead_is_removed_and_comes_back_on_demand_when_needed() {
+    let env = TestEnv::new("prewarm_idle_eviction");
+    let hello = EchoUpstream::start("hello-1");
+    let world = EchoUpstream::start("world-1");
+    let mut mesh = Mesh::start_with(
+        &env,
+        &[
+            Instance::new("hello", hello.port()),
+            Instance::new("world", world.port()),
+        ],
+        &["--idle-cluster-timeout", "3"],
+    );
+    assert_eq!(mesh.route("hello"), "hello-1");
+    assert_eq!(mesh.route("world"), "world-1");
+    mesh.restart_envoy(&env, "envoy-2");
+    assert_held(&mesh, &["hello.vip", "world.vip"]);
+
+    // hello.vip carries requests all along; world.vip none: after 3 s of load reports saying
+    // so, world.vip is removed, and hello.vip never is.
+    let since = Instant::now();
+    wait_until_since(
+        since,
+        Duration::from_secs(20),
+        "world.vip removed as idle",
+        || {
+            assert_eq!(mesh.route("hello"), "hello-1");
+            let held = mesh.envoy_clusters();
+            assert!(
+                held.contains(&"hello.vip".to_owned()),
+                "a used cluster was removed: {held:?}"
+            );
+            held == ["hello.vip"]
+        },
+    );
+    assert_eq!(mesh.control.metric("odmesh_idle_clusters_evicted_total"), 1);
+
+    // Needed again, it is asked for by name and routes (a cluster Envoy had asked for itself
+    // would not be asked for again: the request would get a 503 after the discovery timeout).
+    let asked = mesh.control.metric("odmesh_prewarm_asked_total");
+    assert_eq!(mesh.route("world"), "world-1");
+    assert_eq!(mesh.control.metric("odmesh_prewarm_asked_total"), asked + 1);
+    assert_eq!(mesh.envoy_clusters(), ["hello.vip", "world.vip"]);
 }
