@@ -4,7 +4,8 @@
 //! alone cannot tell whether a proxy still uses it. Envoy's load reporting service can: with
 //! `cluster_manager.load_stats_config` in its bootstrap pointing at the control plane, Envoy
 //! opens one stream, names its node, and (asked to report every cluster at an interval) sends
-//! for each cluster the requests it issued since the last report. Each cluster that carried
+//! for each cluster the requests it issued since the last report. Envoy reports only on the
+//! clusters it had when the last answer came, so every report is answered. Each cluster that carried
 //! requests counts as used by the node's service ([`Prewarm::used`]).
 //!
 //! [`used_clusters`] is the pure part; [`LoadReports`] the tonic service.
@@ -37,11 +38,15 @@ pub fn used_clusters(stats: &[ClusterStats], registered: impl Fn(&str) -> bool) 
     (stats.iter())
         .filter(|c| {
             c.upstream_locality_stats.iter().any(|l| {
-                l.total_issued_requests
-                    + l.total_successful_requests
-                    + l.total_error_requests
-                    + l.total_requests_in_progress
-                    > 0
+                // Any of them non-zero (a sum could overflow on a hostile report).
+                [
+                    l.total_issued_requests,
+                    l.total_successful_requests,
+                    l.total_error_requests,
+                    l.total_requests_in_progress,
+                ]
+                .iter()
+                .any(|n| *n > 0)
             })
         })
         .map(|c| c.cluster_name.as_str())
@@ -96,32 +101,40 @@ impl LoadReports {
             let req = tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => req,
-                    Ok(None) | Err(_) => return,
+                    Ok(None) | Err(_) => break,
                 },
-                _ = closing.changed() => return,
+                _ = closing.changed() => break,
             };
             Metrics::inc(&self.metrics.load_reports_total);
             if service.is_none() {
-                // The first message names the node; the answer asks for every cluster.
+                // The first message names the node.
                 let node = req.node.as_ref();
                 let cluster = node.map(|n| n.cluster.as_str()).unwrap_or("");
                 service = Some(logs::truncated(cluster, MAX_NODE_FIELD));
                 node_id =
                     logs::truncated(node.map(|n| n.id.as_str()).unwrap_or(""), MAX_NODE_FIELD);
-                let answer = LoadStatsResponse {
-                    send_all_clusters: true,
-                    load_reporting_interval: Some(crate::xds::duration(self.interval)),
-                    ..Default::default()
-                };
-                if tx.send(Ok(answer)).await.is_err() {
-                    return;
-                }
             }
             let service = service.as_deref().unwrap_or("");
             let snapshot = self.cache.snapshot();
             let used = used_clusters(&req.cluster_stats, |name| snapshot.get(name).is_some());
             debug!(service, used = used.len(), "load report");
             self.prewarm.report(&node_id, service, &used, self.interval);
+            // Every message is answered: Envoy reports on the clusters it had when the last
+            // answer came (with `send_all_clusters`), so each answer takes in the clusters it
+            // got since (on demand, or sent ahead after its reports began), and starts the
+            // next interval. The stats of a cluster already reported on carry over.
+            let answer = LoadStatsResponse {
+                send_all_clusters: true,
+                load_reporting_interval: Some(crate::xds::duration(self.interval)),
+                ..Default::default()
+            };
+            if tx.send(Ok(answer)).await.is_err() {
+                break;
+            }
+        }
+        // Until this proxy reports again for a whole timeout, none of its clusters is idle.
+        if service.is_some() {
+            self.prewarm.reports_ended(&node_id);
         }
     }
 }

@@ -143,7 +143,8 @@ struct PrewarmArgs {
     /// when. A proxy that connects with a wildcard cluster subscription (`cds_config` in its
     /// bootstrap, as envoy/odmesh.yaml has) is sent those that are still registered before
     /// any request needs them. Replicas may share one file (each merges the others' writes).
-    /// A file that is not a history is set aside as FILE.unreadable and a new one started.
+    /// A file that is not a history is set aside as FILE.unreadable.<time> and a new one
+    /// started; one that cannot be read at all is left alone (prewarm starts empty).
     #[arg(long, value_name = "FILE", default_value = "odmesh-prewarm.json")]
     prewarm_history: PathBuf,
 
@@ -501,16 +502,29 @@ fn start_prewarm(args: &PrewarmArgs) -> anyhow::Result<Option<Arc<Prewarm>>> {
         max_age: seconds("--prewarm-max-age", args.prewarm_max_age)?,
     };
     let path = &args.prewarm_history;
+    // Prewarm is an optimisation: a history that cannot be read never stops the control plane.
     let history = match prewarm::load(path) {
         Ok(history) => history,
         Err(e @ prewarm::LoadError::Parse { .. }) => {
-            let aside = path.with_extension("json.unreadable");
-            std::fs::rename(path, &aside)
-                .with_context(|| format!("--prewarm-history: {e}; cannot set it aside"))?;
-            tracing::error!(error = %e, aside = %aside.display(), "the prewarm history was not readable: set aside, starting a new one");
+            // Not ours to overwrite: kept beside it, with the time, so an earlier one stays too.
+            let mut aside = path.clone().into_os_string();
+            aside.push(format!(".unreadable.{}", prewarm::unix_now()));
+            let aside = PathBuf::from(aside);
+            match std::fs::rename(path, &aside) {
+                Ok(()) => {
+                    tracing::error!(error = %e, aside = %aside.display(), "the prewarm history was not readable: set aside, starting a new one")
+                }
+                // Another replica set it aside first.
+                Err(rename) => {
+                    tracing::error!(error = %e, %rename, "the prewarm history was not readable, nor could it be set aside: starting a new one")
+                }
+            }
             prewarm::History::default()
         }
-        Err(e) => return Err(e).context("--prewarm-history"),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the prewarm history: starting without it (writing it will be tried every 2 s)");
+            prewarm::History::default()
+        }
     };
     tracing::info!(file = %path.display(), entries = history.len(), "prewarm history loaded");
     Ok(Some(Arc::new(Prewarm::new(
@@ -530,8 +544,14 @@ async fn keep_prewarm_history(
     metrics: Arc<Metrics>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let save = |prewarm: &Prewarm| {
-        if let Err(e) = prewarm.save() {
+    // File I/O (read, merge, write, fsync) off the async workers.
+    let save = |prewarm: Arc<Prewarm>, metrics: Arc<Metrics>| async move {
+        let saved = tokio::task::spawn_blocking({
+            let prewarm = prewarm.clone();
+            move || prewarm.save()
+        })
+        .await;
+        if let Ok(Err(e)) = saved {
             Metrics::inc(&metrics.prewarm_save_errors_total);
             tracing::warn!(error = %e, "cannot write the prewarm history (kept in memory, tried again)");
         }
@@ -542,11 +562,11 @@ async fn keep_prewarm_history(
     tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = tick.tick() => save(&prewarm),
+            _ = tick.tick() => save(prewarm.clone(), metrics.clone()).await,
             _ = &mut stop => break,
         }
     }
-    save(&prewarm);
+    save(prewarm, metrics).await;
 }
 
 /// A share from 0 to 1 from flag `flag`.

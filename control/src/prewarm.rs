@@ -62,6 +62,10 @@ impl History {
         if service.is_empty() || limits.max_per_service == 0 {
             return false;
         }
+        // A client naming ever new services (node.cluster is whatever it says) stops here.
+        if !self.services.contains_key(service) && self.services.len() >= MAX_SERVICES {
+            return false;
+        }
         let clusters = self.services.entry(service.to_owned()).or_default();
         match clusters.get_mut(cluster) {
             Some(last) if *last >= now => return false,
@@ -151,6 +155,13 @@ impl History {
     }
 }
 
+/// At most so many calling services have a history.
+pub const MAX_SERVICES: usize = 10_000;
+
+/// History times are kept to the minute: a cluster used all along changes its entry (and the
+/// file) once a minute, not at every load report.
+const RESOLUTION: u64 = 60;
+
 /// Forgets the `n` least recently used of `clusters` (names break ties).
 fn evict_oldest(clusters: &mut BTreeMap<String, u64>, n: usize) {
     let mut by_age: Vec<(u64, String)> = (clusters.iter())
@@ -230,10 +241,17 @@ pub fn store(path: &Path, history: &History) -> io::Result<()> {
         || "odmesh-prewarm".into(),
         |n| n.to_string_lossy().into_owned(),
     );
+    // Unique among writers sharing the folder (replicas in containers may all be pid 1).
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let tmp = dir
         .unwrap_or(Path::new("."))
-        .join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut f = fs::File::create(&tmp)?;
+        .join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
     let written = f.write_all(&json).and_then(|()| f.sync_all());
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
         let _ = fs::remove_file(&tmp);
@@ -272,8 +290,9 @@ pub struct Prewarm {
 struct State {
     history: History,
     counts: BTreeMap<String, Counts>,
-    /// (service, cluster) pushed ahead and not yet seen carrying requests.
-    pending: BTreeSet<(String, String)>,
+    /// (proxy node id, cluster) sent ahead and not yet seen carrying requests, with how many
+    /// times (proxies may share a node id).
+    pending: BTreeMap<(String, String), u32>,
     /// Per proxy (node id), what its load reports said: for evicting idle clusters.
     nodes: BTreeMap<String, NodeReports>,
 }
@@ -291,6 +310,8 @@ struct NodeReports {
 
 /// At most so many proxies' reports are kept (the least recently reporting go first).
 const MAX_NODES: usize = 100_000;
+/// At most so many clusters sent ahead wait to be seen used (for the hit rate).
+const MAX_PENDING: usize = 1_000_000;
 
 impl Prewarm {
     /// A prewarm over `history` (as read from `path`, if it is kept in a file).
@@ -320,23 +341,27 @@ impl Prewarm {
         (self.lock().history).predict(&self.limits, service, unix_now(), registered)
     }
 
-    /// `names` were sent to a proxy of `service` ahead of any request.
-    pub fn pushed(&self, service: &str, names: &[String]) {
+    /// `names` were sent to the proxy `node` of `service` ahead of any request.
+    pub fn pushed(&self, node: &str, service: &str, names: &[String]) {
         let mut state = self.lock();
+        if !state.counts.contains_key(service) && state.counts.len() >= MAX_SERVICES {
+            return;
+        }
         state.counts.entry(service.to_owned()).or_default().pushed += names.len() as u64;
         for name in names {
-            state.pending.insert((service.to_owned(), name.clone()));
+            if state.pending.len() >= MAX_PENDING {
+                break;
+            }
+            *state
+                .pending
+                .entry((node.to_owned(), name.clone()))
+                .or_default() += 1;
         }
     }
 
     /// A proxy of `service` asked for `names` on demand (each registered, and not sent ahead).
     pub fn asked<'a>(&self, service: &str, names: impl IntoIterator<Item = &'a str>) {
-        self.used_at(service, names, true, unix_now());
-    }
-
-    /// Envoy's load report: `names` carried requests from a proxy of `service`.
-    pub fn used<'a>(&self, service: &str, names: impl IntoIterator<Item = &'a str>) {
-        self.used_at(service, names, false, unix_now());
+        self.used_at("", service, names, true, unix_now());
     }
 
     /// One load report of the proxy `node` (of `service`), sent every `interval`: `names`
@@ -347,7 +372,7 @@ impl Prewarm {
     }
 
     fn report_at(&self, node: &str, service: &str, names: &[&str], interval: Duration, now: u64) {
-        self.used_at(service, names.iter().copied(), false, now);
+        self.used_at(node, service, names.iter().copied(), false, now);
         let mut state = self.lock();
         if !state.nodes.contains_key(node) && state.nodes.len() >= MAX_NODES {
             let oldest = (state.nodes.iter())
@@ -370,6 +395,16 @@ impl Prewarm {
         }
         let oldest = now.saturating_sub(self.limits.max_age.as_secs());
         reports.used.retain(|_, last| *last >= oldest);
+        if reports.used.len() > self.limits.max_per_service {
+            let excess = reports.used.len() - self.limits.max_per_service;
+            evict_oldest(&mut reports.used, excess);
+        }
+    }
+
+    /// The proxy `node`'s load reports ended (its stream closed): what they said is dropped, so
+    /// nothing it holds counts as idle until it reports again for a whole timeout.
+    pub fn reports_ended(&self, node: &str) {
+        self.lock().nodes.remove(node);
     }
 
     /// Those of `held` (clusters the proxy `node` holds, each with when it got it) that
@@ -411,8 +446,11 @@ impl Prewarm {
             .collect()
     }
 
+    /// `names` used by a proxy (`node`, for a load report) of `service`: into the history, and
+    /// into the counts (a miss when `asked` on demand; a hit when sent ahead to that proxy).
     fn used_at<'a>(
         &self,
+        node: &str,
         service: &str,
         names: impl IntoIterator<Item = &'a str>,
         asked: bool,
@@ -421,16 +459,29 @@ impl Prewarm {
         if service.is_empty() {
             return;
         }
+        let minute = now - now % RESOLUTION;
         let mut state = self.lock();
         let state = &mut *state;
-        let counts = state.counts.entry(service.to_owned()).or_default();
+        let mut counts = Counts::default();
         for name in names {
             if asked {
                 counts.asked += 1;
-            } else if state.pending.remove(&(service.to_owned(), name.to_owned())) {
+            } else if let Some(waiting) = state.pending.get_mut(&(node.to_owned(), name.to_owned()))
+            {
                 counts.used += 1;
+                *waiting -= 1;
+                if *waiting == 0 {
+                    state.pending.remove(&(node.to_owned(), name.to_owned()));
+                }
             }
-            state.history.record(&self.limits, service, name, now);
+            state.history.record(&self.limits, service, name, minute);
+        }
+        if counts != Counts::default()
+            && (state.counts.contains_key(service) || state.counts.len() < MAX_SERVICES)
+        {
+            let total = state.counts.entry(service.to_owned()).or_default();
+            total.asked += counts.asked;
+            total.used += counts.used;
         }
     }
 
@@ -442,9 +493,10 @@ impl Prewarm {
             return Ok(false);
         };
         let now = unix_now();
-        // A file that cannot be read is overwritten (one that was not ours was set aside at
-        // start).
-        let theirs = load(path).ok();
+        // A file that cannot be read now (an I/O error, or something another writer left that
+        // is not a history of this format) is not overwritten: the error is reported, the
+        // history stays in memory, and the next save tries again.
+        let theirs = Some(load(path).map_err(io::Error::other)?);
         let history = {
             let mut state = self.lock();
             state.history.prune(&self.limits, now);
@@ -645,15 +697,24 @@ mod tests {
     #[test]
     fn hits_are_pushed_clusters_that_then_carried_requests() {
         let p = Prewarm::new(limits(10), None, History::default());
-        p.pushed("billing", &["users.vip".into(), "ledger.vip".into()]);
-        p.used("billing", ["users.vip", "users.vip", "other.vip"]);
+        let interval = Duration::from_secs(1);
+        // Two proxies of billing were sent users.vip and ledger.vip; proxy-1 used users.vip
+        // (in two reports) and other.vip; proxy-2 nothing.
+        for node in ["proxy-1", "proxy-2"] {
+            p.pushed(node, "billing", &["users.vip".into(), "ledger.vip".into()]);
+        }
+        p.report("proxy-1", "billing", &["users.vip", "other.vip"], interval);
+        p.report("proxy-1", "billing", &["users.vip"], interval);
         p.asked("billing", ["new.vip"]);
         let view = p.view(all);
         let billing = &view["services"]["billing"];
-        assert_eq!(billing["pushed"], 2);
-        assert_eq!(billing["used"], 1, "counted once per push");
+        assert_eq!(billing["pushed"], 4);
+        assert_eq!(
+            billing["used"], 1,
+            "counted once per push, for the proxy it was sent to"
+        );
         assert_eq!(billing["asked_on_demand"], 1);
-        assert_eq!(billing["hit_rate"], 0.5);
+        assert_eq!(billing["hit_rate"], 0.25);
         let predicted: Vec<&str> = (billing["predicted"].as_array().unwrap().iter())
             .map(|e| e["cluster"].as_str().unwrap())
             .collect();

@@ -173,6 +173,9 @@ pub struct Session {
     /// again: those are never evicted.)
     ahead: BTreeMap<String, u64>,
     evicted: usize,
+    /// When `ahead` is looked at for idle clusters next (seconds since the Unix epoch): once
+    /// per load report interval at most.
+    next_idle_check: u64,
     limits: SubscriptionLimits,
 }
 
@@ -200,6 +203,7 @@ impl Session {
             prewarmed: 0,
             ahead: BTreeMap::new(),
             evicted: 0,
+            next_idle_check: 0,
             limits,
         }
     }
@@ -375,6 +379,17 @@ impl Session {
             && req.resource_names_unsubscribe.is_empty();
         let explicit_wildcard = req.resource_names_subscribe.iter().any(|n| n == WILDCARD);
         let mut subscribe = req.resource_names_subscribe;
+        if ty == ResourceType::Cluster
+            && self.wildcard
+            && req.resource_names_unsubscribe.iter().any(|n| n == WILDCARD)
+        {
+            // Rule: unsubscribing `*` ends the wildcard. What was sent ahead stays subscribed
+            // (and counted) as ordinary names; nothing more is sent ahead or evicted.
+            self.wildcard = false;
+            self.wildcard_answer_due = false;
+            self.prewarm_due = false;
+            self.ahead.clear();
+        }
         if ty == ResourceType::Cluster && (legacy_wildcard || explicit_wildcard) && !self.wildcard {
             self.wildcard = true;
             self.wildcard_answer_due = true;
@@ -535,7 +550,9 @@ impl Session {
         }
         self.prewarm_due = false;
         let used = cx.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize;
-        let room = cx.max_subscriptions.saturating_sub(used);
+        // Half the room left under --xds-max-subscriptions at most: the rest stays for what
+        // proxies ask for themselves.
+        let room = cx.max_subscriptions.saturating_sub(used) / 2;
         let mut predicted = prewarm.predict(&self.node_cluster, |name| {
             snapshot.get(name).is_some() && parse_cluster_name(name).is_ok()
         });
@@ -545,14 +562,15 @@ impl Session {
         if added.is_empty() {
             return added;
         }
-        let refused = self.count_in(cx, ResourceType::Cluster, &added);
-        debug_assert_eq!(refused, 0, "only registered clusters are sent ahead");
+        // Only registered clusters are sent ahead; one that left the registry between the
+        // prediction and now is served as any unregistered name (admitted or refused).
+        self.count_in(cx, ResourceType::Cluster, &added);
         self.prewarmed += added.len();
         let now = crate::prewarm::unix_now();
         self.ahead
             .extend(added.iter().map(|name| (name.clone(), now)));
         (cx.metrics.prewarm_pushed_total).fetch_add(added.len() as u64, Ordering::Relaxed);
-        prewarm.pushed(&self.node_cluster, &added);
+        prewarm.pushed(&self.node_id, &self.node_cluster, &added);
         crate::limited!(
             info,
             stream = self.id,
@@ -635,6 +653,12 @@ impl Session {
         let (Some(eviction), Some(prewarm)) = (cx.eviction, cx.prewarm) else {
             return None;
         };
+        // Once per load report interval at most: nothing can have changed in between.
+        let now = crate::prewarm::unix_now();
+        if now < self.next_idle_check {
+            return None;
+        }
+        self.next_idle_check = now + eviction.interval.as_secs().max(1);
         let held = self.ahead.iter().map(|(name, got)| (name.as_str(), *got));
         let idle = prewarm.idle(&self.node_id, held, eviction.idle, eviction.interval);
         if idle.is_empty() {

@@ -89,14 +89,18 @@ fn a_restarted_proxy_holds_its_services_clusters_before_its_first_request() {
     assert_eq!(proxy["wildcard"], true);
     assert_eq!(proxy["prewarmed"], 2);
 
-    // Envoy's load report says hello.vip carried a request: one of the two sent ahead was
-    // used. world.vip was not (yet).
+    // Envoy's load reports say hello.vip carries requests: one of the two sent ahead was
+    // used; world.vip was not (yet). (Envoy reports on a cluster only from the control plane's
+    // answer after it got it, so requests keep coming meanwhile, as a service's would.)
     let since = Instant::now();
     wait_until_since(
         since,
         REPORTED,
         "a load report to count hello.vip as used",
-        || mesh.control.prewarm()["services"]["odmesh"]["used"] == 1,
+        || {
+            assert_eq!(mesh.route("hello"), "hello-1");
+            mesh.control.prewarm()["services"]["odmesh"]["used"] == 1
+        },
     );
     let service = &mesh.control.prewarm()["services"]["odmesh"];
     assert_eq!(service["pushed"], 2);
