@@ -3,7 +3,7 @@
 
     bench/run.py --quick     # under 5 minutes, smaller counts (make bench-quick)
     bench/run.py             # the full set (make bench)
-    bench/run.py --only first,overhead,memory,scale,eureka,filter
+    bench/run.py --only first,overhead,memory,discovered,scale,eureka,filter
 
 Needs (make bench builds them): target/release/odmesh-control, target/release/odmesh-bench,
 dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk. Writes docs/bench/latest.md, latest.json
@@ -267,13 +267,14 @@ static_resources:
 """
 
 
-def start_envoy(procs, workdir, name, bootstrap, listener, admin):
+def start_envoy(procs, workdir, name, bootstrap, listener, admin, workers=1):
     cfg = workdir / f"{name}.yaml"
     cfg.write_text(bootstrap)
-    p = procs.start(name, [ENVOY, "-c", cfg, "--concurrency", "1", "--disable-hot-restart",
+    p = procs.start(name, [ENVOY, "-c", cfg, "--concurrency", str(workers), "--disable-hot-restart",
                            "--log-level", "warn"])
     p.listener, p.admin_port = listener, admin
-    wait_for(f"{name} ready", lambda: http_get(f"http://127.0.0.1:{admin}/ready").strip() == "LIVE")
+    wait_for(f"{name} ready", lambda: http_get(f"http://127.0.0.1:{admin}/ready").strip() == "LIVE",
+             timeout=300)
     return p
 
 
@@ -509,6 +510,62 @@ def bench_push_all(cfg, workdir, results):
     results["memory_push_all"] = out
 
 
+def bench_discovered(cfg, workdir, results):
+    """Envoy memory per cluster discovered on demand, with its live upstream connection, at
+    1k and 10k clusters and 1 and 4 workers; beside it the floor: the same clusters sent ahead
+    (prewarm) to a restarted Envoy of the same service, before any connection."""
+    out = []
+    for workers in cfg["discovered_workers"]:
+        for n in cfg["discovered_vips"]:
+            procs = Procs(workdir)
+            try:
+                up = start_nginx(procs, workdir)
+                reg = workdir / f"discovered-{n}.yaml"
+                bench_json("gen-registry", "--out", reg, "--vips", 1 + n, "--instances", 1,
+                           "--prefix", "dm-", "--loopback", "--port", up)
+                cp = start_control(procs, reg, name=f"control-discovered-{workers}-{n}", extra=[
+                    "--prewarm-history", workdir / f"discovered-{workers}-{n}.json",
+                    "--prewarm-max-clusters", str(2 * n), "--xds-max-names", str(2 * n)])
+                service = f"bench-memory-{workers}-{n}"
+                lst, adm = free_port(), free_port()
+                boot = odmesh_bootstrap(lst, adm, cp.xds, service=service)
+                envoy = start_envoy(procs, workdir, f"envoy-discovered-{workers}-{n}", boot, lst, adm, workers)
+                m_base = envoy_memory(envoy)
+                probe = ["first-request", "--envoy", f"127.0.0.1:{lst}", "--prefix", "dm-", "--warm", "1", "--gap-ms", "0"]
+                bench_json(*probe, "--start", 0, "--count", 1, lines=True)  # the filter's VM, the first connections
+                time.sleep(0.5)
+                m1 = envoy_memory(envoy)
+                t0 = time.time()
+                rows = bench_json(*probe, "--start", 1, "--count", n, lines=True)
+                took = time.time() - t0
+                bad = [r for r in rows if r["first_status"] != 200]
+                if bad:
+                    raise RuntimeError(f"discovered memory: non-200 answers: {bad[:3]}")
+                time.sleep(1)
+                mn = envoy_memory(envoy)
+                procs.stop(envoy)
+                # The same service restarts: the n + 1 clusters come ahead, no connection yet.
+                envoy = start_envoy(procs, workdir, f"envoy-pushed-{workers}-{n}", boot, lst, adm, workers)
+                wait_for("pushed clusters warm", lambda: envoy_stats(envoy, "cluster_manager.warming_clusters").get(
+                    "cluster_manager.warming_clusters", 0) == 0, timeout=300)
+                time.sleep(1)
+                active = envoy_stats(envoy, "cluster_manager.active_clusters")["cluster_manager.active_clusters"] - 1
+                if active < n + 1:
+                    raise RuntimeError(f"prewarm: {active} clusters sent ahead, not {n + 1}")
+                mp = envoy_memory(envoy)
+                row = {"workers": workers, "vips": n, "discover_seconds": took,
+                       "memory": {"base": m_base, "after_1": m1, "after_n": mn, "pushed": mp},
+                       "per_cluster_discovered": {k: (mn[k] - m1[k]) / n for k in mn},
+                       "per_cluster_pushed": {k: (mp[k] - m_base[k]) / active for k in mp},
+                       "pushed_clusters": active}
+                out.append(row)
+                log(f"memory, {workers} worker(s), {n} clusters: discovered {row['per_cluster_discovered']['allocated'] / 1024:.1f} KB "
+                    f"per cluster with its connection ({took:.0f} s); sent ahead {row['per_cluster_pushed']['allocated'] / 1024:.1f} KB")
+            finally:
+                procs.stop_all()
+    results["memory_discovered"] = out
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Control-plane scale
 
@@ -672,6 +729,13 @@ def write_report(cfg, results, argv):
                      f"{mo['prewarmed_runs'][0]['start']['allocated'] / 2**20:.1f} MiB |")
             L.append(f"| prewarmed, then its first request: + the upstream connection | {n} | "
                      f"+{mo[f'prewarmed_connection_per_cluster_{n}_allocated'] / 1024:.1f} KB | | |")
+        for row in results.get("memory_discovered", []):
+            L.append(f"| on demand, with its connection ({row['workers']} worker{'s' if row['workers'] > 1 else ''}) | "
+                     f"{row['vips']:,} | {row['per_cluster_discovered']['allocated'] / 1024:.1f} KB | "
+                     f"{row['per_cluster_discovered']['rss'] / 1024:.1f} KB | {row['memory']['after_n']['allocated'] / 2**20:.0f} MiB |")
+            L.append(f"| the same sent ahead by prewarm, no connection ({row['workers']} worker{'s' if row['workers'] > 1 else ''}) | "
+                     f"{row['pushed_clusters']:,} | {row['per_cluster_pushed']['allocated'] / 1024:.1f} KB | "
+                     f"{row['per_cluster_pushed']['rss'] / 1024:.1f} KB | {row['memory']['pushed']['allocated'] / 2**20:.0f} MiB |")
         for row in results.get("memory_push_all", []):
             pc = row.get("per_cluster", {})
             L.append(f"| push all (bench push-all ADS server, same Cluster/CLA as odmesh) | {row['vips']:,} | "
@@ -776,11 +840,13 @@ def write_report(cfg, results, argv):
 
 QUICK = {"quick": True, "first_vips": 200, "first_reps": 1, "overhead_rounds": 3, "overhead_seconds": 5,
          "push_all_vips": [1000], "scale_vips": [1000, 10000], "scale_proxies": 200, "scale_samples": 300,
-         "scale_flips": 2, "scale_eureka_vips": [1000]}
+         "scale_flips": 2, "scale_eureka_vips": [1000], "discovered_vips": [1000], "discovered_workers": [1]}
 FULL = {"quick": False, "first_vips": 250, "first_reps": 3, "overhead_rounds": 6, "overhead_seconds": 10,
         "push_all_vips": [1000, 10000], "scale_vips": [1000, 10000, 100000], "scale_proxies": 1000,
-        "scale_samples": 2000, "scale_flips": 4, "scale_eureka_vips": [1000, 10000, 100000]}
-SECTIONS = {"first": bench_first, "overhead": bench_overhead, "memory": bench_push_all, "scale": bench_scale,
+        "scale_samples": 2000, "scale_flips": 4, "scale_eureka_vips": [1000, 10000, 100000],
+        "discovered_vips": [1000, 10000], "discovered_workers": [1, 4]}
+SECTIONS = {"first": bench_first, "overhead": bench_overhead, "memory": bench_push_all,
+            "discovered": bench_discovered, "scale": bench_scale,
             "eureka": bench_scale_eureka, "filter": bench_filter}
 
 
