@@ -475,19 +475,24 @@ def bench_overhead(cfg, workdir, results):
 
 
 def bench_push_all(cfg, workdir, results):
+    """Every cluster pushed up front (the alternative odmesh is measured against), and at the
+    first size each cluster variant of `push-all --variant` (what a cluster option costs)."""
     out = []
-    for n in cfg["push_all_vips"]:
+    runs = [(n, "odmesh") for n in cfg["push_all_vips"]]
+    runs += [(cfg["push_all_vips"][0], v) for v in cfg["push_all_variants"]]
+    for n, variant in runs:
         procs = Procs(workdir)
         try:
             reg = workdir / f"pushall-{n}.yaml"
             bench_json("gen-registry", "--out", reg, "--vips", n, "--instances", 1, "--prefix", "pa-",
                        "--loopback", "--port", 9)
             port = free_port()
-            srv = procs.start(f"push-all-{n}", [BENCH, "push-all", "--registry", reg, "--listen", f"127.0.0.1:{port}"])
+            srv = procs.start(f"push-all-{n}-{variant}", [BENCH, "push-all", "--registry", reg, "--listen",
+                                                          f"127.0.0.1:{port}", "--variant", variant])
             wait_for("push-all ready", lambda: "ready" in srv.logpath.read_text(), timeout=120)
             lst, adm = free_port(), free_port()
             t0 = time.time()
-            envoy = start_envoy(procs, workdir, f"envoy-pushall-{n}", odmesh_bootstrap(lst, adm, port, push_all=True),
+            envoy = start_envoy(procs, workdir, f"envoy-pushall-{n}-{variant}", odmesh_bootstrap(lst, adm, port, push_all=True),
                                 lst, adm)
 
             def warm():
@@ -498,8 +503,8 @@ def bench_push_all(cfg, workdir, results):
             warm_s = time.time() - t0
             time.sleep(1)
             m = envoy_memory(envoy)
-            out.append({"vips": n, "warm_seconds": warm_s, "memory": m})
-            log(f"push-all {n}: warm in {warm_s:.1f} s, allocated {m['allocated'] / 2**20:.0f} MiB, "
+            out.append({"vips": n, "variant": variant, "warm_seconds": warm_s, "memory": m})
+            log(f"push-all {n} ({variant}): warm in {warm_s:.1f} s, allocated {m['allocated'] / 2**20:.0f} MiB, "
                 f"rss {m['rss'] / 2**20:.0f} MiB")
         finally:
             procs.stop_all()
@@ -738,7 +743,9 @@ def write_report(cfg, results, argv):
                      f"{row['per_cluster_pushed']['rss'] / 1024:.1f} KB | {row['memory']['pushed']['allocated'] / 2**20:.0f} MiB |")
         for row in results.get("memory_push_all", []):
             pc = row.get("per_cluster", {})
-            L.append(f"| push all (bench push-all ADS server, same Cluster/CLA as odmesh) | {row['vips']:,} | "
+            what = ("same Cluster/CLA as odmesh" if row.get("variant", "odmesh") == "odmesh"
+                    else f"clusters `--variant {row['variant']}`")
+            L.append(f"| push all (bench push-all ADS server, {what}) | {row['vips']:,} | "
                      f"{pc.get('allocated', 0) / 1024:.1f} KB | {pc.get('rss', 0) / 1024:.1f} KB | "
                      f"{row['memory']['allocated'] / 2**20:.0f} MiB (warm in {row['warm_seconds']:.1f} s) |")
         L += ["", f"Baseline Envoy (odmesh bootstrap, no cluster yet): {mo['baseline']['allocated'] / 2**20:.1f} MiB "
@@ -840,11 +847,13 @@ def write_report(cfg, results, argv):
 
 QUICK = {"quick": True, "first_vips": 200, "first_reps": 1, "overhead_rounds": 3, "overhead_seconds": 5,
          "push_all_vips": [1000], "scale_vips": [1000, 10000], "scale_proxies": 200, "scale_samples": 300,
-         "scale_flips": 2, "scale_eureka_vips": [1000], "discovered_vips": [1000], "discovered_workers": [1]}
+         "scale_flips": 2, "scale_eureka_vips": [1000], "discovered_vips": [1000], "discovered_workers": [1],
+         "push_all_variants": ["inline", "bare"]}
 FULL = {"quick": False, "first_vips": 250, "first_reps": 3, "overhead_rounds": 6, "overhead_seconds": 10,
         "push_all_vips": [1000, 10000], "scale_vips": [1000, 10000, 100000], "scale_proxies": 1000,
         "scale_samples": 2000, "scale_flips": 4, "scale_eureka_vips": [1000, 10000, 100000],
-        "discovered_vips": [1000, 10000], "discovered_workers": [1, 4]}
+        "discovered_vips": [1000, 10000], "discovered_workers": [1, 4],
+        "push_all_variants": ["inline", "no-outlier", "no-breakers", "bare"]}
 SECTIONS = {"first": bench_first, "overhead": bench_overhead, "memory": bench_push_all,
             "discovered": bench_discovered, "scale": bench_scale,
             "eureka": bench_scale_eureka, "filter": bench_filter}

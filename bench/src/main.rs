@@ -42,6 +42,12 @@ enum Command {
         /// Where to listen for gRPC.
         #[arg(long, default_value = "127.0.0.1:18100")]
         listen: SocketAddr,
+        /// The clusters as odmesh serves them (`odmesh`), or changed to measure what a cluster
+        /// option costs Envoy: `inline` (STATIC, endpoints in the cluster, no EDS),
+        /// `no-outlier` (without outlier detection), `no-breakers` (without circuit breakers),
+        /// `bare` (all three, and no protocol options or metadata).
+        #[arg(long, default_value = "odmesh")]
+        variant: push_all::Variant,
     },
     /// First request vs warm requests for never-seen VIPs through an Envoy listener (JSON out).
     FirstRequest(first_request::FirstArgs),
@@ -54,9 +60,11 @@ fn main() -> anyhow::Result<()> {
         Command::ParseRegistry { file } => registry_gen::parse_and_report(&file),
         Command::FirstRequest(a) => first_request::run(&a),
         Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
-        Command::PushAll { registry, listen } => {
-            runtime()?.block_on(push_all::serve(&registry, listen))
-        }
+        Command::PushAll {
+            registry,
+            listen,
+            variant,
+        } => runtime()?.block_on(push_all::serve(&registry, listen, variant)),
     }
 }
 

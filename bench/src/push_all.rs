@@ -10,15 +10,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use envoy_types::pb::google::protobuf::Any;
 use odmesh_control::model::Snapshot;
 use odmesh_control::registry::file;
 use odmesh_control::xds::{self, ResourceType, Versioned, XdsOptions};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -122,8 +127,58 @@ impl AggregatedDiscoveryService for PushAll {
     }
 }
 
+/// How the clusters are changed from what odmesh serves, to measure what an option costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Variant {
+    /// As odmesh serves them.
+    Odmesh,
+    /// `STATIC`, with the load assignment inside the cluster: no EDS subscription.
+    Inline,
+    /// Without outlier detection.
+    NoOutlier,
+    /// Without circuit breakers (Envoy's defaults apply).
+    NoBreakers,
+    /// `inline`, `no-outlier` and `no-breakers`, and no protocol options or metadata.
+    Bare,
+}
+
+impl Variant {
+    /// `cluster` changed as the variant says; `endpoints` is its load assignment.
+    fn apply(self, cluster: &Versioned, endpoints: &Versioned) -> anyhow::Result<Versioned> {
+        if self == Variant::Odmesh {
+            return Ok(cluster.clone());
+        }
+        let mut c = Cluster::decode(cluster.resource.value.as_slice())?;
+        let inline = matches!(self, Variant::Inline | Variant::Bare);
+        if inline {
+            let cla = ClusterLoadAssignment::decode(endpoints.resource.value.as_slice())?;
+            c.cluster_discovery_type =
+                Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));
+            c.eds_cluster_config = None;
+            c.load_assignment = Some(cla);
+        }
+        if matches!(self, Variant::NoOutlier | Variant::Bare) {
+            c.outlier_detection = None;
+        }
+        if matches!(self, Variant::NoBreakers | Variant::Bare) {
+            c.circuit_breakers = None;
+        }
+        if self == Variant::Bare {
+            c.typed_extension_protocol_options.clear();
+            c.metadata = None;
+        }
+        Ok(Versioned {
+            resource: Any {
+                type_url: cluster.resource.type_url.clone(),
+                value: c.encode_to_vec(),
+            },
+            ..cluster.clone()
+        })
+    }
+}
+
 /// `push-all`: builds every resource up front, then serves until killed.
-pub async fn serve(registry: &Path, listen: SocketAddr) -> anyhow::Result<()> {
+pub async fn serve(registry: &Path, listen: SocketAddr, variant: Variant) -> anyhow::Result<()> {
     let parsed = file::load(registry).with_context(|| format!("{}", registry.display()))?;
     let snapshot = Snapshot::from_registry(&parsed.registry);
     let opts = XdsOptions::default();
@@ -132,7 +187,7 @@ pub async fn serve(registry: &Path, listen: SocketAddr) -> anyhow::Result<()> {
     for (name, info) in snapshot.iter() {
         let built = xds::build(name, xds::Lookup::Registered(info), &opts)
             .map_err(|e| anyhow::anyhow!("{name}: {e:?}"))?;
-        clusters.push(built.cluster);
+        clusters.push(variant.apply(&built.cluster, &built.endpoints)?);
         endpoints.insert(name.to_owned(), built.endpoints);
     }
     clusters.sort_by(|a, b| a.name.cmp(&b.name));
