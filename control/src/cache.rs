@@ -272,18 +272,8 @@ impl Subscriptions {
     /// has the cluster). Names already subscribed are left alone. When the client's subscribe
     /// arrives, it is not answered again with what was sent meanwhile. Returns the names added.
     pub fn presubscribe(&mut self, names: &[String]) -> Vec<String> {
-        let mut added = Vec::new();
-        for name in names {
-            if name == WILDCARD
-                || self.names.contains_key(name)
-                || self.names.len() >= self.limits.max_names
-            {
-                continue;
-            }
-            self.names.insert(name.clone(), Known::Nothing);
-            self.presubscribed.insert(name.clone());
-            added.push(name.clone());
-        }
+        let added = self.push_ahead(names);
+        self.presubscribed.extend(added.iter().cloned());
         added
     }
 

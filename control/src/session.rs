@@ -791,13 +791,7 @@ mod tests {
             &mut self,
             req: DeltaDiscoveryRequest,
         ) -> [Option<DeltaDiscoveryResponse>; 2] {
-            let cx = Context {
-                cache: &self.cache,
-                metrics: &self.metrics,
-                max_subscriptions: usize::MAX,
-                prewarm: None,
-                eviction: None,
-            };
+            let cx = context(&self.cache, &self.metrics, None);
             self.session.on_request(&cx, req)
         }
     }
@@ -957,36 +951,33 @@ mod tests {
             &mut self,
             req: DeltaDiscoveryRequest,
         ) -> [Option<DeltaDiscoveryResponse>; 2] {
-            let cx = Context {
-                cache: &self.cache,
-                metrics: &self.metrics,
-                max_subscriptions: usize::MAX,
-                prewarm: Some(&self.prewarm),
-                eviction: None,
-            };
+            let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
             self.session.on_request(&cx, req)
         }
 
         fn on_change(&mut self) -> [Option<DeltaDiscoveryResponse>; 2] {
-            let cx = Context {
-                cache: &self.cache,
-                metrics: &self.metrics,
-                max_subscriptions: usize::MAX,
-                prewarm: Some(&self.prewarm),
-                eviction: None,
-            };
+            let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
             self.session.on_change(&cx)
         }
 
         fn close(&self) {
-            let cx = Context {
-                cache: &self.cache,
-                metrics: &self.metrics,
-                max_subscriptions: usize::MAX,
-                prewarm: Some(&self.prewarm),
-                eviction: None,
-            };
+            let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
             self.session.close(&cx);
+        }
+    }
+
+    /// A context without a shared bound and without eviction.
+    fn context<'a>(
+        cache: &'a Cache,
+        metrics: &'a Metrics,
+        prewarm: Option<&'a Prewarm>,
+    ) -> Context<'a> {
+        Context {
+            cache,
+            metrics,
+            max_subscriptions: usize::MAX,
+            prewarm,
+            eviction: None,
         }
     }
 

@@ -52,17 +52,22 @@ fn assert_held(mesh: &Mesh, clusters: &[&str]) {
     }
 }
 
-#[test]
-fn a_restarted_proxy_holds_its_services_clusters_before_its_first_request() {
-    let env = TestEnv::new("prewarm_proxy_restart");
+/// Echo upstreams `hello-1` and `world-1` for the VIPs hello and world, a mesh over them
+/// (`control_args` for the control plane), and a request to each through the first Envoy,
+/// which held nothing before: the history of the service `odmesh` then holds both.
+fn mesh_that_used_hello_and_world(
+    env: &TestEnv,
+    control_args: &[&str],
+) -> (Mesh, EchoUpstream, EchoUpstream) {
     let hello = EchoUpstream::start("hello-1");
     let world = EchoUpstream::start("world-1");
-    let mut mesh = Mesh::start(
-        &env,
+    let mesh = Mesh::start_with(
+        env,
         &[
             Instance::new("hello", hello.port()),
             Instance::new("world", world.port()),
         ],
+        control_args,
     );
     assert!(
         mesh.envoy_clusters().is_empty(),
@@ -70,6 +75,13 @@ fn a_restarted_proxy_holds_its_services_clusters_before_its_first_request() {
     );
     assert_eq!(mesh.route("hello"), "hello-1");
     assert_eq!(mesh.route("world"), "world-1");
+    (mesh, hello, world)
+}
+
+#[test]
+fn a_restarted_proxy_holds_its_services_clusters_before_its_first_request() {
+    let env = TestEnv::new("prewarm_proxy_restart");
+    let (mut mesh, _hello, _world) = mesh_that_used_hello_and_world(&env, &[]);
     assert_eq!(
         predicted(&mesh.control.prewarm()),
         ["hello.vip", "world.vip"]
@@ -131,17 +143,7 @@ fn the_history_survives_a_control_plane_killed_and_restarted() {
 #[test]
 fn a_vip_gone_from_the_registry_is_not_sent_ahead_and_still_answers_on_demand() {
     let env = TestEnv::new("prewarm_deregistered");
-    let hello = EchoUpstream::start("hello-1");
-    let world = EchoUpstream::start("world-1");
-    let mut mesh = Mesh::start(
-        &env,
-        &[
-            Instance::new("hello", hello.port()),
-            Instance::new("world", world.port()),
-        ],
-    );
-    assert_eq!(mesh.route("hello"), "hello-1");
-    assert_eq!(mesh.route("world"), "world-1");
+    let (mut mesh, hello, _world) = mesh_that_used_hello_and_world(&env, &[]);
 
     mesh.registry
         .write_atomic(&[Instance::new("hello", hello.port())]);
@@ -196,18 +198,8 @@ fn with_prewarm_off_the_shipped_bootstrap_starts_at_once_and_discovers_on_demand
 #[test]
 fn an_idle_cluster_sent_ahead_is_removed_and_comes_back_on_demand_when_needed() {
     let env = TestEnv::new("prewarm_idle_eviction");
-    let hello = EchoUpstream::start("hello-1");
-    let world = EchoUpstream::start("world-1");
-    let mut mesh = Mesh::start_with(
-        &env,
-        &[
-            Instance::new("hello", hello.port()),
-            Instance::new("world", world.port()),
-        ],
-        &["--idle-cluster-timeout", "3"],
-    );
-    assert_eq!(mesh.route("hello"), "hello-1");
-    assert_eq!(mesh.route("world"), "world-1");
+    let (mut mesh, _hello, _world) =
+        mesh_that_used_hello_and_world(&env, &["--idle-cluster-timeout", "3"]);
     mesh.restart_envoy(&env, "envoy-2");
     assert_held(&mesh, &["hello.vip", "world.vip"]);
 
