@@ -86,8 +86,11 @@ fn a_request_timeout_cuts_a_slow_upstream_at_the_configured_time_even_on_the_fir
     // The first request to the VIP (discovery, then the timeout from the new cluster).
     let (cut, took) = timed_get(mesh.egress(), "slow", "/slow?ms=3000");
     assert_eq!(cut.status, 504, "{}", cut.text());
+    // Envoy's timers count from its event loop's clock, read when the loop last woke, which
+    // may be a few milliseconds before the request reached the router (seen in CI: 498.3 ms,
+    // on a first request whose loop turn also took in the new cluster).
     assert!(
-        took >= Duration::from_millis(500) && took < Duration::from_millis(2500),
+        took >= Duration::from_millis(490) && took < Duration::from_millis(2500),
         "cut after {took:?}, not at 500 ms"
     );
     // A first request with a body: on_demand resumes it instead of starting it again.

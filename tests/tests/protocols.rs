@@ -177,10 +177,11 @@ fn a_grpc_deadline_that_passes_ends_the_call_with_deadline_exceeded_and_resets_t
         Some("4"),
         "DEADLINE_EXCEEDED: {answer:?}"
     );
-    // Envoy's timers have millisecond resolution and may fire up to a millisecond early
-    // (seen: 299.9 ms); a call that ended at its deadline ends within that of it.
+    // Envoy's timers count from its event loop's clock, read when the loop last woke, so
+    // they may end a call a few milliseconds before the caller's own clock says (seen in CI:
+    // 299.9 ms; policy.rs saw 498.3 ms for 500 ms).
     assert!(
-        took >= Duration::from_millis(298) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(290) && took < Duration::from_secs(5),
         "the call ended after {took:?}, not at its 300 ms deadline"
     );
     // And the instance's stream was reset, so it can stop working on the call.
