@@ -298,6 +298,24 @@ def envoy_stats(p, flt):
 # 1 + 3a. First-request latency, and Envoy memory with clusters discovered on demand
 
 
+def probe_first(envoy, start, count, prefix="fr-"):
+    """`odmesh-bench first-request` on `count` VIPs from index `start` through `envoy`; every
+    answer must be a 200. Returns its rows and Envoy's memory half a second later."""
+    rows = bench_json("first-request", "--envoy", f"127.0.0.1:{envoy.listener}", "--prefix", prefix,
+                      "--start", start, "--count", count, lines=True)
+    bad = [r for r in rows if r["first_status"] != 200 or r["warm_status"] != 200]
+    if bad:
+        raise RuntimeError(f"first-request: non-200 answers: {bad[:3]}")
+    time.sleep(0.5)
+    return rows, envoy_memory(envoy)
+
+
+def wait_warm(envoy):
+    """Waits until no cluster of `envoy` is warming (those sent ahead have their endpoints)."""
+    wait_for("clusters warm", lambda: envoy_stats(envoy, "cluster_manager.warming_clusters").get(
+        "cluster_manager.warming_clusters", 0) == 0, timeout=300)
+
+
 def bench_first(cfg, workdir, results):
     """First requests to new VIPs, then (prewarm) to the same VIPs from a restarted Envoy of the
     same service, which the control plane sends them ahead."""
@@ -319,19 +337,9 @@ def bench_first(cfg, workdir, results):
             wait_for("ADS connected", lambda: envoy_stats(envoy, "control_plane.connected_state").get(
                 "control_plane.connected_state") == 1)
             m_start = envoy_memory(envoy)
-            probe = ["first-request", "--envoy", f"127.0.0.1:{lst}", "--prefix", "fr-"]
-            bench_json(*probe, "--start", 0, "--count", 1, lines=True)  # wasm VM, connections, warmed
-            time.sleep(0.5)
-            m0 = envoy_memory(envoy)
-            bench_json(*probe, "--start", 1, "--count", 20, lines=True)
-            time.sleep(0.5)
-            m20 = envoy_memory(envoy)
-            rows = bench_json(*probe, "--start", 21, "--count", n, lines=True)
-            time.sleep(0.5)
-            mn = envoy_memory(envoy)
-            bad = [r for r in rows if r["first_status"] != 200 or r["warm_status"] != 200]
-            if bad:
-                raise RuntimeError(f"first-request: non-200 answers: {bad[:3]}")
+            _, m0 = probe_first(envoy, 0, 1)  # wasm VM, connections, warmed
+            _, m20 = probe_first(envoy, 1, 20)
+            rows, mn = probe_first(envoy, 21, n)
             runs.extend(rows)
             mem.append({"start": m_start, "after_1": m0, "after_21": m20, f"after_{21 + n}": mn,
                         "per_cluster_20": {k: (m20[k] - m0[k]) / 20 for k in m0},
@@ -345,19 +353,10 @@ def bench_first(cfg, workdir, results):
             active = envoy_stats(envoy, "cluster_manager.active_clusters")["cluster_manager.active_clusters"]
             if active < 1 + 20 + n:
                 raise RuntimeError(f"prewarm: the restarted Envoy holds {active} clusters, not {1 + 20 + n} and more")
-            wait_for("prewarmed clusters warm", lambda: envoy_stats(envoy, "cluster_manager.warming_clusters").get(
-                "cluster_manager.warming_clusters", 0) == 0)
+            wait_warm(envoy)
             p_start = envoy_memory(envoy)
-            probe = ["first-request", "--envoy", f"127.0.0.1:{lst}", "--prefix", "fr-"]
-            bench_json(*probe, "--start", 0, "--count", 21, lines=True)  # the same warm-up as above
-            time.sleep(0.5)
-            p21 = envoy_memory(envoy)
-            rows = bench_json(*probe, "--start", 21, "--count", n, lines=True)
-            time.sleep(0.5)
-            pn = envoy_memory(envoy)
-            bad = [r for r in rows if r["first_status"] != 200 or r["warm_status"] != 200]
-            if bad:
-                raise RuntimeError(f"first-request (predicted): non-200 answers: {bad[:3]}")
+            _, p21 = probe_first(envoy, 0, 21)  # the same warm-up as above
+            rows, pn = probe_first(envoy, 21, n)
             predicted.extend(rows)
             mem_pushed.append({"start": p_start, "after_21": p21, f"after_{21 + n}": pn,
                                "clusters": active - 1,  # without the static odmesh_xds
@@ -551,8 +550,7 @@ def bench_discovered(cfg, workdir, results):
                 procs.stop(envoy)
                 # The same service restarts: the n + 1 clusters come ahead, no connection yet.
                 envoy = start_envoy(procs, workdir, f"envoy-pushed-{workers}-{n}", boot, lst, adm, workers)
-                wait_for("pushed clusters warm", lambda: envoy_stats(envoy, "cluster_manager.warming_clusters").get(
-                    "cluster_manager.warming_clusters", 0) == 0, timeout=300)
+                wait_warm(envoy)
                 time.sleep(1)
                 active = envoy_stats(envoy, "cluster_manager.active_clusters")["cluster_manager.active_clusters"] - 1
                 if active < n + 1:
