@@ -58,13 +58,16 @@ fn wait_complete<R>(mesh: &Mesh<R>) {
     });
 }
 
-/// Whether the control plane's log (of its latest start) says a reconnecting proxy kept
-/// what it held while the registry was loading.
-fn kept_while_loading<R>(mesh: &Mesh<R>) -> bool {
-    mesh.control
-        .process()
-        .log()
-        .contains("proxy reconnected with resources it kept")
+/// Waits until the control plane's log (of its latest start) says a reconnecting proxy kept
+/// what it held while the registry was loading. The control plane lists the proxy as soon as
+/// its stream opens, a moment before it reads the first request and logs this.
+fn wait_kept_while_loading<R>(mesh: &Mesh<R>, what: &str) {
+    wait_until(DEADLINE, what, || {
+        mesh.control
+            .process()
+            .log()
+            .contains("proxy reconnected with resources it kept")
+    });
 }
 
 /// The error of a 503 answer's JSON body.
@@ -120,9 +123,9 @@ fn restarting_the_control_plane_with_its_embedded_registry_fails_no_request_to_a
     load.mark("the registry is complete");
     load.wait_completed(PHASE, DEADLINE);
     assert_nothing_failed(load, &["chaos"]);
-    assert!(
-        kept_while_loading(&mesh),
-        "the restarted control plane never saw Envoy reconnect with what it held"
+    wait_kept_while_loading(
+        &mesh,
+        "the restarted control plane to see Envoy reconnect with what it held",
     );
 }
 
@@ -158,10 +161,7 @@ fn restarting_the_control_plane_that_follows_eureka_fails_no_request_whether_eur
     mesh.wait_connected(DEADLINE);
     load.mark("restarted, Eureka down");
     assert_eq!(mesh.control.readyz()["ready"], false);
-    assert!(
-        kept_while_loading(&mesh),
-        "Envoy's kept clusters should be left alone"
-    );
+    wait_kept_while_loading(&mesh, "Envoy's kept clusters to be left alone");
     load.wait_completed(2 * PHASE, DEADLINE);
     // A VIP nobody asked for before is not known yet, and says so.
     let response = mesh.get("fresh");
