@@ -181,9 +181,9 @@ http {{
     return port
 
 
-def start_control(procs, registry, name="control", extra=()):
+def start_control(procs, registry, name="control", extra=(), rust_log=None):
     """odmesh-control on `registry` (a file), or with registry=None its embedded Eureka registry;
-    `extra`: more flags. Without a `--prewarm-history` in `extra`, prewarm is off: a proxy then
+    `extra`: more flags; `rust_log`: more `RUST_LOG` directives. Without a `--prewarm-history` in `extra`, prewarm is off: a proxy then
     gets only what it asks for, as the sections measuring discovery need."""
     if not any(a in ("--prewarm-history", "--no-prewarm") for a in extra):
         extra = [*extra, "--no-prewarm"]
@@ -191,8 +191,11 @@ def start_control(procs, registry, name="control", extra=()):
     source = ["--registry", registry] if registry else ["--serve-eureka", f"127.0.0.1:{eureka}"]
     # The embedded registry logs every registration at info; at a million that is the log's whole size.
     log_level = "info" if registry else "warn"
+    directives = f"{log_level},odmesh_control::model=debug,odmesh_control::cache=debug"
+    if rust_log:
+        directives += f",{rust_log}"
     p = procs.start(name, [CONTROL, *source, "--xds", f"127.0.0.1:{xds}", "--admin", f"127.0.0.1:{admin}", *extra],
-                    env={"NO_COLOR": "1", "RUST_LOG": f"{log_level},odmesh_control::model=debug,odmesh_control::cache=debug"})
+                    env={"NO_COLOR": "1", "RUST_LOG": directives})
     wait_for("control plane ready", lambda: http_get(f"http://127.0.0.1:{admin}/readyz") is not None,
              timeout=600, every=0.1)
     p.xds, p.admin, p.eureka = xds, admin, eureka
@@ -267,11 +270,10 @@ static_resources:
 """
 
 
-def start_envoy(procs, workdir, name, bootstrap, listener, admin, workers=1):
+def start_envoy(procs, workdir, name, bootstrap, listener, admin, workers=1, log_args=("--log-level", "warn")):
     cfg = workdir / f"{name}.yaml"
     cfg.write_text(bootstrap)
-    p = procs.start(name, [ENVOY, "-c", cfg, "--concurrency", str(workers), "--disable-hot-restart",
-                           "--log-level", "warn"])
+    p = procs.start(name, [ENVOY, "-c", cfg, "--concurrency", str(workers), "--disable-hot-restart", *log_args])
     p.listener, p.admin_port = listener, admin
     wait_for(f"{name} ready", lambda: http_get(f"http://127.0.0.1:{admin}/ready").strip() == "LIVE",
              timeout=300)
@@ -327,7 +329,7 @@ def bench_first(cfg, workdir, results):
         bench_json("gen-registry", "--out", reg, "--vips", 1 + 20 + n, "--instances", 1,
                    "--prefix", "fr-", "--loopback", "--port", up)
         cp = start_control(procs, reg, extra=["--prewarm-history", workdir / "first-prewarm.json"])
-        runs, predicted, mem, mem_pushed = [], [], [], []
+        runs, predicted, new_connection, mem, mem_pushed = [], [], [], [], []
         for rep in range(reps):
             # Each rep is a service of its own: nothing in the history for it yet.
             service = f"bench-first-{rep}"
@@ -358,12 +360,17 @@ def bench_first(cfg, workdir, results):
             _, p21 = probe_first(envoy, 0, 21)  # the same warm-up as above
             rows, pn = probe_first(envoy, 21, n)
             predicted.extend(rows)
+            # The same VIPs again: cluster and upstream connection warm, only the client's
+            # connection is new, as it is for every first request above.
+            rows, _ = probe_first(envoy, 21, n)
+            new_connection.extend(rows)
             mem_pushed.append({"start": p_start, "after_21": p21, f"after_{21 + n}": pn,
                                "clusters": active - 1,  # without the static odmesh_xds
                                f"connections_per_cluster_{n}": {k: (pn[k] - p21[k]) / n for k in pn}})
             procs.stop(envoy)
         added = [r["first_us"] - statistics.median(r["warm_us"]) for r in runs]
         added_pred = [r["first_us"] - statistics.median(r["warm_us"]) for r in predicted]
+        added_conn = [r["first_us"] - statistics.median(r["warm_us"]) for r in new_connection]
         results["first_request"] = {
             "vips": n, "reps": reps,
             "first_us": summary([r["first_us"] for r in runs]),
@@ -373,6 +380,8 @@ def bench_first(cfg, workdir, results):
             "predicted_first_us": summary([r["first_us"] for r in predicted]),
             "predicted_warm_us": summary([statistics.median(r["warm_us"]) for r in predicted]),
             "predicted_added_us": summary(added_pred),
+            "new_connection_first_us": summary([r["first_us"] for r in new_connection]),
+            "new_connection_added_us": summary(added_conn),
         }
         results["memory_on_demand"] = {
             "runs": mem,
@@ -393,6 +402,7 @@ def bench_first(cfg, workdir, results):
         fp = results["first_request"]["predicted_added_us"]
         log(f"first request: added p50 {fr['p50']:.0f} us p90 {fr['p90']:.0f} p99 {fr['p99']:.0f}; "
             f"predicted: p50 {fp['p50']:.0f} us p90 {fp['p90']:.0f} p99 {fp['p99']:.0f}; "
+            f"warm VIP on a new connection: p50 {results['first_request']['new_connection_added_us']['p50']:.0f} us; "
             f"on-demand memory {results['memory_on_demand']['per_cluster_20_allocated'] / 1024:.1f} KB/cluster; "
             f"prewarmed {results['memory_on_demand']['prewarmed_per_cluster_allocated'] / 1024:.1f} KB/cluster "
             f"+ {results['memory_on_demand'][f'prewarmed_connection_per_cluster_{n}_allocated'] / 1024:.1f} KB with its connection")
@@ -691,6 +701,9 @@ def write_report(cfg, results, argv):
             rows += [("predicted_first_us", "predicted VIP (prewarmed), first request"),
                      ("predicted_warm_us", "predicted VIP, warm request"),
                      ("predicted_added_us", "**predicted VIP: added over warm**")]
+        if "new_connection_added_us" in f:
+            rows += [("new_connection_first_us", "warm VIP (the predicted ones again) on a new client connection"),
+                     ("new_connection_added_us", "**warm VIP, new client connection: added over warm**")]
         for k, label in rows:
             s = f[k]
             L.append(f"| {label} | {fmt_us(s['p50'])} | {fmt_us(s['p90'])} | {fmt_us(s['p99'])} | {fmt_us(s['max'])} |")
