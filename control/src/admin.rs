@@ -106,6 +106,7 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
+    use odmesh_base::metrics::inc;
     use tower::ServiceExt;
 
     struct Fake {
@@ -139,7 +140,7 @@ mod tests {
             loaded,
             metrics: Metrics::default(),
         });
-        Metrics::inc(&view.metrics.xds_acks_total);
+        inc(&view.metrics.xds_acks_total);
         let resp = router(view)
             .oneshot(Request::get(path).body(Body::empty()).unwrap())
             .await

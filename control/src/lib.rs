@@ -7,15 +7,12 @@
 //! transport) → [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each
 //! calling service used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that
 //! a connecting proxy is sent them ahead.
-//! [`admin`] and [`metrics`] watch from the side; [`listen`] and [`logs`] bound what clients
-//! can make the servers hold and log; [`tls`] holds what several layers need of TLS.
+//! [`admin`] and [`metrics`] watch from the side. What every odmesh server shares (bounded
+//! listeners and HTTP serving, log clipping, TLS files, the metrics macro) is in `odmesh-base`.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod cache;
-pub mod http_server;
-pub mod listen;
-pub mod logs;
 pub mod lrs;
 pub mod metrics;
 pub mod model;
@@ -24,5 +21,4 @@ pub mod prewarm;
 pub mod registry;
 pub mod server;
 pub mod session;
-pub mod tls;
 pub mod xds;

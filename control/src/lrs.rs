@@ -25,9 +25,10 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
 use crate::cache::Cache;
-use crate::logs;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
+use odmesh_base::logs;
+use odmesh_base::metrics::inc;
 
 /// At most so many bytes of a node's `cluster` are kept (as for xDS streams).
 const MAX_NODE_FIELD: usize = 256;
@@ -105,7 +106,7 @@ impl LoadReports {
                 },
                 _ = closing.changed() => break,
             };
-            Metrics::inc(&self.metrics.load_reports_total);
+            inc(&self.metrics.load_reports_total);
             if service.is_none() {
                 // The first message names the node.
                 let node = req.node.as_ref();

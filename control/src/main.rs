@@ -12,9 +12,11 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
+use odmesh_base::metrics::{inc, set};
+use odmesh_base::tls::ServerIdentity;
 use odmesh_control::admin::{self, AdminView};
 use odmesh_control::cache::{Cache, SubscriptionLimits};
-use odmesh_control::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model;
 use odmesh_control::policy::{self, watch::PolicyStatus};
@@ -25,7 +27,6 @@ use odmesh_control::registry::eureka_server::preservation::PreservationConfig;
 use odmesh_control::registry::guard::DropGuardConfig;
 use odmesh_control::registry::{Registry, SourceHealth, eureka_client, eureka_server, file};
 use odmesh_control::server::{XdsConfig, XdsServer};
-use odmesh_control::tls::ServerIdentity;
 use odmesh_control::xds::XdsOptions;
 
 /// The odmesh control plane: serves Envoy the clusters `<vip>.vip` and `<svip>.svip` on
@@ -552,10 +553,10 @@ async fn keep_prewarm_history(
         })
         .await;
         if let Ok(Err(e)) = saved {
-            Metrics::inc(&metrics.prewarm_save_errors_total);
+            inc(&metrics.prewarm_save_errors_total);
             tracing::warn!(error = %e, "cannot write the prewarm history (kept in memory, tried again)");
         }
-        Metrics::set(&metrics.prewarm_history_entries, prewarm.len() as u64);
+        set(&metrics.prewarm_history_entries, prewarm.len() as u64);
     };
     let mut tick = tokio::time::interval(PREWARM_SAVE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -704,7 +705,7 @@ async fn run() -> anyhow::Result<()> {
         None,
         move |event| {
             if event == HttpEvent::ConnectionRefused {
-                Metrics::inc(&admin_metrics.admin_connections_refused_total);
+                inc(&admin_metrics.admin_connections_refused_total);
             }
         },
         stopped(),
@@ -869,7 +870,7 @@ impl AdminView for View {
             .health
             .snapshot()
             .age_of_last_success(SystemTime::now());
-        Metrics::set(
+        set(
             &self.metrics.registry_last_success_age_seconds,
             age.map_or(0, |a| a.as_secs()),
         );

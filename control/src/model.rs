@@ -16,6 +16,8 @@ use std::sync::Arc;
 use odmesh_names::{Kind, cluster_name};
 use tokio::sync::watch;
 
+use odmesh_base::metrics::set;
+
 use crate::metrics::Metrics;
 use crate::registry::{Instance, Protocol, Registry, Status};
 
@@ -323,8 +325,8 @@ pub fn follow(
         let started = std::time::Instant::now();
         let instances = reg.len();
         let update = builder.update(reg);
-        Metrics::set(&metrics.registry_clusters, update.snapshot.len() as u64);
-        Metrics::set(
+        set(&metrics.registry_clusters, update.snapshot.len() as u64);
+        set(
             &metrics.registry_complete,
             u64::from(update.snapshot.is_complete()),
         );

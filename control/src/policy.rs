@@ -152,7 +152,7 @@ impl<'de> Deserialize<'de> for HeaderName {
         if !valid {
             return Err(serde::de::Error::custom(format!(
                 "{} is not a header name (letters, digits, - and _)",
-                crate::logs::clip(&name)
+                odmesh_base::logs::clip(&name)
             )));
         }
         Ok(HeaderName(name))

@@ -39,12 +39,13 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
 
 use crate::cache::{Cache, SubscriptionLimits};
-use crate::listen::ConnectionLimit;
-use crate::logs::clip;
 use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::session::{Context, Eviction, Service, Session};
+use odmesh_base::listen::ConnectionLimit;
+use odmesh_base::logs::clip;
+use odmesh_base::metrics::inc;
 
 pub use crate::session::{NackStatus, ProxyStatus};
 
@@ -224,7 +225,7 @@ impl XdsServer {
             .with_keepalive(Some(KEEPALIVE));
         let metrics = self.shared.metrics.clone();
         let incoming = ConnectionLimit::new(config.max_connections).incoming(incoming, move || {
-            Metrics::inc(&metrics.xds_connections_refused_total);
+            inc(&metrics.xds_connections_refused_total);
         });
         let shared = self.shared.clone();
         let signal = async move {
@@ -258,7 +259,7 @@ impl XdsServer {
             shared.config.subscriptions,
         )));
         lock(&shared.streams).insert(id, state.clone());
-        Metrics::inc(&shared.metrics.xds_streams_total);
+        inc(&shared.metrics.xds_streams_total);
         shared
             .metrics
             .xds_streams_active
@@ -378,7 +379,7 @@ impl Drop for StreamTask {
         lock(&self.shared.streams).remove(&state.id());
         state.close(&self.context());
         (self.shared.metrics.xds_streams_active).fetch_sub(1, Ordering::Relaxed);
-        crate::limited!(
+        odmesh_base::limited!(
             info,
             stream = state.id(),
             node = %clip(state.node_id()),

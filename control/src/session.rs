@@ -18,10 +18,11 @@ use serde::Serialize;
 use tracing::debug;
 
 use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions, WILDCARD};
-use crate::logs::{self, clip};
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::xds::ResourceType;
+use odmesh_base::logs::{self, clip};
+use odmesh_base::metrics::inc;
 
 /// At most so many bytes of a proxy's node id, node cluster and nonces are kept.
 const MAX_NODE_FIELD: usize = 256;
@@ -303,7 +304,7 @@ impl Session {
         req: DeltaDiscoveryRequest,
     ) -> Option<(ResourceType, Vec<String>)> {
         let metrics = cx.metrics;
-        Metrics::inc(&metrics.xds_requests_total);
+        inc(&metrics.xds_requests_total);
         // The node counts once, from the first request that carries one: the subscriptions
         // are counted under its `cluster` (the calling service), which must not change.
         // A first request without a node leaves the caller empty for the stream's life.
@@ -314,7 +315,7 @@ impl Session {
             // Kept for the admin: bounded, whatever the client sent.
             self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
             self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
-            crate::limited!(
+            odmesh_base::limited!(
                 info,
                 stream = self.id,
                 node = %clip(&node.id),
@@ -343,12 +344,12 @@ impl Session {
             match &req.error_detail {
                 None => {
                     self.acks += 1;
-                    Metrics::inc(&metrics.xds_acks_total);
+                    inc(&metrics.xds_acks_total);
                 }
                 Some(error) => {
                     self.nacks += 1;
-                    Metrics::inc(&metrics.xds_nacks_total);
-                    crate::limited!(
+                    inc(&metrics.xds_nacks_total);
+                    odmesh_base::limited!(
                         warn,
                         stream = self.id,
                         node = %clip(&self.node_id),
@@ -455,7 +456,7 @@ impl Session {
         );
         if change.over_room > 0 {
             (metrics.xds_names_waiting_total).fetch_add(change.over_room as u64, Ordering::Relaxed);
-            crate::limited!(
+            odmesh_base::limited!(
                 warn,
                 stream = self.id,
                 node = %clip(&self.node_id),
@@ -478,7 +479,7 @@ impl Session {
             metrics
                 .xds_names_refused_total
                 .fetch_add(refused as u64, Ordering::Relaxed);
-            crate::limited!(
+            odmesh_base::limited!(
                 warn,
                 stream = self.id,
                 node = %clip(&self.node_id),
@@ -490,7 +491,7 @@ impl Session {
         }
         let kept = req.initial_resource_versions.len();
         if kept > 0 && !cache.snapshot().is_complete() {
-            crate::limited!(
+            odmesh_base::limited!(
                 info,
                 stream = self.id,
                 node = %clip(&self.node_id),
@@ -571,7 +572,7 @@ impl Session {
             .extend(added.iter().map(|name| (name.clone(), now)));
         (cx.metrics.prewarm_pushed_total).fetch_add(added.len() as u64, Ordering::Relaxed);
         prewarm.pushed(&self.node_id, &self.node_cluster, &added);
-        crate::limited!(
+        odmesh_base::limited!(
             info,
             stream = self.id,
             node = %clip(&self.node_id),
@@ -681,7 +682,7 @@ impl Session {
         cx.cache
             .unwatch(&self.node_cluster, withdrawn.iter().map(String::as_str));
         self.evicted += removed.len();
-        crate::limited!(
+        odmesh_base::limited!(
             info,
             stream = self.id,
             node = %clip(&self.node_id),
@@ -691,7 +692,7 @@ impl Session {
         );
         let nonce = self.next_nonce;
         self.next_nonce += 1;
-        Metrics::inc(&metrics.xds_responses_total);
+        inc(&metrics.xds_responses_total);
         let delta = Delta {
             send: Vec::new(),
             remove: removed,
@@ -725,7 +726,7 @@ impl Session {
         let nonce = self.next_nonce;
         self.next_nonce += 1;
         let metrics = cx.metrics;
-        Metrics::inc(&metrics.xds_responses_total);
+        inc(&metrics.xds_responses_total);
         metrics
             .xds_resources_sent_total
             .fetch_add(delta.send.len() as u64, Ordering::Relaxed);

@@ -90,7 +90,7 @@ const UPSTREAM_TLS_TYPE_URL: &str =
 
 /// Envoy 1.40 has no working "use the system roots" switch (`system_root_certs` is not
 /// implemented), so odmesh names a bundle file: the first of these that exists.
-pub use crate::tls::SYSTEM_CA_BUNDLES;
+pub use odmesh_base::tls::SYSTEM_CA_BUNDLES;
 
 /// The two resource types odmesh serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -19,12 +19,12 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use odmesh_base::tls::ServerIdentity;
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
 use odmesh_control::registry::{Instance, Protocol, Registry, Status};
 use odmesh_control::server::{ProxyStatus, XdsConfig, XdsServer};
-use odmesh_control::tls::ServerIdentity;
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
@@ -35,10 +35,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const WAIT: Duration = Duration::from_secs(5);
 
-/// A fixture under `control/testdata/`.
+/// A fixture under `base/testdata/`: the test certificates live with the TLS code.
 fn testdata(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata")
+        .join("../base/testdata")
         .join(name)
 }
 

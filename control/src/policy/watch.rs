@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::{InvalidPolicy, Policy};
 use crate::metrics::Metrics;
+use odmesh_base::metrics::inc;
 
 /// What the admin endpoint shows of the policy source.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -44,7 +45,7 @@ pub fn start(
         .map_err(|e| InvalidPolicy(format!("cannot read {}: {e}", path.display())))?;
     let first =
         Policy::parse(&content).map_err(|e| InvalidPolicy(format!("{}: {e}", path.display())))?;
-    Metrics::inc(&metrics.policy_loads_total);
+    inc(&metrics.policy_loads_total);
     let status = Arc::new(Mutex::new(PolicyStatus {
         path: Some(path.clone()),
         loaded_at: Some(unix_now()),
@@ -95,7 +96,7 @@ async fn follow(
         match outcome {
             Ok(policy) => {
                 tracing::info!(path = %path.display(), "policy loaded");
-                Metrics::inc(&metrics.policy_loads_total);
+                inc(&metrics.policy_loads_total);
                 st.loaded_at = Some(unix_now());
                 st.last_error = None;
                 // An edit that changes nothing (a comment) rebuilds nothing.
@@ -105,7 +106,7 @@ async fn follow(
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "policy file not loaded; keeping the last good policy");
-                Metrics::inc(&metrics.policy_load_errors_total);
+                inc(&metrics.policy_load_errors_total);
                 st.last_error = Some(e.to_string());
             }
         }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::{Registry, SourceHealth};
 use crate::metrics::Metrics;
+use odmesh_base::metrics::{inc, set};
 
 /// Below this many instances in use, every change is followed: losing "most" of a handful
 /// of instances is too ordinary to hold.
@@ -121,13 +122,13 @@ pub fn publish_guarded(
     match verdict {
         Verdict::Hold { .. } => {
             if !was_holding {
-                Metrics::inc(&metrics.registry_drops_held_total);
+                inc(&metrics.registry_drops_held_total);
                 tracing::warn!(
                     "registry drop held: {}",
                     text.as_deref().unwrap_or_default()
                 );
             }
-            Metrics::set(&metrics.registry_drop_held, 1);
+            set(&metrics.registry_drop_held, 1);
             // The source's read was recorded as it came; what is in use is the older one.
             health.set_holding(text, tx.borrow().len(), metrics);
             false
@@ -138,7 +139,7 @@ pub fn publish_guarded(
             } else if was_holding {
                 tracing::info!("the source recovered before its drop was confirmed; following it");
             }
-            Metrics::set(&metrics.registry_drop_held, 0);
+            set(&metrics.registry_drop_held, 0);
             health.set_holding(None, next.len(), metrics);
             super::publish(tx, next)
         }

@@ -347,7 +347,7 @@ pub fn split_vips(list: &str) -> Vec<String> {
 /// name quoted, and clipped: it may come from a hostile client).
 pub fn check_vip(vip: &str) -> Result<(), String> {
     odmesh_names::validate_vip(vip)
-        .map_err(|e| format!("{} is not a valid VIP: {e}", crate::logs::clip(vip)))
+        .map_err(|e| format!("{} is not a valid VIP: {e}", odmesh_base::logs::clip(vip)))
 }
 
 /// Eureka's reconcile hash code (`apps__hashcode`) over instance statuses: for each status,
@@ -642,6 +642,14 @@ pub(crate) mod testdata {
     pub(crate) fn path(name: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("testdata")
+            .join(name)
+    }
+
+    /// The path of TLS fixture `name`: the test certificates live with the TLS code, in
+    /// `base/testdata/tls/`.
+    pub(crate) fn tls(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../base/testdata/tls")
             .join(name)
     }
 

@@ -5,6 +5,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use odmesh_base::metrics::{inc, set};
+
 use crate::metrics::Metrics;
 
 use super::{InvalidInstance, Registry};
@@ -114,10 +116,10 @@ impl SourceHealth {
             health.warnings = texts.into_iter().collect();
             new
         };
-        Metrics::inc(&metrics.registry_loads_total);
+        inc(&metrics.registry_loads_total);
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Metrics::set(&metrics.registry_last_success_seconds, secs);
-        Metrics::set(&metrics.registry_instances, registry.len() as u64);
+        set(&metrics.registry_last_success_seconds, secs);
+        set(&metrics.registry_instances, registry.len() as u64);
         new
     }
 
@@ -127,14 +129,14 @@ impl SourceHealth {
         let mut health = self.write();
         health.status.holding = holding;
         health.status.instances = in_use;
-        Metrics::set(&metrics.registry_instances, in_use as u64);
+        set(&metrics.registry_instances, in_use as u64);
     }
 
     /// Records a failed load: status, and the metric `registry_load_errors_total`.
     /// The registry in use (and its metrics) stay as they were.
     pub fn record_error(&self, metrics: &Metrics, error: &dyn std::fmt::Display) {
         self.write().status.last_error = Some(error.to_string());
-        Metrics::inc(&metrics.registry_load_errors_total);
+        inc(&metrics.registry_load_errors_total);
     }
 
     // A panic while holding the lock leaves plain data behind; keep serving it.

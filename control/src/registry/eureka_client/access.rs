@@ -9,7 +9,7 @@ use base64::Engine;
 use hyper::header::HeaderValue;
 use percent_encoding::percent_decode_str;
 
-use crate::tls;
+use odmesh_base::tls;
 
 use super::{ClientConfig, InvalidEurekaConfig, InvalidEurekaUrl};
 

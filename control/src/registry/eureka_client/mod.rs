@@ -47,8 +47,10 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use odmesh_base::metrics::inc;
+
 use crate::metrics::Metrics;
-use crate::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
+use odmesh_base::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
 
 use super::eureka::{self, ActionType, Applications, InvalidDocument};
 use super::guard::{self, DropGuard, DropGuardConfig};
@@ -413,7 +415,7 @@ impl Follower {
                 Err(e) => {
                     self.failures += 1;
                     self.need_full = true;
-                    Metrics::inc(&self.metrics.eureka_fetch_errors_total);
+                    inc(&self.metrics.eureka_fetch_errors_total);
                     self.health.record_error(&self.metrics, &e);
                     let wait = backoff(self.failures, base, self.config.max_backoff);
                     tracing::warn!(
@@ -451,7 +453,7 @@ impl Follower {
         if theirs == Some(ours.as_str()) {
             return Ok(next);
         }
-        Metrics::inc(&self.metrics.eureka_hash_mismatches_total);
+        inc(&self.metrics.eureka_hash_mismatches_total);
         tracing::info!(
             ours,
             theirs = theirs.unwrap_or("(none)"),
@@ -475,11 +477,11 @@ impl Follower {
             match self.fetch_one(i, "/apps").await {
                 Ok(apps) => {
                     if i != self.current {
-                        Metrics::inc(&self.metrics.eureka_failovers_total);
+                        inc(&self.metrics.eureka_failovers_total);
                         tracing::info!(url = %self.urls[i], "following another Eureka server");
                         self.current = i;
                     }
-                    Metrics::inc(&self.metrics.eureka_full_fetches_total);
+                    inc(&self.metrics.eureka_full_fetches_total);
                     return Ok(apps);
                 }
                 Err(e) => {
@@ -512,7 +514,7 @@ impl Follower {
         for w in &parsed.rejected {
             tracing::debug!("Eureka instance unreadable: {w}");
         }
-        Metrics::inc(&self.metrics.eureka_fetches_total);
+        inc(&self.metrics.eureka_fetches_total);
         Ok(parsed.applications)
     }
 

@@ -1,5 +1,5 @@
 //! The Eureka source against recorded Eureka documents served by a scripted HTTP (or HTTPS,
-//! with the test certificates of `testdata/tls/`) server on a loopback port, and its pure
+//! with the test certificates of `base/testdata/tls/`) server on a loopback port, and its pure
 //! parts (URLs and credentials, backoff, delta application).
 
 use super::*;
@@ -18,6 +18,7 @@ use tower::ServiceExt;
 
 use crate::registry::Status;
 use crate::registry::testdata::path as testdata_path;
+use crate::registry::testdata::tls as tls_path;
 
 /// Bounds every wait; the intervals below make the real latencies tens of milliseconds.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -195,13 +196,13 @@ async fn delta_handler(State(m): State<Mock>, headers: HeaderMap) -> Response {
     reply(r).await
 }
 
-/// A rustls server configuration presenting `testdata/tls/{cert}.pem` with its key.
+/// A rustls server configuration presenting `base/testdata/tls/{cert}.pem` with its key.
 fn server_tls(cert: &str) -> Arc<rustls::ServerConfig> {
-    let certs = CertificateDer::pem_file_iter(testdata_path(&format!("tls/{cert}.pem")))
+    let certs = CertificateDer::pem_file_iter(tls_path(&format!("{cert}.pem")))
         .unwrap()
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let key = PrivateKeyDer::from_pem_file(testdata_path(&format!("tls/{cert}.key"))).unwrap();
+    let key = PrivateKeyDer::from_pem_file(tls_path(&format!("{cert}.key"))).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -212,10 +213,10 @@ fn server_tls(cert: &str) -> Arc<rustls::ServerConfig> {
     Arc::new(config)
 }
 
-/// A configuration that trusts the test CA (`testdata/tls/ca.pem`).
+/// A configuration that trusts the test CA (`base/testdata/tls/ca.pem`).
 fn tls_config(urls: Vec<String>) -> ClientConfig {
     ClientConfig {
-        ca_file: Some(testdata_path("tls/ca.pem")),
+        ca_file: Some(tls_path("ca.pem")),
         ..config(urls)
     }
 }
@@ -463,15 +464,15 @@ fn an_unreadable_empty_or_unsendable_token_file_is_a_clear_start_error() {
 #[test]
 fn a_bad_eureka_ca_is_a_start_error_naming_the_file_even_for_http_urls() {
     for (file, expected) in [
-        ("tls/nosuch.pem", "tls/nosuch.pem: cannot read it: "),
-        ("tls/server.key", "tls/server.key: no certificate in it"),
+        ("nosuch.pem", "tls/nosuch.pem: cannot read it: "),
+        ("server.key", "tls/server.key: no certificate in it"),
         (
-            "tls/broken-ca.pem",
+            "broken-ca.pem",
             "tls/broken-ca.pem: certificate 2 is not a usable CA",
         ),
     ] {
         let cfg = ClientConfig {
-            ca_file: Some(testdata_path(file)),
+            ca_file: Some(tls_path(file)),
             ..config(vec!["http://eureka/eureka".into()])
         };
         let err = chain(&Access::new(&cfg, &[]).err().unwrap());
@@ -492,7 +493,7 @@ fn https_without_eureka_ca_uses_the_system_bundle_and_fails_clearly_without_one(
         "https:// Eureka URLs need trusted CAs: give --eureka-ca FILE: \
          no system CA bundle (looked for /nonexistent/ca.crt)"
     );
-    let ca = testdata_path("tls/ca.pem");
+    let ca = tls_path("ca.pem");
     let access = Access::new(&https, &["/nonexistent/ca.crt", ca.to_str().unwrap()]).unwrap();
     assert_eq!(
         access.trust,
@@ -811,7 +812,7 @@ async fn the_system_bundle_is_trusted_without_eureka_ca() {
         "server",
     )
     .await;
-    let ca = testdata_path("tls/ca.pem");
+    let ca = tls_path("ca.pem");
     let source = start_trusting(
         config(vec![url]),
         Arc::new(Metrics::default()),

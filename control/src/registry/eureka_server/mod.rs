@@ -72,9 +72,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::http_server::{self, HttpEvent, HttpLimits};
-use crate::logs::{self, clip};
 use crate::metrics::Metrics;
+use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
+use odmesh_base::logs::{self, clip};
+use odmesh_base::metrics::{inc, set};
 
 use self::auth::{Authenticator, Caller};
 use self::policy::RegistrationLimits;
@@ -549,7 +550,7 @@ impl EurekaRegistry {
                 .may_change(lease.owner.as_deref())
                 .map_err(InvalidRequest::forbidden)?,
             None if state.leases >= limits.max_instances => {
-                Metrics::inc(&self.shared.metrics.eureka_refused_full_total);
+                inc(&self.shared.metrics.eureka_refused_full_total);
                 return Err(InvalidRequest::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!(
@@ -577,8 +578,8 @@ impl EurekaRegistry {
                 let key = (app.clone(), id.clone());
                 let restored = state.cancelled_overrides.take(&key, Instant::now());
                 if restored.is_some() {
-                    Metrics::inc(&self.shared.metrics.eureka_overrides_restored_total);
-                    crate::limited!(
+                    inc(&self.shared.metrics.eureka_overrides_restored_total);
+                    odmesh_base::limited!(
                         info,
                         app = %clip(&app),
                         id = %clip(&id),
@@ -626,8 +627,8 @@ impl EurekaRegistry {
         }
         state.convert(&app, &id);
         self.record(&mut state, &app, &id, snapshot, ActionType::Added);
-        Metrics::inc(&self.shared.metrics.eureka_registrations_total);
-        crate::limited!(
+        inc(&self.shared.metrics.eureka_registrations_total);
+        odmesh_base::limited!(
             info,
             app = %clip(&app),
             id = %clip(&id),
@@ -653,7 +654,7 @@ impl EurekaRegistry {
         let now = Instant::now();
         let mut state = self.lock();
         let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
-            Metrics::inc(&self.shared.metrics.eureka_renewals_not_found_total);
+            inc(&self.shared.metrics.eureka_renewals_not_found_total);
             tracing::debug!(app = %clip(&app), id = %clip(id), "eureka: heartbeat for an unknown instance");
             return Err(InvalidRequest::not_found(&app, id));
         };
@@ -683,7 +684,7 @@ impl EurekaRegistry {
         if counts {
             state.preservation.renewed(now);
         }
-        Metrics::inc(&self.shared.metrics.eureka_renewals_total);
+        inc(&self.shared.metrics.eureka_renewals_total);
         answer
     }
 
@@ -714,8 +715,8 @@ impl EurekaRegistry {
             (state.cancelled_overrides).keep((app.clone(), id.to_owned()), overridden, until, max);
         }
         self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
-        Metrics::inc(&self.shared.metrics.eureka_cancels_total);
-        crate::limited!(info, app = %clip(&app), id = %clip(id), "eureka: cancelled");
+        inc(&self.shared.metrics.eureka_cancels_total);
+        odmesh_base::limited!(info, app = %clip(&app), id = %clip(id), "eureka: cancelled");
         drop(state);
         self.publish();
         Ok(())
@@ -740,8 +741,8 @@ impl EurekaRegistry {
             lease.refresh_status();
             Ok(())
         })?;
-        Metrics::inc(&self.shared.metrics.eureka_status_updates_total);
-        crate::limited!(
+        inc(&self.shared.metrics.eureka_status_updates_total);
+        odmesh_base::limited!(
             info,
             app = %clip(app),
             id = %clip(id),
@@ -821,7 +822,7 @@ impl EurekaRegistry {
             for lease in state.apps.values_mut().flat_map(BTreeMap::values_mut) {
                 lease.renewed += late;
             }
-            Metrics::inc(&metrics.eureka_late_eviction_rounds_total);
+            inc(&metrics.eureka_late_eviction_rounds_total);
             tracing::warn!(
                 late_ms = late.as_millis() as u64,
                 "eureka: an eviction round ran late; every lease is extended by the delay"
@@ -844,7 +845,7 @@ impl EurekaRegistry {
         let instances = (apps.values().flat_map(BTreeMap::values))
             .map(|lease| (lease.registered, lease.renewal_interval));
         let verdict = preservation.allows_eviction(now, instances);
-        Metrics::set(
+        set(
             &metrics.eureka_self_preservation,
             u64::from(!verdict.allows_eviction),
         );
@@ -869,7 +870,7 @@ impl EurekaRegistry {
             0
         };
         let held = expired.len().saturating_sub(limit);
-        Metrics::set(&metrics.eureka_evictions_held, held as u64);
+        set(&metrics.eureka_evictions_held, held as u64);
         if held > 0 {
             // The longest silent go first.
             expired.sort();
@@ -880,14 +881,14 @@ impl EurekaRegistry {
                 if let Some(l) = lease.info.lease_info.as_mut() {
                     l.eviction_timestamp = Some(now_ms());
                 }
-                crate::limited!(
+                odmesh_base::limited!(
                     info,
                     app = %clip(app),
                     id = %clip(id),
                     "eureka: lease expired; instance evicted",
                 );
                 self.record(&mut state, app, id, lease.info, ActionType::Deleted);
-                Metrics::inc(&metrics.eureka_evictions_total);
+                inc(&metrics.eureka_evictions_total);
             }
         }
         drop(state);
@@ -1116,10 +1117,10 @@ impl EurekaRegistry {
                 .health
                 .record_success(&shared.metrics, &parsed.registry, &parsed.warnings);
         for w in new_warnings {
-            crate::limited!(
+            odmesh_base::limited!(
                 warn,
                 "eureka: registered instance not fully usable: {}",
-                crate::logs::clip_at(&w, 300),
+                odmesh_base::logs::clip_at(&w, 300),
             );
         }
         super::publish(&shared.tx, parsed.registry);
@@ -1259,7 +1260,7 @@ pub async fn serve(
             HttpEvent::Timeout => &metrics.eureka_http_timeouts_total,
             HttpEvent::TlsFailed => &metrics.eureka_http_tls_failures_total,
         };
-        Metrics::inc(counter);
+        inc(counter);
     };
     let limits = registry.shared.config.http;
     let http = http_server::serve(
@@ -1473,8 +1474,8 @@ async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next)
         Some(auth) => match auth.authenticate(request.headers().get(header::AUTHORIZATION)) {
             Ok(caller) => caller,
             Err(e) => {
-                Metrics::inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
-                crate::limited!(
+                inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
+                odmesh_base::limited!(
                     warn,
                     method = %request.method(),
                     path = %clip(request.uri().path()),
@@ -1506,9 +1507,9 @@ fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> 
         _ => Some(&metrics.eureka_refused_invalid_total),
     };
     if let Some(counter) = counter {
-        Metrics::inc(counter);
+        inc(counter);
     }
-    crate::limited!(
+    odmesh_base::limited!(
         warn,
         app = %clip(app),
         status = e.status,

@@ -228,7 +228,7 @@ pub fn check_metadata_key(key: &str) -> Result<(), String> {
     if key.len() > MAX_METADATA_KEY || !first_ok || !rest_ok {
         return Err(format!(
             "key {:?} is not allowed: a letter or '_', then letters, digits, '.', '-', '_', at most {MAX_METADATA_KEY} characters",
-            crate::logs::truncated(key, MAX_METADATA_KEY)
+            odmesh_base::logs::truncated(key, MAX_METADATA_KEY)
         ));
     }
     Ok(())

@@ -1,7 +1,7 @@
 #!/bin/sh
-# Test-only certificates for the Eureka client's HTTPS tests and the xDS server's TLS tests
-# (control/src/registry/eureka_client/tests.rs). The private keys here guard nothing: never
-# trust ca.pem or other-ca.pem anywhere else.
+# Test-only certificates for the TLS tests of base/src/tls.rs, the Eureka client's HTTPS tests
+# (control/src/registry/eureka_client/tests.rs) and the xDS server's TLS tests (control/tests/xds_grpc.rs).
+# The private keys here guard nothing: never trust ca.pem or other-ca.pem anywhere else.
 #
 #   ca.pem                         the CA the tests name with --eureka-ca
 #   server.pem, server.key         signed by ca.pem, for localhost and 127.0.0.1
@@ -14,7 +14,7 @@
 #
 # Valid for 100 years, so the tests do not expire. The CA keys are deleted once used, so
 # adding a certificate means remaking them all:
-#   sh control/testdata/tls/make.sh
+#   sh base/testdata/tls/make.sh
 # P-256 keys (PKCS#8), SHA-256 signatures; the extensions are the ones rustls (webpki)
 # checks: a CA with basicConstraints CA:TRUE and keyCertSign, a server certificate with a
 # subjectAltName, serverAuth and CA:FALSE.

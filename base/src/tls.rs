@@ -261,7 +261,13 @@ impl ServerIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::testdata::path as testdata;
+
+    /// The path of fixture `name` under `base/testdata/`.
+    fn testdata(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
 
     #[test]
     fn a_pem_bundle_of_ca_certificates_loads() {

@@ -61,7 +61,7 @@ impl fmt::Debug for Clipped<'_> {
 /// the rest are counted, and the next line written says how many were left out.
 ///
 /// ```
-/// use odmesh_control::logs::RateLimit;
+/// use odmesh_base::logs::RateLimit;
 /// static REFUSED: RateLimit = RateLimit::new(10, std::time::Duration::from_secs(1));
 /// if let Some(suppressed) = REFUSED.check() {
 ///     tracing::warn!(suppressed, "registration refused");
