@@ -21,8 +21,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use odmesh_control::model::Snapshot;
-use odmesh_control::registry::file;
+use odmesh_control::registry::eureka::read_registry_file;
 use odmesh_control::xds::{self, ResourceType, Versioned, XdsOptions};
+use odmesh_registry::file;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -179,7 +180,8 @@ impl Variant {
 
 /// `push-all`: builds every resource up front, then serves until killed.
 pub async fn serve(registry: &Path, listen: SocketAddr, variant: Variant) -> anyhow::Result<()> {
-    let parsed = file::load(registry).with_context(|| format!("{}", registry.display()))?;
+    let parsed = file::load(registry, read_registry_file)
+        .with_context(|| format!("{}", registry.display()))?;
     let snapshot = Snapshot::from_registry(&parsed.registry);
     let opts = XdsOptions::default();
     let mut clusters = Vec::with_capacity(snapshot.len());

@@ -14,7 +14,8 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use odmesh_control::model::Snapshot;
-use odmesh_control::registry::file;
+use odmesh_control::registry::eureka::read_registry_file;
+use odmesh_registry::file;
 
 use crate::procstat;
 
@@ -208,7 +209,7 @@ pub fn parse_and_report(path: &Path) -> anyhow::Result<()> {
     let rss0 = procstat::own_rss_bytes().map_or(0, |r| r.0);
     let content = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let t = Instant::now();
-    let parsed = file::parse(path, &content)?;
+    let parsed = file::parse(path, &content, read_registry_file)?;
     let parse_s = t.elapsed().as_secs_f64();
     let (rss_parsed, hwm_parse) = procstat::own_rss_bytes().unwrap_or_default();
     drop(content);
@@ -237,7 +238,7 @@ pub fn parse_and_report(path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odmesh_control::registry::Status;
+    use odmesh_registry::Status;
 
     fn args(json: bool, down: bool) -> GenArgs {
         GenArgs {
@@ -247,9 +248,9 @@ mod tests {
         }
     }
 
-    fn parse(a: &GenArgs) -> odmesh_control::registry::Registry {
+    fn parse(a: &GenArgs) -> odmesh_registry::Registry {
         let ext = if a.json { "r.json" } else { "r.yaml" };
-        file::parse(Path::new(ext), render(a).as_bytes())
+        file::parse(Path::new(ext), render(a).as_bytes(), read_registry_file)
             .unwrap()
             .registry
     }

@@ -21,8 +21,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
-use crate::metrics::Metrics;
-
 /// What the admin endpoint shows, supplied by the layers that own it.
 pub trait AdminView: Send + Sync + 'static {
     /// Whether a registry has been loaded, and a JSON description of the source's state.
@@ -36,8 +34,8 @@ pub trait AdminView: Send + Sync + 'static {
     fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value;
     /// The prewarm history per calling service, and its hit rate.
     fn prewarm(&self) -> serde_json::Value;
-    /// The process metrics.
-    fn metrics(&self) -> &Metrics;
+    /// The Prometheus text of every metric of the process.
+    fn metrics(&self) -> String;
 }
 
 /// The admin routes over `view`.
@@ -68,7 +66,7 @@ async fn readyz(State(view): View) -> Response {
 async fn metrics(State(view): View) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        view.metrics().render(),
+        view.metrics(),
     )
         .into_response()
 }
@@ -104,6 +102,7 @@ fn pretty(value: &serde_json::Value) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
     use axum::body::Body;
     use axum::http::Request;
     use odmesh_base::metrics::inc;
@@ -130,8 +129,8 @@ mod tests {
         fn prewarm(&self) -> serde_json::Value {
             json!({ "enabled": false })
         }
-        fn metrics(&self) -> &Metrics {
-            &self.metrics
+        fn metrics(&self) -> String {
+            self.metrics.render()
         }
     }
 

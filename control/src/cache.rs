@@ -807,9 +807,10 @@ fn cluster_versions(entry: &Entry) -> Vec<(Option<Arc<str>>, Option<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{Instance, Registry, Status, testdata};
+    use crate::registry::testdata;
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use odmesh_registry::{Instance, Registry, Status};
     use prost::Message;
 
     fn inst(vip: &str, ip: &str, status: Status) -> Instance {

@@ -17,17 +17,18 @@ use odmesh_base::metrics::{inc, set};
 use odmesh_base::tls::ServerIdentity;
 use odmesh_control::admin::{self, AdminView};
 use odmesh_control::cache::{Cache, SubscriptionLimits};
-use odmesh_control::metrics::Metrics;
+use odmesh_control::metrics::{AllMetrics, Metrics};
 use odmesh_control::model;
 use odmesh_control::policy::{self, watch::PolicyStatus};
 use odmesh_control::prewarm::{self, Prewarm};
 use odmesh_control::registry::eureka_server::auth::Authenticator;
 use odmesh_control::registry::eureka_server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
 use odmesh_control::registry::eureka_server::preservation::PreservationConfig;
-use odmesh_control::registry::guard::DropGuardConfig;
-use odmesh_control::registry::{Registry, SourceHealth, eureka_client, eureka_server, file};
+use odmesh_control::registry::{eureka, eureka_client, eureka_server};
 use odmesh_control::server::{XdsConfig, XdsServer};
 use odmesh_control::xds::XdsOptions;
+use odmesh_registry::guard::DropGuardConfig;
+use odmesh_registry::{Registry, SourceHealth, file};
 
 /// The odmesh control plane: serves Envoy the clusters `<vip>.vip` and `<svip>.svip` on
 /// demand over delta xDS (ADS), with endpoints from a Eureka-style registry.
@@ -338,7 +339,7 @@ struct Source {
 }
 
 /// Starts the source the flags name (the embedded registry when none is named).
-async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Source> {
+async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Source> {
     let guard = DropGuardConfig {
         max_drop: share("--max-registry-drop", args.guards.max_registry_drop)?,
         confirm_after: seconds("--registry-drop-confirm", args.guards.registry_drop_confirm)?,
@@ -348,7 +349,8 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             path.clone(),
             file::DEFAULT_POLL_INTERVAL,
             guard,
-            metrics.clone(),
+            eureka::read_registry_file,
+            metrics.registry.clone(),
         )
         .await
         // The error names the file, the format and the problem in one line.
@@ -374,7 +376,9 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
             ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
         };
         // The error names the flag and the problem; its chain says the cause.
-        let src = eureka_client::start_with(config, metrics.clone()).await?;
+        let src =
+            eureka_client::start_with(config, metrics.registry.clone(), metrics.control.clone())
+                .await?;
         return Ok(Source {
             registry: src.registry,
             // The URLs as the source shows them: passwords as ***.
@@ -441,9 +445,15 @@ async fn start_source(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sou
         ..Default::default()
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let src = eureka_server::start(addr, config, tls, metrics.clone())
-        .await
-        .with_context(|| format!("--serve-eureka {addr}: cannot listen"))?;
+    let src = eureka_server::start(
+        addr,
+        config,
+        tls,
+        metrics.registry.clone(),
+        metrics.control.clone(),
+    )
+    .await
+    .with_context(|| format!("--serve-eureka {addr}: cannot listen"))?;
     Ok(Source {
         registry: src.registry,
         health: src.health,
@@ -628,7 +638,8 @@ async fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let metrics = Arc::new(Metrics::default());
+    let all_metrics = AllMetrics::default();
+    let metrics = all_metrics.control.clone();
 
     let mut options = XdsOptions::new(args.upstream_ca.clone());
     options.verify_upstream_san = !args.no_upstream_san_check;
@@ -641,9 +652,10 @@ async fn run() -> anyhow::Result<()> {
         );
     }
 
-    let source = start_source(&args, &metrics).await?;
+    let source = start_source(&args, &all_metrics).await?;
 
-    let (snapshots, _pipeline) = model::follow(source.registry.clone(), metrics.clone());
+    let (snapshots, _pipeline) =
+        model::follow(source.registry.clone(), all_metrics.registry.clone());
     let cache = Arc::new(Cache::with_snapshot(options, snapshots.borrow().clone()));
     tokio::spawn({
         let cache = cache.clone();
@@ -689,7 +701,7 @@ async fn run() -> anyhow::Result<()> {
     };
 
     let view = Arc::new(View {
-        metrics: metrics.clone(),
+        metrics: all_metrics,
         health: source.health.clone(),
         registry: source.registry.clone(),
         xds: xds.clone(),
@@ -795,7 +807,7 @@ async fn shutdown_signal() {
 
 /// What the admin endpoint shows, from the live parts.
 struct View {
-    metrics: Arc<Metrics>,
+    metrics: AllMetrics,
     health: SourceHealth,
     registry: watch::Receiver<Arc<Registry>>,
     xds: XdsServer,
@@ -864,16 +876,16 @@ impl AdminView for View {
         }
     }
 
-    fn metrics(&self) -> &Metrics {
+    fn metrics(&self) -> String {
         // A derived gauge, brought up to date for each scrape.
         let age = self
             .health
             .snapshot()
             .age_of_last_success(SystemTime::now());
         set(
-            &self.metrics.registry_last_success_age_seconds,
+            &self.metrics.registry.registry_last_success_age_seconds,
             age.map_or(0, |a| a.as_secs()),
         );
-        &self.metrics
+        self.metrics.render()
     }
 }

@@ -1,34 +1,20 @@
 //! Process-wide counters and gauges, rendered as Prometheus text for the admin `/metrics`.
 //!
 //! Plain atomics: every layer bumps the ones it owns; only the admin endpoint reads them all.
+//! [`Metrics`] are the control plane's own; the registry source counts in those of its crate,
+//! and [`AllMetrics`] holds every part.
+
+use std::sync::Arc;
+
+use odmesh_registry::RegistryMetrics;
 
 odmesh_base::metrics! {
-    /// Every metric the control plane exports. `counter`s only go up; `gauge`s are set.
+    /// The metrics the control plane itself keeps. `counter`s only go up; `gauge`s are set.
     pub struct Metrics {
         /// Policy file loads that succeeded (`--policy`).
         policy_loads_total: "counter",
         /// Policy file loads that failed (the last good policy stayed in use).
         policy_load_errors_total: "counter",
-        /// Registry loads that succeeded.
-        registry_loads_total: "counter",
-        /// Registry loads that failed (the last good registry stayed in use).
-        registry_load_errors_total: "counter",
-        /// Unix time in seconds of the last successful registry load (0: never).
-        registry_last_success_seconds: "gauge",
-        /// Seconds since the last successful registry load (0 before the first one); for Eureka,
-        /// the age of the last good fetch.
-        registry_last_success_age_seconds: "gauge",
-        /// Instances in the registry in use.
-        registry_instances: "gauge",
-        /// Clusters (VIPs and SVIPs) the registry in use defines.
-        registry_clusters: "gauge",
-        /// 1 while a source's drop of most of the registry is held (not followed yet).
-        registry_drop_held: "gauge",
-        /// Drops of most of the registry that a source made at once and that were held.
-        registry_drops_held_total: "counter",
-        /// 1 when the registry in use is complete; 0 while its source is still loading (after a
-        /// start: before Eureka's first answer, during the embedded registry's warm-up).
-        registry_complete: "gauge",
         /// Eureka source: fetches (full or delta) that a Eureka server answered with a usable document.
         eureka_fetches_total: "counter",
         /// Eureka source: full registry fetches (the first, and after a mismatch, bad delta or outage).
@@ -129,6 +115,24 @@ odmesh_base::metrics! {
     }
 }
 
+/// Every metric of the process, each part kept by the crate that counts it.
+#[derive(Debug, Default)]
+pub struct AllMetrics {
+    /// The control plane's own.
+    pub control: Arc<Metrics>,
+    /// The registry's (`registry_*`), kept by the source and the snapshot pipeline.
+    pub registry: Arc<RegistryMetrics>,
+}
+
+impl AllMetrics {
+    /// The Prometheus text of every metric: the control plane's, then the registry's.
+    pub fn render(&self) -> String {
+        let mut out = self.control.render();
+        out.push_str(&self.registry.render());
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,13 +140,24 @@ mod tests {
 
     #[test]
     fn render_writes_help_type_and_value_for_each_metric() {
-        let m = Metrics::default();
-        inc(&m.xds_nacks_total);
-        inc(&m.xds_nacks_total);
-        set(&m.registry_clusters, 7);
+        let m = AllMetrics::default();
+        inc(&m.control.xds_nacks_total);
+        inc(&m.control.xds_nacks_total);
+        set(&m.registry.registry_clusters, 7);
         let text = m.render();
         assert!(text.contains("# TYPE odmesh_xds_nacks_total counter\nodmesh_xds_nacks_total 2\n"));
         assert!(text.contains("# HELP odmesh_registry_clusters Clusters (VIPs and SVIPs)"));
         assert!(text.contains("odmesh_registry_clusters 7\n"));
+    }
+
+    #[test]
+    fn every_metric_is_rendered_once() {
+        let text = AllMetrics::default().render();
+        let names: Vec<&str> = (text.lines())
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| rest.split(' ').next())
+            .collect();
+        let unique: std::collections::HashSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "a metric twice: {names:?}");
     }
 }

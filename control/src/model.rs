@@ -18,8 +18,7 @@ use tokio::sync::watch;
 
 use odmesh_base::metrics::set;
 
-use crate::metrics::Metrics;
-use crate::registry::{Instance, Protocol, Registry, Status};
+use odmesh_registry::{Instance, Protocol, Registry, RegistryMetrics, Status};
 
 /// One address traffic can go to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -316,9 +315,10 @@ pub const SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_mil
 /// in a way that changes a cluster, at most one per [`SNAPSHOT_INTERVAL`].
 ///
 /// The task ends when the source's sender is dropped or nobody listens to the snapshots.
+/// Sets the gauges `registry_clusters` and `registry_complete` of `metrics`.
 pub fn follow(
     mut registry: watch::Receiver<Arc<Registry>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<RegistryMetrics>,
 ) -> (watch::Receiver<Arc<Snapshot>>, tokio::task::JoinHandle<()>) {
     let mut builder = SnapshotBuilder::default();
     let mut build = move |reg: Arc<Registry>| {
@@ -419,7 +419,7 @@ mod tests {
     #[tokio::test]
     async fn follow_publishes_a_snapshot_for_each_registry_change() {
         let (tx, rx) = watch::channel(Arc::new(Registry::default()));
-        let (mut snaps, _task) = follow(rx, Arc::new(Metrics::default()));
+        let (mut snaps, _task) = follow(rx, Arc::new(RegistryMetrics::default()));
         assert!(snaps.borrow_and_update().is_empty());
         let reg = Registry::from_iter([inst("a", "10.0.0.1", Status::Up, &["hello"], &[])]);
         tx.send(Arc::new(reg)).unwrap();

@@ -33,7 +33,7 @@ use std::time::Duration;
 use odmesh_names::Kind;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::registry::Protocol;
+use odmesh_registry::Protocol;
 
 pub mod watch;
 
@@ -321,7 +321,7 @@ impl<'de, const MIN: u32, const MAX: u32> Deserialize<'de> for Bounded<MIN, MAX>
 impl<'de> Deserialize<'de> for VipName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<VipName, D::Error> {
         let name = String::deserialize(d)?.trim().to_ascii_lowercase();
-        crate::registry::check_vip(&name).map_err(serde::de::Error::custom)?;
+        odmesh_registry::check_vip(&name).map_err(serde::de::Error::custom)?;
         Ok(VipName(name))
     }
 }

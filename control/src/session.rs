@@ -777,8 +777,9 @@ mod tests {
     use super::*;
     use crate::model::Snapshot;
     use crate::prewarm::{History, Limits};
-    use crate::registry::{Registry, testdata};
+    use crate::registry::testdata;
     use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
+    use odmesh_registry::Registry;
 
     /// An ADS session on a cache where `hello` has one instance.
     struct Ads {

@@ -63,7 +63,7 @@ use prost::Message;
 
 use crate::model::{ClusterInfo, Endpoint, Snapshot};
 use crate::policy::{Effective, LoadBalancing, Policy};
-use crate::registry::Protocol;
+use odmesh_registry::Protocol;
 
 /// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";

@@ -182,6 +182,7 @@ async fn start_registry() -> (EmbeddedSource, Arc<Metrics>) {
         "127.0.0.1:0".parse().unwrap(),
         config,
         None,
+        Arc::default(),
         metrics.clone(),
     )
     .await

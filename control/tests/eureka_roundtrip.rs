@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use eureka_support::{DEADLINE, find, http, wait_registry};
-use odmesh_control::metrics::Metrics;
 use odmesh_control::registry::Status;
 use odmesh_control::registry::eureka_client::{self, ClientConfig};
 use odmesh_control::registry::eureka_server::{self, ServerConfig};
@@ -34,12 +33,12 @@ fn local_config() -> ServerConfig {
 #[tokio::test]
 async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_the_embedded_registry()
  {
-    let metrics = Arc::new(Metrics::default());
     let server = eureka_server::start(
         "127.0.0.1:0".parse().unwrap(),
         local_config(),
         None,
-        metrics.clone(),
+        Arc::default(),
+        Arc::default(),
     )
     .await
     .unwrap();
@@ -47,7 +46,7 @@ async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_t
 
     let mut config = ClientConfig::new(vec![base.clone()], Duration::from_millis(100));
     config.first_fetch_wait = Duration::from_secs(5);
-    let follower = eureka_client::start_with(config, Arc::new(Metrics::default()))
+    let follower = eureka_client::start_with(config, Arc::default(), Arc::default())
         .await
         .unwrap();
     assert!(
@@ -104,12 +103,12 @@ async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_t
 
 #[tokio::test]
 async fn a_registration_is_published_by_the_embedded_registry_within_milliseconds() {
-    let metrics = Arc::new(Metrics::default());
     let server = eureka_server::start(
         "127.0.0.1:0".parse().unwrap(),
         local_config(),
         None,
-        metrics,
+        Arc::default(),
+        Arc::default(),
     )
     .await
     .unwrap();

@@ -15,7 +15,6 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use odmesh_control::metrics::Metrics;
 use odmesh_control::registry::Registry;
 use odmesh_control::registry::eureka::{Applications, ApplicationsDocument, parse_document};
 use odmesh_control::registry::eureka_server::{EurekaRegistry, ServerConfig, xml};
@@ -33,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         warmup: std::time::Duration::ZERO,
         ..ServerConfig::local()
     };
-    let eureka = EurekaRegistry::new(config, tx, Arc::new(Metrics::default()));
+    let eureka = EurekaRegistry::new(config, tx, Arc::default(), Arc::default());
 
     for part in data.split(|&b| b == 0).take(MAX_REGISTRATIONS) {
         let (app, body) = match part.iter().position(|&b| b == b'\n') {

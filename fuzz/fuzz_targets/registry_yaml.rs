@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         (Ok(registry), Ok(_)) => check(registry),
     }
 
-    let from_file = file::parse(Path::new("fuzz.yaml"), data);
+    let from_file = file::parse(Path::new("fuzz.yaml"), data, eureka::read_registry_file);
     let content = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
     match Format::detect(data) {
         Format::Yaml => match (&from_file, yaml::parse(content)) {

@@ -19,10 +19,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::{
-    Instance, InvalidInstance, PROTOCOL_METADATA_KEY, Parsed, Protocol, Registry, Status,
-    check_vip, split_vips,
-};
+use super::file::JsonError;
+use super::{Instance, InvalidInstance, Parsed, Protocol, Registry, Status, check_vip, split_vips};
+
+/// The instance metadata entry that declares its [`Protocol`]: `auto`, `http1` or `http2`.
+pub const PROTOCOL_METADATA_KEY: &str = "odmesh.protocol";
 
 /// The whole answer of `GET /apps` or `GET /apps/delta`: `{"applications": {...}}`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -55,7 +56,7 @@ pub struct Applications {
     )]
     pub versions_delta: Option<String>,
     /// The reconcile hash code of the server's full registry after this document (for a
-    /// delta: after applying it). See [`super::reconcile_hash_code`].
+    /// delta: after applying it). See [`reconcile_hash_code`].
     #[serde(
         rename = "apps__hashcode",
         default,
@@ -487,6 +488,28 @@ pub fn parse_registry(json: &[u8]) -> Result<Parsed, InvalidDocument> {
     Ok(parsed)
 }
 
+/// [`parse_registry`] as the registry file source takes it (its `JsonReader`), for
+/// `--registry` files of Eureka's JSON.
+pub fn read_registry_file(json: &[u8]) -> Result<Parsed, JsonError> {
+    Ok(parse_registry(json)?)
+}
+
+/// Eureka's reconcile hash code (`apps__hashcode`) over instance statuses: for each status,
+/// alphabetically, `STATUS_count_` (e.g. `DOWN_1_UP_2_`); empty when there are no instances.
+///
+/// A Eureka client compares this with the server's `apps__hashcode` after applying a delta
+/// and fetches the full registry on a mismatch.
+pub fn reconcile_hash_code(statuses: impl IntoIterator<Item = Status>) -> String {
+    let mut counts = BTreeMap::<&'static str, usize>::new();
+    for status in statuses {
+        *counts.entry(status.as_str()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(status, n)| format!("{status}_{n}_"))
+        .collect()
+}
+
 impl Applications {
     /// The plain registry: every instance that has a valid IP address, with the VIPs of
     /// its enabled ports that are valid names. What is left out is in `warnings`.
@@ -513,7 +536,7 @@ impl Applications {
     /// computes it over its local copy (counting every instance it holds, readable or not
     /// by odmesh). Compare with `apps_hashcode`.
     pub fn reconcile_hash_code(&self) -> String {
-        super::reconcile_hash_code(
+        reconcile_hash_code(
             self.application
                 .iter()
                 .flat_map(|app| &app.instance)
@@ -782,6 +805,7 @@ mod lenient {
 mod tests {
     use super::*;
     use crate::registry::Registry;
+    use crate::registry::testdata::path as testdata_path;
     use crate::registry::testdata::read as testdata;
 
     fn one_instance(json: &str) -> Parsed {
@@ -841,7 +865,34 @@ mod tests {
         assert_eq!(written, "DOWN_1_OUT_OF_SERVICE_1_STARTING_1_UP_6_");
         assert_eq!(doc.applications.reconcile_hash_code(), written);
         let parsed = doc.applications.to_registry();
-        assert_eq!(parsed.registry.reconcile_hash_code(), written);
+        let statuses = parsed.registry.instances().map(|i| i.status);
+        assert_eq!(reconcile_hash_code(statuses), written);
+    }
+
+    #[test]
+    fn reconcile_hash_code_counts_statuses_in_alphabetical_order() {
+        use Status::*;
+        let code = reconcile_hash_code([Up, Down, Up, Starting, OutOfService, Unknown, Up]);
+        assert_eq!(code, "DOWN_1_OUT_OF_SERVICE_1_STARTING_1_UNKNOWN_1_UP_3_");
+    }
+
+    #[test]
+    fn reconcile_hash_code_of_no_instances_is_empty() {
+        assert_eq!(reconcile_hash_code([]), "");
+    }
+
+    #[test]
+    fn a_registry_file_of_eureka_json_is_read_through_the_file_source() {
+        use crate::registry::file::{self, LoadError};
+        let parsed = file::load(&testdata_path("eureka-apps.json"), read_registry_file).unwrap();
+        assert_eq!(parsed.registry.len(), 9);
+        let err = file::load(&testdata_path("broken.json"), read_registry_file).unwrap_err();
+        assert!(matches!(err, LoadError::Eureka { .. }));
+        assert!(
+            err.to_string()
+                .contains("broken.json (Eureka JSON): not valid JSON"),
+            "{err}"
+        );
     }
 
     #[test]

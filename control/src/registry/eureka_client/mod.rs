@@ -54,7 +54,7 @@ use odmesh_base::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
 
 use super::eureka::{self, ActionType, Applications, InvalidDocument};
 use super::guard::{self, DropGuard, DropGuardConfig};
-use super::{Registry, SourceHealth};
+use super::{Registry, RegistryMetrics, SourceHealth};
 
 mod access;
 
@@ -236,25 +236,29 @@ impl EurekaSource {
 pub async fn start(
     urls: Vec<String>,
     interval: Duration,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
-    start_with(ClientConfig::new(urls, interval), metrics).await
+    start_with(ClientConfig::new(urls, interval), registry_metrics, metrics).await
 }
 
 /// Checks the URLs, the CA bundle and the token file, spawns the follower, and waits for
 /// its first good fetch for at most `first_fetch_wait`. When Eureka does not answer in time,
 /// the source is returned unloaded (`health.is_loaded()` is false, `/readyz` says not ready,
-/// the registry is empty) and keeps trying in the background.
+/// the registry is empty) and keeps trying in the background. Loads and held drops count in
+/// `registry_metrics`, what only Eureka does in `metrics`.
 pub async fn start_with(
     config: ClientConfig,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
-    start_trusting(config, metrics, SYSTEM_CA_BUNDLES).await
+    start_trusting(config, registry_metrics, metrics, SYSTEM_CA_BUNDLES).await
 }
 
 /// [`start_with`], with the system CA bundle looked for in `system_bundles`.
 async fn start_trusting(
     config: ClientConfig,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
     system_bundles: &[&str],
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
@@ -274,7 +278,14 @@ async fn start_trusting(
     // Nothing fetched yet: what proxies hold is not taken away meanwhile.
     let (tx, registry) = watch::channel(Arc::new(Registry::loading()));
     let loaded = Arc::new(Notify::new());
-    let follower = Follower::new(access, config.clone(), metrics, health.clone(), &loaded);
+    let follower = Follower::new(
+        access,
+        config.clone(),
+        registry_metrics,
+        metrics,
+        health.clone(),
+        &loaded,
+    );
     let task = tokio::spawn(follower.run(tx));
     if tokio::time::timeout(config.first_fetch_wait, loaded.notified())
         .await
@@ -352,6 +363,7 @@ struct Follower {
     /// The URL that answered last; tried first.
     current: usize,
     config: ClientConfig,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
     health: SourceHealth,
     /// The local copy of the server's registry, once fetched.
@@ -368,6 +380,7 @@ impl Follower {
     fn new(
         access: Access,
         config: ClientConfig,
+        registry_metrics: Arc<RegistryMetrics>,
         metrics: Arc<Metrics>,
         health: SourceHealth,
         loaded: &Arc<Notify>,
@@ -391,6 +404,7 @@ impl Follower {
             trust: access.trust,
             current: 0,
             config,
+            registry_metrics,
             metrics,
             health,
             local: None,
@@ -416,7 +430,7 @@ impl Follower {
                     self.failures += 1;
                     self.need_full = true;
                     inc(&self.metrics.eureka_fetch_errors_total);
-                    self.health.record_error(&self.metrics, &e);
+                    self.health.record_error(&self.registry_metrics, &e);
                     let wait = backoff(self.failures, base, self.config.max_backoff);
                     tracing::warn!(
                         error = %e,
@@ -523,7 +537,7 @@ impl Follower {
         let parsed = applications.to_registry();
         let new_warnings =
             self.health
-                .record_success(&self.metrics, &parsed.registry, &parsed.warnings);
+                .record_success(&self.registry_metrics, &parsed.registry, &parsed.warnings);
         for w in new_warnings {
             tracing::warn!("Eureka instance left out: {w}");
         }
@@ -534,7 +548,7 @@ impl Follower {
             tx,
             parsed.registry,
             &self.health,
-            &self.metrics,
+            &self.registry_metrics,
         );
         if published {
             tracing::info!(instances, "Eureka registry changed");

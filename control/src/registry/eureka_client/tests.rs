@@ -20,6 +20,20 @@ use crate::registry::Status;
 use crate::registry::testdata::path as testdata_path;
 use crate::registry::testdata::tls as tls_path;
 
+/// What a source under test counts in: the registry's metrics and the Eureka client's.
+#[derive(Clone, Default)]
+struct Counters {
+    registry: Arc<RegistryMetrics>,
+    client: Arc<Metrics>,
+}
+
+impl Counters {
+    /// A source of `config` ([`start_with`]) counting here.
+    async fn start(&self, config: ClientConfig) -> Result<EurekaSource, InvalidEurekaConfig> {
+        start_with(config, self.registry.clone(), self.client.clone()).await
+    }
+}
+
 /// Bounds every wait; the intervals below make the real latencies tens of milliseconds.
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -239,13 +253,13 @@ async fn wait_error(source: &EurekaSource) -> String {
 }
 
 /// A source that does not wait for its first fetch (which the test expects to fail).
-async fn follow_unloaded(cfg: ClientConfig) -> (EurekaSource, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::default());
+async fn follow_unloaded(cfg: ClientConfig) -> (EurekaSource, Counters) {
+    let metrics = Counters::default();
     let cfg = ClientConfig {
         first_fetch_wait: Duration::ZERO,
         ..cfg
     };
-    let source = start_with(cfg, metrics.clone()).await.unwrap();
+    let source = metrics.start(cfg).await.unwrap();
     (source, metrics)
 }
 
@@ -273,9 +287,9 @@ fn config(urls: Vec<String>) -> ClientConfig {
     }
 }
 
-async fn follow(urls: Vec<String>) -> (EurekaSource, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::default());
-    let source = start_with(config(urls), metrics.clone()).await.unwrap();
+async fn follow(urls: Vec<String>) -> (EurekaSource, Counters) {
+    let metrics = Counters::default();
+    let source = metrics.start(config(urls)).await.unwrap();
     (source, metrics)
 }
 
@@ -571,7 +585,7 @@ async fn the_first_full_fetch_asks_for_json_and_publishes_the_fixture_registry()
     assert_eq!(reg.len(), 9);
     assert_eq!(mock.0.lock().unwrap().accept[0], "application/json");
     assert!(source.age_of_last_fetch().unwrap() < Duration::from_secs(5));
-    assert_eq!(count(&metrics.eureka_full_fetches_total), 1);
+    assert_eq!(count(&metrics.client.eureka_full_fetches_total), 1);
     assert!(
         source
             .health
@@ -604,8 +618,8 @@ async fn a_delta_whose_hash_code_matches_is_published_without_a_full_fetch() {
     assert!(!has(&reg, "greeter-2"));
     mock.wait_delta_hits(3).await;
     assert_eq!(mock.hits().0, 1, "no full fetch after the first");
-    assert_eq!(count(&metrics.eureka_hash_mismatches_total), 0);
-    assert!(count(&metrics.eureka_fetches_total) >= 4);
+    assert_eq!(count(&metrics.client.eureka_hash_mismatches_total), 0);
+    assert!(count(&metrics.client.eureka_fetches_total) >= 4);
 }
 
 #[tokio::test]
@@ -626,7 +640,7 @@ async fn a_delta_whose_hash_code_does_not_match_forces_a_full_fetch() {
     let reg = wait_registry(&source, |r| has(r, "billing-2")).await;
     assert!(has(&reg, "payments-3"));
     assert_eq!(reg.len(), 11);
-    assert!(count(&metrics.eureka_hash_mismatches_total) >= 1);
+    assert!(count(&metrics.client.eureka_hash_mismatches_total) >= 1);
     assert!(mock.hits().0 >= 2);
     // Once in step, the same delta (with the same hash) needs no more full fetches.
     mock.wait_delta_hits(1).await;
@@ -652,7 +666,11 @@ async fn an_empty_garbled_or_refused_delta_answer_forces_a_full_fetch() {
             None,
         );
         wait_registry(&source, |r| has(r, "billing-2")).await;
-        assert_eq!(count(&metrics.eureka_fetch_errors_total), 0, "{bad:?}");
+        assert_eq!(
+            count(&metrics.client.eureka_fetch_errors_total),
+            0,
+            "{bad:?}"
+        );
         assert!(source.health.snapshot().last_error.is_none(), "{bad:?}");
     }
 }
@@ -672,9 +690,9 @@ async fn an_outage_keeps_the_last_good_registry_and_recovery_resumes_following()
         Reply::Body(b"garbage".to_vec()),
         Reply::Hang,
     ] {
-        let errors = count(&metrics.eureka_fetch_errors_total);
+        let errors = count(&metrics.client.eureka_fetch_errors_total);
         mock.set(Some(outage.clone()), Some(outage.clone()));
-        wait_until(|| count(&metrics.eureka_fetch_errors_total) >= errors + 2).await;
+        wait_until(|| count(&metrics.client.eureka_fetch_errors_total) >= errors + 2).await;
         assert_eq!(*source.registry.borrow(), good, "{outage:?}");
         let st = source.health.snapshot();
         assert!(st.loaded);
@@ -703,8 +721,8 @@ async fn the_next_url_is_used_when_the_first_does_not_answer() {
     let (source, metrics) = follow(vec![dead_url().await, url]).await;
     assert!(source.health.is_loaded());
     assert_eq!(source.registry.borrow().len(), 9);
-    assert_eq!(count(&metrics.eureka_failovers_total), 1);
-    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+    assert_eq!(count(&metrics.client.eureka_failovers_total), 1);
+    assert_eq!(count(&metrics.client.eureka_fetch_errors_total), 0);
 }
 
 #[tokio::test]
@@ -723,17 +741,17 @@ async fn a_server_that_fails_later_is_replaced_by_the_next_one() {
     wait_registry(&source, |r| has(r, "hello-4")).await;
     first.set(Some(Reply::Hang), Some(Reply::Hang));
     wait_registry(&source, |r| has(r, "billing-2")).await;
-    assert_eq!(count(&metrics.eureka_failovers_total), 1);
+    assert_eq!(count(&metrics.client.eureka_failovers_total), 1);
 }
 
 #[tokio::test]
 async fn start_returns_unloaded_when_no_server_answers_in_time_and_loads_later() {
     let (mock, url) = Mock::start(Reply::Hang, Reply::Status(404)).await;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Counters::default();
     let mut cfg = config(vec![url]);
     cfg.first_fetch_wait = Duration::from_millis(200);
     let started = tokio::time::Instant::now();
-    let source = start_with(cfg, metrics).await.unwrap();
+    let source = metrics.start(cfg).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
     assert!(!source.health.is_loaded());
     assert!(source.age_of_last_fetch().is_none());
@@ -760,22 +778,32 @@ async fn an_unchanged_registry_is_not_published_again() {
     assert!(!rx.has_changed().unwrap());
     assert_eq!(mock.hits().0, 1);
     assert!(
-        count(&metrics.registry_loads_total) >= 3,
+        count(&metrics.registry.registry_loads_total) >= 3,
         "each poll is a good fetch"
     );
 }
 
 #[tokio::test]
 async fn no_urls_or_a_bad_url_is_an_error() {
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Counters::default();
     assert!(
-        start(vec![], DEFAULT_INTERVAL, metrics.clone())
-            .await
-            .is_err()
-    );
-    let err = start(vec!["ftp://x/eureka".into()], DEFAULT_INTERVAL, metrics)
+        start(
+            vec![],
+            DEFAULT_INTERVAL,
+            metrics.registry.clone(),
+            metrics.client.clone()
+        )
         .await
-        .unwrap_err();
+        .is_err()
+    );
+    let err = start(
+        vec!["ftp://x/eureka".into()],
+        DEFAULT_INTERVAL,
+        metrics.registry,
+        metrics.client,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("http(s)://"), "{err}");
 }
 
@@ -787,16 +815,14 @@ async fn https_is_followed_with_the_eureka_ca() {
         "server",
     )
     .await;
-    let metrics = Arc::new(Metrics::default());
-    let source = start_with(tls_config(vec![url]), metrics.clone())
-        .await
-        .unwrap();
+    let metrics = Counters::default();
+    let source = metrics.start(tls_config(vec![url])).await.unwrap();
     assert!(source.health.is_loaded(), "start waits for the first fetch");
     assert_eq!(source.registry.borrow().len(), 9);
     wait_registry(&source, |r| has(r, "hello-4")).await;
     mock.wait_delta_hits(2).await;
     assert_eq!(mock.hits().0, 1, "deltas over https too");
-    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+    assert_eq!(count(&metrics.client.eureka_fetch_errors_total), 0);
     let description = source.health.snapshot().description;
     assert!(
         description.starts_with("eureka https://127.0.0.1:"),
@@ -815,7 +841,8 @@ async fn the_system_bundle_is_trusted_without_eureka_ca() {
     let ca = tls_path("ca.pem");
     let source = start_trusting(
         config(vec![url]),
-        Arc::new(Metrics::default()),
+        Arc::default(),
+        Arc::default(),
         &[ca.to_str().unwrap()],
     )
     .await
@@ -851,16 +878,14 @@ async fn a_certificate_from_another_ca_is_refused_clearly_and_the_last_good_regi
         "server",
     )
     .await;
-    let metrics = Arc::new(Metrics::default());
-    let source = start_with(tls_config(vec![url]), metrics.clone())
-        .await
-        .unwrap();
+    let metrics = Counters::default();
+    let source = metrics.start(tls_config(vec![url])).await.unwrap();
     let good = source.registry.borrow().clone();
     assert_eq!(good.len(), 9);
 
     mock.set_certificate("other-server");
-    let errors = count(&metrics.eureka_fetch_errors_total);
-    wait_until(|| count(&metrics.eureka_fetch_errors_total) >= errors + 2).await;
+    let errors = count(&metrics.client.eureka_fetch_errors_total);
+    wait_until(|| count(&metrics.client.eureka_fetch_errors_total) >= errors + 2).await;
     let err = wait_error(&source).await;
     assert!(err.contains("TLS handshake failed"), "{err}");
     assert!(err.contains("UnknownIssuer"), "rustls's reason: {err}");
@@ -891,10 +916,8 @@ async fn basic_authentication_from_the_url_is_sent_with_every_request() {
     // base64("odmesh:p@ss")
     mock.require_authorization("Basic b2RtZXNoOnBAc3M=");
     let url = url.replace("https://", "https://odmesh:p%40ss@");
-    let metrics = Arc::new(Metrics::default());
-    let source = start_with(tls_config(vec![url]), metrics.clone())
-        .await
-        .unwrap();
+    let metrics = Counters::default();
+    let source = metrics.start(tls_config(vec![url])).await.unwrap();
     assert_eq!(source.registry.borrow().len(), 9);
     mock.wait_delta_hits(2).await;
     let seen = mock.seen_authorization();
@@ -904,7 +927,7 @@ async fn basic_authentication_from_the_url_is_sent_with_every_request() {
             .all(|a| a.as_deref() == Some("Basic b2RtZXNoOnBAc3M=")),
         "{seen:?}"
     );
-    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+    assert_eq!(count(&metrics.client.eureka_fetch_errors_total), 0);
     let description = source.health.snapshot().description;
     assert!(
         description.contains("https://odmesh:***@127.0.0.1:"),
@@ -926,7 +949,7 @@ async fn a_bearer_token_from_the_token_file_is_sent_trimmed() {
         token_file: Some(testdata_path("eureka-token.txt")),
         ..tls_config(vec![url])
     };
-    let source = start_with(cfg, Arc::new(Metrics::default())).await.unwrap();
+    let source = Counters::default().start(cfg).await.unwrap();
     assert_eq!(source.registry.borrow().len(), 9);
     assert_eq!(
         mock.seen_authorization()[0].as_deref(),
@@ -955,7 +978,7 @@ async fn wrong_or_missing_credentials_are_a_clear_error_that_never_shows_the_pas
     let status = serde_json::to_string(&source.health.snapshot()).unwrap();
     assert!(!status.contains("wr0ng-s3cret"), "{status}");
     assert!(!source.health.is_loaded());
-    assert!(count(&metrics.eureka_fetch_errors_total) >= 1);
+    assert!(count(&metrics.client.eureka_fetch_errors_total) >= 1);
 
     let (source, _) = follow_unloaded(tls_config(vec![url])).await;
     let err = wait_error(&source).await;
@@ -979,13 +1002,13 @@ async fn the_next_url_is_used_when_an_https_server_fails_its_handshake() {
         "server",
     )
     .await;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Counters::default();
     let urls = vec![dead_url().await, bad_url, good_url];
-    let source = start_with(tls_config(urls), metrics.clone()).await.unwrap();
+    let source = metrics.start(tls_config(urls)).await.unwrap();
     assert!(source.health.is_loaded());
     assert_eq!(source.registry.borrow().len(), 9);
-    assert_eq!(count(&metrics.eureka_failovers_total), 1);
-    assert_eq!(count(&metrics.eureka_fetch_errors_total), 0);
+    assert_eq!(count(&metrics.client.eureka_failovers_total), 1);
+    assert_eq!(count(&metrics.client.eureka_fetch_errors_total), 0);
 }
 
 /// A Eureka `/apps` document with `n` UP instances of app HELLO.
@@ -1011,8 +1034,8 @@ fn apps_document(n: usize) -> Vec<u8> {
 
 /// Follows `url` (whose delta answers 404, so every poll is a full fetch) with a drop guard
 /// that confirms after `confirm_after`.
-async fn follow_guarded(url: String, confirm_after: Duration) -> (EurekaSource, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::default());
+async fn follow_guarded(url: String, confirm_after: Duration) -> (EurekaSource, Counters) {
+    let metrics = Counters::default();
     let cfg = ClientConfig {
         drop_guard: DropGuardConfig {
             max_drop: 0.5,
@@ -1020,7 +1043,7 @@ async fn follow_guarded(url: String, confirm_after: Duration) -> (EurekaSource, 
         },
         ..config(vec![url])
     };
-    (start_with(cfg, metrics.clone()).await.unwrap(), metrics)
+    (metrics.start(cfg).await.unwrap(), metrics)
 }
 
 #[tokio::test]
@@ -1041,8 +1064,8 @@ async fn an_answer_that_loses_most_of_the_registry_is_held_until_a_later_fetch_c
     );
     let text = source.health.snapshot().holding.unwrap();
     assert!(text.contains("lost 12 of 12"), "{text}");
-    assert_eq!(count(&metrics.registry_drops_held_total), 1);
-    assert_eq!(count(&metrics.registry_drop_held), 1);
+    assert_eq!(count(&metrics.registry.registry_drops_held_total), 1);
+    assert_eq!(count(&metrics.registry.registry_drop_held), 1);
 
     // Still empty a fetch later than the confirmation time: followed.
     wait_registry(&source, |r| r.is_empty()).await;
@@ -1052,8 +1075,8 @@ async fn an_answer_that_loses_most_of_the_registry_is_held_until_a_later_fetch_c
         held_at.elapsed()
     );
     assert!(source.health.snapshot().holding.is_none());
-    assert_eq!(count(&metrics.registry_drop_held), 0);
-    assert_eq!(count(&metrics.registry_drops_held_total), 1);
+    assert_eq!(count(&metrics.registry.registry_drop_held), 0);
+    assert_eq!(count(&metrics.registry.registry_drops_held_total), 1);
 }
 
 #[tokio::test]
@@ -1081,12 +1104,12 @@ async fn a_server_that_recovers_before_its_drop_is_confirmed_is_followed_and_the
 #[tokio::test]
 async fn before_its_first_fetch_the_source_is_still_loading_and_complete_after() {
     let (_mock, url) = Mock::start(Reply::Hang, Reply::Status(404)).await;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Counters::default();
     let cfg = ClientConfig {
         first_fetch_wait: Duration::from_millis(10),
         ..config(vec![url])
     };
-    let source = start_with(cfg, metrics).await.unwrap();
+    let source = metrics.start(cfg).await.unwrap();
     assert!(!source.registry.borrow().is_complete());
     let (_mock, url) = Mock::start(Reply::Body(apps_document(1)), Reply::Status(404)).await;
     let (source, _) = follow(vec![url]).await;

@@ -35,7 +35,7 @@
 //!   received meanwhile;
 //! - warm-up: after a start, the registry is published as still loading for `warmup` (one
 //!   renewal interval and a margin), while its clients register again (their heartbeats get
-//!   404); meanwhile proxies keep the clusters they hold (see [`cache`](crate::cache)).
+//!   404); meanwhile proxies keep the clusters they hold (see odmesh-control's `cache`).
 //!
 //! Writes are checked ([`policy`]: names, addresses, lease, metadata, body size and type) and,
 //! with a tokens file, authenticated and authorised ([`auth`]). There is no peer replication:
@@ -85,7 +85,10 @@ use super::eureka::{
     ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
     DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo,
 };
-use super::{Group, Instance, InvalidInstance, Parsed, Registry, SourceHealth, Status, split_vips};
+use super::{
+    Group, Instance, InvalidInstance, Parsed, Registry, RegistryMetrics, SourceHealth, Status,
+    split_vips,
+};
 
 /// After a publish, the publisher waits this long before the next, so that changes
 /// arriving together (a burst of registrations) are published together; a change after a
@@ -177,6 +180,7 @@ struct Shared {
     state: Mutex<Ledger>,
     tx: watch::Sender<Arc<Registry>>,
     health: SourceHealth,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
     /// Counts changes; [`EurekaRegistry::run_publisher`] waits on it.
     changes: watch::Sender<u64>,
@@ -376,10 +380,12 @@ fn now_ms() -> u64 {
 
 impl EurekaRegistry {
     /// An empty registry that publishes every change of its instances on `tx` (it publishes
-    /// the empty registry at once) and reports to `metrics` and its [`SourceHealth`].
+    /// the empty registry at once) and reports to its [`SourceHealth`], to `registry_metrics`
+    /// (what every source counts) and to `metrics` (what only the embedded registry does).
     pub fn new(
         config: ServerConfig,
         tx: watch::Sender<Arc<Registry>>,
+        registry_metrics: Arc<RegistryMetrics>,
         metrics: Arc<Metrics>,
     ) -> EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
@@ -402,6 +408,7 @@ impl EurekaRegistry {
                 state: Mutex::new(ledger),
                 tx,
                 health,
+                registry_metrics,
                 metrics,
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
@@ -1112,10 +1119,11 @@ impl EurekaRegistry {
         let shared = &self.shared;
         let mut parsed = to_registry(&self.lock());
         parsed.registry = parsed.registry.still_loading(self.is_warming_up());
-        let new_warnings =
-            shared
-                .health
-                .record_success(&shared.metrics, &parsed.registry, &parsed.warnings);
+        let new_warnings = shared.health.record_success(
+            &shared.registry_metrics,
+            &parsed.registry,
+            &parsed.warnings,
+        );
         for w in new_warnings {
             odmesh_base::limited!(
                 warn,
@@ -1196,7 +1204,7 @@ fn prune(state: &mut Ledger, retention: Duration, max_len: usize) {
 
 /// Eureka's reconcile hash code of every registered instance (`apps__hashcode`).
 fn hash_code(state: &Ledger) -> String {
-    super::reconcile_hash_code(
+    super::eureka::reconcile_hash_code(
         state
             .apps
             .values()
@@ -1300,6 +1308,7 @@ pub async fn start(
     addr: SocketAddr,
     config: ServerConfig,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<EmbeddedSource> {
     let listener = TcpListener::bind(addr).await?;
@@ -1308,7 +1317,7 @@ pub async fn start(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let authenticated = config.auth.is_some();
     let warmup = config.warmup;
-    let eureka = EurekaRegistry::new(config, tx, metrics);
+    let eureka = EurekaRegistry::new(config, tx, registry_metrics, metrics);
     let health = eureka.health();
     let server = eureka.clone();
     let task = tokio::spawn(async move {

@@ -14,6 +14,7 @@ use tower::ServiceExt;
 struct Fixture {
     eureka: EurekaRegistry,
     rx: watch::Receiver<Arc<Registry>>,
+    registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<Metrics>,
     publisher: tokio::task::JoinHandle<()>,
 }
@@ -30,13 +31,15 @@ fn fixture() -> Fixture {
 }
 
 fn fixture_with(config: ServerConfig) -> Fixture {
+    let registry_metrics = Arc::new(RegistryMetrics::default());
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = watch::channel(Arc::new(Registry::default()));
-    let eureka = EurekaRegistry::new(config, tx, metrics.clone());
+    let eureka = EurekaRegistry::new(config, tx, registry_metrics.clone(), metrics.clone());
     let publisher = tokio::spawn(eureka.clone().run_publisher());
     Fixture {
         eureka,
         rx,
+        registry_metrics,
         metrics,
         publisher,
     }
@@ -770,7 +773,7 @@ async fn registrations_from_many_threads_are_all_published() {
         }
     });
     assert_eq!(f.published().await.len(), 400);
-    let m = f.metrics.render();
+    let m = f.registry_metrics.render();
     assert!(m.contains("odmesh_registry_instances 400"), "{m}");
 }
 

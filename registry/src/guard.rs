@@ -15,8 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Registry, SourceHealth};
-use crate::metrics::Metrics;
+use crate::{Registry, RegistryMetrics, SourceHealth};
 use odmesh_base::metrics::{inc, set};
 
 /// Below this many instances in use, every change is followed: losing "most" of a handful
@@ -106,7 +105,7 @@ impl DropGuard {
     }
 }
 
-/// Publishes a source's new registry `next` on `tx` (see [`super::publish`]) unless `guard`
+/// Publishes a source's new registry `next` on `tx` (see [`crate::publish`]) unless `guard`
 /// holds it; a held drop shows in `health` and the metrics `registry_drop_held` and
 /// `registry_drops_held_total`. Returns whether a new registry was published.
 pub fn publish_guarded(
@@ -114,7 +113,7 @@ pub fn publish_guarded(
     tx: &watch::Sender<Arc<Registry>>,
     next: Registry,
     health: &SourceHealth,
-    metrics: &Metrics,
+    metrics: &RegistryMetrics,
 ) -> bool {
     let was_holding = guard.is_holding();
     let verdict = guard.check(&tx.borrow(), &next, Instant::now());
@@ -141,7 +140,7 @@ pub fn publish_guarded(
             }
             set(&metrics.registry_drop_held, 0);
             health.set_holding(None, next.len(), metrics);
-            super::publish(tx, next)
+            crate::publish(tx, next)
         }
     }
 }
@@ -167,7 +166,7 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::testdata;
+    use crate::testdata;
 
     fn registry(n: usize) -> Registry {
         (0..n)

@@ -42,7 +42,7 @@ use serde::de::{
 };
 use serde_yaml::Value;
 
-use super::{Instance, InvalidInstance, Protocol, Registry, Status, check_vip, split_vips};
+use crate::{Instance, InvalidInstance, Protocol, Registry, Status, check_vip, split_vips};
 
 /// The fields an instance may have.
 pub const FIELDS: &[&str] = &[
@@ -672,7 +672,7 @@ fn derived_id(app: &str, ip: IpAddr, port: Option<u16>, secure_port: Option<u16>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::testdata::read as testdata;
+    use crate::testdata::read as testdata;
 
     fn instance_error(yaml: &str) -> InvalidInstance {
         match parse(yaml.as_bytes()) {

@@ -7,9 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use odmesh_base::metrics::{inc, set};
 
-use crate::metrics::Metrics;
-
-use super::{InvalidInstance, Registry};
+use crate::{InvalidInstance, Registry, RegistryMetrics};
 
 /// At most this many warnings are kept for the admin (the log has them all).
 pub const MAX_WARNINGS: usize = 100;
@@ -31,7 +29,7 @@ pub struct SourceStatus {
     /// What the last good load left out (bad instances or VIPs), one line each.
     pub warnings: Vec<String>,
     /// A drop of most of the registry that is held, not followed yet (see
-    /// [`guard`](super::guard)).
+    /// [`guard`](crate::guard)).
     pub holding: Option<String>,
 }
 
@@ -90,7 +88,7 @@ impl SourceHealth {
     /// have: what a source that reloads often logs, so that each is logged once.
     pub fn record_success(
         &self,
-        metrics: &Metrics,
+        metrics: &RegistryMetrics,
         registry: &Registry,
         warnings: &[InvalidInstance],
     ) -> Vec<String> {
@@ -125,7 +123,7 @@ impl SourceHealth {
 
     /// Records that the source's last good load is held (`Some`, saying why) or not, and the
     /// number of instances of the registry in use (`registry_instances`).
-    pub fn set_holding(&self, holding: Option<String>, in_use: usize, metrics: &Metrics) {
+    pub fn set_holding(&self, holding: Option<String>, in_use: usize, metrics: &RegistryMetrics) {
         let mut health = self.write();
         health.status.holding = holding;
         health.status.instances = in_use;
@@ -134,7 +132,7 @@ impl SourceHealth {
 
     /// Records a failed load: status, and the metric `registry_load_errors_total`.
     /// The registry in use (and its metrics) stay as they were.
-    pub fn record_error(&self, metrics: &Metrics, error: &dyn std::fmt::Display) {
+    pub fn record_error(&self, metrics: &RegistryMetrics, error: &dyn std::fmt::Display) {
         self.write().status.last_error = Some(error.to_string());
         inc(&metrics.registry_load_errors_total);
     }
@@ -156,7 +154,7 @@ mod tests {
 
     #[test]
     fn an_error_after_a_good_load_keeps_the_source_loaded_and_counts_the_error() {
-        let metrics = Metrics::default();
+        let metrics = RegistryMetrics::default();
         let health = SourceHealth::new("file x");
         assert!(!health.is_loaded());
 
@@ -191,7 +189,7 @@ mod tests {
         };
         let health = SourceHealth::new("x");
         let warnings = vec![w; MAX_WARNINGS + 5];
-        health.record_success(&Metrics::default(), &Registry::default(), &warnings);
+        health.record_success(&RegistryMetrics::default(), &Registry::default(), &warnings);
         let kept = health.snapshot().warnings;
         assert_eq!(kept.len(), MAX_WARNINGS + 1);
         assert_eq!(kept.last().unwrap(), "... and 5 more");
@@ -210,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_good_load_returns_only_the_warnings_the_previous_good_load_did_not_have() {
-        let metrics = Metrics::default();
+        let metrics = RegistryMetrics::default();
         let health = SourceHealth::new("x");
         let (w0, w1, w2) = (warning(0), warning(1), warning(2));
         let first =
@@ -238,7 +236,7 @@ mod tests {
     fn every_warning_counts_for_the_next_load_not_only_the_kept_ones() {
         let warnings: Vec<InvalidInstance> = (0..MAX_WARNINGS + 5).map(warning).collect();
         let health = SourceHealth::new("x");
-        let metrics = Metrics::default();
+        let metrics = RegistryMetrics::default();
         assert_eq!(
             health
                 .record_success(&metrics, &Registry::default(), &warnings)
@@ -254,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_good_load_clears_the_last_error() {
-        let metrics = Metrics::default();
+        let metrics = RegistryMetrics::default();
         let health = SourceHealth::new("file x");
         health.record_error(&metrics, &"bad file");
         health.record_success(&metrics, &Registry::default(), &[]);
