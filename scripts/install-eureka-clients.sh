@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the real, unmodified Eureka clients that control/tests/eureka_real_clients.rs
+# Installs the real, unmodified Eureka clients that eureka/tests/eureka_real_clients.rs
 # drives, from the npm and PyPI registries, into the git-ignored .tools/eureka-clients/:
 #   .tools/eureka-clients/node/node_modules/eureka-js-client   (npm, pinned by package-lock.json)
 #   .tools/eureka-clients/python/py_eureka_client              (PyPI, pinned by requirements.txt)
@@ -7,7 +7,7 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-clients="$root/control/tests/clients"
+clients="$root/eureka/tests/clients"
 dest="$root/.tools/eureka-clients"
 mkdir -p "$dest/node" "$dest/python"
 

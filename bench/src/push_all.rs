@@ -21,8 +21,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use odmesh_control::model::Snapshot;
-use odmesh_control::registry::eureka::read_registry_file;
 use odmesh_control::xds::{self, ResourceType, Versioned, XdsOptions};
+use odmesh_eureka::wire::json::read_registry_file;
 use odmesh_registry::file;
 use prost::Message;
 use tokio::sync::mpsc;

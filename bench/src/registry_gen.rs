@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use odmesh_control::model::Snapshot;
-use odmesh_control::registry::eureka::read_registry_file;
+use odmesh_eureka::wire::json::read_registry_file;
 use odmesh_registry::file;
 
 use crate::procstat;

@@ -807,7 +807,7 @@ fn cluster_versions(entry: &Entry) -> Vec<(Option<Arc<str>>, Option<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::testdata;
+    use crate::testdata;
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use odmesh_registry::{Instance, Registry, Status};

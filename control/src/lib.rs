@@ -1,7 +1,8 @@
 //! odmesh-control: Envoy clusters and endpoints on demand over delta xDS, from a registry.
 //!
 //! Layers, each using only the ones below it:
-//! [`registry`] (sources → apps and instances) → [`model`] (snapshot: cluster → endpoints)
+//! the registry (`odmesh-registry`: the plain model of apps and instances and the file
+//! source; `odmesh-eureka`: the Eureka sources) → [`model`] (snapshot: cluster → endpoints)
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
 //! (versions, subscriptions, the delta diff) → [`session`] (one stream's protocol, without the
 //! transport) → [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each
@@ -18,7 +19,9 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod prewarm;
-pub mod registry;
 pub mod server;
 pub mod session;
 pub mod xds;
+
+#[cfg(test)]
+mod testdata;

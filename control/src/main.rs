@@ -21,12 +21,13 @@ use odmesh_control::metrics::{AllMetrics, Metrics};
 use odmesh_control::model;
 use odmesh_control::policy::{self, watch::PolicyStatus};
 use odmesh_control::prewarm::{self, Prewarm};
-use odmesh_control::registry::eureka_server::auth::Authenticator;
-use odmesh_control::registry::eureka_server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
-use odmesh_control::registry::eureka_server::preservation::PreservationConfig;
-use odmesh_control::registry::{eureka, eureka_client, eureka_server};
 use odmesh_control::server::{XdsConfig, XdsServer};
 use odmesh_control::xds::XdsOptions;
+use odmesh_eureka::server::auth::Authenticator;
+use odmesh_eureka::server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
+use odmesh_eureka::server::preservation::PreservationConfig;
+use odmesh_eureka::wire::json::read_registry_file;
+use odmesh_eureka::{client as eureka_client, server as eureka_server};
 use odmesh_registry::guard::DropGuardConfig;
 use odmesh_registry::{Registry, SourceHealth, file};
 
@@ -349,7 +350,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
             path.clone(),
             file::DEFAULT_POLL_INTERVAL,
             guard,
-            eureka::read_registry_file,
+            read_registry_file,
             metrics.registry.clone(),
         )
         .await
@@ -376,9 +377,12 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
             ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
         };
         // The error names the flag and the problem; its chain says the cause.
-        let src =
-            eureka_client::start_with(config, metrics.registry.clone(), metrics.control.clone())
-                .await?;
+        let src = eureka_client::start_with(
+            config,
+            metrics.registry.clone(),
+            metrics.eureka_client.clone(),
+        )
+        .await?;
         return Ok(Source {
             registry: src.registry,
             // The URLs as the source shows them: passwords as ***.
@@ -450,7 +454,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         config,
         tls,
         metrics.registry.clone(),
-        metrics.control.clone(),
+        metrics.eureka_server.clone(),
     )
     .await
     .with_context(|| format!("--serve-eureka {addr}: cannot listen"))?;

@@ -777,7 +777,7 @@ mod tests {
     use super::*;
     use crate::model::Snapshot;
     use crate::prewarm::{History, Limits};
-    use crate::registry::testdata;
+    use crate::testdata;
     use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
     use odmesh_registry::Registry;
 

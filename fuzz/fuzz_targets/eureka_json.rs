@@ -1,4 +1,4 @@
-//! Reading Eureka's JSON (`registry::eureka::parse_document`, `parse_registry`), as the
+//! Reading Eureka's JSON (`odmesh_eureka::wire::json::parse_document`, `parse_registry`), as the
 //! Eureka client source and a `--registry` JSON file do.
 //!
 //! Input: any bytes, meant as an `{"applications": ...}` document. Checks:
@@ -12,7 +12,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use odmesh_control::registry::eureka::{ApplicationsDocument, parse_document, parse_registry};
+use odmesh_eureka::wire::json::{ApplicationsDocument, parse_document, parse_registry};
 
 fuzz_target!(|data: &[u8]| {
     let parsed = match parse_document(data) {

@@ -1,4 +1,4 @@
-//! The embedded registry's XML writer (`registry::eureka_server::xml`), for clients that read
+//! The embedded registry's XML writer (`odmesh_eureka::wire::xml`), for clients that read
 //! Eureka's XML.
 //!
 //! Input: a Eureka JSON document (read with `parse_document`), or else any bytes, from which
@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use odmesh_control::registry::eureka::{
+use odmesh_eureka::wire::json::{
     ActionType, Application, Applications, DataCenterInfo, InstanceInfo, LeaseInfo, Port,
     parse_document,
 };
-use odmesh_control::registry::eureka_server::xml;
+use odmesh_eureka::wire::xml;
 use odmesh_fuzz::{as_read_back, elements, is_plain_xml_name, parse_xml, text_of};
 use roxmltree::Node;
 

@@ -15,10 +15,11 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use odmesh_control::registry::Registry;
-use odmesh_control::registry::eureka::{Applications, ApplicationsDocument, parse_document};
-use odmesh_control::registry::eureka_server::{EurekaRegistry, ServerConfig, xml};
+use odmesh_eureka::server::{EurekaRegistry, ServerConfig};
+use odmesh_eureka::wire::json::{Applications, ApplicationsDocument, parse_document};
+use odmesh_eureka::wire::xml;
 use odmesh_fuzz::parse_xml;
+use odmesh_registry::Registry;
 use tokio::sync::watch;
 
 /// At most this many registrations per input, so that each run stays short.

@@ -1,6 +1,6 @@
-//! Reading a `--registry` file: the short YAML form (`registry::yaml::parse`, which reads
-//! the YAML events in one pass instead of building a tree) and `registry::file::parse`,
-//! which tells the format by content.
+//! Reading a `--registry` file: the short YAML form (`odmesh_registry::yaml::parse`, which
+//! reads the YAML events in one pass instead of building a tree) and
+//! `odmesh_registry::file::parse`, which tells the format by content.
 //!
 //! Input: any bytes, meant as a YAML registry. Checks:
 //! - a refused file says why;
@@ -17,9 +17,10 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use odmesh_control::registry::file::{self, Format};
-use odmesh_control::registry::yaml::{self, InvalidYaml};
-use odmesh_control::registry::{Registry, eureka};
+use odmesh_eureka::wire::json::{parse_registry, read_registry_file};
+use odmesh_registry::Registry;
+use odmesh_registry::file::{self, Format};
+use odmesh_registry::yaml::{self, InvalidYaml};
 
 fuzz_target!(|data: &[u8]| {
     let parsed = yaml::parse(data);
@@ -34,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         (Ok(registry), Ok(_)) => check(registry),
     }
 
-    let from_file = file::parse(Path::new("fuzz.yaml"), data, eureka::read_registry_file);
+    let from_file = file::parse(Path::new("fuzz.yaml"), data, read_registry_file);
     let content = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
     match Format::detect(data) {
         Format::Yaml => match (&from_file, yaml::parse(content)) {
@@ -42,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
             (Err(e), Err(_)) => assert!(!e.to_string().is_empty()),
             (file, yaml) => panic!("file::parse gave {file:?}, yaml::parse {yaml:?}"),
         },
-        Format::EurekaJson => match (&from_file, eureka::parse_registry(content)) {
+        Format::EurekaJson => match (&from_file, parse_registry(content)) {
             (Ok(p), Ok(q)) => assert_eq!(p, &q),
             (Err(e), Err(_)) => assert!(!e.to_string().is_empty()),
             (file, json) => panic!("file::parse gave {file:?}, parse_registry {json:?}"),

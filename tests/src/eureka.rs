@@ -2,11 +2,11 @@
 //! would (register, change status), and [`ClientDriver`] runs a real, unmodified Eureka
 //! client library (npm `eureka-js-client`, PyPI `py-eureka-client`) in a child process.
 //!
-//! The drivers are the scripts control's own tests use, `control/tests/clients/*/register.*`:
-//! each serves HTTP on a free port (answering `hello from <instance id>`), registers it,
-//! heartbeats, obeys `out_of_service` / `in_service` / `stop` on stdin, and reports on stdout
-//! as lines `odmesh-driver: ...`. The libraries come from `scripts/install-eureka-clients.sh`
-//! (into `.tools/eureka-clients/`).
+//! The drivers are the scripts the Eureka crate's own tests use,
+//! `eureka/tests/clients/*/register.*`: each serves HTTP on a free port (answering `hello from
+//! <instance id>`), registers it, heartbeats, obeys `out_of_service` / `in_service` / `stop` on
+//! stdin, and reports on stdout as lines `odmesh-driver: ...`. The libraries come from
+//! `scripts/install-eureka-clients.sh` (into `.tools/eureka-clients/`).
 
 use std::fmt;
 use std::io::Write;
@@ -156,7 +156,7 @@ impl ClientDriver {
         eureka: SocketAddr,
         registration: &Registration,
     ) -> ClientDriver {
-        let drivers = repo_root().join("control/tests/clients");
+        let drivers = repo_root().join("eureka/tests/clients");
         let mut command = match client {
             EurekaClient::Js => {
                 assert!(

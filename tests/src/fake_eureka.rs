@@ -5,7 +5,7 @@
 //! - The registry: [`FakeEureka::set_instances`] (the harness's [`Instance`]s, as a Eureka
 //!   server lists them, with `versions__delta` and `apps__hashcode`) or
 //!   [`FakeEureka::set_document`] (any JSON, served as given, e.g. a fixture from
-//!   `control/testdata/`).
+//!   `eureka/testdata/`).
 //! - The delta holds, for every instance that changed since the fake started, its latest
 //!   change (`ADDED`, `MODIFIED`, `DELETED`), and the hash code of the whole registry, as a
 //!   Eureka server's does (it keeps changes for 3 minutes; this one keeps them all: applying

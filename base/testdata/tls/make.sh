@@ -1,6 +1,6 @@
 #!/bin/sh
 # Test-only certificates for the TLS tests of base/src/tls.rs, the Eureka client's HTTPS tests
-# (control/src/registry/eureka_client/tests.rs) and the xDS server's TLS tests (control/tests/xds_grpc.rs).
+# (eureka/src/client/tests.rs) and the xDS server's TLS tests (control/tests/xds_grpc.rs).
 # The private keys here guard nothing: never trust ca.pem or other-ca.pem anywhere else.
 #
 #   ca.pem                         the CA the tests name with --eureka-ca

@@ -22,7 +22,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use crate::registry::eureka::{Application, Applications, InstanceInfo, Port};
+use super::json::{Application, Applications, InstanceInfo, Port};
 
 /// `<applications>` with `versions__delta`, `apps__hashcode` and every application.
 pub fn applications(apps: &Applications) -> String {
@@ -143,9 +143,9 @@ fn write_instance(out: &mut String, i: &InstanceInfo) {
     );
     if let Some(action) = i.action_type {
         let action = match action {
-            crate::registry::eureka::ActionType::Added => "ADDED",
-            crate::registry::eureka::ActionType::Modified => "MODIFIED",
-            crate::registry::eureka::ActionType::Deleted => "DELETED",
+            super::json::ActionType::Added => "ADDED",
+            super::json::ActionType::Modified => "MODIFIED",
+            super::json::ActionType::Deleted => "DELETED",
         };
         element(out, "actionType", Some(action));
     }
@@ -269,7 +269,7 @@ fn escape(text: &str, context: Context) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::eureka::{DataCenterInfo, LeaseInfo};
+    use crate::wire::json::{DataCenterInfo, LeaseInfo};
 
     fn sample() -> InstanceInfo {
         InstanceInfo {

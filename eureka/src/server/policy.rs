@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::registry::eureka::InstanceInfo;
+use crate::wire::json::InstanceInfo;
 
 /// The bounds of one registration, and of the registry as a whole.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,8 +307,8 @@ pub fn check_instance(info: &InstanceInfo, limits: &RegistrationLimits) -> Resul
         ("secureVipAddress", &info.secure_vip_address),
     ];
     for (field, list) in lists {
-        for vip in crate::registry::split_vips(list.as_deref().unwrap_or_default()) {
-            crate::registry::check_vip(&vip).map_err(|reason| refused(field, reason))?;
+        for vip in odmesh_registry::split_vips(list.as_deref().unwrap_or_default()) {
+            odmesh_registry::check_vip(&vip).map_err(|reason| refused(field, reason))?;
         }
     }
     let texts = [

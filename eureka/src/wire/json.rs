@@ -1,5 +1,5 @@
 //! Eureka's JSON wire format (`GET /eureka/apps`, `/apps/delta`, registrations), kept at the
-//! edge: serde types as Eureka writes them, converted to the plain [`Registry`](super::Registry) here.
+//! edge: serde types as Eureka writes them, converted to the plain [`Registry`] here.
 //!
 //! Real Eureka servers (Netflix's Jackson codec, Spring Cloud, and other implementations) are
 //! not consistent, so reading is lenient where they differ: `application` and `instance` may
@@ -19,8 +19,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::file::JsonError;
-use super::{Instance, InvalidInstance, Parsed, Protocol, Registry, Status, check_vip, split_vips};
+use odmesh_registry::file::JsonError;
+use odmesh_registry::{
+    Group, Instance, InvalidInstance, Parsed, Protocol, Registry, Status, check_vip, split_vips,
+};
 
 /// The instance metadata entry that declares its [`Protocol`]: `auto`, `http1` or `http2`.
 pub const PROTOCOL_METADATA_KEY: &str = "odmesh.protocol";
@@ -474,7 +476,7 @@ pub fn parse_document(json: &[u8]) -> Result<ParsedApplications, InvalidDocument
     })
 }
 
-/// Reads a Eureka `/apps` document into a [`Registry`](super::Registry), with a warning for each instance,
+/// Reads a Eureka `/apps` document into a [`Registry`], with a warning for each instance,
 /// port or VIP left out.
 pub fn parse_registry(json: &[u8]) -> Result<Parsed, InvalidDocument> {
     let ParsedApplications {
@@ -515,7 +517,7 @@ impl Applications {
     /// its enabled ports that are valid names. What is left out is in `warnings`.
     pub fn to_registry(&self) -> Parsed {
         let mut warnings = Vec::new();
-        let mut groups: Vec<super::Group> = Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
         for app in &self.application {
             let mut group = Vec::with_capacity(app.instance.len());
             for (index, info) in app.instance.iter().enumerate() {
@@ -804,9 +806,8 @@ mod lenient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::Registry;
-    use crate::registry::testdata::path as testdata_path;
-    use crate::registry::testdata::read as testdata;
+    use crate::testdata::path as testdata_path;
+    use crate::testdata::read as testdata;
 
     fn one_instance(json: &str) -> Parsed {
         let doc = format!(
@@ -883,7 +884,7 @@ mod tests {
 
     #[test]
     fn a_registry_file_of_eureka_json_is_read_through_the_file_source() {
-        use crate::registry::file::{self, LoadError};
+        use odmesh_registry::file::{self, LoadError};
         let parsed = file::load(&testdata_path("eureka-apps.json"), read_registry_file).unwrap();
         assert_eq!(parsed.registry.len(), 9);
         let err = file::load(&testdata_path("broken.json"), read_registry_file).unwrap_err();

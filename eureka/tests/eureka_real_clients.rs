@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use eureka_support::{DEADLINE, find, http, wait_registry};
-use odmesh_control::metrics::Metrics;
-use odmesh_control::registry::Status;
-use odmesh_control::registry::eureka_server::{self, EmbeddedSource, ServerConfig};
+use odmesh_eureka::ServerMetrics;
+use odmesh_eureka::server::{self, EmbeddedSource, ServerConfig};
+use odmesh_registry::Status;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -38,7 +38,7 @@ enum Kind {
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("control/ is in the repository")
+        .expect("eureka/ is in the repository")
         .to_owned()
 }
 
@@ -79,7 +79,7 @@ struct Driver {
 
 impl Driver {
     fn spawn(kind: Kind, registry: &EmbeddedSource, app: &str, id: &str) -> Driver {
-        let clients = repo_root().join("control/tests/clients");
+        let clients = repo_root().join("eureka/tests/clients");
         let addr = registry.local_addr;
         let mut cmd = match kind {
             Kind::Js => {
@@ -170,15 +170,15 @@ impl Driver {
     }
 }
 
-async fn start_registry() -> (EmbeddedSource, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::default());
+async fn start_registry() -> (EmbeddedSource, Arc<ServerMetrics>) {
+    let metrics = Arc::new(ServerMetrics::default());
     let config = ServerConfig {
         lease_duration: Duration::from_secs(LEASE_SECS),
         eviction_interval: Duration::from_millis(200),
         // The clients run on this machine.
         ..ServerConfig::local()
     };
-    let source = eureka_server::start(
+    let source = server::start(
         "127.0.0.1:0".parse().unwrap(),
         config,
         None,

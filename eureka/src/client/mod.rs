@@ -29,7 +29,7 @@
 //!
 //! Limits: the token file and the CA bundle are read once, at start (a rotated token needs a
 //! restart); no client certificates (mutual TLS); an instance on the server that odmesh
-//! cannot read at all (see [`eureka::parse_document`]) is missing from the local copy, so
+//! cannot read at all (see [`json::parse_document`]) is missing from the local copy, so
 //! its status is missing from the hash code and every poll becomes a full fetch (still
 //! correct, logged as a hash mismatch).
 
@@ -49,12 +49,13 @@ use tokio::task::JoinHandle;
 
 use odmesh_base::metrics::inc;
 
-use crate::metrics::Metrics;
+use crate::ClientMetrics;
 use odmesh_base::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
 
-use super::eureka::{self, ActionType, Applications, InvalidDocument};
-use super::guard::{self, DropGuard, DropGuardConfig};
-use super::{Registry, RegistryMetrics, SourceHealth};
+use odmesh_registry::guard::{self, DropGuard, DropGuardConfig};
+use odmesh_registry::{Registry, RegistryMetrics, SourceHealth};
+
+use crate::wire::json::{self, ActionType, Applications, InvalidDocument};
 
 mod access;
 
@@ -237,7 +238,7 @@ pub async fn start(
     urls: Vec<String>,
     interval: Duration,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClientMetrics>,
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
     start_with(ClientConfig::new(urls, interval), registry_metrics, metrics).await
 }
@@ -250,7 +251,7 @@ pub async fn start(
 pub async fn start_with(
     config: ClientConfig,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClientMetrics>,
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
     start_trusting(config, registry_metrics, metrics, SYSTEM_CA_BUNDLES).await
 }
@@ -259,7 +260,7 @@ pub async fn start_with(
 async fn start_trusting(
     config: ClientConfig,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClientMetrics>,
     system_bundles: &[&str],
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
     let access = Access::new(&config, system_bundles)?;
@@ -339,10 +340,10 @@ pub fn apply_delta(local: &mut Applications, delta: &Applications) {
             inst.action_type = None;
             match index {
                 Some(i) => local.application[i].instance.push(inst),
-                None => local.application.push(eureka::Application {
+                None => local.application.push(json::Application {
                     name: app.name.clone(),
                     instance: vec![inst],
-                    ..eureka::Application::default()
+                    ..json::Application::default()
                 }),
             }
         }
@@ -364,7 +365,7 @@ struct Follower {
     current: usize,
     config: ClientConfig,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClientMetrics>,
     health: SourceHealth,
     /// The local copy of the server's registry, once fetched.
     local: Option<Applications>,
@@ -381,7 +382,7 @@ impl Follower {
         access: Access,
         config: ClientConfig,
         registry_metrics: Arc<RegistryMetrics>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ClientMetrics>,
         health: SourceHealth,
         loaded: &Arc<Notify>,
     ) -> Follower {
@@ -524,7 +525,7 @@ impl Follower {
                 after,
             })??;
         let parsed =
-            eureka::parse_document(&body).map_err(|source| FetchError::Document { url, source })?;
+            json::parse_document(&body).map_err(|source| FetchError::Document { url, source })?;
         for w in &parsed.rejected {
             tracing::debug!("Eureka instance unreadable: {w}");
         }

@@ -1,5 +1,5 @@
 """Drives the unmodified PyPI `py-eureka-client` against a Eureka server, for
-control/tests/eureka_real_clients.rs: serves HTTP on a free port, registers it, heartbeats,
+eureka/tests/eureka_real_clients.rs: serves HTTP on a free port, registers it, heartbeats,
 and obeys commands on stdin, one per line:
   out_of_service  client.status_update("OUT_OF_SERVICE")
   in_service      client.delete_status_override()

@@ -1,5 +1,5 @@
 // Drives the unmodified npm `eureka-js-client` against a Eureka server, for
-// control/tests/eureka_real_clients.rs: serves HTTP on a free port, registers it, heartbeats,
+// eureka/tests/eureka_real_clients.rs: serves HTTP on a free port, registers it, heartbeats,
 // and obeys commands on stdin, one per line:
 //   out_of_service  PUT .../status?value=OUT_OF_SERVICE (an operator's action: the library has no call for it)
 //   in_service      DELETE .../status (removes the override)

@@ -2,9 +2,9 @@
 //! lease expiry can run on paused time.
 
 use super::*;
-use crate::registry::eureka_server::auth::Authenticator;
-use crate::registry::eureka_server::policy::RegistrationLimits;
-use crate::registry::eureka_server::preservation::PreservationConfig;
+use crate::server::auth::Authenticator;
+use crate::server::policy::RegistrationLimits;
+use crate::server::preservation::PreservationConfig;
 use axum::body::Body;
 use axum::http::{Method, Request};
 use http_body_util::BodyExt;
@@ -15,7 +15,7 @@ struct Fixture {
     eureka: EurekaRegistry,
     rx: watch::Receiver<Arc<Registry>>,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerMetrics>,
     publisher: tokio::task::JoinHandle<()>,
 }
 
@@ -32,7 +32,7 @@ fn fixture() -> Fixture {
 
 fn fixture_with(config: ServerConfig) -> Fixture {
     let registry_metrics = Arc::new(RegistryMetrics::default());
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(ServerMetrics::default());
     let (tx, rx) = watch::channel(Arc::new(Registry::default()));
     let eureka = EurekaRegistry::new(config, tx, registry_metrics.clone(), metrics.clone());
     let publisher = tokio::spawn(eureka.clone().run_publisher());
@@ -195,7 +195,7 @@ async fn a_registration_declares_its_protocol_in_metadata() {
     assert_eq!(f.register("hello", body).await, StatusCode::NO_CONTENT);
     let reg = f.published().await;
     let protocol = reg.instances().next().unwrap().protocol;
-    assert_eq!(protocol, crate::registry::Protocol::Http2);
+    assert_eq!(protocol, odmesh_registry::Protocol::Http2);
     // And it reads back as registered, for the clients that fetch it.
     let back = f.get_json("/eureka/apps/HELLO/h1").await.json();
     assert_eq!(back["instance"]["metadata"]["odmesh.protocol"], "http2");

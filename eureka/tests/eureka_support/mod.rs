@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use odmesh_control::registry::Registry;
+use odmesh_registry::{Instance, Registry};
 use tokio::sync::watch;
 
 /// Bounds every wait in these tests.
@@ -60,6 +60,6 @@ pub async fn wait_registry(
 }
 
 /// The instance with this id in the registry, if any.
-pub fn find<'a>(reg: &'a Registry, id: &str) -> Option<&'a odmesh_control::registry::Instance> {
+pub fn find<'a>(reg: &'a Registry, id: &str) -> Option<&'a Instance> {
     reg.instances().find(|i| i.instance_id == id).map(|i| &**i)
 }

@@ -51,8 +51,6 @@
 pub mod auth;
 pub mod policy;
 pub mod preservation;
-// Public so that the fuzz targets (fuzz/) can write any document with it.
-pub mod xml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -72,7 +70,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::logs::{self, clip};
 use odmesh_base::metrics::{inc, set};
@@ -81,14 +78,17 @@ use self::auth::{Authenticator, Caller};
 use self::policy::RegistrationLimits;
 use self::preservation::{PreservationConfig, SelfPreservation};
 
-use super::eureka::{
-    ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
-    DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo,
-};
-use super::{
+use odmesh_registry::{
     Group, Instance, InvalidInstance, Parsed, Registry, RegistryMetrics, SourceHealth, Status,
     split_vips,
 };
+
+use crate::ServerMetrics;
+use crate::wire::json::{
+    ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
+    DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo, reconcile_hash_code,
+};
+use crate::wire::xml;
 
 /// After a publish, the publisher waits this long before the next, so that changes
 /// arriving together (a burst of registrations) are published together; a change after a
@@ -181,7 +181,7 @@ struct Shared {
     tx: watch::Sender<Arc<Registry>>,
     health: SourceHealth,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerMetrics>,
     /// Counts changes; [`EurekaRegistry::run_publisher`] waits on it.
     changes: watch::Sender<u64>,
     /// The count of changes published so far.
@@ -386,7 +386,7 @@ impl EurekaRegistry {
         config: ServerConfig,
         tx: watch::Sender<Arc<Registry>>,
         registry_metrics: Arc<RegistryMetrics>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ServerMetrics>,
     ) -> EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
         let started = Instant::now();
@@ -1131,7 +1131,7 @@ impl EurekaRegistry {
                 odmesh_base::logs::clip_at(&w, 300),
             );
         }
-        super::publish(&shared.tx, parsed.registry);
+        odmesh_registry::publish(&shared.tx, parsed.registry);
     }
 }
 
@@ -1204,7 +1204,7 @@ fn prune(state: &mut Ledger, retention: Duration, max_len: usize) {
 
 /// Eureka's reconcile hash code of every registered instance (`apps__hashcode`).
 fn hash_code(state: &Ledger) -> String {
-    super::eureka::reconcile_hash_code(
+    reconcile_hash_code(
         state
             .apps
             .values()
@@ -1309,7 +1309,7 @@ pub async fn start(
     config: ServerConfig,
     tls: Option<tokio_rustls::TlsAcceptor>,
     registry_metrics: Arc<RegistryMetrics>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerMetrics>,
 ) -> std::io::Result<EmbeddedSource> {
     let listener = TcpListener::bind(addr).await?;
     let local_addr = listener.local_addr()?;

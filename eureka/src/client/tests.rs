@@ -16,15 +16,15 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tower::ServiceExt;
 
-use crate::registry::Status;
-use crate::registry::testdata::path as testdata_path;
-use crate::registry::testdata::tls as tls_path;
+use crate::testdata::path as testdata_path;
+use crate::testdata::tls as tls_path;
+use odmesh_registry::Status;
 
 /// What a source under test counts in: the registry's metrics and the Eureka client's.
 #[derive(Clone, Default)]
 struct Counters {
     registry: Arc<RegistryMetrics>,
-    client: Arc<Metrics>,
+    client: Arc<ClientMetrics>,
 }
 
 impl Counters {
@@ -37,7 +37,7 @@ impl Counters {
 /// Bounds every wait; the intervals below make the real latencies tens of milliseconds.
 const DEADLINE: Duration = Duration::from_secs(10);
 
-use crate::registry::testdata::read as testdata;
+use crate::testdata::read as testdata;
 
 /// What the scripted server answers on one path.
 #[derive(Clone, Debug)]
@@ -530,10 +530,10 @@ fn backoff_doubles_from_its_base_up_to_its_bound() {
 
 #[test]
 fn a_delta_applied_to_the_full_fixture_adds_modifies_and_deletes() {
-    let mut local = eureka::parse_document(&testdata("eureka-apps.json"))
+    let mut local = json::parse_document(&testdata("eureka-apps.json"))
         .unwrap()
         .applications;
-    let delta = eureka::parse_document(&testdata("eureka-delta.json"))
+    let delta = json::parse_document(&testdata("eureka-delta.json"))
         .unwrap()
         .applications;
     apply_delta(&mut local, &delta);
@@ -561,7 +561,7 @@ fn a_delta_applied_to_the_full_fixture_adds_modifies_and_deletes() {
 #[test]
 fn a_delta_for_an_unknown_app_adds_it_and_deleting_its_last_instance_drops_it() {
     let mut local = Applications::default();
-    let added = eureka::parse_document(&testdata("eureka-delta-missed-change.json"))
+    let added = json::parse_document(&testdata("eureka-delta-missed-change.json"))
         .unwrap()
         .applications;
     apply_delta(&mut local, &added);

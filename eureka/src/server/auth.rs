@@ -268,7 +268,7 @@ impl Authenticator {
             } else {
                 let vips = Grant::of(entry.vips.as_ref(), &entry.name, |vip| {
                     let vip = vip.trim().to_ascii_lowercase();
-                    crate::registry::check_vip(&vip).map(|()| vip)
+                    odmesh_registry::check_vip(&vip).map(|()| vip)
                 })
                 .map_err(invalid)?;
                 let apps = Grant::of(entry.apps.as_ref(), &entry.name, |app| {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use eureka_support::{DEADLINE, find, http, wait_registry};
-use odmesh_control::registry::Status;
-use odmesh_control::registry::eureka_client::{self, ClientConfig};
-use odmesh_control::registry::eureka_server::{self, ServerConfig};
+use odmesh_eureka::client::{self, ClientConfig};
+use odmesh_eureka::server::{self, ServerConfig};
+use odmesh_registry::Status;
 use serde_json::json;
 
 fn registration(id: &str, port: u16) -> serde_json::Value {
@@ -33,7 +33,7 @@ fn local_config() -> ServerConfig {
 #[tokio::test]
 async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_the_embedded_registry()
  {
-    let server = eureka_server::start(
+    let embedded = server::start(
         "127.0.0.1:0".parse().unwrap(),
         local_config(),
         None,
@@ -42,11 +42,11 @@ async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_t
     )
     .await
     .unwrap();
-    let base = format!("http://{}/eureka", server.local_addr);
+    let base = format!("http://{}/eureka", embedded.local_addr);
 
     let mut config = ClientConfig::new(vec![base.clone()], Duration::from_millis(100));
     config.first_fetch_wait = Duration::from_secs(5);
-    let follower = eureka_client::start_with(config, Arc::default(), Arc::default())
+    let follower = client::start_with(config, Arc::default(), Arc::default())
         .await
         .unwrap();
     assert!(
@@ -98,12 +98,12 @@ async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_t
     .await;
     assert_eq!(reg.len(), 1);
     // The follower and the registry agree on the whole model.
-    assert_eq!(*reg, **server.registry.borrow());
+    assert_eq!(*reg, **embedded.registry.borrow());
 }
 
 #[tokio::test]
 async fn a_registration_is_published_by_the_embedded_registry_within_milliseconds() {
-    let server = eureka_server::start(
+    let embedded = server::start(
         "127.0.0.1:0".parse().unwrap(),
         local_config(),
         None,
@@ -112,7 +112,7 @@ async fn a_registration_is_published_by_the_embedded_registry_within_millisecond
     )
     .await
     .unwrap();
-    let base = format!("http://{}/eureka", server.local_addr);
+    let base = format!("http://{}/eureka", embedded.local_addr);
     let mut worst = Duration::ZERO;
     for n in 0..20u16 {
         let id = format!("m{n}");
@@ -124,9 +124,12 @@ async fn a_registration_is_published_by_the_embedded_registry_within_millisecond
         )
         .await;
         assert_eq!(status, 204);
-        wait_registry(&server.registry, "published", Duration::from_secs(1), |r| {
-            find(r, &id).is_some()
-        })
+        wait_registry(
+            &embedded.registry,
+            "published",
+            Duration::from_secs(1),
+            |r| find(r, &id).is_some(),
+        )
         .await;
         worst = worst.max(sent.elapsed());
     }

@@ -1,0 +1,71 @@
+//! The metrics only Eureka's sources keep: the client's fetches and the embedded registry's
+//! leases, refusals and connections. What every source counts (loads, held drops) is in
+//! [`RegistryMetrics`](odmesh_registry::RegistryMetrics). Rendered by the admin `/metrics`
+//! after the registry's.
+
+odmesh_base::metrics! {
+    /// The Eureka client source's `eureka_*` metrics.
+    pub struct ClientMetrics {
+        /// Eureka source: fetches (full or delta) that a Eureka server answered with a usable document.
+        eureka_fetches_total: "counter",
+        /// Eureka source: full registry fetches (the first, and after a mismatch, bad delta or outage).
+        eureka_full_fetches_total: "counter",
+        /// Eureka source: fetch rounds that failed on every configured server (the last good registry stayed).
+        eureka_fetch_errors_total: "counter",
+        /// Eureka source: deltas whose result did not match the server's `apps__hashcode`.
+        eureka_hash_mismatches_total: "counter",
+        /// Eureka source: switches to another configured server after a failure.
+        eureka_failovers_total: "counter",
+    }
+}
+
+odmesh_base::metrics! {
+    /// The embedded Eureka registry's `eureka_*` metrics.
+    pub struct ServerMetrics {
+        /// Embedded Eureka registry: registrations accepted.
+        eureka_registrations_total: "counter",
+        /// Embedded Eureka registry: heartbeats that renewed a lease.
+        eureka_renewals_total: "counter",
+        /// Embedded Eureka registry: heartbeats for an unknown instance (answered 404).
+        eureka_renewals_not_found_total: "counter",
+        /// Embedded Eureka registry: cancellations.
+        eureka_cancels_total: "counter",
+        /// Embedded Eureka registry: instances evicted after their lease expired.
+        eureka_evictions_total: "counter",
+        /// Embedded Eureka registry: status overrides set or removed.
+        eureka_status_updates_total: "counter",
+        /// Embedded Eureka registry: writes refused as invalid (400: names, address, lease,
+        /// metadata, not a registration).
+        eureka_refused_invalid_total: "counter",
+        /// Embedded Eureka registry: requests without valid credentials (401), with --eureka-auth.
+        eureka_refused_unauthenticated_total: "counter",
+        /// Embedded Eureka registry: writes an identity may not make (403): another's instance,
+        /// a VIP not granted to it.
+        eureka_refused_forbidden_total: "counter",
+        /// Embedded Eureka registry: bodies refused: too large (413), too slow (408), not JSON (415).
+        eureka_refused_body_total: "counter",
+        /// Embedded Eureka registry: registrations refused because --eureka-max-instances were
+        /// registered (503).
+        eureka_refused_full_total: "counter",
+        /// Embedded Eureka registry: registrations of an instance cancelled while overridden
+        /// (drained) that got its override back.
+        eureka_overrides_restored_total: "counter",
+        /// Embedded Eureka registry: 1 while self-preservation holds lease eviction.
+        eureka_self_preservation: "gauge",
+        /// Embedded Eureka registry: expired leases the last eviction round kept, held by
+        /// self-preservation or by the per-round eviction bound.
+        eureka_evictions_held: "gauge",
+        /// Embedded Eureka registry: eviction rounds that ran late, whose delay was added to
+        /// every lease.
+        eureka_late_eviction_rounds_total: "counter",
+        /// Embedded Eureka registry: connections closed on arrival because
+        /// --eureka-max-connections were open.
+        eureka_http_connections_refused_total: "counter",
+        /// Embedded Eureka registry: connections closed because their client did not send a
+        /// request's headers within --eureka-header-timeout (or sat idle that long), or read
+        /// nothing of an answer for --eureka-write-timeout.
+        eureka_http_timeouts_total: "counter",
+        /// Embedded Eureka registry: TLS handshakes that failed or timed out.
+        eureka_http_tls_failures_total: "counter",
+    }
+}
