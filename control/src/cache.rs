@@ -85,6 +85,11 @@ pub struct Subscriptions {
     /// takes a resource pushed for it later. Neither watched in the cache nor counted under
     /// the shared bound meanwhile.
     waiting: BTreeSet<String>,
+    /// Names whose answer may differ from what the client was last told, for a reason of this
+    /// stream's own (subscribed or subscribed again, admitted, refused, sent ahead): what
+    /// [`diff_pending`] looks at. A change in the cache is the other reason, which
+    /// [`diff`] covers.
+    pending: BTreeSet<String>,
 }
 
 /// How a request changed a [`Subscriptions`]: names new to it and names gone from it.
@@ -178,12 +183,14 @@ impl Subscriptions {
                     change.over_room += 1;
                     self.names.insert(name.clone(), Known::Nothing);
                     self.waiting.insert(name.clone());
+                    self.pending.insert(name.clone());
                     continue;
                 }
                 if !kept {
                     room -= 1;
                 }
             }
+            self.pending.insert(name.clone());
             if self.names.insert(name.clone(), known).is_none() {
                 change.added.push(name.clone());
             }
@@ -192,6 +199,7 @@ impl Subscriptions {
         // nothing for them, not even a removal.
         for name in unsubscribe {
             self.presubscribed.remove(name);
+            self.pending.remove(name);
             self.unregistered.remove(name);
             self.refused.remove(name);
             // A name waiting for room was never counted nor watched: nothing to give back.
@@ -210,6 +218,7 @@ impl Subscriptions {
         let admitted: Vec<String> = self.waiting.iter().take(room).cloned().collect();
         for name in &admitted {
             self.waiting.remove(name);
+            self.pending.insert(name.clone());
             if let Some(known) = self.names.get_mut(name) {
                 *known = Known::Nothing;
             }
@@ -258,6 +267,7 @@ impl Subscriptions {
             true
         } else {
             self.refused.insert(name.to_owned());
+            self.pending.insert(name.to_owned());
             false
         }
     }
@@ -291,6 +301,7 @@ impl Subscriptions {
                 continue;
             }
             self.names.insert(name.clone(), Known::Nothing);
+            self.pending.insert(name.clone());
             added.push(name.clone());
         }
         added
@@ -312,6 +323,7 @@ impl Subscriptions {
         for name in names {
             if self.presubscribed.remove(name) {
                 self.names.remove(name);
+                self.pending.remove(name);
                 self.unregistered.remove(name);
                 self.refused.remove(name);
                 removed.push(name.clone());
@@ -320,10 +332,13 @@ impl Subscriptions {
         removed
     }
 
-    /// Records that `delta` went out: the client now has those versions, or knows of the
-    /// removals. A NACK does not undo this, on purpose: the client keeps its previous version,
-    /// and the server sends the resource again only when it changes, never in a loop.
+    /// Records that `delta`, a [`diff`] or [`diff_pending`] of these subscriptions, went out
+    /// (or that it was empty): the client now has those versions, or knows of the removals,
+    /// and nothing is pending. A NACK does not undo this, on purpose: the client keeps its
+    /// previous version, and the server sends the resource again only when it changes, never
+    /// in a loop.
     pub fn record(&mut self, delta: &Delta) {
+        self.pending.clear();
         for r in &delta.send {
             if let Some(known) = self.names.get_mut(&r.name) {
                 *known = Known::Version(r.version.clone());
@@ -402,10 +417,37 @@ impl Delta {
 pub fn diff(
     subs: &Subscriptions,
     loading: bool,
+    current: impl FnMut(&str) -> Option<Arc<Versioned>>,
+) -> Delta {
+    diff_of(subs, subs.names.keys(), loading, current)
+}
+
+/// [`diff`] restricted to the names whose answer this stream itself may have changed since
+/// its last response ([`Subscriptions`]' pending names: subscribed, admitted, refused, sent
+/// ahead): what a request calls for, in time proportional to what it asked rather than to
+/// everything the stream holds. Equal to [`diff`] as long as nothing changed in the cache
+/// since the last response; a cache change is answered by a [`diff`] of its own.
+pub fn diff_pending(
+    subs: &Subscriptions,
+    loading: bool,
+    current: impl FnMut(&str) -> Option<Arc<Versioned>>,
+) -> Delta {
+    diff_of(subs, subs.pending.iter(), loading, current)
+}
+
+/// The diff of the subscribed ones of `names` (sorted), and the pending removals of names
+/// over the bounds.
+fn diff_of<'a>(
+    subs: &Subscriptions,
+    names: impl Iterator<Item = &'a String>,
+    loading: bool,
     mut current: impl FnMut(&str) -> Option<Arc<Versioned>>,
 ) -> Delta {
     let mut delta = Delta::default();
-    for (name, known) in &subs.names {
+    for name in names {
+        let Some(known) = subs.names.get(name) else {
+            continue;
+        };
         if loading && matches!(known, Known::Kept(_)) {
             continue;
         }
@@ -786,12 +828,30 @@ impl Cache {
     /// [`diff`] of `subs` (of type `ty`, a stream of a proxy of `caller`) against the
     /// resources now.
     pub fn delta(&self, caller: &str, ty: ResourceType, subs: &Subscriptions) -> Delta {
+        self.delta_of(caller, ty, subs, false)
+    }
+
+    /// [`diff_pending`] of `subs` against the resources now: what a request calls for.
+    pub fn delta_pending(&self, caller: &str, ty: ResourceType, subs: &Subscriptions) -> Delta {
+        self.delta_of(caller, ty, subs, true)
+    }
+
+    fn delta_of(
+        &self,
+        caller: &str,
+        ty: ResourceType,
+        subs: &Subscriptions,
+        pending: bool,
+    ) -> Delta {
         let state = self.lock();
         let loading = !state.snapshot.is_complete();
         let caller: Arc<str> = Arc::from(caller);
-        diff(subs, loading, |name| {
-            state.lookup(&self.options, &caller, ty, name)
-        })
+        let current = |name: &str| state.lookup(&self.options, &caller, ty, name);
+        if pending {
+            diff_pending(subs, loading, current)
+        } else {
+            diff(subs, loading, current)
+        }
     }
 }
 
@@ -929,6 +989,61 @@ mod tests {
         let c = Cluster::decode(first.send[0].resource.value.as_slice()).unwrap();
         assert_eq!(c.name, "hello.vip");
         assert!(send(&cache, ResourceType::Cluster, &mut subs).is_empty());
+    }
+
+    #[test]
+    fn a_request_is_answered_with_what_it_asked_for_and_a_cache_change_with_what_changed() {
+        let cache = cache(vec![
+            inst("a", "10.0.0.1", Status::Up),
+            inst("b", "10.0.0.2", Status::Up),
+            inst("c", "10.0.0.3", Status::Up),
+        ]);
+        let mut subs = Subscriptions::default();
+        subscribe(&cache, &mut subs, &["a.vip", "b.vip"]);
+        let pending = cache.delta_pending("", ResourceType::Endpoints, &subs);
+        assert_eq!(pending, cache.delta("", ResourceType::Endpoints, &subs));
+        subs.record(&pending);
+        // `a` changes in the cache; before the stream hears of it, a request asks for `c`.
+        cache.set_snapshot(snapshot(vec![
+            inst("a", "10.0.0.9", Status::Up),
+            inst("b", "10.0.0.2", Status::Up),
+            inst("c", "10.0.0.3", Status::Up),
+        ]));
+        subscribe(&cache, &mut subs, &["c.vip"]);
+        let answer = cache.delta_pending("", ResourceType::Endpoints, &subs);
+        assert_eq!(sent_names(&answer), ["c.vip"]);
+        subs.record(&answer);
+        assert!(
+            cache
+                .delta_pending("", ResourceType::Endpoints, &subs)
+                .is_empty()
+        );
+        // The change is the cache's: the full diff that answers it has `a`, and only `a`.
+        let change = send(&cache, ResourceType::Endpoints, &mut subs);
+        assert_eq!(sent_names(&change), ["a.vip"]);
+    }
+
+    #[test]
+    fn every_name_a_request_touches_is_pending_until_the_answer_is_recorded() {
+        let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+        let limits = SubscriptionLimits {
+            max_names: 2,
+            max_unregistered: 0,
+        };
+        let mut subs = Subscriptions::with_limits(limits);
+        // `b` is not registered and over the bound: refused. `c` is over max_names: overflow.
+        subscribe(&cache, &mut subs, &["a.vip", "b.vip", "c.vip"]);
+        assert!(!subs.admit_unregistered("b.vip"));
+        let answer = cache.delta_pending("", ResourceType::Cluster, &subs);
+        assert_eq!(answer, cache.delta("", ResourceType::Cluster, &subs));
+        assert_eq!(sent_names(&answer), ["a.vip"]);
+        assert_eq!(answer.remove, ["b.vip", "c.vip"]);
+        subs.record(&answer);
+        // Asked again, `a` is sent again (the client may have dropped it), and nothing else.
+        subscribe(&cache, &mut subs, &["a.vip"]);
+        let again = cache.delta_pending("", ResourceType::Cluster, &subs);
+        assert_eq!(sent_names(&again), ["a.vip"]);
+        assert!(again.remove.is_empty());
     }
 
     #[test]

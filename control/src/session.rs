@@ -140,6 +140,17 @@ impl Service {
     }
 }
 
+/// Which subscriptions a response looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Diff {
+    /// All of them: something changed in the cache.
+    All,
+    /// Those the stream's own request changed ([`diff_pending`](crate::cache::diff_pending)):
+    /// a request costs what it asks for, not what the stream holds. A cache change made
+    /// meanwhile is answered on its own, as every stream hears of it.
+    Pending,
+}
+
 /// One stream's protocol state: who the proxy is, what it subscribed, what it was sent.
 #[derive(Debug)]
 pub struct Session {
@@ -262,7 +273,7 @@ impl Session {
         let Some((ty, added)) = self.apply_request(cx, req) else {
             return [None, None];
         };
-        self.answer(cx, ty, added)
+        self.answer(cx, ty, added, Diff::Pending)
     }
 
     /// The response for `ty`, and, for clusters `added` on ADS, their load assignments.
@@ -271,8 +282,9 @@ impl Session {
         cx: &Context<'_>,
         ty: ResourceType,
         added: Vec<String>,
+        diff: Diff,
     ) -> [Option<DeltaDiscoveryResponse>; 2] {
-        let first = self.respond(cx, ty);
+        let first = self.respond(cx, ty, diff);
         // Envoy subscribes to an EDS cluster's load assignment only once it has accepted the
         // cluster: one more round trip (request, answer) before the cluster is warm, which the
         // first request to it waits for. On ADS, odmesh sends the load assignments of newly
@@ -292,7 +304,7 @@ impl Session {
         let presubscribed = self.endpoints.presubscribe(&added);
         (cx.metrics.xds_subscriptions).fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
         cx.cache.watch(&self.node_cluster, &presubscribed);
-        [first, self.respond(cx, ResourceType::Endpoints)]
+        [first, self.respond(cx, ResourceType::Endpoints, diff)]
     }
 
     /// Applies one request to the stream's state: node, ACK/NACK, subscription changes. Returns
@@ -607,8 +619,9 @@ impl Session {
         // The registry became complete: what was to be sent ahead goes now.
         let ahead = self.take_prewarm(cx);
         if !ahead.is_empty() {
-            let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, ahead);
-            let endpoints = endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints));
+            let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, ahead, Diff::All);
+            let endpoints =
+                endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, Diff::All));
             return [clusters, endpoints];
         }
         if self.clusters.is_waiting() {
@@ -620,16 +633,18 @@ impl Session {
                 let refused = self.count_in(cx, ResourceType::Cluster, &admitted);
                 self.refused += refused as u64;
                 (cx.metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
-                let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, admitted);
+                let [clusters, endpoints] =
+                    self.answer(cx, ResourceType::Cluster, admitted, Diff::All);
                 // Whatever else changed for the load assignments goes in the same round.
-                let endpoints = endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints));
+                let endpoints =
+                    endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, Diff::All));
                 return [clusters, endpoints];
             }
         }
         ResourceType::ALL.map(|ty| {
             self.service
                 .serves(ty)
-                .then(|| self.respond(cx, ty))
+                .then(|| self.respond(cx, ty, Diff::All))
                 .flatten()
         })
     }
@@ -705,8 +720,14 @@ impl Session {
         ))
     }
 
-    /// The response bringing this stream's `ty` subscriptions up to date, if any is needed.
-    fn respond(&mut self, cx: &Context<'_>, ty: ResourceType) -> Option<DeltaDiscoveryResponse> {
+    /// The response bringing this stream's `ty` subscriptions up to date, if any is needed:
+    /// all of them, or only those the stream's own requests changed.
+    fn respond(
+        &mut self,
+        cx: &Context<'_>,
+        ty: ResourceType,
+        diff: Diff,
+    ) -> Option<DeltaDiscoveryResponse> {
         let cache = cx.cache;
         let caller = self.node_cluster.clone();
         // Rule: the first request of a wildcard subscription gets an answer, even one with no
@@ -714,15 +735,15 @@ impl Session {
         let answer_due =
             ty == ResourceType::Cluster && std::mem::take(&mut self.wildcard_answer_due);
         let subs = self.subs(ty);
-        let delta = if subs.is_idle() {
-            Delta::default()
-        } else {
-            cache.delta(&caller, ty, subs)
+        let delta = match diff {
+            _ if subs.is_idle() => Delta::default(),
+            Diff::All => cache.delta(&caller, ty, subs),
+            Diff::Pending => cache.delta_pending(&caller, ty, subs),
         };
+        subs.record(&delta);
         if delta.is_empty() && !answer_due {
             return None;
         }
-        subs.record(&delta);
         let nonce = self.next_nonce;
         self.next_nonce += 1;
         let metrics = cx.metrics;
