@@ -13,6 +13,7 @@ mod log_time;
 mod procstat;
 mod push_all;
 mod registry_gen;
+mod registry_load;
 mod xds_load;
 
 /// odmesh benchmark tools (see docs/benchmarks.md).
@@ -49,6 +50,9 @@ enum Command {
         #[arg(long, default_value = "odmesh")]
         variant: push_all::Variant,
     },
+    /// The embedded Eureka registry in this process: registrations/s and RSS as it grows to
+    /// a million instances, an eviction round and a publish at that size (JSON out).
+    RegistryLoad(registry_load::RegistryLoadArgs),
     /// First request vs warm requests for never-seen VIPs through an Envoy listener (JSON out).
     FirstRequest(first_request::FirstArgs),
 }
@@ -59,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         Command::GenRegistry(a) => registry_gen::run(&a),
         Command::ParseRegistry { file } => registry_gen::parse_and_report(&file),
         Command::FirstRequest(a) => first_request::run(&a),
+        Command::RegistryLoad(a) => runtime()?.block_on(registry_load::run(a)),
         Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
         Command::PushAll {
             registry,

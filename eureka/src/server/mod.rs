@@ -49,44 +49,37 @@
 //! instead of refusing the instance, so a hand-written `curl` registration works.
 
 pub mod auth;
+mod http;
+pub mod ledger;
 pub mod policy;
 pub mod preservation;
 
-use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{Extension, Path, Query, Request, State as AxState};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
-use odmesh_base::logs::{self, clip};
+use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 
 use self::auth::{Authenticator, Caller};
+use self::ledger::{Eviction, Lease, Ledger, Now, Registration, RenewRefused, Served, Terms};
 use self::policy::RegistrationLimits;
-use self::preservation::{PreservationConfig, SelfPreservation};
+use self::preservation::PreservationConfig;
 
-use odmesh_registry::{
-    Group, Instance, InvalidInstance, Parsed, Registry, RegistryMetrics, SourceHealth, Status,
-    split_vips,
-};
+use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status, split_vips};
 
 use crate::ServerMetrics;
 use crate::wire::json::{
-    ActionType, Application, ApplicationDocument, Applications, ApplicationsDocument,
-    DataCenterInfo, InstanceDocument, InstanceInfo, LeaseInfo, reconcile_hash_code,
+    Application, Applications, ApplicationsDocument, DataCenterInfo, InstanceDocument, InstanceInfo,
 };
 use crate::wire::xml;
 
@@ -202,129 +195,6 @@ struct CachedAnswer {
 /// (lease timestamps in it move on meanwhile): Eureka's response cache does the same.
 const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
-struct Ledger {
-    /// APP (uppercase) → instance id → lease.
-    apps: BTreeMap<String, BTreeMap<String, Lease>>,
-    /// For `/apps/delta`: the latest change of each instance within the retention, keyed
-    /// by the `version` it made (so oldest first). One entry per instance, however often it
-    /// changes.
-    recent: BTreeMap<u64, Change>,
-    /// (APP, id) → the key of that instance's change in `recent`.
-    latest: HashMap<(String, String), u64>,
-    /// APP → its instances as the mesh sees them, converted when their lease changed: what
-    /// is published, kept apart from the leases, one shared group per app, so that a publish
-    /// copies one pointer per app.
-    published: BTreeMap<String, Published>,
-    /// (APP, id) → what was left out of the instance, and why; only instances with warnings.
-    warned: BTreeMap<(String, String), Vec<InvalidInstance>>,
-    /// Bumped on every change; served as `versions__delta`.
-    version: u64,
-    /// Renewals counted for self-preservation.
-    preservation: SelfPreservation,
-    /// (APP, id) → the status override of a cancelled instance, and until when it comes
-    /// back with a registration of the same instance (see [`EurekaRegistry::cancel`]).
-    cancelled_overrides: CancelledOverrides,
-    /// How many leases there are (all apps).
-    leases: usize,
-}
-
-struct Lease {
-    /// As served, with the server's status and timestamps.
-    info: InstanceInfo,
-    /// The status the instance itself reported when it registered.
-    reported: Status,
-    /// An operator's override (`PUT .../status`).
-    overridden: Option<Status>,
-    renewed: Instant,
-    duration: Duration,
-    /// When this lease began (registration), for self-preservation's expectations.
-    registered: Instant,
-    /// How often the client says it renews (`leaseInfo.renewalIntervalInSecs`), within 1 s
-    /// and the lease.
-    renewal_interval: Duration,
-    /// When a renewal of it last counted for self-preservation.
-    counted: Instant,
-    /// The identity that registered it, when authentication is on.
-    owner: Option<String>,
-}
-
-/// One app's instances, converted for the mesh.
-#[derive(Default)]
-struct Published {
-    /// id → instance.
-    by_id: BTreeMap<String, Arc<Instance>>,
-    /// The same instances, in id order, as they are published.
-    group: Group,
-}
-
-impl Ledger {
-    /// Converts the instance `app`/`id` for the mesh again after its lease changed, or
-    /// forgets it if the lease is gone, and rebuilds its app's group. Publishing a registry
-    /// of a million instances thus converts none of them.
-    fn convert(&mut self, app: &str, id: &str) {
-        let key = (app.to_owned(), id.to_owned());
-        let mut warnings = Vec::new();
-        let instance = match self.apps.get(app).and_then(|leases| leases.get(id)) {
-            None => None,
-            Some(lease) => match lease.info.to_instance(app, 0, &mut warnings) {
-                Ok(instance) => Some(Arc::new(instance)),
-                Err(e) => {
-                    warnings.push(e);
-                    None
-                }
-            },
-        };
-        let published = self.published.entry(app.to_owned()).or_default();
-        match instance {
-            Some(instance) => published.by_id.insert(id.to_owned(), instance),
-            None => published.by_id.remove(id),
-        };
-        if published.by_id.is_empty() {
-            self.published.remove(app);
-        } else {
-            published.group = published.by_id.values().cloned().collect::<Vec<_>>().into();
-        }
-        if warnings.is_empty() {
-            self.warned.remove(&key);
-        } else {
-            self.warned.insert(key, warnings);
-        }
-    }
-}
-
-impl Lease {
-    /// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance
-    /// that says `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is
-    /// that.
-    fn effective_status(&self) -> Status {
-        match self.reported {
-            Status::Up | Status::OutOfService => self.overridden.unwrap_or(self.reported),
-            other => other,
-        }
-    }
-
-    /// Writes the effective and overridden status into `info`.
-    fn refresh_status(&mut self) {
-        let status = self.effective_status();
-        let overridden = self.overridden.unwrap_or(Status::Unknown).as_str();
-        self.info.status = Some(status.as_str().to_owned());
-        self.info.overridden_status = Some(overridden.to_owned());
-        self.info.overriddenstatus_legacy = Some(overridden.to_owned());
-    }
-
-    fn expired(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.renewed) >= self.duration
-    }
-}
-
-struct Change {
-    at: Instant,
-    app: String,
-    id: String,
-    /// The instance as it was after the change, with its `actionType`.
-    info: InstanceInfo,
-}
-
 /// Why a request to the embedded registry was refused: the answer's status and text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
@@ -372,12 +242,6 @@ impl IntoResponse for InvalidRequest {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 impl EurekaRegistry {
     /// An empty registry that publishes every change of its instances on `tx` (it publishes
     /// the empty registry at once) and reports to its [`SourceHealth`], to `registry_metrics`
@@ -390,17 +254,12 @@ impl EurekaRegistry {
     ) -> EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
         let started = Instant::now();
-        let ledger = Ledger {
-            apps: BTreeMap::new(),
-            recent: BTreeMap::new(),
-            latest: HashMap::new(),
-            published: BTreeMap::new(),
-            warned: BTreeMap::new(),
-            version: 0,
-            preservation: SelfPreservation::new(config.preservation, started),
-            cancelled_overrides: CancelledOverrides::default(),
-            leases: 0,
+        let terms = Terms {
+            delta_retention: config.delta_retention,
+            max_instances: config.limits.max_instances,
+            preservation: config.preservation,
         };
+        let ledger = Ledger::new(terms, started);
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
                 config,
@@ -437,28 +296,7 @@ impl EurekaRegistry {
     /// The REST API, under `/eureka` and `/eureka/v2`; with a tokens file, every request
     /// must authenticate (see [`auth`]).
     pub fn router(&self) -> Router {
-        let api = Router::new()
-            .route("/apps", get(get_apps))
-            .route("/apps/", get(get_apps))
-            .route("/apps/delta", get(get_delta))
-            .route("/apps/{app}", get(get_app).post(register))
-            .route(
-                "/apps/{app}/{id}",
-                get(get_instance).put(renew).delete(cancel),
-            )
-            .route(
-                "/apps/{app}/{id}/status",
-                put(put_status).delete(delete_status),
-            )
-            .route("/apps/{app}/{id}/metadata", put(put_metadata))
-            .route("/instances/{id}", get(get_instance_by_id))
-            .route("/vips/{vip}", get(get_vip))
-            .route("/svips/{svip}", get(get_svip))
-            .layer(middleware::from_fn_with_state(self.clone(), authenticate))
-            .with_state(self.clone());
-        Router::new()
-            .nest("/eureka/v2", api.clone())
-            .nest("/eureka", api)
+        http::router(self.clone())
     }
 
     /// Registers (or registers again) an instance of `app` from its JSON registration body,
@@ -538,25 +376,37 @@ impl EurekaRegistry {
             .get_or_insert_with(DataCenterInfo::my_own);
         info.action_type = None;
 
-        let now = now_ms();
-        let mut lease_info = info.lease_info.take().unwrap_or_default();
-        let duration = match lease_info.duration_in_secs {
+        let lease_info = info.lease_info.as_ref();
+        let duration = match lease_info.and_then(|l| l.duration_in_secs) {
             Some(secs) if secs > 0 => Duration::from_secs(secs),
             _ => self.shared.config.lease_duration,
         };
         let reported = info.status();
         // What the client says, within 1 s and its lease (a lease it cannot renew in time
         // makes no sense, and would weigh more in self-preservation than it should).
-        let renewal_interval =
-            Duration::from_secs(lease_info.renewal_interval_in_secs.unwrap_or(30))
-                .clamp(Duration::from_secs(1), duration.max(Duration::from_secs(1)));
+        let stated_interval = lease_info.and_then(|l| l.renewal_interval_in_secs);
+        let renewal_interval = Duration::from_secs(stated_interval.unwrap_or(30))
+            .clamp(Duration::from_secs(1), duration.max(Duration::from_secs(1)));
+        let body_override = info
+            .overridden_status
+            .as_deref()
+            .or(info.overriddenstatus_legacy.as_deref())
+            .and_then(Status::parse)
+            .filter(|s| *s != Status::Unknown);
+        let registration = Registration {
+            info,
+            reported,
+            body_override,
+            duration,
+            renewal_interval,
+            owner: caller.owner().map(Arc::from),
+        };
         let mut state = self.lock();
-        let existing = state.apps.get(&app).and_then(|leases| leases.get(&id));
-        match existing {
+        match state.lease(&app, &id) {
             Some(lease) => caller
                 .may_change(lease.owner.as_deref())
                 .map_err(InvalidRequest::forbidden)?,
-            None if state.leases >= limits.max_instances => {
+            None if state.len() >= limits.max_instances => {
                 inc(&self.shared.metrics.eureka_refused_full_total);
                 return Err(InvalidRequest::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -568,72 +418,17 @@ impl EurekaRegistry {
             }
             None => {}
         }
-        let body_override = info
-            .overridden_status
-            .as_deref()
-            .or(info.overriddenstatus_legacy.as_deref())
-            .and_then(Status::parse)
-            .filter(|s| *s != Status::Unknown);
-        let known = existing.map(|l| {
-            let up = (l.info.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
-            (l.overridden, up)
-        });
-        let (overridden, service_up) = match known {
-            Some((overridden, up)) => (overridden.or(body_override), up),
-            None => {
-                // The override it had if it was cancelled within one lease duration.
-                let key = (app.clone(), id.clone());
-                let restored = state.cancelled_overrides.take(&key, Instant::now());
-                if restored.is_some() {
-                    inc(&self.shared.metrics.eureka_overrides_restored_total);
-                    odmesh_base::limited!(
-                        info,
-                        app = %clip(&app),
-                        id = %clip(&id),
-                        "eureka: an instance cancelled while overridden registered again; its override stays",
-                    );
-                }
-                (restored.or(body_override), None)
-            }
-        };
-        let service_up = service_up
-            .filter(|t| *t > 0)
-            .or((reported == Status::Up).then_some(now));
-        lease_info = LeaseInfo {
-            renewal_interval_in_secs: Some(lease_info.renewal_interval_in_secs.unwrap_or(30)),
-            duration_in_secs: Some(duration.as_secs()),
-            registration_timestamp: Some(now),
-            last_renewal_timestamp: Some(now),
-            eviction_timestamp: Some(0),
-            service_up_timestamp: Some(service_up.unwrap_or(0)),
-            other: lease_info.other,
-        };
-        info.lease_info = Some(lease_info);
-        info.last_updated_timestamp = Some(now);
-        info.last_dirty_timestamp = Some(info.last_dirty_timestamp.unwrap_or(now));
-        info.is_coordinating_discovery_server.get_or_insert(false);
-        let now_instant = Instant::now();
-        let mut lease = Lease {
-            info,
-            reported,
-            overridden,
-            renewed: now_instant,
-            duration,
-            registered: now_instant,
-            counted: now_instant,
-            renewal_interval,
-            owner: caller.owner().map(str::to_owned),
-        };
-        lease.refresh_status();
-        let snapshot = lease.info.clone();
-        if (state.apps.entry(app.clone()).or_default())
-            .insert(id.clone(), lease)
-            .is_none()
-        {
-            state.leases += 1;
+        let registered = state.register(&app, &id, registration, Now::read());
+        drop(state);
+        if registered.override_restored {
+            inc(&self.shared.metrics.eureka_overrides_restored_total);
+            odmesh_base::limited!(
+                info,
+                app = %clip(&app),
+                id = %clip(&id),
+                "eureka: an instance cancelled while overridden registered again; its override stays",
+            );
         }
-        state.convert(&app, &id);
-        self.record(&mut state, &app, &id, snapshot, ActionType::Added);
         inc(&self.shared.metrics.eureka_registrations_total);
         odmesh_base::limited!(
             info,
@@ -642,7 +437,6 @@ impl EurekaRegistry {
             status = reported.as_str(),
             "eureka: registered",
         );
-        drop(state);
         self.publish();
         Ok(())
     }
@@ -658,9 +452,8 @@ impl EurekaRegistry {
         last_dirty_timestamp: Option<u64>,
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
-        let now = Instant::now();
         let mut state = self.lock();
-        let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
+        let Some(lease) = state.lease(&app, id) else {
             inc(&self.shared.metrics.eureka_renewals_not_found_total);
             tracing::debug!(app = %clip(&app), id = %clip(id), "eureka: heartbeat for an unknown instance");
             return Err(InvalidRequest::not_found(&app, id));
@@ -668,63 +461,41 @@ impl EurekaRegistry {
         caller
             .may_change(lease.owner.as_deref())
             .map_err(InvalidRequest::forbidden)?;
-        lease.renewed = now;
-        if let Some(l) = lease.info.lease_info.as_mut() {
-            l.last_renewal_timestamp = Some(now_ms());
-        }
-        // Self-preservation counts at most one renewal per half the lease's interval: a client
-        // heartbeating faster than it said cannot hide that others went quiet.
-        let counts = now.saturating_duration_since(lease.counted) >= lease.renewal_interval / 2;
-        if counts {
-            lease.counted = now;
-        }
-        let answer = match (last_dirty_timestamp, lease.info.last_dirty_timestamp) {
-            (Some(theirs), Some(ours)) if theirs > ours => Err(InvalidRequest::new(
+        let renewed = state.renew(&app, id, last_dirty_timestamp, Now::read());
+        drop(state);
+        inc(&self.shared.metrics.eureka_renewals_total);
+        match renewed {
+            Ok(()) => Ok(()),
+            Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(&app, id)),
+            Err(RenewRefused::Newer { theirs, ours }) => Err(InvalidRequest::new(
                 StatusCode::NOT_FOUND,
                 format!(
                     "instance {} changed since it registered (lastDirtyTimestamp {theirs} > {ours}): register again",
                     clip(id)
                 ),
             )),
-            _ => Ok(()),
-        };
-        if counts {
-            state.preservation.renewed(now);
         }
-        inc(&self.shared.metrics.eureka_renewals_total);
-        answer
     }
 
     /// Removes an instance (its client is shutting down), for `caller`.
     ///
-    /// An operator's override (a drain: `OUT_OF_SERVICE`) outlives the cancel for one lease
-    /// duration: a client that registers again while it shuts down (py-eureka-client's
-    /// heartbeat, racing its own stop, gets 404 and registers the instance `UP`) does not
-    /// bring a drained instance back into traffic just as it exits. Netflix's server forgets
-    /// the override at once.
+    /// An operator's override (a drain) outlives the cancel for one lease duration (see
+    /// [`Ledger::cancel`]).
     pub fn cancel(&self, caller: &Caller, app: &str, id: &str) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
-        let Some(lease) = state.apps.get(&app).and_then(|l| l.get(id)) else {
+        let Some(lease) = state.lease(&app, id) else {
             return Err(InvalidRequest::not_found(&app, id));
         };
         caller
             .may_change(lease.owner.as_deref())
             .map_err(InvalidRequest::forbidden)?;
-        let Some(lease) = remove(&mut state, &app, id) else {
+        if state.cancel(&app, id, Now::read()).is_none() {
             return Err(InvalidRequest::not_found(&app, id));
-        };
-        if let Some(overridden) = lease.overridden {
-            let now = Instant::now();
-            let until = now.checked_add(lease.duration).unwrap_or(now);
-            // Bounded like the registry: the oldest go first.
-            let max = self.shared.config.limits.max_instances.max(1);
-            (state.cancelled_overrides).keep((app.clone(), id.to_owned()), overridden, until, max);
         }
-        self.record(&mut state, &app, id, lease.info, ActionType::Deleted);
+        drop(state);
         inc(&self.shared.metrics.eureka_cancels_total);
         odmesh_base::limited!(info, app = %clip(&app), id = %clip(id), "eureka: cancelled");
-        drop(state);
         self.publish();
         Ok(())
     }
@@ -770,15 +541,15 @@ impl EurekaRegistry {
     ) -> Result<(), InvalidRequest> {
         let limits = &self.shared.config.limits;
         self.modify(caller, app, id, |lease| {
-            let mut merged = lease.info.metadata.clone();
+            let mut merged = lease.doc().metadata.clone();
             merged.extend(entries);
             let data_center = lease
-                .info
+                .doc()
                 .data_center_info
                 .iter()
                 .flat_map(|dc| dc.metadata.iter());
             policy::check_metadata(merged.iter().chain(data_center), limits)?;
-            lease.info.metadata = merged;
+            lease.doc_mut().metadata = merged;
             Ok(())
         })
     }
@@ -792,18 +563,15 @@ impl EurekaRegistry {
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
-        let Some(lease) = state.apps.get_mut(&app).and_then(|l| l.get_mut(id)) else {
+        let Some(lease) = state.lease(&app, id) else {
             return Err(InvalidRequest::not_found(&app, id));
         };
         caller
             .may_change(lease.owner.as_deref())
             .map_err(InvalidRequest::forbidden)?;
-        change(lease)?;
-        lease.info.last_updated_timestamp = Some(now_ms());
-        let snapshot = lease.info.clone();
-        state.convert(&app, id);
-        self.record(&mut state, &app, id, snapshot, ActionType::Modified);
+        let changed = state.modify(&app, id, Now::read(), change);
         drop(state);
+        changed.unwrap_or_else(|| Err(InvalidRequest::not_found(&app, id)))?;
         self.publish();
         Ok(())
     }
@@ -822,36 +590,21 @@ impl EurekaRegistry {
     /// first extended by that much: a registry that stalls must not evict instances that
     /// did nothing wrong.
     pub fn evict_round(&self, late: Duration) -> usize {
-        let now = Instant::now();
         let metrics = &self.shared.metrics;
         let mut state = self.lock();
+        let Eviction {
+            evicted,
+            held,
+            verdict,
+        } = state.evict(Now::read(), late);
+        drop(state);
         if !late.is_zero() {
-            for lease in state.apps.values_mut().flat_map(BTreeMap::values_mut) {
-                lease.renewed += late;
-            }
             inc(&metrics.eureka_late_eviction_rounds_total);
             tracing::warn!(
                 late_ms = late.as_millis() as u64,
                 "eureka: an eviction round ran late; every lease is extended by the delay"
             );
         }
-        let mut expired: Vec<(Instant, String, String)> = state
-            .apps
-            .iter()
-            .flat_map(|(app, leases)| {
-                leases
-                    .iter()
-                    .filter(|(_, lease)| lease.expired(now))
-                    .map(move |(id, lease)| (lease.renewed, app.clone(), id.clone()))
-            })
-            .collect();
-        let leases = state.leases;
-        let Ledger {
-            apps, preservation, ..
-        } = &mut *state;
-        let instances = (apps.values().flat_map(BTreeMap::values))
-            .map(|lease| (lease.registered, lease.renewal_interval));
-        let verdict = preservation.allows_eviction(now, instances);
         set(
             &metrics.eureka_self_preservation,
             u64::from(!verdict.allows_eviction),
@@ -871,38 +624,20 @@ impl EurekaRegistry {
                 );
             }
         }
-        let limit = if verdict.allows_eviction {
-            preservation.eviction_limit(leases)
-        } else {
-            0
-        };
-        let held = expired.len().saturating_sub(limit);
         set(&metrics.eureka_evictions_held, held as u64);
-        if held > 0 {
-            // The longest silent go first.
-            expired.sort();
-            expired.truncate(limit);
+        for (app, id) in &evicted {
+            odmesh_base::limited!(
+                info,
+                app = %clip(app),
+                id = %clip(id),
+                "eureka: lease expired; instance evicted",
+            );
+            inc(&metrics.eureka_evictions_total);
         }
-        for (_, app, id) in &expired {
-            if let Some(mut lease) = remove(&mut state, app, id) {
-                if let Some(l) = lease.info.lease_info.as_mut() {
-                    l.eviction_timestamp = Some(now_ms());
-                }
-                odmesh_base::limited!(
-                    info,
-                    app = %clip(app),
-                    id = %clip(id),
-                    "eureka: lease expired; instance evicted",
-                );
-                self.record(&mut state, app, id, lease.info, ActionType::Deleted);
-                inc(&metrics.eureka_evictions_total);
-            }
-        }
-        drop(state);
-        if !expired.is_empty() {
+        if !evicted.is_empty() {
             self.publish();
         }
-        expired.len()
+        evicted.len()
     }
 
     /// Runs an eviction round every `eviction_interval`, forever, telling each round how
@@ -927,15 +662,16 @@ impl EurekaRegistry {
 
     /// Every application, as `GET /apps` answers, with the version and hash code.
     pub fn applications(&self) -> Applications {
-        let state = self.lock();
-        full_applications(&state)
+        let view = self.lock().applications();
+        view.applications()
     }
 
     /// `GET /apps` written as JSON or XML. Written once per registry version (and at most
     /// every 30 s), and shared by every reader meanwhile: a thousand clients reading the
-    /// registry, slowly or not, cost one copy of it and one conversion.
+    /// registry, slowly or not, cost one copy of it and one conversion. The lock is held
+    /// only to take one pointer per instance.
     pub fn applications_answer(&self, json: bool) -> axum::body::Bytes {
-        let version = self.lock().version;
+        let version = self.lock().version();
         let slot = usize::from(json);
         let answers = || (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = &answers()[slot]
@@ -944,10 +680,9 @@ impl EurekaRegistry {
         {
             return hit.body.clone();
         }
-        let (version, applications) = {
-            let state = self.lock();
-            (state.version, full_applications(&state))
-        };
+        let view = self.lock().applications();
+        let (version, applications) = (view.version, view.applications());
+        drop(view);
         let body: axum::body::Bytes = if json {
             serde_json::to_vec(&ApplicationsDocument { applications })
                 .unwrap_or_default()
@@ -966,105 +701,44 @@ impl EurekaRegistry {
 
     /// One application (`name` uppercase), as `GET /apps/{APP}` answers.
     pub fn application(&self, name: &str) -> Option<Application> {
-        let state = self.lock();
-        state.apps.get(name).map(|leases| Application {
+        let served = self.lock().application(name)?;
+        Some(Application {
             name: name.to_owned(),
-            instance: leases.values().map(|l| l.info.clone()).collect(),
+            instance: served.iter().map(Served::info).collect(),
             ..Application::default()
         })
     }
 
-    /// The instances that `field` (`vipAddress` or `secureVipAddress`) says serve `vip`
+    /// One instance of `app` (uppercase), as `GET /apps/{APP}/{ID}` answers.
+    pub fn instance(&self, app: &str, id: &str) -> Option<InstanceInfo> {
+        let served = self.lock().instance(app, id)?;
+        Some(served.info())
+    }
+
+    /// The instance `id`, of whichever app, as `GET /instances/{ID}` answers.
+    pub fn instance_by_id(&self, id: &str) -> Option<InstanceInfo> {
+        let served = self.lock().instance_by_id(id)?;
+        Some(served.info())
+    }
+
+    /// The instances whose `vipAddress` (`secure`: `secureVipAddress`) lists `vip`
     /// (lowercase), by application, with the version and hash code of the whole registry.
-    fn serving(&self, vip: &str, field: impl Fn(&InstanceInfo) -> &Option<String>) -> Applications {
-        let state = self.lock();
-        let application = state
-            .apps
-            .iter()
-            .filter_map(|(name, leases)| {
-                let instance: Vec<InstanceInfo> = leases
-                    .values()
-                    .map(|l| &l.info)
-                    .filter(|i| {
-                        split_vips(field(i).as_deref().unwrap_or_default())
-                            .iter()
-                            .any(|v| v == vip)
-                    })
-                    .cloned()
-                    .collect();
-                (!instance.is_empty()).then(|| Application {
-                    name: name.clone(),
-                    instance,
-                    ..Application::default()
-                })
-            })
-            .collect();
-        document(&state, application)
+    pub fn serving(&self, vip: &str, secure: bool) -> Applications {
+        let view = self.lock().serving(vip, secure);
+        view.applications()
     }
 
     /// The changes within the delta retention, as `GET /apps/delta` answers: the latest
     /// change of each instance, oldest first, and the hash code of the whole registry.
     pub fn delta(&self) -> Applications {
-        let mut state = self.lock();
-        let config = &self.shared.config;
-        prune(
-            &mut state,
-            config.delta_retention,
-            config.limits.max_instances.max(1),
-        );
-        let mut apps: Vec<Application> = Vec::new();
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        for change in state.recent.values() {
-            let i = *index.entry(change.app.as_str()).or_insert_with(|| {
-                apps.push(Application {
-                    name: change.app.clone(),
-                    ..Application::default()
-                });
-                apps.len() - 1
-            });
-            apps[i].instance.push(change.info.clone());
-        }
-        document(&state, apps)
+        let view = self.lock().delta(Instant::now());
+        view.applications()
     }
 
+    /// The ledger, locked.
     fn lock(&self) -> MutexGuard<'_, Ledger> {
         // The state stays consistent between statements; keep serving after a panic.
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn record(
-        &self,
-        state: &mut Ledger,
-        app: &str,
-        id: &str,
-        mut info: InstanceInfo,
-        action: ActionType,
-    ) {
-        info.action_type = Some(action);
-        state.version += 1;
-        let version = state.version;
-        let key = (app.to_owned(), id.to_owned());
-        if let Some(older) = state.latest.insert(key, version) {
-            state.recent.remove(&older);
-        }
-        state.recent.insert(
-            version,
-            Change {
-                at: Instant::now(),
-                app: app.to_owned(),
-                id: id.to_owned(),
-                info,
-            },
-        );
-        // Register-and-cancel churn with new ids must not grow the delta without bound:
-        // past the registry's own bound, the oldest changes go (a client that misses one
-        // sees a hash code mismatch and fetches the whole registry).
-        let config = &self.shared.config;
-        prune(
-            state,
-            config.delta_retention,
-            config.limits.max_instances.max(1),
-        );
     }
 
     /// Notes a change for the publisher ([`EurekaRegistry::run_publisher`]).
@@ -1117,7 +791,7 @@ impl EurekaRegistry {
     /// Converts the state to the plain model and publishes it if it changed.
     fn publish_now(&self) {
         let shared = &self.shared;
-        let mut parsed = to_registry(&self.lock());
+        let mut parsed = self.lock().to_registry();
         parsed.registry = parsed.registry.still_loading(self.is_warming_up());
         let new_warnings = shared.health.record_success(
             &shared.registry_metrics,
@@ -1133,124 +807,6 @@ impl EurekaRegistry {
         }
         odmesh_registry::publish(&shared.tx, parsed.registry);
     }
-}
-
-/// The overrides of cancelled instances, each until a time, oldest first: what
-/// [`EurekaRegistry::cancel`] keeps. Every operation costs what it removes, not the map.
-#[derive(Default)]
-struct CancelledOverrides {
-    by_key: HashMap<(String, String), (Status, Instant)>,
-    /// Keys in the order they were kept, with the time they were kept until; an entry whose
-    /// key was kept again since, or taken, is skipped.
-    order: std::collections::VecDeque<(Instant, (String, String))>,
-}
-
-impl CancelledOverrides {
-    /// Keeps `status` for `key` until `until`; then forgets the oldest beyond `max`.
-    fn keep(&mut self, key: (String, String), status: Status, until: Instant, max: usize) {
-        self.by_key.insert(key.clone(), (status, until));
-        self.order.push_back((until, key));
-        while self.by_key.len() > max {
-            self.pop_oldest();
-        }
-    }
-
-    /// The override kept for `key`, if it has not run out by `now`; forgets it, and every
-    /// kept override at the front that has run out.
-    fn take(&mut self, key: &(String, String), now: Instant) -> Option<Status> {
-        while self.order.front().is_some_and(|(until, _)| *until <= now) {
-            self.pop_oldest();
-        }
-        let (status, until) = self.by_key.remove(key)?;
-        (until > now).then_some(status)
-    }
-
-    fn pop_oldest(&mut self) {
-        if let Some((until, key)) = self.order.pop_front()
-            && self.by_key.get(&key).is_some_and(|(_, u)| *u == until)
-        {
-            self.by_key.remove(&key);
-        }
-    }
-}
-
-fn remove(state: &mut Ledger, app: &str, id: &str) -> Option<Lease> {
-    let leases = state.apps.get_mut(app)?;
-    let lease = leases.remove(id)?;
-    if leases.is_empty() {
-        state.apps.remove(app);
-    }
-    state.leases -= 1;
-    state.convert(app, id);
-    Some(lease)
-}
-
-/// Forgets the changes older than `retention`, and the oldest beyond `max_len`. Changes are
-/// made in order, so the oldest are first.
-fn prune(state: &mut Ledger, retention: Duration, max_len: usize) {
-    let now = Instant::now();
-    loop {
-        let len = state.recent.len();
-        let Some(oldest) = state.recent.first_entry() else {
-            return;
-        };
-        if len <= max_len && now.saturating_duration_since(oldest.get().at) <= retention {
-            return;
-        }
-        let change = oldest.remove();
-        state.latest.remove(&(change.app, change.id));
-    }
-}
-
-/// Eureka's reconcile hash code of every registered instance (`apps__hashcode`).
-fn hash_code(state: &Ledger) -> String {
-    reconcile_hash_code(
-        state
-            .apps
-            .values()
-            .flat_map(BTreeMap::values)
-            .map(|lease| lease.info.status()),
-    )
-}
-
-/// A registry document of `application`, with the registry's version and hash code.
-fn document(state: &Ledger, application: Vec<Application>) -> Applications {
-    Applications {
-        versions_delta: Some(state.version.to_string()),
-        apps_hashcode: Some(hash_code(state)),
-        application,
-        ..Applications::default()
-    }
-}
-
-fn full_applications(state: &Ledger) -> Applications {
-    let application: Vec<Application> = state
-        .apps
-        .iter()
-        .map(|(name, leases)| Application {
-            name: name.clone(),
-            instance: leases.values().map(|l| l.info.clone()).collect(),
-            ..Application::default()
-        })
-        .collect();
-    document(state, application)
-}
-
-/// The plain model of the registry: what `full_applications(state).to_registry()` gives,
-/// from the instances converted when their leases changed.
-fn to_registry(state: &Ledger) -> Parsed {
-    let registry = Registry::from_groups(state.published.values().map(|p| p.group.clone()));
-    let mut warnings = Vec::new();
-    for ((app, id), list) in &state.warned {
-        // The instance's position in its app, as the full document counts.
-        let index = state.apps.get(app).map_or(0, |leases| {
-            leases
-                .range::<str, _>((Bound::Unbounded, Bound::Excluded(id.as_str())))
-                .count()
-        });
-        warnings.extend(list.iter().map(|w| InvalidInstance { index, ..w.clone() }));
-    }
-    Parsed { registry, warnings }
 }
 
 /// Runs the REST API on `listener` (over TLS with `tls`), within the configured
@@ -1338,324 +894,6 @@ pub async fn start(
         local_addr,
         eureka,
     })
-}
-
-// ---- HTTP handlers: the edge, where requests become calls and results become answers ----
-
-type Eureka = AxState<EurekaRegistry>;
-
-/// Eureka's rule: JSON when `Accept` mentions `json`, XML otherwise.
-fn wants_json(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .any(|v| v.to_str().is_ok_and(|v| v.contains("json")))
-}
-
-fn json_response(body: &impl serde::Serialize) -> Response {
-    match serde_json::to_vec(body) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
-}
-
-fn xml_response(body: String) -> Response {
-    ([(header::CONTENT_TYPE, "application/xml")], body).into_response()
-}
-
-fn answer_applications(headers: &HeaderMap, applications: Applications) -> Response {
-    if wants_json(headers) {
-        json_response(&ApplicationsDocument { applications })
-    } else {
-        xml_response(xml::applications(&applications))
-    }
-}
-
-fn answer_instance(headers: &HeaderMap, instance: InstanceInfo) -> Response {
-    if wants_json(headers) {
-        json_response(&InstanceDocument { instance })
-    } else {
-        xml_response(xml::instance(&instance))
-    }
-}
-
-async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
-    let json = wants_json(&headers);
-    let content_type = if json {
-        "application/json"
-    } else {
-        "application/xml"
-    };
-    let body = eureka.applications_answer(json);
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
-}
-
-async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
-    answer_applications(&headers, eureka.delta())
-}
-
-async fn get_app(AxState(eureka): Eureka, Path(app): Path<String>, headers: HeaderMap) -> Response {
-    let name = app.trim().to_ascii_uppercase();
-    match eureka.application(&name) {
-        Some(application) if wants_json(&headers) => {
-            json_response(&ApplicationDocument { application })
-        }
-        Some(application) => xml_response(xml::application(&application)),
-        None => InvalidRequest::new(
-            StatusCode::NOT_FOUND,
-            format!("app {name:?} is not registered"),
-        )
-        .into_response(),
-    }
-}
-
-async fn get_instance(
-    AxState(eureka): Eureka,
-    Path((app, id)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let name = app.trim().to_ascii_uppercase();
-    let found = eureka
-        .lock()
-        .apps
-        .get(&name)
-        .and_then(|l| l.get(&id))
-        .map(|l| l.info.clone());
-    match found {
-        Some(info) => answer_instance(&headers, info),
-        None => InvalidRequest::not_found(&name, &id).into_response(),
-    }
-}
-
-async fn get_instance_by_id(
-    AxState(eureka): Eureka,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let found = eureka
-        .lock()
-        .apps
-        .values()
-        .find_map(|leases| leases.get(&id))
-        .map(|l| l.info.clone());
-    match found {
-        Some(info) => answer_instance(&headers, info),
-        None => InvalidRequest::new(
-            StatusCode::NOT_FOUND,
-            format!("instance {id:?} is not registered"),
-        )
-        .into_response(),
-    }
-}
-
-async fn get_vip(AxState(eureka): Eureka, Path(vip): Path<String>, headers: HeaderMap) -> Response {
-    by_vip(&eureka, &headers, &vip, |i| &i.vip_address)
-}
-
-async fn get_svip(
-    AxState(eureka): Eureka,
-    Path(vip): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    by_vip(&eureka, &headers, &vip, |i| &i.secure_vip_address)
-}
-
-fn by_vip(
-    eureka: &EurekaRegistry,
-    headers: &HeaderMap,
-    vip: &str,
-    list: impl Fn(&InstanceInfo) -> &Option<String>,
-) -> Response {
-    let vip = vip.trim().to_ascii_lowercase();
-    let apps = eureka.serving(&vip, list);
-    if apps.application.is_empty() {
-        return InvalidRequest::new(StatusCode::NOT_FOUND, format!("no instance serves {vip:?}"))
-            .into_response();
-    }
-    answer_applications(headers, apps)
-}
-
-/// With a tokens file, every request must name its caller (401 otherwise); the caller is
-/// handed to the handlers. Without one, everyone is [`Caller::Anyone`].
-async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next) -> Response {
-    let caller = match &eureka.shared.config.auth {
-        None => auth::ANYONE.clone(),
-        Some(auth) => match auth.authenticate(request.headers().get(header::AUTHORIZATION)) {
-            Ok(caller) => caller,
-            Err(e) => {
-                inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
-                odmesh_base::limited!(
-                    warn,
-                    method = %request.method(),
-                    path = %clip(request.uri().path()),
-                    "eureka: request without valid credentials refused (401)"
-                );
-                let mut answer =
-                    InvalidRequest::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response();
-                answer.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"odmesh\", Basic realm=\"odmesh\""),
-                );
-                return answer;
-            }
-        },
-    };
-    request.extensions_mut().insert(caller);
-    next.run(request).await
-}
-
-/// Answers a refused write, counting it and logging it (clipped, rate-limited).
-fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> Response {
-    let metrics = &eureka.shared.metrics;
-    let counter = match e.status {
-        404 => return e.into_response(),
-        403 => Some(&metrics.eureka_refused_forbidden_total),
-        408 | 413 | 415 => Some(&metrics.eureka_refused_body_total),
-        // The registry-full count is taken where it is decided.
-        503 => None,
-        _ => Some(&metrics.eureka_refused_invalid_total),
-    };
-    if let Some(counter) = counter {
-        inc(counter);
-    }
-    odmesh_base::limited!(
-        warn,
-        app = %clip(app),
-        status = e.status,
-        error = %logs::clip_at(&e.reason, 300),
-        "eureka: {what} refused"
-    );
-    e.into_response()
-}
-
-/// Whether a body's `Content-Type` says JSON (`application/json`, or any `+json` type).
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|mime| mime.trim().to_ascii_lowercase())
-        .is_some_and(|mime| mime == "application/json" || mime.ends_with("+json"))
-}
-
-async fn register(
-    AxState(eureka): Eureka,
-    Extension(caller): Extension<Arc<Caller>>,
-    Path(app): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let config = &eureka.shared.config;
-    // A form or text/plain POST (what a web page may send anywhere without asking) is not a
-    // registration.
-    if !is_json(&headers) {
-        let e = InvalidRequest::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "a registration is JSON: send Content-Type: application/json and {\"instance\": {...}}",
-        );
-        return refuse(&eureka, "registration", &app, e);
-    }
-    let body =
-        match http_server::read_body(&headers, body, config.max_body, config.body_timeout).await {
-            Ok(body) => body,
-            Err(e) => {
-                let e = InvalidRequest::new(e.status(), format!("registration: {e}"));
-                return refuse(&eureka, "registration", &app, e);
-            }
-        };
-    match eureka.register_as(&caller, &app, &body) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => refuse(&eureka, "registration", &app, e),
-    }
-}
-
-type Params = Query<HashMap<String, String>>;
-
-async fn renew(
-    AxState(eureka): Eureka,
-    Extension(caller): Extension<Arc<Caller>>,
-    Path((app, id)): Path<(String, String)>,
-    Query(params): Params,
-) -> Response {
-    let dirty = params
-        .get("lastDirtyTimestamp")
-        .and_then(|t| t.trim().parse().ok());
-    match eureka.renew(&caller, &app, &id, dirty) {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => refuse(&eureka, "heartbeat", &app, e),
-    }
-}
-
-async fn cancel(
-    AxState(eureka): Eureka,
-    Extension(caller): Extension<Arc<Caller>>,
-    Path((app, id)): Path<(String, String)>,
-) -> Response {
-    match eureka.cancel(&caller, &app, &id) {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => refuse(&eureka, "cancel", &app, e),
-    }
-}
-
-fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, InvalidRequest> {
-    match params.get("value") {
-        None => Ok(None),
-        Some(v) => Status::parse(v).map(Some).ok_or_else(|| {
-            InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "value={} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)",
-                    clip(v)
-                ),
-            )
-        }),
-    }
-}
-
-async fn put_status(
-    AxState(eureka): Eureka,
-    Extension(caller): Extension<Arc<Caller>>,
-    Path((app, id)): Path<(String, String)>,
-    Query(params): Params,
-) -> Response {
-    let result = status_param(&params).and_then(|status| match status {
-        Some(status) => eureka.set_status_override(&caller, &app, &id, Some(status), None),
-        None => Err(InvalidRequest::new(
-            StatusCode::BAD_REQUEST,
-            "missing ?value=STATUS",
-        )),
-    });
-    match result {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => refuse(&eureka, "status change", &app, e),
-    }
-}
-
-async fn delete_status(
-    AxState(eureka): Eureka,
-    Extension(caller): Extension<Arc<Caller>>,
-    Path((app, id)): Path<(String, String)>,
-    Query(params): Params,
-) -> Response {
-    let result = status_param(&params)
-        .map(|s| s.filter(|s| *s != Status::Unknown))
-        .and_then(|reported| eureka.set_status_override(&caller, &app, &id, None, reported));
-    match result {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => refuse(&eureka, "status change", &app, e),
-    }
-}
-
-async fn put_metadata(
-    AxState(eureka): Eureka,
-    Extension(caller): Extension<Arc<Caller>>,
-    Path((app, id)): Path<(String, String)>,
-    Query(params): Params,
-) -> Response {
-    match eureka.update_metadata(&caller, &app, &id, params) {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => refuse(&eureka, "metadata update", &app, e),
-    }
 }
 
 #[cfg(test)]

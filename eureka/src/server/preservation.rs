@@ -47,6 +47,99 @@ pub struct SelfPreservation {
     engaged: bool,
 }
 
+/// The renewals the registered instances should have sent within the window: each renews
+/// every `renewalIntervalInSecs`, and none before it registered. Kept as instances come and
+/// go, so that asking costs what matured since the last time, not the registry.
+///
+/// An instance registered a full window ago or more is expected to have renewed
+/// `window / interval` times: the sum of their rates (`mature_rate`) times the window. One
+/// registered at `t` within the window: `(now - t) / interval`; summed, that is
+/// `now * Σ rate - Σ rate * t`, kept as two sums over the young instances, which are queued
+/// in registration order and move to the mature sum as they age.
+#[derive(Debug)]
+pub struct Expected {
+    window: Duration,
+    origin: Instant,
+    /// `(token, registered, rate)` of the instances not yet moved to `mature_rate`, oldest
+    /// first; tokens grow with registration time.
+    young: VecDeque<(u64, Instant, f64)>,
+    /// Tokens still queued in `young` whose instance left: skipped when they mature.
+    gone: std::collections::HashSet<u64>,
+    /// Σ rate over `young` (renewals per second), and Σ rate * (registered - origin) in s.
+    young_rate: f64,
+    young_weighted: f64,
+    mature_rate: f64,
+}
+
+impl Expected {
+    /// No instances; times measured from `origin`.
+    pub fn new(window: Duration, origin: Instant) -> Expected {
+        Expected {
+            window,
+            origin,
+            young: VecDeque::new(),
+            gone: std::collections::HashSet::new(),
+            young_rate: 0.0,
+            young_weighted: 0.0,
+            mature_rate: 0.0,
+        }
+    }
+
+    fn rate(interval: Duration) -> f64 {
+        1.0 / interval.as_secs_f64().max(1.0)
+    }
+
+    fn since_origin(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.origin).as_secs_f64()
+    }
+
+    /// An instance registered at `registered` (no earlier than any added before), renewing
+    /// every `interval`; `token` names it, and grows with every call.
+    pub fn add(&mut self, token: u64, registered: Instant, interval: Duration) {
+        let rate = Self::rate(interval);
+        self.young.push_back((token, registered, rate));
+        self.young_rate += rate;
+        self.young_weighted += rate * self.since_origin(registered);
+    }
+
+    /// The instance `add` was told of with these arguments left.
+    pub fn remove(&mut self, token: u64, registered: Instant, interval: Duration) {
+        let rate = Self::rate(interval);
+        if self
+            .young
+            .front()
+            .is_some_and(|(oldest, ..)| token >= *oldest)
+        {
+            self.young_rate -= rate;
+            self.young_weighted -= rate * self.since_origin(registered);
+            self.gone.insert(token);
+        } else {
+            self.mature_rate -= rate;
+        }
+    }
+
+    /// The renewals expected within the window before `now`.
+    pub fn at(&mut self, now: Instant) -> f64 {
+        while let Some(&(token, registered, rate)) = self.young.front()
+            && now.saturating_duration_since(registered) >= self.window
+        {
+            self.young.pop_front();
+            if self.gone.remove(&token) {
+                continue;
+            }
+            self.young_rate -= rate;
+            self.young_weighted -= rate * self.since_origin(registered);
+            self.mature_rate += rate;
+        }
+        if self.young.is_empty() {
+            // What floating point left over, once nothing is young.
+            (self.young_rate, self.young_weighted) = (0.0, 0.0);
+        }
+        let young = self.young_rate * self.since_origin(now) - self.young_weighted;
+        (self.mature_rate * self.window.as_secs_f64() + young).max(0.0)
+    }
+}
+
 /// Whether eviction may go on, and the figures that decided it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Verdict {
@@ -98,20 +191,9 @@ impl SelfPreservation {
         }
     }
 
-    /// Whether leases may be evicted now, given the registered instances as
-    /// `(registered at, renewal interval)`.
-    pub fn allows_eviction(
-        &mut self,
-        now: Instant,
-        instances: impl IntoIterator<Item = (Instant, Duration)>,
-    ) -> Verdict {
-        let window = self.config.window;
-        let (mut count, mut expected) = (0usize, 0f64);
-        for (registered, interval) in instances {
-            count += 1;
-            let age = now.saturating_duration_since(registered).min(window);
-            expected += age.as_secs_f64() / interval.as_secs_f64().max(1.0);
-        }
+    /// Whether leases may be evicted now, with `count` instances registered that should
+    /// have renewed `expected` times within the window (see [`Expected`]).
+    pub fn allows_eviction(&mut self, now: Instant, count: usize, expected: f64) -> Verdict {
         let renewals = self.renewals(now);
         let engaged = self.config.threshold > 0.0
             && count >= self.config.min_instances
@@ -158,6 +240,69 @@ mod tests {
     }
 
     /// `n` instances registered at `at`, renewing every second.
+    /// The verdict for `fleet`'s instances, their expectation kept by [`Expected`].
+    fn verdict(sp: &mut SelfPreservation, now: Instant, fleet: &[(Instant, Duration)]) -> Verdict {
+        let origin = fleet.iter().map(|(at, _)| *at).min().unwrap_or(now);
+        let mut expected = Expected::new(sp.config.window, origin);
+        for (token, (at, interval)) in fleet.iter().enumerate() {
+            expected.add(token as u64, *at, *interval);
+        }
+        let count = fleet.len();
+        sp.allows_eviction(now, count, expected.at(now))
+    }
+
+    /// What [`Expected`] keeps, computed from scratch.
+    fn expected_from_scratch(window: Duration, now: Instant, fleet: &[(Instant, Duration)]) -> f64 {
+        fleet
+            .iter()
+            .map(|(at, interval)| {
+                let age = now.saturating_duration_since(*at).min(window);
+                age.as_secs_f64() / interval.as_secs_f64().max(1.0)
+            })
+            .sum()
+    }
+
+    #[test]
+    fn the_kept_expectation_matches_one_computed_from_scratch_as_instances_come_and_go() {
+        let window = SEC * 10;
+        let t0 = Instant::now();
+        let mut expected = Expected::new(window, t0);
+        let mut live: Vec<(u64, Instant, Duration)> = Vec::new();
+        // A fixed pseudo-random walk: register, leave, let time pass, ask.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut now = t0;
+        for token in 0..3_000u64 {
+            match next(4) {
+                0 | 1 => {
+                    let interval = SEC * (1 + next(40)) as u32;
+                    expected.add(token, now, interval);
+                    live.push((token, now, interval));
+                }
+                2 if !live.is_empty() => {
+                    let (token, at, interval) = live.swap_remove(next(live.len() as u64) as usize);
+                    expected.remove(token, at, interval);
+                }
+                _ => now += Duration::from_millis(next(700)),
+            }
+            if token % 7 == 0 {
+                let fleet: Vec<(Instant, Duration)> =
+                    live.iter().map(|(_, at, i)| (*at, *i)).collect();
+                let want = expected_from_scratch(window, now, &fleet);
+                let got = expected.at(now);
+                assert!(
+                    (got - want).abs() < 1e-6 * want.max(1.0),
+                    "at step {token}: {got} != {want}"
+                );
+            }
+        }
+    }
+
     fn fleet(n: usize, at: Instant) -> Vec<(Instant, Duration)> {
         vec![(at, SEC); n]
     }
@@ -171,7 +316,7 @@ mod tests {
                 sp.renewed(t0 + SEC * s as u32);
             }
         }
-        let v = sp.allows_eviction(t0 + SEC * 20, fleet(10, t0));
+        let v = verdict(&mut sp, t0 + SEC * 20, &fleet(10, t0));
         assert!(v.allows_eviction, "{v:?}");
         assert_eq!(v.renewals, 100);
         assert!((v.expected - 100.0).abs() < 1e-9);
@@ -187,7 +332,7 @@ mod tests {
             }
         }
         // A partition: no renewal for 3 s of the 10 s window leaves 70 % < 85 %.
-        let v = sp.allows_eviction(t0 + SEC * 13, fleet(10, t0));
+        let v = verdict(&mut sp, t0 + SEC * 13, &fleet(10, t0));
         assert!(!v.allows_eviction && v.changed, "{v:?}");
         assert!(sp.is_engaged());
         for s in 14..=23u64 {
@@ -195,7 +340,7 @@ mod tests {
                 sp.renewed(t0 + SEC * s as u32);
             }
         }
-        let v = sp.allows_eviction(t0 + SEC * 23, fleet(10, t0));
+        let v = verdict(&mut sp, t0 + SEC * 23, &fleet(10, t0));
         assert!(v.allows_eviction && v.changed, "{v:?}");
     }
 
@@ -210,7 +355,7 @@ mod tests {
                 sp.renewed(now - SEC);
             }
         }
-        let v = sp.allows_eviction(now, fleet(5, now - SEC * 2));
+        let v = verdict(&mut sp, now, &fleet(5, now - SEC * 2));
         assert!(v.allows_eviction, "{v:?}");
     }
 
@@ -219,13 +364,13 @@ mod tests {
         let t0 = Instant::now();
         let now = t0 + SEC * 20;
         let mut small = SelfPreservation::new(config(), t0);
-        assert!(small.allows_eviction(now, fleet(2, t0)).allows_eviction);
+        assert!(verdict(&mut small, now, &fleet(2, t0)).allows_eviction);
         let off = PreservationConfig {
             threshold: 0.0,
             ..config()
         };
         let mut off = SelfPreservation::new(off, t0);
-        assert!(off.allows_eviction(now, fleet(100, t0)).allows_eviction);
+        assert!(verdict(&mut off, now, &fleet(100, t0)).allows_eviction);
         assert_eq!(off.eviction_limit(100), 100);
     }
 

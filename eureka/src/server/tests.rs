@@ -6,7 +6,7 @@ use crate::server::auth::Authenticator;
 use crate::server::policy::RegistrationLimits;
 use crate::server::preservation::PreservationConfig;
 use axum::body::Body;
-use axum::http::{Method, Request};
+use axum::http::{Method, Request, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -612,8 +612,7 @@ async fn the_delta_keeps_one_change_per_instance_however_often_it_changes() {
         .await;
     {
         let state = f.eureka.lock();
-        assert_eq!(state.recent.len(), 3, "one change per instance");
-        assert_eq!(state.latest.len(), 3);
+        assert_eq!(state.delta_len(), 3, "one change per instance");
     }
 
     let delta = f.eureka.delta();
@@ -645,8 +644,8 @@ async fn the_published_model_is_that_of_the_full_document() {
     f.register("GREETER", instance("g1", "GREETER", "greeter", 9090))
         .await;
     let state = f.eureka.lock();
-    let direct = to_registry(&state);
-    assert_eq!(direct, full_applications(&state).to_registry());
+    let direct = state.to_registry();
+    assert_eq!(direct, state.applications().applications().to_registry());
     assert_eq!(direct.registry.len(), 3);
     assert_eq!(direct.warnings.len(), 1, "{:?}", direct.warnings);
 }
@@ -664,7 +663,7 @@ async fn the_delta_forgets_changes_older_than_its_retention() {
     assert_eq!(delta["applications"]["application"], json!([]));
     assert_eq!(delta["applications"]["apps__hashcode"], "UP_1_");
     let state = f.eureka.lock();
-    assert!(state.recent.is_empty() && state.latest.is_empty());
+    assert_eq!(state.delta_len(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -502,10 +502,20 @@ pub fn read_registry_file(json: &[u8]) -> Result<Parsed, JsonError> {
 /// A Eureka client compares this with the server's `apps__hashcode` after applying a delta
 /// and fetches the full registry on a mismatch.
 pub fn reconcile_hash_code(statuses: impl IntoIterator<Item = Status>) -> String {
-    let mut counts = BTreeMap::<&'static str, usize>::new();
+    let mut counts = BTreeMap::<Status, usize>::new();
     for status in statuses {
-        *counts.entry(status.as_str()).or_default() += 1;
+        *counts.entry(status).or_default() += 1;
     }
+    reconcile_hash_code_of_counts(counts)
+}
+
+/// The same, from how many instances have each status (statuses counted 0 are left out).
+pub fn reconcile_hash_code_of_counts(counts: impl IntoIterator<Item = (Status, usize)>) -> String {
+    let mut counts: Vec<(&'static str, usize)> = (counts.into_iter())
+        .filter(|(_, n)| *n > 0)
+        .map(|(status, n)| (status.as_str(), n))
+        .collect();
+    counts.sort_unstable();
     counts
         .into_iter()
         .map(|(status, n)| format!("{status}_{n}_"))

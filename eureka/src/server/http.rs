@@ -1,0 +1,350 @@
+//! The embedded registry's REST API: the edge, where requests become calls on
+//! [`EurekaRegistry`] and results become answers (JSON or XML, as the client asks).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Extension, Path, Query, Request, State as AxState};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+
+use odmesh_base::http_server;
+use odmesh_base::logs::{self, clip};
+use odmesh_base::metrics::inc;
+use odmesh_registry::Status;
+
+use super::auth::{self, Caller};
+use super::{EurekaRegistry, InvalidRequest};
+use crate::wire::json::{
+    ApplicationDocument, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
+};
+use crate::wire::xml;
+
+/// The REST API, under `/eureka` and `/eureka/v2`, over `eureka`.
+pub(super) fn router(eureka: EurekaRegistry) -> Router {
+    let api = Router::new()
+        .route("/apps", get(get_apps))
+        .route("/apps/", get(get_apps))
+        .route("/apps/delta", get(get_delta))
+        .route("/apps/{app}", get(get_app).post(register))
+        .route(
+            "/apps/{app}/{id}",
+            get(get_instance).put(renew).delete(cancel),
+        )
+        .route(
+            "/apps/{app}/{id}/status",
+            put(put_status).delete(delete_status),
+        )
+        .route("/apps/{app}/{id}/metadata", put(put_metadata))
+        .route("/instances/{id}", get(get_instance_by_id))
+        .route("/vips/{vip}", get(get_vip))
+        .route("/svips/{svip}", get(get_svip))
+        .layer(middleware::from_fn_with_state(eureka.clone(), authenticate))
+        .with_state(eureka);
+    Router::new()
+        .nest("/eureka/v2", api.clone())
+        .nest("/eureka", api)
+}
+
+type Eureka = AxState<EurekaRegistry>;
+
+/// Eureka's rule: JSON when `Accept` mentions `json`, XML otherwise.
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("json")))
+}
+
+fn json_response(body: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+fn xml_response(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/xml")], body).into_response()
+}
+
+fn answer_applications(headers: &HeaderMap, applications: Applications) -> Response {
+    if wants_json(headers) {
+        json_response(&ApplicationsDocument { applications })
+    } else {
+        xml_response(xml::applications(&applications))
+    }
+}
+
+fn answer_instance(headers: &HeaderMap, instance: InstanceInfo) -> Response {
+    if wants_json(headers) {
+        json_response(&InstanceDocument { instance })
+    } else {
+        xml_response(xml::instance(&instance))
+    }
+}
+
+async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
+    let json = wants_json(&headers);
+    let content_type = if json {
+        "application/json"
+    } else {
+        "application/xml"
+    };
+    let body = eureka.applications_answer(json);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
+    answer_applications(&headers, eureka.delta())
+}
+
+async fn get_app(AxState(eureka): Eureka, Path(app): Path<String>, headers: HeaderMap) -> Response {
+    let name = app.trim().to_ascii_uppercase();
+    match eureka.application(&name) {
+        Some(application) if wants_json(&headers) => {
+            json_response(&ApplicationDocument { application })
+        }
+        Some(application) => xml_response(xml::application(&application)),
+        None => InvalidRequest::new(
+            StatusCode::NOT_FOUND,
+            format!("app {name:?} is not registered"),
+        )
+        .into_response(),
+    }
+}
+
+async fn get_instance(
+    AxState(eureka): Eureka,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let name = app.trim().to_ascii_uppercase();
+    match eureka.instance(&name, &id) {
+        Some(info) => answer_instance(&headers, info),
+        None => InvalidRequest::not_found(&name, &id).into_response(),
+    }
+}
+
+async fn get_instance_by_id(
+    AxState(eureka): Eureka,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match eureka.instance_by_id(&id) {
+        Some(info) => answer_instance(&headers, info),
+        None => InvalidRequest::new(
+            StatusCode::NOT_FOUND,
+            format!("instance {id:?} is not registered"),
+        )
+        .into_response(),
+    }
+}
+
+async fn get_vip(AxState(eureka): Eureka, Path(vip): Path<String>, headers: HeaderMap) -> Response {
+    by_vip(&eureka, &headers, &vip, false)
+}
+
+async fn get_svip(
+    AxState(eureka): Eureka,
+    Path(vip): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    by_vip(&eureka, &headers, &vip, true)
+}
+
+fn by_vip(eureka: &EurekaRegistry, headers: &HeaderMap, vip: &str, secure: bool) -> Response {
+    let vip = vip.trim().to_ascii_lowercase();
+    let apps = eureka.serving(&vip, secure);
+    if apps.application.is_empty() {
+        return InvalidRequest::new(StatusCode::NOT_FOUND, format!("no instance serves {vip:?}"))
+            .into_response();
+    }
+    answer_applications(headers, apps)
+}
+
+/// With a tokens file, every request must name its caller (401 otherwise); the caller is
+/// handed to the handlers. Without one, everyone is [`Caller::Anyone`].
+async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next) -> Response {
+    let caller = match &eureka.shared.config.auth {
+        None => auth::ANYONE.clone(),
+        Some(auth) => match auth.authenticate(request.headers().get(header::AUTHORIZATION)) {
+            Ok(caller) => caller,
+            Err(e) => {
+                inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
+                odmesh_base::limited!(
+                    warn,
+                    method = %request.method(),
+                    path = %clip(request.uri().path()),
+                    "eureka: request without valid credentials refused (401)"
+                );
+                let mut answer =
+                    InvalidRequest::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+                answer.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"odmesh\", Basic realm=\"odmesh\""),
+                );
+                return answer;
+            }
+        },
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// Answers a refused write, counting it and logging it (clipped, rate-limited).
+fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> Response {
+    let metrics = &eureka.shared.metrics;
+    let counter = match e.status {
+        404 => return e.into_response(),
+        403 => Some(&metrics.eureka_refused_forbidden_total),
+        408 | 413 | 415 => Some(&metrics.eureka_refused_body_total),
+        // The registry-full count is taken where it is decided.
+        503 => None,
+        _ => Some(&metrics.eureka_refused_invalid_total),
+    };
+    if let Some(counter) = counter {
+        inc(counter);
+    }
+    odmesh_base::limited!(
+        warn,
+        app = %clip(app),
+        status = e.status,
+        error = %logs::clip_at(&e.reason, 300),
+        "eureka: {what} refused"
+    );
+    e.into_response()
+}
+
+/// Whether a body's `Content-Type` says JSON (`application/json`, or any `+json` type).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| mime.trim().to_ascii_lowercase())
+        .is_some_and(|mime| mime == "application/json" || mime.ends_with("+json"))
+}
+
+async fn register(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let config = &eureka.shared.config;
+    // A form or text/plain POST (what a web page may send anywhere without asking) is not a
+    // registration.
+    if !is_json(&headers) {
+        let e = InvalidRequest::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a registration is JSON: send Content-Type: application/json and {\"instance\": {...}}",
+        );
+        return refuse(&eureka, "registration", &app, e);
+    }
+    let body =
+        match http_server::read_body(&headers, body, config.max_body, config.body_timeout).await {
+            Ok(body) => body,
+            Err(e) => {
+                let e = InvalidRequest::new(e.status(), format!("registration: {e}"));
+                return refuse(&eureka, "registration", &app, e);
+            }
+        };
+    match eureka.register_as(&caller, &app, &body) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => refuse(&eureka, "registration", &app, e),
+    }
+}
+
+type Params = Query<HashMap<String, String>>;
+
+async fn renew(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    let dirty = params
+        .get("lastDirtyTimestamp")
+        .and_then(|t| t.trim().parse().ok());
+    match eureka.renew(&caller, &app, &id, dirty) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => refuse(&eureka, "heartbeat", &app, e),
+    }
+}
+
+async fn cancel(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    Path((app, id)): Path<(String, String)>,
+) -> Response {
+    match eureka.cancel(&caller, &app, &id) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => refuse(&eureka, "cancel", &app, e),
+    }
+}
+
+fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, InvalidRequest> {
+    match params.get("value") {
+        None => Ok(None),
+        Some(v) => Status::parse(v).map(Some).ok_or_else(|| {
+            InvalidRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "value={} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)",
+                    clip(v)
+                ),
+            )
+        }),
+    }
+}
+
+async fn put_status(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    let result = status_param(&params).and_then(|status| match status {
+        Some(status) => eureka.set_status_override(&caller, &app, &id, Some(status), None),
+        None => Err(InvalidRequest::new(
+            StatusCode::BAD_REQUEST,
+            "missing ?value=STATUS",
+        )),
+    });
+    match result {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => refuse(&eureka, "status change", &app, e),
+    }
+}
+
+async fn delete_status(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    let result = status_param(&params)
+        .map(|s| s.filter(|s| *s != Status::Unknown))
+        .and_then(|reported| eureka.set_status_override(&caller, &app, &id, None, reported));
+    match result {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => refuse(&eureka, "status change", &app, e),
+    }
+}
+
+async fn put_metadata(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    Path((app, id)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    match eureka.update_metadata(&caller, &app, &id, params) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => refuse(&eureka, "metadata update", &app, e),
+    }
+}

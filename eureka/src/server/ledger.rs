@@ -1,0 +1,824 @@
+//! The embedded registry's ledger: every lease, the `/apps/delta` history, the instances as
+//! the mesh sees them, and what self-preservation counts, as plain state. It is told the
+//! time ([`Now`]) and does no I/O; [`super::EurekaRegistry`] checks and authorises requests,
+//! takes the lock, counts metrics and publishes.
+//!
+//! Every operation costs what it touches, not the registry, so that a million instances
+//! register as fast as ten thousand:
+//! - a lease's instance document is one [`Arc`], shared by the lease, the delta history and
+//!   every answer being written, and copied only when the instance changes; a heartbeat
+//!   stamps the lease, not the document (answers write `lastRenewalTimestamp` from it);
+//! - app names and instance ids are [`Name`]s, one allocation shared by every index;
+//! - an eviction round pops the leases due from a queue ordered by deadline (a lease renewed
+//!   since goes back in with its new one), instead of walking every lease;
+//! - a round that runs late credits every lease with the delay by bumping one counter;
+//! - self-preservation's expected renewals ([`Expected`]) and the reconcile hash code's
+//!   status counts are kept as instances come and go;
+//! - an instance is converted for the mesh when it changes, and only its app's group is
+//!   rebuilt.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use odmesh_registry::{Group, Instance, InvalidInstance, Parsed, Registry, Status, split_vips};
+
+use super::preservation::{Expected, PreservationConfig, SelfPreservation, Verdict};
+use crate::wire::json::{
+    ActionType, Application, Applications, InstanceInfo, LeaseInfo, reconcile_hash_code_of_counts,
+};
+
+/// An app name (uppercase) or an instance id, shared by every index that names it.
+pub type Name = Arc<str>;
+
+/// The time, as the ledger is told it: an instant for leases, and milliseconds since the
+/// epoch for the documents.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    pub at: Instant,
+    pub ms: u64,
+}
+
+impl Now {
+    /// The clocks' readings now.
+    pub fn read() -> Now {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Now {
+            at: Instant::now(),
+            ms,
+        }
+    }
+}
+
+/// What the ledger keeps to.
+#[derive(Clone, Copy, Debug)]
+pub struct Terms {
+    /// How long a change stays in the delta.
+    pub delta_retention: Duration,
+    /// Bounds the delta history and the kept overrides of cancelled instances.
+    pub max_instances: usize,
+    /// When eviction stops.
+    pub preservation: PreservationConfig,
+}
+
+/// One registered instance.
+#[derive(Debug)]
+pub struct Lease {
+    /// The instance as served, but for `leaseInfo.lastRenewalTimestamp` (see
+    /// [`Lease::served`]).
+    doc: Arc<InstanceInfo>,
+    /// The status the instance itself reported when it registered.
+    pub reported: Status,
+    /// An operator's override (`PUT .../status`).
+    pub overridden: Option<Status>,
+    renewed: Instant,
+    renewed_ms: u64,
+    /// The ledger's late-round credit when this lease was last renewed: every late round
+    /// since extends it.
+    credit_at: Duration,
+    duration: Duration,
+    /// When this lease began (registration), for self-preservation's expectations.
+    registered: Instant,
+    /// How often the client says it renews, within 1 s and the lease.
+    renewal_interval: Duration,
+    /// When a renewal of it last counted for self-preservation.
+    counted: Instant,
+    /// The identity that registered it, when authentication is on.
+    pub owner: Option<Arc<str>>,
+    /// Names this registration (a registration again gets a new one) in the expiry queue and
+    /// the expectations.
+    token: u64,
+    /// As the mesh sees it; `None` when it cannot be used (see `Ledger::warned`).
+    converted: Option<Arc<Instance>>,
+}
+
+impl Lease {
+    /// The instance document, as registered and changed since.
+    pub fn doc(&self) -> &InstanceInfo {
+        &self.doc
+    }
+
+    /// The instance document, to change: copied first if an answer or the delta holds it.
+    pub fn doc_mut(&mut self) -> &mut InstanceInfo {
+        Arc::make_mut(&mut self.doc)
+    }
+
+    /// How long the lease lasts without a heartbeat.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance
+    /// that says `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is
+    /// that.
+    fn effective_status(&self) -> Status {
+        match self.reported {
+            Status::Up | Status::OutOfService => self.overridden.unwrap_or(self.reported),
+            other => other,
+        }
+    }
+
+    /// Writes the effective and overridden status into the document.
+    pub fn refresh_status(&mut self) {
+        let status = self.effective_status().as_str();
+        let overridden = self.overridden.unwrap_or(Status::Unknown).as_str();
+        let doc = &*self.doc;
+        if doc.status.as_deref() == Some(status)
+            && doc.overridden_status.as_deref() == Some(overridden)
+            && doc.overriddenstatus_legacy.as_deref() == Some(overridden)
+        {
+            return;
+        }
+        let doc = self.doc_mut();
+        doc.status = Some(status.to_owned());
+        doc.overridden_status = Some(overridden.to_owned());
+        doc.overriddenstatus_legacy = Some(overridden.to_owned());
+    }
+
+    /// When the lease runs out, with the late rounds since its renewal credited.
+    fn deadline(&self, credit: Duration) -> Instant {
+        let extended = self.duration + credit.saturating_sub(self.credit_at);
+        self.renewed.checked_add(extended).unwrap_or(self.renewed)
+    }
+
+    /// The document as served now.
+    fn served(&self) -> Served {
+        Served {
+            doc: self.doc.clone(),
+            renewed_ms: Some(self.renewed_ms),
+            action: None,
+        }
+    }
+}
+
+/// An instance document to answer with, taken under the lock (one pointer) and written out
+/// after it ([`Served::info`]).
+#[derive(Clone, Debug)]
+pub struct Served {
+    doc: Arc<InstanceInfo>,
+    /// The lease's last renewal, written into `leaseInfo`; `None` for a delta's document,
+    /// which shows the instance as it was at its change.
+    renewed_ms: Option<u64>,
+    action: Option<ActionType>,
+}
+
+impl Served {
+    /// The document, as Eureka's JSON and XML writers take it.
+    pub fn info(&self) -> InstanceInfo {
+        let mut info = (*self.doc).clone();
+        if let (Some(ms), Some(lease)) = (self.renewed_ms, info.lease_info.as_mut()) {
+            lease.last_renewal_timestamp = Some(ms);
+        }
+        info.action_type = self.action;
+        info
+    }
+}
+
+/// Applications as a registry answer lists them: taken under the lock, written after.
+#[derive(Clone, Debug, Default)]
+pub struct AppsView {
+    pub version: u64,
+    pub hash_code: String,
+    pub apps: Vec<(Name, Vec<Served>)>,
+}
+
+impl AppsView {
+    /// The document every reader answers with.
+    pub fn applications(&self) -> Applications {
+        Applications {
+            versions_delta: Some(self.version.to_string()),
+            apps_hashcode: Some(self.hash_code.clone()),
+            application: (self.apps.iter())
+                .map(|(name, served)| Application {
+                    name: name.to_string(),
+                    instance: served.iter().map(Served::info).collect(),
+                    ..Application::default()
+                })
+                .collect(),
+            ..Applications::default()
+        }
+    }
+}
+
+/// A registration, checked: its document with its app and id set, and the lease's terms.
+/// The ledger writes the status and the lease's timestamps.
+#[derive(Debug)]
+pub struct Registration {
+    pub info: InstanceInfo,
+    /// The status the instance reports.
+    pub reported: Status,
+    /// The override the registration carries (`overriddenStatus`), if any.
+    pub body_override: Option<Status>,
+    pub duration: Duration,
+    pub renewal_interval: Duration,
+    pub owner: Option<Arc<str>>,
+}
+
+/// What a registration did.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Registered {
+    /// A new instance (not a registration again).
+    pub new: bool,
+    /// The override it had when it was cancelled came back (see [`Ledger::cancel`]).
+    pub override_restored: bool,
+}
+
+/// Why a heartbeat was not taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RenewRefused {
+    /// No such instance: the client registers again.
+    Unknown,
+    /// Renewed, but the client's document is newer than the registered one: it registers
+    /// again.
+    Newer { theirs: u64, ours: u64 },
+}
+
+/// What an eviction round did.
+#[derive(Debug)]
+pub struct Eviction {
+    /// The instances evicted, most overdue first.
+    pub evicted: Vec<(Name, Name)>,
+    /// Expired leases kept, for self-preservation or its per-round share.
+    pub held: usize,
+    pub verdict: Verdict,
+}
+
+/// A change, as the delta lists it.
+#[derive(Debug)]
+struct Change {
+    at: Instant,
+    app: Name,
+    id: Name,
+    action: ActionType,
+    /// The instance as it was after the change.
+    doc: Arc<InstanceInfo>,
+}
+
+/// The embedded registry's state.
+#[derive(Debug)]
+pub struct Ledger {
+    terms: Terms,
+    /// APP → instance id → lease.
+    apps: BTreeMap<Name, BTreeMap<Name, Lease>>,
+    /// How many leases there are (all apps).
+    leases: usize,
+    /// For `/apps/delta`: the latest change of each instance within the retention, keyed
+    /// by the `version` it made (so oldest first).
+    recent: BTreeMap<u64, Change>,
+    /// (APP, id) → the key of that instance's change in `recent`.
+    latest: HashMap<(Name, Name), u64>,
+    /// APP → its usable instances in id order, as published: one shared group per app, so
+    /// that a publish copies one pointer per app.
+    published: BTreeMap<Name, Group>,
+    /// (APP, id) → what was left out of the instance, and why; only instances with warnings.
+    warned: BTreeMap<(Name, Name), Vec<InvalidInstance>>,
+    /// Bumped on every change; served as `versions__delta`.
+    version: u64,
+    /// Every lease's deadline as last seen, soonest first, with the lease's token: an entry
+    /// whose lease was renewed since goes back with the new deadline, one whose lease is
+    /// gone or registered again (another token) is dropped.
+    expiry: BinaryHeap<Reverse<(Instant, u64, Name, Name)>>,
+    /// The sum of every late round's delay (see [`Ledger::evict`]).
+    credit: Duration,
+    next_token: u64,
+    preservation: SelfPreservation,
+    expected: Expected,
+    /// Leases by their document's status, for the reconcile hash code.
+    statuses: [usize; 5],
+    /// (APP, id) → the status override of a cancelled instance, and until when it comes
+    /// back with a registration of the same instance.
+    cancelled_overrides: CancelledOverrides,
+}
+
+fn status_slot(status: Status) -> usize {
+    match status {
+        Status::Up => 0,
+        Status::Down => 1,
+        Status::Starting => 2,
+        Status::OutOfService => 3,
+        Status::Unknown => 4,
+    }
+}
+
+const STATUSES: [Status; 5] = [
+    Status::Up,
+    Status::Down,
+    Status::Starting,
+    Status::OutOfService,
+    Status::Unknown,
+];
+
+impl Ledger {
+    /// An empty ledger, started `now`.
+    pub fn new(terms: Terms, now: Instant) -> Ledger {
+        Ledger {
+            terms,
+            apps: BTreeMap::new(),
+            leases: 0,
+            recent: BTreeMap::new(),
+            latest: HashMap::new(),
+            published: BTreeMap::new(),
+            warned: BTreeMap::new(),
+            version: 0,
+            expiry: BinaryHeap::new(),
+            credit: Duration::ZERO,
+            next_token: 0,
+            preservation: SelfPreservation::new(terms.preservation, now),
+            expected: Expected::new(terms.preservation.window, now),
+            statuses: [0; 5],
+            cancelled_overrides: CancelledOverrides::default(),
+        }
+    }
+
+    /// How many instances are registered.
+    pub fn len(&self) -> usize {
+        self.leases
+    }
+
+    /// Whether no instance is registered.
+    pub fn is_empty(&self) -> bool {
+        self.leases == 0
+    }
+
+    /// The registry's version: bumped on every change.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The lease of `app`/`id`.
+    pub fn lease(&self, app: &str, id: &str) -> Option<&Lease> {
+        self.apps.get(app)?.get(id)
+    }
+
+    /// The shared name of `app`, if registered, or a new one.
+    fn app_name(&self, app: &str) -> Name {
+        (self.apps.get_key_value(app)).map_or_else(|| Name::from(app), |(k, _)| k.clone())
+    }
+
+    /// Registers (or registers again) `app`/`id`. The checks are the caller's: this only
+    /// records.
+    pub fn register(&mut self, app: &str, id: &str, r: Registration, now: Now) -> Registered {
+        let app = self.app_name(app);
+        let existing = self.lease(&app, id);
+        let id: Name = (self.apps.get(&app))
+            .and_then(|leases| leases.get_key_value(id))
+            .map_or_else(|| Name::from(id), |(k, _)| k.clone());
+        let known = existing.map(|l| {
+            let up = (l.doc.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
+            (l.overridden, up)
+        });
+        let mut override_restored = false;
+        let (overridden, service_up) = match known {
+            Some((overridden, up)) => (overridden.or(r.body_override), up),
+            None => {
+                // The override it had if it was cancelled within one lease duration.
+                let key = (app.clone(), id.clone());
+                let restored = self.cancelled_overrides.take(&key, now.at);
+                override_restored = restored.is_some();
+                (restored.or(r.body_override), None)
+            }
+        };
+        let service_up = service_up
+            .filter(|t| *t > 0)
+            .or((r.reported == Status::Up).then_some(now.ms));
+        let mut info = r.info;
+        let stated = info.lease_info.take().unwrap_or_default();
+        info.lease_info = Some(LeaseInfo {
+            renewal_interval_in_secs: Some(stated.renewal_interval_in_secs.unwrap_or(30)),
+            duration_in_secs: Some(r.duration.as_secs()),
+            registration_timestamp: Some(now.ms),
+            last_renewal_timestamp: Some(now.ms),
+            eviction_timestamp: Some(0),
+            service_up_timestamp: Some(service_up.unwrap_or(0)),
+            other: stated.other,
+        });
+        info.last_updated_timestamp = Some(now.ms);
+        info.last_dirty_timestamp = Some(info.last_dirty_timestamp.unwrap_or(now.ms));
+        info.is_coordinating_discovery_server.get_or_insert(false);
+        info.action_type = None;
+        let token = self.next_token;
+        self.next_token += 1;
+        let mut lease = Lease {
+            doc: Arc::new(info),
+            reported: r.reported,
+            overridden,
+            renewed: now.at,
+            renewed_ms: now.ms,
+            credit_at: self.credit,
+            duration: r.duration,
+            registered: now.at,
+            renewal_interval: r.renewal_interval,
+            counted: now.at,
+            owner: r.owner,
+            token,
+            converted: None,
+        };
+        lease.refresh_status();
+        let deadline = lease.deadline(self.credit);
+        self.expected.add(token, now.at, lease.renewal_interval);
+        self.statuses[status_slot(lease.doc.status())] += 1;
+        let doc = lease.doc.clone();
+        let old = (self.apps.entry(app.clone()).or_default()).insert(id.clone(), lease);
+        match &old {
+            Some(old) => self.forget(old),
+            None => self.leases += 1,
+        }
+        self.expiry
+            .push(Reverse((deadline, token, app.clone(), id.clone())));
+        self.convert(&app, &id);
+        self.record(app, id, ActionType::Added, doc, now);
+        Registered {
+            new: old.is_none(),
+            override_restored,
+        }
+    }
+
+    /// Takes a lease's part out of the expectations and status counts.
+    fn forget(&mut self, lease: &Lease) {
+        (self.expected).remove(lease.token, lease.registered, lease.renewal_interval);
+        self.statuses[status_slot(lease.doc.status())] -= 1;
+    }
+
+    /// Renews the lease of `app`/`id` (a heartbeat). A `last_dirty_timestamp` newer than the
+    /// registered one renews it but is refused, so that the client registers its newer data.
+    pub fn renew(
+        &mut self,
+        app: &str,
+        id: &str,
+        last_dirty_timestamp: Option<u64>,
+        now: Now,
+    ) -> Result<(), RenewRefused> {
+        let credit = self.credit;
+        let lease = (self.apps.get_mut(app))
+            .and_then(|l| l.get_mut(id))
+            .ok_or(RenewRefused::Unknown)?;
+        lease.renewed = now.at;
+        lease.renewed_ms = now.ms;
+        lease.credit_at = credit;
+        // Self-preservation counts at most one renewal per half the lease's interval: a
+        // client heartbeating faster than it said cannot hide that others went quiet.
+        let counts = now.at.saturating_duration_since(lease.counted) >= lease.renewal_interval / 2;
+        if counts {
+            lease.counted = now.at;
+        }
+        let answer = match (last_dirty_timestamp, lease.doc.last_dirty_timestamp) {
+            (Some(theirs), Some(ours)) if theirs > ours => {
+                Err(RenewRefused::Newer { theirs, ours })
+            }
+            _ => Ok(()),
+        };
+        if counts {
+            self.preservation.renewed(now.at);
+        }
+        answer
+    }
+
+    /// Removes `app`/`id` (its client is shutting down); `None` if unknown.
+    ///
+    /// An operator's override (a drain: `OUT_OF_SERVICE`) outlives the cancel for one lease
+    /// duration: a client that registers again while it shuts down (py-eureka-client's
+    /// heartbeat, racing its own stop, gets 404 and registers the instance `UP`) does not
+    /// bring a drained instance back into traffic just as it exits. Netflix's server forgets
+    /// the override at once.
+    pub fn cancel(&mut self, app: &str, id: &str, now: Now) -> Option<()> {
+        let (app, id, lease) = self.remove(app, id)?;
+        if let Some(overridden) = lease.overridden {
+            let until = now.at.checked_add(lease.duration).unwrap_or(now.at);
+            // Bounded like the registry: the oldest go first.
+            let max = self.terms.max_instances.max(1);
+            (self.cancelled_overrides).keep((app.clone(), id.clone()), overridden, until, max);
+        }
+        self.record(app, id, ActionType::Deleted, lease.doc, now);
+        Some(())
+    }
+
+    /// Changes the lease of `app`/`id` with `change` (which leaves it as it was when it
+    /// fails); `None` if unknown.
+    pub fn modify<E>(
+        &mut self,
+        app: &str,
+        id: &str,
+        now: Now,
+        change: impl FnOnce(&mut Lease) -> Result<(), E>,
+    ) -> Option<Result<(), E>> {
+        let app = self.app_name(app);
+        let id = self.apps.get(&app)?.get_key_value(id)?.0.clone();
+        let lease = self.apps.get_mut(&app)?.get_mut(&id)?;
+        let before = lease.doc.status();
+        if let Err(e) = change(lease) {
+            return Some(Err(e));
+        }
+        lease.doc_mut().last_updated_timestamp = Some(now.ms);
+        let (doc, after) = (lease.doc.clone(), lease.doc.status());
+        self.statuses[status_slot(before)] -= 1;
+        self.statuses[status_slot(after)] += 1;
+        self.convert(&app, &id);
+        self.record(app, id, ActionType::Modified, doc, now);
+        Some(Ok(()))
+    }
+
+    /// One eviction round at `now`, running `late` later than planned: evicts the leases
+    /// that ran out, unless self-preservation holds eviction, and at most its per-round
+    /// share (the most overdue first).
+    ///
+    /// The registry could not take a heartbeat while it ran late either (the process was
+    /// paused, or starved), so every lease is first extended by `late`: a registry that
+    /// stalls must not evict instances that did nothing wrong.
+    pub fn evict(&mut self, now: Now, late: Duration) -> Eviction {
+        self.credit += late;
+        let mut due = Vec::new();
+        while let Some(Reverse((deadline, ..))) = self.expiry.peek()
+            && *deadline <= now.at
+        {
+            let Some(Reverse((_, token, app, id))) = self.expiry.pop() else {
+                break;
+            };
+            let Some(lease) = self.lease(&app, &id).filter(|l| l.token == token) else {
+                continue;
+            };
+            let deadline = lease.deadline(self.credit);
+            if deadline <= now.at {
+                due.push((deadline, token, app, id));
+            } else {
+                self.expiry.push(Reverse((deadline, token, app, id)));
+            }
+        }
+        let expected = self.expected.at(now.at);
+        let verdict = (self.preservation).allows_eviction(now.at, self.leases, expected);
+        let limit = if verdict.allows_eviction {
+            self.preservation.eviction_limit(self.leases)
+        } else {
+            0
+        };
+        due.sort();
+        let held = due.len().saturating_sub(limit);
+        for entry in due.drain(limit.min(due.len())..) {
+            self.expiry.push(Reverse(entry));
+        }
+        let mut evicted = Vec::with_capacity(due.len());
+        for (_, _, app, id) in due {
+            if let Some((app, id, mut lease)) = self.remove(&app, &id) {
+                if let Some(l) = lease.doc_mut().lease_info.as_mut() {
+                    l.eviction_timestamp = Some(now.ms);
+                }
+                self.record(app.clone(), id.clone(), ActionType::Deleted, lease.doc, now);
+                evicted.push((app, id));
+            }
+        }
+        Eviction {
+            evicted,
+            held,
+            verdict,
+        }
+    }
+
+    /// Whether self-preservation holds eviction (as of the last round).
+    pub fn is_preserving(&self) -> bool {
+        self.preservation.is_engaged()
+    }
+
+    fn remove(&mut self, app: &str, id: &str) -> Option<(Name, Name, Lease)> {
+        let app = self.apps.get_key_value(app)?.0.clone();
+        let leases = self.apps.get_mut(&app)?;
+        let (id, lease) = leases.remove_entry(id)?;
+        if leases.is_empty() {
+            self.apps.remove(&app);
+        }
+        self.leases -= 1;
+        self.forget(&lease);
+        self.convert(&app, &id);
+        Some((app, id, lease))
+    }
+
+    /// Converts `app`/`id` for the mesh again after its lease changed (or went), and
+    /// rebuilds its app's group.
+    fn convert(&mut self, app: &Name, id: &Name) {
+        let mut warnings = Vec::new();
+        if let Some(lease) = self.apps.get_mut(app).and_then(|l| l.get_mut(id)) {
+            lease.converted = match lease.doc.to_instance(app, 0, &mut warnings) {
+                Ok(instance) => Some(Arc::new(instance)),
+                Err(e) => {
+                    warnings.push(e);
+                    None
+                }
+            };
+        }
+        let group: Vec<Arc<Instance>> = (self.apps.get(app).into_iter())
+            .flat_map(BTreeMap::values)
+            .filter_map(|l| l.converted.clone())
+            .collect();
+        if group.is_empty() {
+            self.published.remove(app);
+        } else {
+            self.published.insert(app.clone(), group.into());
+        }
+        let key = (app.clone(), id.clone());
+        if warnings.is_empty() {
+            self.warned.remove(&key);
+        } else {
+            self.warned.insert(key, warnings);
+        }
+    }
+
+    fn record(
+        &mut self,
+        app: Name,
+        id: Name,
+        action: ActionType,
+        doc: Arc<InstanceInfo>,
+        now: Now,
+    ) {
+        self.version += 1;
+        let version = self.version;
+        if let Some(older) = self.latest.insert((app.clone(), id.clone()), version) {
+            self.recent.remove(&older);
+        }
+        let change = Change {
+            at: now.at,
+            app,
+            id,
+            action,
+            doc,
+        };
+        self.recent.insert(version, change);
+        // Register-and-cancel churn with new ids must not grow the delta without bound:
+        // past the registry's own bound, the oldest changes go (a client that misses one
+        // sees a hash code mismatch and fetches the whole registry).
+        self.prune(now.at);
+    }
+
+    /// Forgets the changes older than the retention, and the oldest beyond the registry's
+    /// bound. Changes are made in order, so the oldest are first.
+    fn prune(&mut self, now: Instant) {
+        let max_len = self.terms.max_instances.max(1);
+        loop {
+            let len = self.recent.len();
+            let Some(oldest) = self.recent.first_entry() else {
+                return;
+            };
+            let age = now.saturating_duration_since(oldest.get().at);
+            if len <= max_len && age <= self.terms.delta_retention {
+                return;
+            }
+            let change = oldest.remove();
+            self.latest.remove(&(change.app, change.id));
+        }
+    }
+
+    /// Eureka's reconcile hash code of every registered instance (`apps__hashcode`).
+    pub fn hash_code(&self) -> String {
+        reconcile_hash_code_of_counts(
+            STATUSES
+                .into_iter()
+                .map(|s| (s, self.statuses[status_slot(s)])),
+        )
+    }
+
+    fn view(&self, apps: Vec<(Name, Vec<Served>)>) -> AppsView {
+        AppsView {
+            version: self.version,
+            hash_code: self.hash_code(),
+            apps,
+        }
+    }
+
+    /// Every application, as `GET /apps` answers.
+    pub fn applications(&self) -> AppsView {
+        let apps = (self.apps.iter())
+            .map(|(name, leases)| (name.clone(), leases.values().map(Lease::served).collect()))
+            .collect();
+        self.view(apps)
+    }
+
+    /// One application (`name` uppercase), as `GET /apps/{APP}` answers.
+    pub fn application(&self, name: &str) -> Option<Vec<Served>> {
+        let leases = self.apps.get(name)?;
+        Some(leases.values().map(Lease::served).collect())
+    }
+
+    /// One instance, as `GET /apps/{APP}/{ID}` answers.
+    pub fn instance(&self, app: &str, id: &str) -> Option<Served> {
+        self.lease(app, id).map(Lease::served)
+    }
+
+    /// The instance `id` of whichever app, as `GET /instances/{ID}` answers.
+    pub fn instance_by_id(&self, id: &str) -> Option<Served> {
+        (self.apps.values()).find_map(|leases| leases.get(id).map(Lease::served))
+    }
+
+    /// The instances whose `vipAddress` (or, `secure`, `secureVipAddress`) lists `vip`
+    /// (lowercase), by application.
+    pub fn serving(&self, vip: &str, secure: bool) -> AppsView {
+        let field = |i: &InstanceInfo| {
+            let list = if secure {
+                &i.secure_vip_address
+            } else {
+                &i.vip_address
+            };
+            split_vips(list.as_deref().unwrap_or_default())
+                .iter()
+                .any(|v| v == vip)
+        };
+        let apps = (self.apps.iter())
+            .filter_map(|(name, leases)| {
+                let served: Vec<Served> = (leases.values())
+                    .filter(|l| field(&l.doc))
+                    .map(Lease::served)
+                    .collect();
+                (!served.is_empty()).then(|| (name.clone(), served))
+            })
+            .collect();
+        self.view(apps)
+    }
+
+    /// The changes within the delta retention, as `GET /apps/delta` answers: the latest
+    /// change of each instance, oldest first, grouped by app in order of first appearance.
+    pub fn delta(&mut self, now: Instant) -> AppsView {
+        self.prune(now);
+        let mut apps: Vec<(Name, Vec<Served>)> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for change in self.recent.values() {
+            let i = *index.entry(&change.app).or_insert_with(|| {
+                apps.push((change.app.clone(), Vec::new()));
+                apps.len() - 1
+            });
+            apps[i].1.push(Served {
+                doc: change.doc.clone(),
+                renewed_ms: None,
+                action: Some(change.action),
+            });
+        }
+        self.view(apps)
+    }
+
+    /// How many changes the delta holds (for tests and bounds).
+    pub fn delta_len(&self) -> usize {
+        debug_assert_eq!(self.recent.len(), self.latest.len());
+        self.recent.len()
+    }
+
+    /// The plain model of the registry: what the full document converts to, from the
+    /// instances converted when their leases changed.
+    pub fn to_registry(&self) -> Parsed {
+        let registry = Registry::from_groups(self.published.values().cloned());
+        let mut warnings = Vec::new();
+        for ((app, id), list) in &self.warned {
+            // The instance's position in its app, as the full document counts.
+            let index = self.apps.get(app).map_or(0, |leases| {
+                leases
+                    .range::<str, _>((Bound::Unbounded, Bound::Excluded(&**id)))
+                    .count()
+            });
+            warnings.extend(list.iter().map(|w| InvalidInstance { index, ..w.clone() }));
+        }
+        Parsed { registry, warnings }
+    }
+}
+
+/// The overrides of cancelled instances, each until a time, oldest first: what
+/// [`Ledger::cancel`] keeps. Every operation costs what it removes, not the map.
+#[derive(Debug, Default)]
+struct CancelledOverrides {
+    by_key: HashMap<(Name, Name), (Status, Instant)>,
+    /// Keys in the order they were kept, with the time they were kept until; an entry whose
+    /// key was kept again since, or taken, is skipped.
+    order: VecDeque<(Instant, (Name, Name))>,
+}
+
+impl CancelledOverrides {
+    /// Keeps `status` for `key` until `until`; then forgets the oldest beyond `max`.
+    fn keep(&mut self, key: (Name, Name), status: Status, until: Instant, max: usize) {
+        self.by_key.insert(key.clone(), (status, until));
+        self.order.push_back((until, key));
+        while self.by_key.len() > max {
+            self.pop_oldest();
+        }
+    }
+
+    /// The override kept for `key`, if it has not run out by `now`; forgets it, and every
+    /// kept override at the front that has run out.
+    fn take(&mut self, key: &(Name, Name), now: Instant) -> Option<Status> {
+        while self.order.front().is_some_and(|(until, _)| *until <= now) {
+            self.pop_oldest();
+        }
+        let (status, until) = self.by_key.remove(key)?;
+        (until > now).then_some(status)
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((until, key)) = self.order.pop_front()
+            && self.by_key.get(&key).is_some_and(|(_, u)| *u == until)
+        {
+            self.by_key.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

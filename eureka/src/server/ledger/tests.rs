@@ -1,0 +1,325 @@
+//! The ledger on its own: no HTTP, no tasks, the time given by hand.
+
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::wire::json::{Port, reconcile_hash_code};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn terms() -> Terms {
+    Terms {
+        delta_retention: SEC * 180,
+        max_instances: 10_000,
+        // Off: these tests are about leases, not about holding them.
+        preservation: PreservationConfig {
+            threshold: 0.0,
+            ..PreservationConfig::default()
+        },
+    }
+}
+
+struct Clock {
+    t0: Instant,
+    now: Now,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        let t0 = Instant::now();
+        Clock {
+            t0,
+            now: Now { at: t0, ms: 1_000 },
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now.at += by;
+        self.now.ms += by.as_millis() as u64;
+    }
+}
+
+fn registration(app: &str, id: &str, lease: Duration) -> Registration {
+    let info = InstanceInfo {
+        instance_id: Some(id.to_owned()),
+        app: Some(app.to_owned()),
+        host_name: Some("10.0.0.1".to_owned()),
+        ip_addr: Some("10.0.0.1".to_owned()),
+        status: Some("UP".to_owned()),
+        port: Some(Port::enabled(8080)),
+        vip_address: Some(app.to_ascii_lowercase()),
+        ..InstanceInfo::default()
+    };
+    Registration {
+        info,
+        reported: Status::Up,
+        body_override: None,
+        duration: lease,
+        renewal_interval: SEC * 30,
+        owner: None,
+    }
+}
+
+fn registered(ledger: &Ledger) -> BTreeSet<String> {
+    (ledger.apps.iter())
+        .flat_map(|(app, leases)| leases.keys().map(move |id| format!("{app}/{id}")))
+        .collect()
+}
+
+#[test]
+fn a_lease_runs_out_its_duration_after_its_last_heartbeat_not_before() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register(
+        "HELLO",
+        "h1",
+        registration("HELLO", "h1", SEC * 10),
+        clock.now,
+    );
+    clock.advance(SEC * 8);
+    assert_eq!(ledger.renew("HELLO", "h1", None, clock.now), Ok(()));
+    // Its first deadline (10 s) passes: the queue holds it, finds it renewed, keeps it.
+    clock.advance(SEC * 9);
+    assert!(ledger.evict(clock.now, Duration::ZERO).evicted.is_empty());
+    assert_eq!(ledger.len(), 1);
+    clock.advance(SEC);
+    let round = ledger.evict(clock.now, Duration::ZERO);
+    assert_eq!(round.evicted, [(Name::from("HELLO"), Name::from("h1"))]);
+    assert_eq!(ledger.len(), 0);
+    assert!(ledger.to_registry().registry.is_empty());
+    // The delta says so, with the eviction's time in the document.
+    let delta = ledger.delta(clock.now.at).applications();
+    let info = &delta.application[0].instance[0];
+    assert_eq!(info.action_type, Some(ActionType::Deleted));
+    let eviction = info.lease_info.as_ref().and_then(|l| l.eviction_timestamp);
+    assert_eq!(eviction, Some(clock.now.ms));
+}
+
+#[test]
+fn a_registration_again_is_not_evicted_by_the_deadline_of_the_one_before() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register(
+        "HELLO",
+        "h1",
+        registration("HELLO", "h1", SEC * 5),
+        clock.now,
+    );
+    clock.advance(SEC * 4);
+    // Registered again with a longer lease: the first entry in the queue is stale.
+    let again = ledger.register(
+        "HELLO",
+        "h1",
+        registration("HELLO", "h1", SEC * 60),
+        clock.now,
+    );
+    assert!(!again.new);
+    clock.advance(SEC * 2);
+    assert!(ledger.evict(clock.now, Duration::ZERO).evicted.is_empty());
+    assert_eq!(ledger.len(), 1);
+    clock.advance(SEC * 58);
+    assert_eq!(ledger.evict(clock.now, Duration::ZERO).evicted.len(), 1);
+}
+
+#[test]
+fn a_late_round_extends_every_lease_by_its_delay() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register(
+        "HELLO",
+        "h1",
+        registration("HELLO", "h1", SEC * 10),
+        clock.now,
+    );
+    ledger.register(
+        "HELLO",
+        "h2",
+        registration("HELLO", "h2", SEC * 10),
+        clock.now,
+    );
+    // The process stalled for 60 s: nobody could renew.
+    clock.advance(SEC * 61);
+    assert!(ledger.evict(clock.now, SEC * 60).evicted.is_empty());
+    // h1 renews after the stall; h2 stays silent and runs out 10 s after the stall.
+    assert_eq!(ledger.renew("HELLO", "h1", None, clock.now), Ok(()));
+    clock.advance(SEC * 9);
+    let evicted = ledger.evict(clock.now, Duration::ZERO).evicted;
+    assert_eq!(evicted, [(Name::from("HELLO"), Name::from("h2"))]);
+    clock.advance(SEC * 2);
+    assert_eq!(ledger.evict(clock.now, Duration::ZERO).evicted.len(), 1);
+}
+
+#[test]
+fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register(
+        "HELLO",
+        "h1",
+        registration("HELLO", "h1", SEC * 90),
+        clock.now,
+    );
+    let lease_doc = |l: &Ledger| l.lease("HELLO", "h1").unwrap().doc.clone();
+    let first = lease_doc(&ledger);
+    let in_delta = ledger.recent.values().next().unwrap().doc.clone();
+    assert!(Arc::ptr_eq(&first, &in_delta));
+
+    // A heartbeat stamps the lease, not the document; answers show the renewal.
+    clock.advance(SEC * 5);
+    ledger.renew("HELLO", "h1", None, clock.now).unwrap();
+    assert!(Arc::ptr_eq(&first, &lease_doc(&ledger)));
+    let served = ledger.instance("HELLO", "h1").unwrap().info();
+    let renewal = served.lease_info.as_ref().unwrap().last_renewal_timestamp;
+    assert_eq!(renewal, Some(clock.now.ms));
+
+    // A change copies it: the delta's old entry goes, the new one shares the new document.
+    ledger
+        .modify("HELLO", "h1", clock.now, |lease| {
+            lease.overridden = Some(Status::OutOfService);
+            lease.refresh_status();
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    let second = lease_doc(&ledger);
+    assert!(!Arc::ptr_eq(&first, &second));
+    assert_eq!(second.status(), Status::OutOfService);
+    assert_eq!(
+        first.status(),
+        Status::Up,
+        "what was answered before stays as it was"
+    );
+    assert_eq!(ledger.delta_len(), 1);
+    let in_delta = ledger.recent.values().next().unwrap().doc.clone();
+    assert!(Arc::ptr_eq(&second, &in_delta));
+}
+
+#[test]
+fn a_failed_change_leaves_the_lease_and_the_version_as_they_were() {
+    let clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register(
+        "HELLO",
+        "h1",
+        registration("HELLO", "h1", SEC * 90),
+        clock.now,
+    );
+    let version = ledger.version();
+    let failed = ledger.modify("HELLO", "h1", clock.now, |_| Err("no"));
+    assert_eq!(failed, Some(Err("no")));
+    assert_eq!(ledger.version(), version);
+    let unknown = ledger.modify("HELLO", "nope", clock.now, |_| Ok::<(), ()>(()));
+    assert_eq!(unknown, None);
+}
+
+#[test]
+fn the_kept_status_counts_give_the_hash_code_of_every_document() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    for n in 0..6 {
+        let id = format!("h{n}");
+        ledger.register(
+            "HELLO",
+            &id,
+            registration("HELLO", &id, SEC * 90),
+            clock.now,
+        );
+    }
+    let from_documents = |l: &Ledger| {
+        reconcile_hash_code((l.apps.values().flat_map(BTreeMap::values)).map(|l| l.doc.status()))
+    };
+    for (n, status) in [(0, Status::OutOfService), (1, Status::OutOfService)] {
+        let id = format!("h{n}");
+        let drain = |lease: &mut Lease| {
+            lease.overridden = Some(status);
+            lease.refresh_status();
+            Ok::<(), ()>(())
+        };
+        ledger
+            .modify("HELLO", &id, clock.now, drain)
+            .unwrap()
+            .unwrap();
+    }
+    let mut down = registration("HELLO", "h2", SEC * 90);
+    down.reported = Status::Down;
+    ledger.register("HELLO", "h2", down, clock.now);
+    ledger.cancel("HELLO", "h3", clock.now).unwrap();
+    assert_eq!(ledger.hash_code(), "DOWN_1_OUT_OF_SERVICE_2_UP_2_");
+    assert_eq!(ledger.hash_code(), from_documents(&ledger));
+    clock.advance(SEC * 91);
+    ledger.evict(clock.now, Duration::ZERO);
+    assert_eq!(ledger.hash_code(), "");
+    assert_eq!(ledger.hash_code(), from_documents(&ledger));
+}
+
+/// Random registrations, heartbeats, cancels, late and punctual rounds against a model
+/// that keeps every lease's deadline by hand: each round evicts exactly what the model says
+/// ran out, and the published registry is exactly what is registered.
+#[test]
+fn eviction_from_the_queue_matches_a_model_over_random_operations() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    // "APP/id" -> (renewed, duration, credit when renewed).
+    let mut model: BTreeMap<String, (Instant, Duration, Duration)> = BTreeMap::new();
+    let mut credit = Duration::ZERO;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..4_000 {
+        let app = format!("APP{}", next(3));
+        let id = format!("i{}", next(12));
+        let key = format!("{app}/{id}");
+        match next(10) {
+            0..=2 => {
+                let lease = SEC * (1 + next(20)) as u32;
+                ledger.register(&app, &id, registration(&app, &id, lease), clock.now);
+                model.insert(key, (clock.now.at, lease, credit));
+            }
+            3..=4 => {
+                let renewed = ledger.renew(&app, &id, None, clock.now);
+                match model.get_mut(&key) {
+                    Some(entry) => {
+                        assert_eq!(renewed, Ok(()));
+                        (entry.0, entry.2) = (clock.now.at, credit);
+                    }
+                    None => assert_eq!(renewed, Err(RenewRefused::Unknown)),
+                }
+            }
+            5 => {
+                let cancelled = ledger.cancel(&app, &id, clock.now);
+                assert_eq!(cancelled.is_some(), model.remove(&key).is_some());
+            }
+            6..=8 => clock.advance(Duration::from_millis(next(1_500))),
+            _ => {
+                let late = if next(4) == 0 {
+                    SEC * next(5) as u32
+                } else {
+                    Duration::ZERO
+                };
+                credit += late;
+                let now = clock.now.at;
+                let due: BTreeSet<String> = (model.iter())
+                    .filter(|(_, (renewed, lease, at))| *renewed + *lease + (credit - *at) <= now)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let evicted: BTreeSet<String> = (ledger.evict(clock.now, late).evicted)
+                    .iter()
+                    .map(|(app, id)| format!("{app}/{id}"))
+                    .collect();
+                assert_eq!(evicted, due, "at step {step}");
+                model.retain(|k, _| !due.contains(k));
+            }
+        }
+        assert_eq!(
+            registered(&ledger),
+            model.keys().cloned().collect(),
+            "at step {step}"
+        );
+        assert_eq!(ledger.len(), model.len());
+    }
+    assert_eq!(ledger.to_registry().registry.len(), model.len());
+}
