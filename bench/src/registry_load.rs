@@ -52,15 +52,21 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
 
     let generated = GenArgs::scale("unused".into(), a.instances.div_ceil(10), 10, false);
     let mut checkpoints = Vec::new();
-    let mut next = a.first_checkpoint.max(1);
-    let mut window_start: Option<(usize, Instant)> = None;
     let registering = eureka.clone();
     let total = a.instances;
     let window = a.window.max(1);
-    // Registration runs on a blocking thread, as a request handler would take the lock.
+    let first = a.first_checkpoint.max(1);
+    // Registration runs on a blocking thread, as a request handler takes the lock; it
+    // reports only at the start of each timed window and at each checkpoint.
     let (report_tx, mut report_rx) = tokio::sync::mpsc::unbounded_channel();
     let worker = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let mut next = first;
+        let mut window_start = None;
         for inst in instances(&generated).take(total) {
+            let done = inst.index;
+            if done + window == next {
+                window_start = Some(Instant::now());
+            }
             let body = format!(
                 "{{\"instance\":{{\"leaseInfo\":{{\"durationInSecs\":3600}},{}}}",
                 &eureka_json(&inst, 8080)[1..]
@@ -68,38 +74,40 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
             registering
                 .register(&inst.app, body.as_bytes())
                 .map_err(|e| anyhow::anyhow!("registration {}: {e}", inst.index))?;
-            let _ = report_tx.send((inst.index + 1, Instant::now()));
+            if done + 1 == next {
+                let rate =
+                    window_start.map(|t0: Instant| window as f64 / t0.elapsed().as_secs_f64());
+                // The checkpoint is read before registering on.
+                let (read_tx, read_rx) = std::sync::mpsc::channel::<()>();
+                let _ = report_tx.send((next, rate, read_tx));
+                let _ = read_rx.recv();
+                next *= 10;
+                window_start = None;
+            }
         }
         Ok(())
     });
-    while let Some((done, at)) = report_rx.recv().await {
-        if done + window == next {
-            window_start = Some((done, at));
-        }
-        if done == next {
-            let rate = window_start
-                .map(|(from, t0)| (done - from) as f64 / at.duration_since(t0).as_secs_f64());
-            // Publishing what was registered, then reading memory.
-            let t0 = Instant::now();
-            eureka.published().await;
-            let publish_wait = t0.elapsed();
-            let rss = own_rss_bytes().map_or(0, |(rss, _)| rss);
-            let published = rx.borrow().len();
-            eprintln!(
-                "registry-load: {done} instances, {:.0} registrations/s, rss {} MiB",
-                rate.unwrap_or(0.0),
-                rss >> 20
-            );
-            checkpoints.push(json!({
-                "instances": done,
-                "registrations_per_second": rate,
-                "rss_bytes": rss,
-                "bytes_per_instance": (rss.saturating_sub(base_rss)) as f64 / done as f64,
-                "published_instances": published,
-                "publish_wait_ms": publish_wait.as_secs_f64() * 1e3,
-            }));
-            next *= 10;
-        }
+    while let Some((done, rate, read)) = report_rx.recv().await {
+        // Publishing what was registered, then reading memory.
+        let t0 = Instant::now();
+        eureka.published().await;
+        let publish_wait = t0.elapsed();
+        let rss = own_rss_bytes().map_or(0, |(rss, _)| rss);
+        let published = rx.borrow().len();
+        eprintln!(
+            "registry-load: {done} instances, {:.0} registrations/s, rss {} MiB",
+            rate.unwrap_or(0.0),
+            rss >> 20
+        );
+        checkpoints.push(json!({
+            "instances": done,
+            "registrations_per_second": rate,
+            "rss_bytes": rss,
+            "bytes_per_instance": (rss.saturating_sub(base_rss)) as f64 / done as f64,
+            "published_instances": published,
+            "publish_wait_ms": publish_wait.as_secs_f64() * 1e3,
+        }));
+        let _ = read.send(());
     }
     worker.await??;
     eureka.published().await;

@@ -147,12 +147,30 @@ pub struct Instance {
 /// The instances of one app (or of part of one), next to each other.
 pub type Group = Arc<[Arc<Instance>]>;
 
-/// Every instance a source knows of, in the order it read them, in groups of one app.
+/// Groups of a registry, next to each other, with how many instances they hold: a source
+/// that changes a few apps at a time shares the shards it did not touch.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Shard {
+    groups: Box<[Group]>,
+    len: usize,
+}
+
+impl Shard {
+    /// A shard of `groups` (empty groups left out).
+    pub fn new(groups: impl IntoIterator<Item = Group>) -> Shard {
+        let groups: Box<[Group]> = groups.into_iter().filter(|g| !g.is_empty()).collect();
+        let len = groups.iter().map(|g| g.len()).sum();
+        Shard { groups, len }
+    }
+}
+
+/// Every instance a source knows of, in the order it read them, in groups of one app, the
+/// groups in shards.
 ///
-/// Shared, in two levels: a source that keeps what it converted (the embedded registry)
-/// publishes a new registry by sharing the groups of the apps that did not change (one
-/// pointer per app, not per instance), and [`Registry::changes_since`] skips a shared
-/// group, or a shared instance, by pointer.
+/// Shared, in three levels: a source that keeps what it converted (the embedded registry)
+/// publishes a new registry by sharing the shards, then the groups, of the apps that did not
+/// change (one pointer per shard, not per app or instance), and
+/// [`Registry::changes_since`] skips a shared shard, group or instance by pointer.
 ///
 /// A registry is *complete* when it is all its source knows, or *still loading* when the
 /// source may not have everything yet: a Eureka source before its first good fetch, the
@@ -161,8 +179,7 @@ pub type Group = Arc<[Arc<Instance>]>;
 /// odmesh-control's `cache`).
 #[derive(Clone, Debug, Eq)]
 pub struct Registry {
-    /// Not empty, each.
-    groups: Vec<Group>,
+    shards: Vec<Arc<Shard>>,
     len: usize,
     complete: bool,
 }
@@ -171,7 +188,7 @@ impl Default for Registry {
     /// An empty, complete registry.
     fn default() -> Registry {
         Registry {
-            groups: Vec::new(),
+            shards: Vec::new(),
             len: 0,
             complete: true,
         }
@@ -179,28 +196,46 @@ impl Default for Registry {
 }
 
 impl PartialEq for Registry {
-    /// The same instances in the same groups, and equally complete; a shared group is equal
-    /// without a look inside.
+    /// The same instances in the same groups, and equally complete; a shared shard or group
+    /// is equal without a look inside.
     fn eq(&self, other: &Registry) -> bool {
-        self.len == other.len
-            && self.complete == other.complete
-            && self.groups.len() == other.groups.len()
-            && (self.groups.iter())
-                .zip(&other.groups)
-                .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+        if self.len != other.len || self.complete != other.complete {
+            return false;
+        }
+        let same_group = |(a, b): (&Group, &Group)| Arc::ptr_eq(a, b) || a == b;
+        let shard_by_shard = self.shards.len() == other.shards.len()
+            && (self.shards.iter().zip(&other.shards)).all(|(a, b)| {
+                Arc::ptr_eq(a, b)
+                    || (a.groups.len() == b.groups.len()
+                        && a.groups.iter().zip(b.groups.iter()).all(same_group))
+            });
+        shard_by_shard || {
+            let count = |r: &Registry| r.groups().count();
+            count(self) == count(other) && self.groups().zip(other.groups()).all(same_group)
+        }
     }
 }
 
 impl Registry {
-    /// A registry of `groups`, each the instances of one app (an app may have several).
+    /// A registry of `groups`, each the instances of one app (an app may have several), in
+    /// one shard.
     pub fn from_groups(groups: impl IntoIterator<Item = Group>) -> Registry {
-        let groups: Vec<Group> = groups.into_iter().filter(|g| !g.is_empty()).collect();
-        let len = groups.iter().map(|g| g.len()).sum();
+        Registry::from_shards([Arc::new(Shard::new(groups))])
+    }
+
+    /// A registry of `shards`, in order.
+    pub fn from_shards(shards: impl IntoIterator<Item = Arc<Shard>>) -> Registry {
+        let shards: Vec<Arc<Shard>> = shards.into_iter().collect();
+        let len = shards.iter().map(|s| s.len).sum();
         Registry {
-            groups,
+            shards,
             len,
             complete: true,
         }
+    }
+
+    fn groups(&self) -> impl Iterator<Item = &Group> {
+        self.shards.iter().flat_map(|s| s.groups.iter())
     }
 
     /// An empty registry of a source that has loaded nothing yet.
@@ -221,7 +256,7 @@ impl Registry {
 
     /// Every instance, in order.
     pub fn instances(&self) -> impl Iterator<Item = &Arc<Instance>> {
-        self.groups.iter().flat_map(|g| g.iter())
+        self.groups().flat_map(|g| g.iter())
     }
 
     /// How many instances there are.
@@ -365,8 +400,9 @@ pub fn publish(tx: &tokio::sync::watch::Sender<Arc<Registry>>, registry: Registr
 }
 
 impl Registry {
-    /// What changed from `older` to `self`: one pointer comparison per group shared with
-    /// `older`, and per instance shared within the others.
+    /// What changed from `older` to `self`: one pointer comparison per shard shared with
+    /// `older` (when both have as many shards), per group shared within the others, and per
+    /// instance shared within the groups that are not.
     ///
     /// Both are walked side by side, ordered by app and then instance id, as every source
     /// lists them or nearly: a group (then an instance) at the same position with the same
@@ -377,9 +413,33 @@ impl Registry {
     /// added again), which costs the caller work but no accuracy.
     pub fn changes_since(&self, older: &Registry) -> RegistryChanges {
         let mut changes = RegistryChanges::default();
+        if self.shards.len() == older.shards.len() {
+            // Shard by shard: a shared shard is skipped whole.
+            for (o, n) in older.shards.iter().zip(&self.shards) {
+                if !Arc::ptr_eq(o, n) {
+                    changed_groups(&o.groups, &n.groups, &mut changes);
+                }
+            }
+        } else {
+            // Sharded otherwise (another source, or the first registry of this one): the
+            // groups side by side in app order.
+            let groups = |r: &Registry| {
+                let mut groups: Vec<Group> = r.groups().cloned().collect();
+                groups.sort_by(|a, b| a[0].app.cmp(&b[0].app));
+                groups
+            };
+            changed_groups(&groups(older), &groups(self), &mut changes);
+        }
+        changes
+    }
+}
+
+/// What changed from the groups `old` to `new` (see [`Registry::changes_since`]).
+fn changed_groups(old: &[Group], new: &[Group], changes: &mut RegistryChanges) {
+    {
         // Group by group first: a shared group is skipped whole.
         let by_app = |o: &[Arc<Instance>], n: &[Arc<Instance>]| o[0].app.cmp(&n[0].app);
-        merge(&older.groups, &self.groups, by_app, |step| match step {
+        merge(old, new, by_app, |step| match step {
             Step::Removed(group) => changes.removed.extend(group.iter().cloned()),
             Step::Added(group) => changes.added.extend(group.iter().cloned()),
             Step::Paired(o, n) => {
@@ -397,7 +457,6 @@ impl Registry {
                 });
             }
         });
-        changes
     }
 }
 
@@ -544,6 +603,29 @@ mod tests {
         assert_eq!((new.len(), new.is_empty()), (3, false));
         let json = serde_json::to_value(&new).unwrap();
         assert_eq!(json["instances"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_shared_shard_is_skipped_and_sharded_groups_in_any_order_compare_by_app() {
+        use Status::*;
+        let app = |name: &str, id: &str, status: Status| -> Group {
+            let mut i = instance(id, status);
+            i.app = name.into();
+            vec![Arc::new(i)].into()
+        };
+        let kept = Arc::new(Shard::new([app("B", "b", Up), app("A", "a", Up)]));
+        let old = Registry::from_shards([kept.clone(), Arc::new(Shard::new([app("C", "c", Up)]))]);
+        let new = Registry::from_shards([kept, Arc::new(Shard::new([app("C", "c", Down)]))]);
+        let changes = new.changes_since(&old);
+        assert_eq!(ids(&changes.removed), [("c", Up)]);
+        assert_eq!(ids(&changes.added), [("c", Down)]);
+        assert_ne!(new, old);
+        // Against one shard in app order (another source; a first registry): exact too.
+        let flat =
+            Registry::from_groups([app("A", "a", Up), app("B", "b", Up), app("C", "c", Down)]);
+        assert!(new.changes_since(&flat).is_empty());
+        assert!(flat.changes_since(&new).is_empty());
+        assert_eq!((new.len(), flat.len()), (3, 3));
     }
 
     #[test]

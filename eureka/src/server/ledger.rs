@@ -25,7 +25,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use odmesh_registry::{Group, Instance, InvalidInstance, Parsed, Registry, Status, split_vips};
+use odmesh_registry::{
+    Group, Instance, InvalidInstance, Parsed, Registry, Shard, Status, split_vips,
+};
 
 use super::preservation::{Expected, PreservationConfig, SelfPreservation, Verdict};
 use crate::wire::json::{
@@ -273,9 +275,10 @@ pub struct Ledger {
     recent: BTreeMap<u64, Change>,
     /// (APP, id) → the key of that instance's change in `recent`.
     latest: HashMap<(Name, Name), u64>,
-    /// APP → its usable instances in id order, as published: one shared group per app, so
-    /// that a publish copies one pointer per app.
-    published: BTreeMap<Name, Group>,
+    /// The usable instances as published, in [`SHARDS`] shards by app: APP → its group, in
+    /// id order, and the shard as last published, `None` once one of its apps changed. A
+    /// publish copies one pointer per shard and rebuilds the shards that changed.
+    published: Vec<(BTreeMap<Name, Group>, Option<Arc<Shard>>)>,
     /// (APP, id) → what was left out of the instance, and why; only instances with warnings.
     warned: BTreeMap<(Name, Name), Vec<InvalidInstance>>,
     /// Bumped on every change; served as `versions__delta`.
@@ -306,6 +309,18 @@ fn status_slot(status: Status) -> usize {
     }
 }
 
+/// How many shards the published registry has: a publish costs one pointer per shard and
+/// one per app of each changed shard; at 100,000 apps, about a hundred per shard.
+pub const SHARDS: usize = 1024;
+
+/// The shard of `app`: FNV-1a, so that it is the same in every run.
+fn shard_of(app: &str) -> usize {
+    let hash = (app.bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % SHARDS as u64) as usize
+}
+
 const STATUSES: [Status; 5] = [
     Status::Up,
     Status::Down,
@@ -323,7 +338,7 @@ impl Ledger {
             leases: 0,
             recent: BTreeMap::new(),
             latest: HashMap::new(),
-            published: BTreeMap::new(),
+            published: (0..SHARDS).map(|_| Default::default()).collect(),
             warned: BTreeMap::new(),
             version: 0,
             expiry: BinaryHeap::new(),
@@ -613,11 +628,13 @@ impl Ledger {
             .flat_map(BTreeMap::values)
             .filter_map(|l| l.converted.clone())
             .collect();
+        let shard = &mut self.published[shard_of(app)];
         if group.is_empty() {
-            self.published.remove(app);
+            shard.0.remove(app);
         } else {
-            self.published.insert(app.clone(), group.into());
+            shard.0.insert(app.clone(), group.into());
         }
+        shard.1 = None;
         let key = (app.clone(), id.clone());
         if warnings.is_empty() {
             self.warned.remove(&key);
@@ -765,8 +782,12 @@ impl Ledger {
 
     /// The plain model of the registry: what the full document converts to, from the
     /// instances converted when their leases changed.
-    pub fn to_registry(&self) -> Parsed {
-        let registry = Registry::from_groups(self.published.values().cloned());
+    pub fn to_registry(&mut self) -> Parsed {
+        let shards = self.published.iter_mut().map(|(groups, built)| {
+            let shard = built.get_or_insert_with(|| Arc::new(Shard::new(groups.values().cloned())));
+            shard.clone()
+        });
+        let registry = Registry::from_shards(shards);
         let mut warnings = Vec::new();
         for ((app, id), list) in &self.warned {
             // The instance's position in its app, as the full document counts.
