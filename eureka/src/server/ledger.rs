@@ -275,10 +275,9 @@ pub struct Ledger {
     recent: BTreeMap<u64, Change>,
     /// (APP, id) → the key of that instance's change in `recent`.
     latest: HashMap<(Name, Name), u64>,
-    /// The usable instances as published, in [`SHARDS`] shards by app: APP → its group, in
-    /// id order, and the shard as last published, `None` once one of its apps changed. A
-    /// publish copies one pointer per shard and rebuilds the shards that changed.
-    published: Vec<(BTreeMap<Name, Group>, Option<Arc<Shard>>)>,
+    /// The usable instances as published, in [`SHARDS`] shards by app. A publish copies one
+    /// pointer per shard and rebuilds the shards that changed.
+    published: Vec<PublishedShard>,
     /// (APP, id) → what was left out of the instance, and why; only instances with warnings.
     warned: BTreeMap<(Name, Name), Vec<InvalidInstance>>,
     /// Bumped on every change; served as `versions__delta`.
@@ -307,6 +306,15 @@ fn status_slot(status: Status) -> usize {
         Status::OutOfService => 3,
         Status::Unknown => 4,
     }
+}
+
+/// Some apps' usable instances as published.
+#[derive(Debug, Default)]
+struct PublishedShard {
+    /// APP → its group, in id order.
+    apps: BTreeMap<Name, Group>,
+    /// The shard as last published; `None` once one of its apps changed.
+    built: Option<Arc<Shard>>,
 }
 
 /// How many shards the published registry has: a publish costs one pointer per shard and
@@ -630,11 +638,11 @@ impl Ledger {
             .collect();
         let shard = &mut self.published[shard_of(app)];
         if group.is_empty() {
-            shard.0.remove(app);
+            shard.apps.remove(app);
         } else {
-            shard.0.insert(app.clone(), group.into());
+            shard.apps.insert(app.clone(), group.into());
         }
-        shard.1 = None;
+        shard.built = None;
         let key = (app.clone(), id.clone());
         if warnings.is_empty() {
             self.warned.remove(&key);
@@ -783,9 +791,11 @@ impl Ledger {
     /// The plain model of the registry: what the full document converts to, from the
     /// instances converted when their leases changed.
     pub fn to_registry(&mut self) -> Parsed {
-        let shards = self.published.iter_mut().map(|(groups, built)| {
-            let shard = built.get_or_insert_with(|| Arc::new(Shard::new(groups.values().cloned())));
-            shard.clone()
+        let shards = self.published.iter_mut().map(|shard| {
+            let apps = &shard.apps;
+            let built =
+                (shard.built).get_or_insert_with(|| Arc::new(Shard::new(apps.values().cloned())));
+            built.clone()
         });
         let registry = Registry::from_shards(shards);
         let mut warnings = Vec::new();

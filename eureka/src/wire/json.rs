@@ -173,7 +173,7 @@ pub struct InstanceInfo {
     /// Free-form metadata; values that are not strings are kept as their JSON text, and
     /// Jackson's `@class` marker is dropped.
     #[serde(default, deserialize_with = "lenient::metadata")]
-    pub metadata: BTreeMap<String, String>,
+    pub metadata: Metadata,
     #[serde(
         default,
         deserialize_with = "lenient::opt_string",
@@ -247,6 +247,95 @@ pub struct InstanceInfo {
     pub asg_name: Option<String>,
     #[serde(flatten)]
     pub other: Map<String, Value>,
+}
+
+/// Free-form metadata, key → value, in key order. One sorted list, not a tree: an instance
+/// carries a few entries, and a registry holds a million instances (a `BTreeMap` of one
+/// entry allocates room for eleven).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metadata(Vec<(String, String)>);
+
+impl Metadata {
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&String> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Whether `key` has a value.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Sets `key` to `value`; the value it had, if any.
+    pub fn insert(&mut self, key: String, value: String) -> Option<String> {
+        match self.find(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (key, value));
+                None
+            }
+        }
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+impl Extend<(String, String)> for Metadata {
+    fn extend<I: IntoIterator<Item = (String, String)>>(&mut self, entries: I) {
+        for (key, value) in entries {
+            self.insert(key, value);
+        }
+    }
+}
+
+impl FromIterator<(String, String)> for Metadata {
+    /// The entries, the last value of a key repeated winning.
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(entries: I) -> Metadata {
+        let mut all: Vec<(String, String)> = entries.into_iter().collect();
+        // Stable: equal keys stay in order, and the last of them is kept.
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut kept: Vec<(String, String)> = Vec::with_capacity(all.len());
+        for entry in all {
+            match kept.last_mut() {
+                Some(last) if last.0 == entry.0 => *last = entry,
+                _ => kept.push(entry),
+            }
+        }
+        kept.shrink_to_fit();
+        Metadata(kept)
+    }
+}
+
+impl<const N: usize> From<[(String, String); N]> for Metadata {
+    fn from(entries: [(String, String); N]) -> Metadata {
+        entries.into_iter().collect()
+    }
+}
+
+impl Serialize for Metadata {
+    /// As a JSON object.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
 }
 
 /// A port and whether it is enabled: `{"$": 8080, "@enabled": "true"}`.
@@ -702,7 +791,6 @@ impl InstanceInfo {
 
 /// Serde helpers for the number/string/bool confusion of real Eureka servers.
 mod lenient {
-    use std::collections::BTreeMap;
 
     use serde::Serializer;
     use serde::de::{Deserialize, DeserializeOwned, Deserializer, Error};
@@ -783,9 +871,13 @@ mod lenient {
 
     /// A string map; `@class` (Jackson's type marker) is dropped, other scalars become
     /// their text, nested values their JSON.
-    pub fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    pub fn metadata<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromIterator<(String, String)>,
+    {
         match Value::deserialize(d)? {
-            Value::Null => Ok(BTreeMap::new()),
+            Value::Null => Ok(T::from_iter([])),
             Value::Object(obj) => Ok(obj
                 .into_iter()
                 .filter(|(k, _)| k != "@class")

@@ -19,7 +19,7 @@
 //!   is left out.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::json::{Application, Applications, InstanceInfo, Port};
@@ -94,7 +94,7 @@ fn write_instance(out: &mut String, i: &InstanceInfo) {
         );
         element(out, "name", dc.name.as_deref());
         if !dc.metadata.is_empty() {
-            map(out, "metadata", &dc.metadata);
+            map(out, "metadata", &dc.metadata.iter().collect::<Vec<_>>());
         }
         out.push_str("</dataCenterInfo>");
     }
@@ -116,7 +116,7 @@ fn write_instance(out: &mut String, i: &InstanceInfo) {
     if i.metadata.is_empty() {
         out.push_str("<metadata class=\"java.util.Collections$EmptyMap\"/>");
     } else {
-        map(out, "metadata", &i.metadata);
+        map(out, "metadata", &i.metadata.iter().collect::<Vec<_>>());
     }
     element(out, "homePageUrl", i.home_page_url.as_deref());
     element(out, "statusPageUrl", i.status_page_url.as_deref());
@@ -163,19 +163,19 @@ fn port(out: &mut String, name: &str, port: Option<Port>, default_enabled: bool)
 
 /// A string map as child elements, one per key (see the module's docs for keys that are not
 /// XML names).
-fn map(out: &mut String, name: &str, entries: &BTreeMap<String, String>) {
+fn map(out: &mut String, name: &str, entries: &[(&String, &String)]) {
     let _ = write!(out, "<{name}>");
     let mut renamed = BTreeSet::new();
-    for (key, value) in entries {
+    for &(key, value) in entries {
         if is_xml_name(key) {
             element(out, key, Some(value));
         }
     }
-    for (key, value) in entries {
+    for &(key, value) in entries {
         if !is_xml_name(key) {
             let key = xml_name(key);
             // A key with that very name, or another key renamed alike, comes first.
-            if !entries.contains_key(&key) && !renamed.contains(&key) {
+            if !entries.iter().any(|(k, _)| **k == key) && !renamed.contains(&key) {
                 element(out, &key, Some(value));
                 renamed.insert(key);
             }
