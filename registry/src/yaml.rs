@@ -41,9 +41,10 @@ use crate::{Instance, InvalidInstance, Protocol, Registry, Status, check_vip, sp
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidYaml {
     /// Not YAML, or not this form: broken syntax, an unknown field, a list or a mapping where
-    /// a value belongs, no `instances`. The message ends with the line and column.
+    /// a value belongs, no `instances`. The message ends with the line and column. Boxed, as
+    /// is `Instance`: an error is rare and this keeps `Result`s small.
     #[error("{0}")]
-    Syntax(#[from] serde_saphyr::Error),
+    Syntax(#[source] Box<serde_saphyr::Error>),
     /// The file is empty.
     #[error("{0}")]
     Shape(String),
@@ -51,12 +52,17 @@ pub enum InvalidYaml {
     /// field is missing.
     #[error("{instance} at line {line}, column {column}")]
     Instance {
-        /// Boxed: an error is rare and this keeps `Result`s small.
         #[source]
         instance: Box<InvalidInstance>,
         line: u64,
         column: u64,
     },
+}
+
+impl From<serde_saphyr::Error> for InvalidYaml {
+    fn from(e: serde_saphyr::Error) -> InvalidYaml {
+        InvalidYaml::Syntax(Box::new(e))
+    }
 }
 
 /// Reads the short YAML form. Any invalid instance fails the whole file.
