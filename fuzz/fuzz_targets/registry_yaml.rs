@@ -1,15 +1,14 @@
 //! Reading a `--registry` file: the short YAML form (`odmesh_registry::yaml::parse`, which
-//! reads the YAML events in one pass instead of building a tree) and
+//! reads it with serde-saphyr into derived types, one instance at a time) and
 //! `odmesh_registry::file::parse`, which tells the format by content.
 //!
 //! Input: any bytes, meant as a YAML registry. Checks:
-//! - a refused file says why;
-//! - the one-pass reader refuses as a syntax error exactly what a `serde_yaml::Value` tree
-//!   refuses (its documented promise);
+//! - a refused file says why, and an invalid instance says its line and column;
 //! - an accepted registry keeps the YAML form's rules: every instance has an app, a port or a
 //!   secure port (never 0), valid VIPs only on an enabled side, and no two instances of an
 //!   app share an id;
-//! - written back in the YAML form and read again, it is the same registry;
+//! - written back in the YAML form (flow style, as JSON writes it) and read again, it is the
+//!   same registry;
 //! - `file::parse` gives what the parser of the format it detects gives.
 #![no_main]
 
@@ -21,18 +20,15 @@ use odmesh_eureka::wire::json::{parse_registry, read_registry_file};
 use odmesh_registry::Registry;
 use odmesh_registry::file::{self, Format};
 use odmesh_registry::yaml::{self, InvalidYaml};
+use serde_json::{Map, Value};
 
 fuzz_target!(|data: &[u8]| {
-    let parsed = yaml::parse(data);
-    let tree = serde_yaml::from_slice::<serde_yaml::Value>(data);
-    match (&parsed, &tree) {
-        (Err(InvalidYaml::Syntax(_)), Ok(tree)) => {
-            panic!("refused as broken YAML, which a Value tree reads as {tree:?}: {parsed:?}")
+    match &yaml::parse(data) {
+        Err(e @ InvalidYaml::Instance { line, column, .. }) => {
+            assert!(*line >= 1 && *column >= 1, "{e}")
         }
-        (Err(InvalidYaml::Syntax(_)), Err(_)) => {}
-        (_, Err(e)) => panic!("a Value tree refuses it ({e}), but the reader gave {parsed:?}"),
-        (Err(e), Ok(_)) => assert!(!e.to_string().is_empty()),
-        (Ok(registry), Ok(_)) => check(registry),
+        Err(e) => assert!(!e.to_string().is_empty()),
+        Ok(registry) => check(registry),
     }
 
     let from_file = file::parse(Path::new("fuzz.yaml"), data, read_registry_file);
@@ -82,8 +78,8 @@ fn check(registry: &Registry) {
             "id twice: {inst:?}"
         );
 
-        let mut row = serde_yaml::Mapping::new();
-        let mut put = |key: &str, value: serde_yaml::Value| {
+        let mut row = Map::new();
+        let mut put = |key: &str, value: Value| {
             row.insert(key.into(), value);
         };
         put("app", inst.app.as_str().into());
@@ -101,11 +97,10 @@ fn check(registry: &Registry) {
         if let Some(zone) = &inst.zone {
             put("zone", zone.as_str().into());
         }
-        rows.push(serde_yaml::Value::Mapping(row));
+        rows.push(Value::Object(row));
     }
-    let mut top = serde_yaml::Mapping::new();
-    top.insert("instances".into(), serde_yaml::Value::Sequence(rows));
-    let text = serde_yaml::to_string(&top).expect("a registry can be written as YAML");
+    // JSON is YAML's flow style.
+    let text = serde_json::json!({ "instances": rows }).to_string();
     match yaml::parse(text.as_bytes()) {
         Ok(again) => assert_eq!(
             &again, registry,

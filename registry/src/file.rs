@@ -613,6 +613,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_file_with_an_unknown_field_keeps_the_last_good_registry_and_says_where() {
+        let dir = TempDir::new("unknown-field");
+        let path = dir.file("registry.yaml", TWO);
+        let metrics = Arc::new(RegistryMetrics::default());
+        let source = start(&path, DEFAULT_POLL_INTERVAL, json, metrics.clone())
+            .await
+            .unwrap();
+
+        dir.replace_atomically(
+            &path,
+            &format!("{TWO}  - {{app: hello, ip: 127.0.0.3, prot: 8081}}\n"),
+        );
+        let health = source.health.clone();
+        eventually("the error to be reported", || {
+            health.snapshot().last_error.is_some()
+        })
+        .await;
+        let st = source.health.snapshot();
+        assert!(st.loaded, "still serving the last good registry");
+        let error = st.last_error.unwrap();
+        assert!(error.contains("unknown field `prot`"), "{error}");
+        assert!(error.contains("line 4, column 33"), "{error}");
+        assert_eq!(source.registry.borrow().len(), 2);
+        assert!(
+            !source.registry.has_changed().unwrap(),
+            "nothing was published"
+        );
+        assert_eq!(metrics.registry_instances.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
     async fn a_deleted_file_keeps_the_last_good_registry_and_its_recreation_is_loaded() {
         let dir = TempDir::new("delete");
         let path = dir.file("registry.yaml", ONE);

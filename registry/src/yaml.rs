@@ -15,613 +15,341 @@
 //! ```
 //!
 //! Strict, because a person wrote it: an unknown field, a missing or ill-typed value, an
-//! invalid VIP, or two instances with the same id fail the whole file, and the error names
-//! the instance (index and app), the field and the reason.
+//! invalid VIP, or two instances with the same id fail the whole file, and the error says the
+//! line and column, the field, and (once the instance has been read) its index and app.
 //!
-//! The file is read in one pass, straight from the YAML events: each instance is checked and
-//! converted as soon as its mapping has been read, so no tree of the whole document is ever
-//! built (a registry of a million instances would take gigabytes as a `serde_yaml::Value`).
-//! Only the values of one instance's fields are held as small `Value`s, so that every error
-//! can name its field and show what was found. Whatever a `Value` tree would refuse (broken
-//! YAML, a key given twice, several documents) is refused the same way, and anywhere in the
-//! file, even after an invalid instance: syntax errors come first, then the shape of the top
-//! level, then the first invalid instance.
+//! The file is read by serde-saphyr into the derived [`Document`] and [`RawInstance`]: a
+//! streaming parser, so no tree of the document is built. Each instance is checked and
+//! converted as soon as it has been read, so a million of them are never held raw. Whatever
+//! the derived types refuse (broken YAML, an unknown field, a key given twice, a list where a
+//! value belongs, several documents) is refused anywhere in the file, even after an invalid
+//! instance: those errors come first, then the first invalid instance.
 
 use std::collections::HashSet;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde::de::value::{
-    EnumAccessDeserializer, MapAccessDeserializer, SeqAccessDeserializer, UnitDeserializer,
-};
-use serde::de::{
-    self, DeserializeOwned, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, MapAccess,
-    SeqAccess, Visitor,
-};
-use serde_yaml::Value;
+use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde_saphyr::{Location, Spanned};
 
 use crate::{Instance, InvalidInstance, Protocol, Registry, Status, check_vip, split_vips};
-
-/// The fields an instance may have.
-pub const FIELDS: &[&str] = &[
-    "app",
-    "ip",
-    "port",
-    "secure_port",
-    "vip",
-    "svip",
-    "status",
-    "zone",
-    "id",
-    "protocol",
-];
 
 /// Why a YAML registry was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidYaml {
-    #[error("not valid YAML: {0}")]
-    Syntax(#[from] serde_yaml::Error),
+    /// Not YAML, or not this form: broken syntax, an unknown field, a list or a mapping where
+    /// a value belongs, no `instances`. The message ends with the line and column. Boxed, as
+    /// is `Instance`: an error is rare and this keeps `Result`s small.
+    #[error("{0}")]
+    Syntax(#[source] Box<serde_saphyr::Error>),
+    /// The file is empty.
     #[error("{0}")]
     Shape(String),
-    /// Boxed: an error is rare and this keeps `Result`s small.
-    #[error(transparent)]
-    Instance(Box<InvalidInstance>),
+    /// An instance that is not valid, and where: the field's value, or the instance when the
+    /// field is missing.
+    #[error("{instance} at line {line}, column {column}")]
+    Instance {
+        #[source]
+        instance: Box<InvalidInstance>,
+        line: u64,
+        column: u64,
+    },
 }
 
-impl From<InvalidInstance> for InvalidYaml {
-    fn from(e: InvalidInstance) -> InvalidYaml {
-        InvalidYaml::Instance(Box::new(e))
+impl From<serde_saphyr::Error> for InvalidYaml {
+    fn from(e: serde_saphyr::Error) -> InvalidYaml {
+        InvalidYaml::Syntax(Box::new(e))
     }
 }
 
 /// Reads the short YAML form. Any invalid instance fails the whole file.
 pub fn parse(yaml: &[u8]) -> Result<Registry, InvalidYaml> {
-    let top = Any(TopShape).deserialize(serde_yaml::Deserializer::from_slice(yaml))?;
-    let (unknown, instances) = match top {
-        Top::Null => {
-            return Err(InvalidYaml::Shape(
-                "the file is empty; expected `instances:` (write `instances: []` for none)".into(),
-            ));
-        }
-        Top::NotMapping => {
-            return Err(InvalidYaml::Shape(
-                "the top level must be a mapping with `instances`".into(),
-            ));
-        }
-        Top::Mapping { unknown, instances } => (unknown, instances),
-    };
-    if let Some(key) = unknown {
-        return Err(InvalidYaml::Shape(format!(
-            "unknown top-level field {}; only `instances` is allowed",
-            describe_key(&key)
-        )));
-    }
-    match instances {
-        Some(Instances::List(Ok(registry))) => Ok(registry),
-        Some(Instances::List(Err(e))) => Err(e.into()),
-        Some(Instances::Null) => Ok(Registry::default()),
-        Some(Instances::NotList) => Err(InvalidYaml::Shape("`instances` must be a list".into())),
-        None => Err(InvalidYaml::Shape("no `instances` list at the top".into())),
+    let document: Option<Document> = serde_saphyr::from_slice_with_options(yaml, options())?;
+    match document {
+        None => Err(InvalidYaml::Shape(
+            "the file is empty; expected `instances:` (write `instances: []` for none)".into(),
+        )),
+        Some(Document { instances: None }) => Ok(Registry::default()),
+        Some(Document {
+            instances: Some(InstanceList(registry)),
+        }) => registry,
     }
 }
 
-fn describe_key(key: &Value) -> String {
-    match key {
-        Value::String(s) => format!("`{s}`"),
-        other => format!("{other:?}"),
+/// serde-saphyr's defaults (duplicate keys refused, alias limits against expansion bombs),
+/// except: the limits that grow with the file are lifted, because a registry of a million
+/// instances is some 20 million YAML events and the default budget stops at one million; and
+/// an error is one line, without a snippet of the file, for logs and `/debug/registry`.
+fn options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = usize::MAX;
+    budget.max_nodes = usize::MAX;
+    budget.max_total_scalar_bytes = usize::MAX;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.with_snippet = false;
+    options
+}
+
+/// The whole file: `instances` and nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    /// Required; `instances:` with no value is an empty list.
+    #[serde(deserialize_with = "nullable")]
+    instances: Option<InstanceList>,
+}
+
+/// A value that may be empty (`None`); with `deserialize_with`, leaving the field out is still
+/// an error, unlike a plain `Option` field.
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Option::deserialize(d)
+}
+
+/// One element of `instances`, as written: each field left out (`None`), or where its value
+/// is and its text (`None` inside when the value is empty, as in `zone:`). Every scalar reads
+/// as text; the types are checked in [`convert`], so that a wrong one names the instance.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInstance {
+    #[serde(default, deserialize_with = "written")]
+    app: Field,
+    #[serde(default, deserialize_with = "written")]
+    ip: Field,
+    #[serde(default, deserialize_with = "written")]
+    port: Field,
+    #[serde(default, deserialize_with = "written")]
+    secure_port: Field,
+    #[serde(default, deserialize_with = "written")]
+    vip: Field,
+    #[serde(default, deserialize_with = "written")]
+    svip: Field,
+    #[serde(default, deserialize_with = "written")]
+    status: Field,
+    #[serde(default, deserialize_with = "written")]
+    zone: Field,
+    #[serde(default, deserialize_with = "written")]
+    id: Field,
+    #[serde(default, deserialize_with = "written")]
+    protocol: Field,
+}
+
+type Field = Option<Spanned<Option<String>>>;
+
+/// A field that is written, even with an empty value; only a field left out is `None`.
+fn written<'de, D: Deserializer<'de>>(d: D) -> Result<Field, D::Error> {
+    Spanned::deserialize(d).map(Some)
+}
+
+/// The `instances` list, converted as it is read: the registry, or the first invalid
+/// instance.
+struct InstanceList(Result<Registry, InvalidYaml>);
+
+impl<'de> Deserialize<'de> for InstanceList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<InstanceList, D::Error> {
+        d.deserialize_seq(InstanceListVisitor)
     }
 }
 
-/// What is expected of one YAML node: a mapping or a sequence may be read as it comes (the
-/// default builds a `Value` of it); a string may be looked at without copying it; anything
-/// else arrives as the `Value` serde_yaml would have built.
-trait Shape<'de>: Sized {
-    type Out;
+struct InstanceListVisitor;
 
-    fn value<E: de::Error>(self, value: Value) -> Result<Self::Out, E>;
-
-    fn str<E: de::Error>(self, s: &str) -> Result<Self::Out, E> {
-        self.value(Value::String(s.to_owned()))
-    }
-
-    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
-        let value = Value::deserialize(SeqAccessDeserializer::new(seq))?;
-        self.value(value)
-    }
-
-    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
-        let value = Value::deserialize(MapAccessDeserializer::new(map))?;
-        self.value(value)
-    }
-}
-
-/// Reads any YAML node into a [`Shape`]. Whatever the shape does not read itself goes through
-/// `Value`'s own `Deserialize`, so it is accepted or refused exactly as in a `Value` tree.
-struct Any<S>(S);
-
-impl<'de, S: Shape<'de>> DeserializeSeed<'de> for Any<S> {
-    type Value = S::Out;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Out, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-fn forward<'de, S, D>(shape: S, deserializer: D) -> Result<S::Out, D::Error>
-where
-    S: Shape<'de>,
-    D: Deserializer<'de>,
-{
-    let value = Value::deserialize(deserializer)?;
-    shape.value(value)
-}
-
-impl<'de, S: Shape<'de>> Visitor<'de> for Any<S> {
-    type Value = S::Out;
+impl<'de> Visitor<'de> for InstanceListVisitor {
+    type Value = InstanceList;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any YAML value")
+        f.write_str("a list of instances")
     }
 
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<S::Out, E> {
-        forward(self.0, v.into_deserializer())
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<S::Out, E> {
-        forward(self.0, v.into_deserializer())
-    }
-
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<S::Out, E> {
-        forward(self.0, v.into_deserializer())
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<S::Out, E> {
-        forward(self.0, v.into_deserializer())
-    }
-
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<S::Out, E> {
-        forward(self.0, v.into_deserializer())
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<S::Out, E> {
-        forward(self.0, v.into_deserializer())
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<S::Out, E> {
-        self.0.str(v)
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<S::Out, E> {
-        self.0.str(&v)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<S::Out, E> {
-        forward(self.0, UnitDeserializer::new())
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<S::Out, E> {
-        forward(self.0, UnitDeserializer::new())
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Out, D::Error> {
-        forward(self.0, deserializer)
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<S::Out, D::Error> {
-        forward(self.0, deserializer)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<S::Out, A::Error> {
-        self.0.seq(seq)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<S::Out, A::Error> {
-        self.0.map(map)
-    }
-
-    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<S::Out, A::Error> {
-        forward(self.0, EnumAccessDeserializer::new(data))
-    }
-}
-
-/// serde_yaml's own words for a key given twice in a mapping.
-fn duplicate_key<E: de::Error>(key: &Value) -> E {
-    let which = match key {
-        Value::Null => "with null key".to_owned(),
-        Value::Bool(b) => format!("with key `{b}`"),
-        Value::Number(n) => format!("with key {n}"),
-        Value::String(s) => format!("with key {s:?}"),
-        Value::Sequence(_) | Value::Mapping(_) | Value::Tagged(_) => "in YAML map".to_owned(),
-    };
-    E::custom(format_args!("duplicate entry {which}"))
-}
-
-/// The document's top level.
-enum Top {
-    Null,
-    NotMapping,
-    Mapping {
-        /// The key a `Value` mapping would name first once `instances` is removed from it.
-        unknown: Option<Value>,
-        instances: Option<Instances>,
-    },
-}
-
-struct TopShape;
-
-impl<'de> Shape<'de> for TopShape {
-    type Out = Top;
-
-    fn value<E: de::Error>(self, value: Value) -> Result<Top, E> {
-        Ok(match value {
-            Value::Null => Top::Null,
-            _ => Top::NotMapping,
-        })
-    }
-
-    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
-        // Every key, in order: there are few at the top.
-        let mut keys: Vec<Value> = Vec::new();
-        let mut instances = None;
-        while let Some(key) = map.next_key::<Value>()? {
-            if keys.contains(&key) {
-                return Err(duplicate_key(&key));
-            }
-            if is_instances(&key) {
-                instances = Some(map.next_value_seed(Any(InstancesShape))?);
-            } else {
-                map.next_value::<Value>()?;
-            }
-            keys.push(key);
-        }
-        // As `Mapping::remove` (a swap remove) left them.
-        if let Some(at) = keys.iter().position(is_instances) {
-            keys.swap_remove(at);
-        }
-        Ok(Top::Mapping {
-            unknown: keys.into_iter().next(),
-            instances,
-        })
-    }
-}
-
-fn is_instances(key: &Value) -> bool {
-    matches!(key, Value::String(s) if s == "instances")
-}
-
-/// The value of `instances`.
-enum Instances {
-    /// A list, read as it came: the registry, or the first invalid instance.
-    List(Result<Registry, InvalidInstance>),
-    Null,
-    NotList,
-}
-
-struct InstancesShape;
-
-impl<'de> Shape<'de> for InstancesShape {
-    type Out = Instances;
-
-    fn value<E: de::Error>(self, value: Value) -> Result<Instances, E> {
-        Ok(match value {
-            Value::Null => Instances::Null,
-            _ => Instances::NotList,
-        })
-    }
-
-    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Instances, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InstanceList, A::Error> {
         let mut instances = Vec::new();
+        let mut ids = HashSet::new();
         let mut error = None;
-        while let Some(inst) = seq.next_element_seed(Any(InstanceShape {
-            index: instances.len(),
-        }))? {
-            match inst {
-                Ok(inst) => instances.push(Arc::new(inst)),
-                Err(e) => {
-                    error = Some(e);
-                    break;
+        while let Some(raw) = seq.next_element::<Spanned<RawInstance>>()? {
+            // After the first invalid instance the rest is still read, for what serde refuses.
+            if error.is_some() {
+                continue;
+            }
+            match convert(instances.len(), &raw) {
+                Ok(inst) => {
+                    let inst = Arc::new(inst);
+                    if ids.insert(AppAndId(inst.clone())) {
+                        instances.push(inst);
+                    } else {
+                        error = Some(duplicate_id(instances.len(), &inst, &raw.referenced));
+                    }
                 }
+                Err(e) => error = Some(e),
             }
         }
-        if error.is_some() {
-            // The rest of the list must still be valid YAML, as in a `Value` tree.
-            while seq.next_element::<Value>()?.is_some() {}
-        }
-        // Two instances with the same id, before the first invalid instance, come first.
-        if let Some(e) = first_duplicate_id(&instances) {
-            return Ok(Instances::List(Err(e)));
-        }
-        Ok(Instances::List(match error {
+        Ok(InstanceList(match error {
             Some(e) => Err(e),
             None => Ok(instances.into_iter().collect()),
         }))
     }
 }
 
-/// The first instance whose app and id an earlier instance already has.
-fn first_duplicate_id(instances: &[Arc<Instance>]) -> Option<InvalidInstance> {
-    let mut ids = HashSet::with_capacity(instances.len());
-    let (index, inst) = instances
-        .iter()
-        .enumerate()
-        .find(|(_, inst)| !ids.insert((inst.app.as_str(), inst.instance_id.as_str())))?;
-    Some(InvalidInstance {
-        index,
-        app: inst.app.clone(),
-        instance_id: Some(inst.instance_id.clone()),
-        field: "id".into(),
-        reason: "another instance of this app has the same id; set `id` to tell them apart".into(),
-    })
-}
+/// An instance, compared by app and id: no two instances of an app may share an id.
+struct AppAndId(Arc<Instance>);
 
-/// One element of `instances`, checked and converted as soon as it has been read.
-struct InstanceShape {
-    index: usize,
-}
-
-impl<'de> Shape<'de> for InstanceShape {
-    type Out = Result<Instance, InvalidInstance>;
-
-    fn value<E: de::Error>(self, value: Value) -> Result<Self::Out, E> {
-        Ok(Err(InvalidInstance {
-            index: self.index,
-            app: value
-                .get("app")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            instance_id: None,
-            field: "instance".into(),
-            reason: "expected a mapping of fields".into(),
-        }))
-    }
-
-    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
-        let mut f = Fields::default();
-        let mut seen = [false; FIELDS.len()];
-        let mut other_keys: Vec<Value> = Vec::new();
-        // The first field in error; the rest is still read, for the app and for syntax.
-        let mut first_error: Option<(String, String)> = None;
-        // The app as `Value::as_str` reads it, when it is not a plain string.
-        let mut app_hint = None;
-        while let Some(key) = map.next_key_seed(Any(KeyShape))? {
-            let result = match key {
-                Key::Field(i) => {
-                    if std::mem::replace(&mut seen[i], true) {
-                        return Err(duplicate_key(&Value::String(FIELDS[i].into())));
-                    }
-                    let value: Value = map.next_value()?;
-                    if FIELDS[i] == "app" && !matches!(value, Value::String(_)) {
-                        app_hint = value.as_str().map(str::to_owned);
-                    }
-                    read_field(&mut f, FIELDS[i], value)
-                }
-                Key::Other(key) => {
-                    if other_keys.contains(&key) {
-                        return Err(duplicate_key(&key));
-                    }
-                    map.next_value::<Value>()?;
-                    let error = match &key {
-                        Value::String(name) => (
-                            name.clone(),
-                            format!("unknown field; expected one of {}", FIELDS.join(", ")),
-                        ),
-                        other => (format!("{other:?}"), "field names must be strings".into()),
-                    };
-                    other_keys.push(key);
-                    Err(error)
-                }
-            };
-            if let Err(e) = result {
-                first_error.get_or_insert(e);
-            }
-        }
-        if let Some((field, reason)) = first_error {
-            return Ok(Err(InvalidInstance {
-                index: self.index,
-                app: f.app.or(app_hint).unwrap_or_default(),
-                instance_id: None,
-                field,
-                reason,
-            }));
-        }
-        Ok(convert(self.index, f))
+impl PartialEq for AppAndId {
+    fn eq(&self, other: &AppAndId) -> bool {
+        (&self.0.app, &self.0.instance_id) == (&other.0.app, &other.0.instance_id)
     }
 }
 
-/// A key of an instance's mapping: one of [`FIELDS`] (by position), or anything else.
-enum Key {
-    Field(usize),
-    Other(Value),
-}
+impl Eq for AppAndId {}
 
-struct KeyShape;
-
-impl<'de> Shape<'de> for KeyShape {
-    type Out = Key;
-
-    fn value<E: de::Error>(self, value: Value) -> Result<Key, E> {
-        Ok(Key::Other(value))
-    }
-
-    fn str<E: de::Error>(self, s: &str) -> Result<Key, E> {
-        Ok(match FIELDS.iter().position(|f| *f == s) {
-            Some(i) => Key::Field(i),
-            None => Key::Other(Value::String(s.to_owned())),
-        })
+impl Hash for AppAndId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (&self.0.app, &self.0.instance_id).hash(state);
     }
 }
 
-/// The raw fields of one instance, each checked for its type only.
-#[derive(Default)]
-struct Fields {
-    app: Option<String>,
-    ip: Option<String>,
-    port: Option<u16>,
-    secure_port: Option<u16>,
-    vip: Option<String>,
-    svip: Option<String>,
-    status: Option<String>,
-    zone: Option<String>,
-    id: Option<String>,
-    protocol: Option<String>,
+fn duplicate_id(index: usize, inst: &Instance, at: &Location) -> InvalidYaml {
+    located(
+        InvalidInstance {
+            index,
+            app: inst.app.clone(),
+            instance_id: Some(inst.instance_id.clone()),
+            field: "id".into(),
+            reason: "another instance of this app has the same id; set `id` to tell them apart"
+                .into(),
+        },
+        at,
+    )
 }
 
-/// A field in error: its name and the reason.
-type FieldError = (String, String);
+fn located(instance: InvalidInstance, at: &Location) -> InvalidYaml {
+    InvalidYaml::Instance {
+        instance: Box::new(instance),
+        line: at.line(),
+        column: at.column(),
+    }
+}
 
 const TEXT: &str = "a string";
 const PORT: &str = "a port number (1-65535)";
 
-fn read_field(f: &mut Fields, field: &str, value: Value) -> Result<(), FieldError> {
-    match field {
-        "app" => f.app = text(field, value)?,
-        "ip" => f.ip = text(field, value)?,
-        "port" => f.port = port(field, value)?,
-        "secure_port" => f.secure_port = port(field, value)?,
-        "vip" => f.vip = text(field, value)?,
-        "svip" => f.svip = text(field, value)?,
-        "status" => f.status = text(field, value)?,
-        "zone" => f.zone = text(field, value)?,
-        "id" => f.id = text(field, value)?,
-        "protocol" => f.protocol = text(field, value)?,
-        _ => unreachable!("{field} is not in FIELDS"),
-    }
-    Ok(())
-}
-
-fn text(field: &str, value: Value) -> Result<Option<String>, FieldError> {
-    match value {
-        Value::String(s) => Ok(Some(s)),
-        other => typed(field, other, TEXT),
-    }
-}
-
-fn port(field: &str, value: Value) -> Result<Option<u16>, FieldError> {
-    match &value {
-        Value::Number(n) => match n.as_u64().map(u16::try_from) {
-            Some(Ok(p)) => Ok(Some(p)),
-            _ => typed(field, value, PORT),
-        },
-        _ => typed(field, value, PORT),
-    }
-}
-
-/// Any value, as serde_yaml converts it to `T`.
-fn typed<T: DeserializeOwned>(
-    field: &str,
-    value: Value,
-    expected: &str,
-) -> Result<Option<T>, FieldError> {
-    if value.is_null() {
-        return Err((field.to_owned(), format!("empty; expected {expected}")));
-    }
-    serde_yaml::from_value(value.clone())
-        .map(Some)
-        .map_err(|_| {
-            (
-                field.to_owned(),
-                format!("expected {expected}, found {}", show(&value)),
-            )
-        })
-}
-
-/// Checks one instance's fields together and applies the defaults.
-fn convert(index: usize, f: Fields) -> Result<Instance, InvalidInstance> {
+/// Checks one instance's fields, alone and together, and applies the defaults.
+fn convert(index: usize, raw: &Spanned<RawInstance>) -> Result<Instance, InvalidYaml> {
+    let r = &raw.value;
     // The app, as written, to name the instance in every error.
-    let fail = |field: &str, reason: String| InvalidInstance {
-        index,
-        app: f.app.clone().unwrap_or_default(),
-        instance_id: None,
-        field: field.to_owned(),
-        reason,
-    };
-
-    let app = f
+    let app_written = r
         .app
-        .as_deref()
-        .map(str::trim)
-        .unwrap_or_default()
-        .to_owned();
+        .as_ref()
+        .and_then(|f| f.value.as_deref())
+        .unwrap_or_default();
+    // At the field's value, or at the instance when the field is left out.
+    let fail = |field: &str, place: &Field, reason: String| {
+        located(
+            InvalidInstance {
+                index,
+                app: app_written.to_owned(),
+                instance_id: None,
+                field: field.to_owned(),
+                reason,
+            },
+            place.as_ref().map_or(&raw.referenced, |f| &f.referenced),
+        )
+    };
+    let text = |field, place| text(field, place, &fail);
+    let port = |field, place| port(field, place, &fail);
+
+    // Each field's type first, then the fields together.
+    let app_text = text("app", &r.app)?;
+    let ip_text = text("ip", &r.ip)?;
+    let port_number = port("port", &r.port)?;
+    let secure_port = port("secure_port", &r.secure_port)?;
+    let vip = text("vip", &r.vip)?;
+    let svip = text("svip", &r.svip)?;
+    let status = text("status", &r.status)?;
+    let zone = text("zone", &r.zone)?;
+    let id = text("id", &r.id)?;
+    let protocol = text("protocol", &r.protocol)?;
+
+    let app = app_text.map(str::trim).unwrap_or_default().to_owned();
     if app.is_empty() {
-        return Err(fail("app", "required".into()));
+        return Err(fail("app", &r.app, "required".into()));
     }
-    let ip_text =
-        f.ip.as_deref()
-            .ok_or_else(|| fail("ip", "required".into()))?;
+    let ip_text = ip_text.ok_or_else(|| fail("ip", &r.ip, "required".into()))?;
     let ip: IpAddr = ip_text
         .trim()
         .parse()
-        .map_err(|_| fail("ip", format!("{ip_text:?} is not an IP address")))?;
-    for (field, port) in [("port", f.port), ("secure_port", f.secure_port)] {
-        if port == Some(0) {
-            return Err(fail(field, "0 is not a usable port".into()));
+        .map_err(|_| fail("ip", &r.ip, format!("{ip_text:?} is not an IP address")))?;
+    for (field, number, place) in [
+        ("port", port_number, &r.port),
+        ("secure_port", secure_port, &r.secure_port),
+    ] {
+        if number == Some(0) {
+            return Err(fail(field, place, "0 is not a usable port".into()));
         }
     }
-    if f.port.is_none() && f.secure_port.is_none() {
+    if port_number.is_none() && secure_port.is_none() {
         return Err(fail(
             "port",
+            &r.port,
             "an instance needs `port`, `secure_port` or both".into(),
         ));
     }
-    if f.svip.is_some() && f.secure_port.is_none() {
-        return Err(fail("svip", "set without `secure_port`".into()));
+    if svip.is_some() && secure_port.is_none() {
+        return Err(fail("svip", &r.svip, "set without `secure_port`".into()));
     }
 
     // A `vip` that is written is checked even where it is not used; the app's name, only
     // where it names a VIP: an app that serves only an explicit `svip` may have any name.
-    let app_names_vip = f.port.is_some() || (f.secure_port.is_some() && f.svip.is_none());
-    let vip_names = match &f.vip {
-        Some(vip) => vip_list("vip", vip, &fail)?,
-        None if app_names_vip => vip_list("app", &app, &fail)?,
+    let vip_list = |field: &str, place: &Field, list: &str| {
+        vip_list(list).map_err(|reason| fail(field, place, reason))
+    };
+    let app_names_vip = port_number.is_some() || (secure_port.is_some() && svip.is_none());
+    let vip_names = match vip {
+        Some(vip) => vip_list("vip", &r.vip, vip)?,
+        None if app_names_vip => vip_list("app", &r.app, &app)?,
         None => Vec::new(),
     };
-    let vips = if f.port.is_some() {
+    let vips = if port_number.is_some() {
         vip_names.clone()
     } else {
         Vec::new()
     };
-    let svips = match (f.secure_port, &f.svip) {
+    let svips = match (secure_port, svip) {
         (None, _) => Vec::new(),
-        (Some(_), Some(svip)) => vip_list("svip", svip, &fail)?,
+        (Some(_), Some(svip)) => vip_list("svip", &r.svip, svip)?,
         (Some(_), None) => vip_names,
     };
 
-    let status = match &f.status {
+    let status = match status {
         None => Status::Up,
         Some(s) => Status::parse(s).ok_or_else(|| {
             fail(
                 "status",
+                &r.status,
                 format!("{s:?} is not one of UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN"),
             )
         })?,
     };
-    let zone = match f.zone.as_deref() {
-        Some(z) if z.trim().is_empty() => return Err(fail("zone", "empty".into())),
+    let zone = match zone {
+        Some(z) if z.trim().is_empty() => return Err(fail("zone", &r.zone, "empty".into())),
         z => z.map(|z| z.trim().to_owned()),
     };
-    let instance_id = match f.id.as_deref() {
-        Some(id) if id.trim().is_empty() => return Err(fail("id", "empty".into())),
+    let instance_id = match id {
+        Some(id) if id.trim().is_empty() => return Err(fail("id", &r.id, "empty".into())),
         Some(id) => id.trim().to_owned(),
-        None => derived_id(&app, ip, f.port, f.secure_port),
+        None => derived_id(&app, ip, port_number, secure_port),
     };
-
-    let protocol = match f.protocol.as_deref() {
+    let protocol = match protocol {
         None => Protocol::Auto,
-        Some(p) => Protocol::parse(p).map_err(|reason| fail("protocol", reason))?,
+        Some(p) => Protocol::parse(p).map_err(|reason| fail("protocol", &r.protocol, reason))?,
     };
 
     Ok(Instance {
         app,
         instance_id,
         ip,
-        port: f.port,
-        secure_port: f.secure_port,
+        port: port_number,
+        secure_port,
         vips,
         svips,
         status,
@@ -630,25 +358,42 @@ fn convert(index: usize, f: Fields) -> Result<Instance, InvalidInstance> {
     })
 }
 
-/// A short rendering of a YAML value for error messages.
-fn show(value: &Value) -> String {
-    match serde_yaml::to_string(value) {
-        Ok(s) => s.trim_end().to_owned(),
-        Err(_) => format!("{value:?}"),
+type Fail<'a> = &'a dyn Fn(&str, &Field, String) -> InvalidYaml;
+
+/// A field's text: `None` when it is left out, an error when it is empty.
+fn text<'a>(field: &str, place: &'a Field, fail: Fail) -> Result<Option<&'a str>, InvalidYaml> {
+    match place {
+        None => Ok(None),
+        Some(Spanned { value: None, .. }) => {
+            Err(fail(field, place, format!("empty; expected {TEXT}")))
+        }
+        Some(Spanned { value: Some(s), .. }) => Ok(Some(s)),
     }
 }
 
-fn vip_list(
-    field: &str,
-    list: &str,
-    fail: &dyn Fn(&str, String) -> InvalidInstance,
-) -> Result<Vec<String>, InvalidInstance> {
+/// A field's port number.
+fn port(field: &str, place: &Field, fail: Fail) -> Result<Option<u16>, InvalidYaml> {
+    match text(field, place, fail)? {
+        None => Ok(None),
+        Some(s) if s.trim().is_empty() => {
+            Err(fail(field, place, format!("empty; expected {PORT}")))
+        }
+        Some(s) => s
+            .trim()
+            .parse::<u16>()
+            .map(Some)
+            .map_err(|_| fail(field, place, format!("expected {PORT}, found {s}"))),
+    }
+}
+
+/// The VIPs of a comma-separated list, each checked; why not, if one is not valid.
+fn vip_list(list: &str) -> Result<Vec<String>, String> {
     let vips = split_vips(list);
     if vips.is_empty() {
-        return Err(fail(field, "names no VIP".into()));
+        return Err("names no VIP".into());
     }
     for vip in &vips {
-        check_vip(vip).map_err(|reason| fail(field, reason))?;
+        check_vip(vip)?;
     }
     Ok(vips)
 }
@@ -676,7 +421,7 @@ mod tests {
 
     fn instance_error(yaml: &str) -> InvalidInstance {
         match parse(yaml.as_bytes()) {
-            Err(InvalidYaml::Instance(e)) => *e,
+            Err(InvalidYaml::Instance { instance, .. }) => *instance,
             other => panic!("expected an instance error, got {other:?}"),
         }
     }
@@ -740,26 +485,21 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_field_names_the_instance_and_the_field() {
+    fn an_unknown_field_names_the_field_and_its_line() {
         let err = match parse(&testdata("registry-unknown-field.yaml")) {
-            Err(InvalidYaml::Instance(e)) => e,
+            Err(InvalidYaml::Syntax(e)) => e,
             other => panic!("{other:?}"),
         };
-        assert_eq!(
-            (err.index, err.app.as_str(), err.field.as_str()),
-            (1, "greeter", "vipp")
-        );
-        assert!(err.reason.contains("unknown field"), "{err}");
-        assert!(
-            err.to_string().contains("instance 1 (app \"greeter\")"),
-            "{err}"
-        );
+        let at = err.location().expect("a location");
+        assert_eq!((at.line(), at.column()), (8, 5));
+        assert!(err.to_string().contains("unknown field `vipp`"), "{err}");
+        assert!(err.to_string().contains("line 8, column 5"), "{err}");
     }
 
     #[test]
     fn a_bad_ip_names_the_instance_and_the_field() {
         let err = match parse(&testdata("registry-bad-ip.yaml")) {
-            Err(InvalidYaml::Instance(e)) => e,
+            Err(InvalidYaml::Instance { instance, .. }) => instance,
             other => panic!("{other:?}"),
         };
         assert_eq!(
@@ -896,7 +636,10 @@ mod tests {
         ));
         // ...a wrong top level comes before an invalid instance...
         let yaml = "instances: [{app: a, ip: x, port: 80}]\nextra: 1";
-        assert!(matches!(parse(yaml.as_bytes()), Err(InvalidYaml::Shape(_))));
+        assert!(matches!(
+            parse(yaml.as_bytes()),
+            Err(InvalidYaml::Syntax(_))
+        ));
         // ...and the first invalid instance comes first, whether a field or a repeated id.
         let err = instance_error(
             "instances: [{app: a, ip: 10.0.0.1, port: 80}, {app: a, ip: 10.0.0.1, port: 80}, {app: b}]",
@@ -913,6 +656,90 @@ mod tests {
         let err = instance_error("instances: [{port: http, app: hello, ip: 10.0.0.1}]");
         assert_eq!((err.app.as_str(), err.field.as_str()), ("hello", "port"));
         assert_eq!(err.reason, "expected a port number (1-65535), found http");
+    }
+
+    #[test]
+    fn an_invalid_value_says_its_line_and_column() {
+        match parse(&testdata("registry-bad-ip.yaml")) {
+            Err(
+                e @ InvalidYaml::Instance {
+                    line: 9, column: 9, ..
+                },
+            ) => assert!(
+                e.to_string()
+                    .ends_with("is not an IP address at line 9, column 9"),
+                "{e}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A field left out: where its instance starts.
+        match parse(b"instances:\n  - app: hello\n    port: 80\n") {
+            Err(
+                e @ InvalidYaml::Instance {
+                    line: 2, column: 5, ..
+                },
+            ) => {
+                assert!(e.to_string().contains("field `ip`: required"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_line() {
+        // A scalar of the wrong type is the instance's error, with the field.
+        match parse(b"instances:\n  - app: hello\n    ip: 10.0.0.1\n    port: http\n") {
+            Err(InvalidYaml::Instance {
+                instance,
+                line: 4,
+                column: 11,
+            }) => assert_eq!(instance.field, "port"),
+            other => panic!("{other:?}"),
+        }
+        // A list or a mapping where a value belongs, or a list that is not one, is the parser's.
+        for (yaml, line) in [
+            ("instances:\n  - app: hello\n    ip: [10.0.0.1]\n", 3),
+            ("instances:\n  - app: hello\n    port: {n: 80}\n", 3),
+            ("instances:\n  - 10.0.0.1\n", 2),
+            ("instances: 3\n", 1),
+        ] {
+            match parse(yaml.as_bytes()) {
+                Err(InvalidYaml::Syntax(e)) => {
+                    assert_eq!(e.location().map(|at| at.line()), Some(line), "{yaml}: {e}");
+                    assert!(e.to_string().contains(&format!("line {line}")), "{e}");
+                }
+                other => panic!("{yaml}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_truncated_file_is_an_error() {
+        // Cut inside a quoted value, inside a flow mapping, and after a key.
+        for cut in [
+            "instances:\n  - app: 'hel",
+            "instances: [{app: hello, ip: 1",
+            "instances:\n  - app: hello\n    ip",
+        ] {
+            assert!(
+                matches!(parse(cut.as_bytes()), Err(InvalidYaml::Syntax(_))),
+                "{cut}"
+            );
+        }
+        // A cut at the end of a line can leave valid YAML; then the instance it cut is checked.
+        let err = instance_error("instances:\n  - app: hello\n    ip: 10.0.0.1\n");
+        assert_eq!(err.field, "port");
+    }
+
+    #[test]
+    fn a_missing_instances_list_or_several_documents_are_refused() {
+        for yaml in ["{}", "zone: a", "instances: []\n---\ninstances: []\n"] {
+            assert!(
+                matches!(parse(yaml.as_bytes()), Err(InvalidYaml::Syntax(_))),
+                "{yaml}"
+            );
+        }
+        assert_eq!(parse(b"instances:\n").unwrap(), Registry::default());
     }
 
     #[test]
