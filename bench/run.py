@@ -626,7 +626,8 @@ def bench_scale_eureka(cfg, workdir, results):
     for n in cfg["scale_eureka_vips"]:
         procs = Procs(workdir)
         try:
-            cp = start_control(procs, None, name=f"control-eureka-{n}")
+            # xds-load registers 1-hour leases and sends no heartbeats: the default bound (300 s) refuses them.
+            cp = start_control(procs, None, name=f"control-eureka-{n}", extra=["--max-lease-duration", "3600"])
             try:
                 load = xds_load(cfg, cp, n, "--eureka", f"127.0.0.1:{cp.eureka}", "--admin", f"127.0.0.1:{cp.admin}")
             except RuntimeError as e:

@@ -5,8 +5,9 @@
 //! - [`Cache`] holds the current [`Snapshot`] and, for every cluster name some proxy has
 //!   subscribed to, its built resources with their versions. Resources are built lazily, on the
 //!   first subscription to a name (a registry may hold 100k VIPs; proxies ask for a few), and on
-//!   a snapshot change rebuilt only for subscribed names whose cluster changed. Each change bumps
-//!   a generation that subscribers can wait on.
+//!   a snapshot change rebuilt only for subscribed names whose cluster changed. It counts which
+//!   stream watches which name, and hands each stream, in its [`Inbox`], the names that changed
+//!   for it: a change wakes only the streams subscribed to a changed cluster.
 //! - [`Subscriptions`] is one stream's state for one resource type (names, and which version
 //!   the client has of each), and [`diff`] is the one pure function that turns that state and
 //!   the current resources into a [`Delta`]: what to send, what to remove.
@@ -15,10 +16,10 @@
 //! follows them; they come from Envoy's "xDS REST and gRPC protocol" page, section
 //! "Incremental xDS", and the `DeltaDiscoveryRequest` field docs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::model::Snapshot;
 use crate::policy::{Effective, Policy};
@@ -85,10 +86,10 @@ pub struct Subscriptions {
     /// takes a resource pushed for it later. Neither watched in the cache nor counted under
     /// the shared bound meanwhile.
     waiting: BTreeSet<String>,
-    /// Names whose answer may differ from what the client was last told, for a reason of this
-    /// stream's own (subscribed or subscribed again, admitted, refused, sent ahead): what
-    /// [`diff_pending`] looks at. A change in the cache is the other reason, which
-    /// [`diff`] covers.
+    /// Names whose answer may differ from what the client was last told: for a reason of this
+    /// stream's own (subscribed or subscribed again, admitted, refused, sent ahead), or
+    /// because the cache changed them ([`Subscriptions::mark_changed`]): what [`diff_pending`]
+    /// looks at.
     pending: BTreeSet<String>,
 }
 
@@ -332,6 +333,16 @@ impl Subscriptions {
         removed
     }
 
+    /// Marks those of `names` that are subscribed as pending: their resources changed in the
+    /// cache, so the next [`diff_pending`] looks at them.
+    pub fn mark_changed<'a>(&mut self, names: impl IntoIterator<Item = &'a String>) {
+        for name in names {
+            if self.names.contains_key(name) {
+                self.pending.insert(name.clone());
+            }
+        }
+    }
+
     /// Records that `delta`, a [`diff`] or [`diff_pending`] of these subscriptions, went out
     /// (or that it was empty): the client now has those versions, or knows of the removals,
     /// and nothing is pending. A NACK does not undo this, on purpose: the client keeps its
@@ -422,11 +433,12 @@ pub fn diff(
     diff_of(subs, subs.names.keys(), loading, current)
 }
 
-/// [`diff`] restricted to the names whose answer this stream itself may have changed since
-/// its last response ([`Subscriptions`]' pending names: subscribed, admitted, refused, sent
-/// ahead): what a request calls for, in time proportional to what it asked rather than to
-/// everything the stream holds. Equal to [`diff`] as long as nothing changed in the cache
-/// since the last response; a cache change is answered by a [`diff`] of its own.
+/// [`diff`] restricted to the names whose answer may have changed since the stream's last
+/// response ([`Subscriptions`]' pending names: subscribed, admitted, refused, sent ahead, or
+/// changed in the cache, see [`Subscriptions::mark_changed`]): in time proportional to what
+/// changed rather than to everything the stream holds. Equal to [`diff`] as long as every
+/// cache change since the last response was marked; a change the cache cannot name per stream
+/// (the registry finishing loading) is answered by a [`diff`].
 pub fn diff_pending(
     subs: &Subscriptions,
     loading: bool,
@@ -486,13 +498,83 @@ impl Built {
 /// One subscribed cluster name: who subscribes, and its resources as each of them gets them.
 #[derive(Debug, Default)]
 struct Entry {
+    /// Subscriptions to this name per stream (both types).
+    streams: HashMap<StreamId, usize>,
     /// Subscriptions to this name per calling service (the proxies' `node.cluster`), over all
-    /// streams and both types.
+    /// streams and both types: which variants are needed.
     watchers: HashMap<Arc<str>, usize>,
     /// The resources, per variant: `None` for every caller without a policy override of its
     /// own for this name, `Some(caller)` for each caller with one. The inner `None` when the
     /// name is not an odmesh cluster name (`<vip>.vip` / `<svip>.svip`).
     built: HashMap<Option<Arc<str>>, Option<Built>>,
+}
+
+/// Identifies one stream to the cache (the server's stream id).
+pub type StreamId = u64;
+
+/// What changed in the cache for one stream since it last looked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Something changed that the cache cannot name per stream (the registry finished
+    /// loading, or started again): every subscription must be looked at.
+    pub all: bool,
+    /// The subscribed names whose resources changed.
+    pub names: BTreeSet<String>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.names.is_empty()
+    }
+}
+
+/// One stream's mailbox in the cache: the [`Changes`] for it, and a wake. A change wakes only
+/// the streams it concerns; the server's stream task waits on [`Inbox::notified`].
+#[derive(Debug, Default)]
+pub struct Inbox {
+    changes: Mutex<Changes>,
+    notify: Notify,
+}
+
+impl Inbox {
+    /// Waits until a change is put here. A change put while nobody waited is not lost: the
+    /// next wait returns at once.
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Takes what changed since the last take.
+    pub fn take(&self) -> Changes {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Whether a change waits to be taken.
+    pub fn has_changes(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Changes> {
+        self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn put(&self, names: Vec<String>, all: bool) {
+        {
+            let mut changes = self.lock();
+            changes.all |= all;
+            changes.names.extend(names);
+        }
+        self.notify.notify_one();
+    }
+}
+
+/// What the cache keeps of one stream: its calling service, the names it watches, its inbox.
+#[derive(Debug, Default)]
+struct Watcher {
+    /// The caller of the stream's first watch (a stream's `node.cluster` never changes).
+    caller: Option<Arc<str>>,
+    names: HashSet<String>,
+    inbox: Arc<Inbox>,
 }
 
 #[derive(Debug)]
@@ -501,6 +583,7 @@ struct State {
     policy: Arc<Policy>,
     generation: u64,
     entries: HashMap<String, Entry>,
+    streams: HashMap<StreamId, Watcher>,
 }
 
 impl State {
@@ -519,6 +602,28 @@ impl State {
             cluster: Arc::new(r.cluster),
             endpoints: Arc::new(r.endpoints),
         })
+    }
+
+    /// Hands each stream watching some of `names` those of them it watches, and wakes it;
+    /// with `all`, wakes every stream for a full diff instead. Returns what to deliver,
+    /// outside the lock.
+    fn mail(&self, names: &[String], all: bool) -> Vec<(Arc<Inbox>, Vec<String>)> {
+        if all {
+            return (self.streams.values())
+                .map(|w| (w.inbox.clone(), Vec::new()))
+                .collect();
+        }
+        let mut per_stream: HashMap<StreamId, Vec<String>> = HashMap::new();
+        for name in names {
+            if let Some(entry) = self.entries.get(name) {
+                for stream in entry.streams.keys() {
+                    per_stream.entry(*stream).or_default().push(name.clone());
+                }
+            }
+        }
+        (per_stream.into_iter())
+            .filter_map(|(id, names)| Some((self.streams.get(&id)?.inbox.clone(), names)))
+            .collect()
     }
 
     /// Rebuilds every variant of `name` that its watchers need, and only those.
@@ -542,6 +647,48 @@ impl State {
             .collect();
         if let Some(entry) = self.entries.get_mut(name) {
             entry.built = built;
+        }
+    }
+
+    /// Drops `count` subscriptions by `stream` (of a proxy of `caller`) to `name`; forgets its
+    /// resources once nobody subscribes, and each variant no remaining watcher gets.
+    fn forget(&mut self, stream: StreamId, caller: &Arc<str>, name: &str, count: usize) {
+        let Some(entry) = self.entries.get_mut(name) else {
+            return;
+        };
+        let Some(by_stream) = entry.streams.get_mut(&stream) else {
+            return;
+        };
+        let count = count.min(*by_stream);
+        *by_stream -= count;
+        if *by_stream == 0 {
+            entry.streams.remove(&stream);
+            if let Some(watcher) = self.streams.get_mut(&stream) {
+                watcher.names.remove(name);
+            }
+        }
+        let Some(entry) = self.entries.get_mut(name) else {
+            return;
+        };
+        let Some(by_caller) = entry.watchers.get_mut(caller) else {
+            return;
+        };
+        *by_caller = by_caller.saturating_sub(count);
+        if *by_caller > 0 {
+            return;
+        }
+        entry.watchers.remove(caller);
+        if entry.watchers.is_empty() {
+            self.entries.remove(name);
+            return;
+        }
+        // A variant no remaining watcher gets (the caller's own, or the shared one when
+        // only callers with an override are left) goes.
+        let needed: Vec<Option<Arc<str>>> = (self.entries[name].watchers.keys())
+            .map(|c| self.variant(name, c))
+            .collect();
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.built.retain(|variant, _| needed.contains(variant));
         }
     }
 
@@ -572,13 +719,16 @@ impl State {
 /// A cluster is built once for all its subscribers, except for a calling service that the
 /// policy gives an override of its own for that VIP: its proxies get their own variant.
 ///
+/// Streams: each watches names under a [`StreamId`]; the cache counts which stream watches
+/// which name, so a stream that ends is forgotten in one call ([`Cache::close_stream`]), and a
+/// change is put only into the [`Inbox`] of the streams watching a changed name.
+///
 /// Locking: one short-held mutex, never held across an `.await`; building a resource takes
-/// microseconds.
+/// microseconds. Inboxes are filled after it is released.
 #[derive(Debug)]
 pub struct Cache {
     options: XdsOptions,
     state: Mutex<State>,
-    changes: watch::Sender<u64>,
 }
 
 impl Cache {
@@ -589,7 +739,6 @@ impl Cache {
 
     /// A cache that starts from `snapshot`, with the default policy.
     pub fn with_snapshot(options: XdsOptions, snapshot: Arc<Snapshot>) -> Cache {
-        let (changes, _) = watch::channel(0);
         Cache {
             options,
             state: Mutex::new(State {
@@ -597,8 +746,8 @@ impl Cache {
                 policy: Arc::default(),
                 generation: 0,
                 entries: HashMap::new(),
+                streams: HashMap::new(),
             }),
-            changes,
         }
     }
 
@@ -623,17 +772,36 @@ impl Cache {
         self.lock().generation
     }
 
-    /// A receiver that sees the generation change whenever the snapshot or policy changes.
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.subscribe()
+    /// Registers stream `id` (if its first watch has not already) and returns its inbox, where
+    /// the changes for it arrive.
+    pub fn open_stream(&self, id: StreamId) -> Arc<Inbox> {
+        self.lock().streams.entry(id).or_default().inbox.clone()
+    }
+
+    /// Forgets stream `id`: every name it watches, as if unwatched, and its inbox.
+    pub fn close_stream(&self, id: StreamId) {
+        let mut state = self.lock();
+        let Some(watcher) = state.streams.remove(&id) else {
+            return;
+        };
+        let Some(caller) = watcher.caller else {
+            return;
+        };
+        for name in &watcher.names {
+            let count = (state.entries.get(name))
+                .and_then(|e| e.streams.get(&id))
+                .copied()
+                .unwrap_or(0);
+            state.forget(id, &caller, name, count);
+        }
     }
 
     /// Replaces the snapshot; rebuilds the resources of subscribed names whose cluster changed
-    /// (and only those), then wakes every subscriber. Returns the names rebuilt.
+    /// (and only those), then wakes the streams watching them. Returns the names rebuilt.
     pub fn set_snapshot(&self, snapshot: Arc<Snapshot>) -> Vec<String> {
         let mut rebuilt = Vec::new();
         let old;
-        let generation = {
+        let (generation, mail, streams, finishing) = {
             let mut state = self.lock();
             old = std::mem::replace(&mut state.snapshot, snapshot);
             // Only the clusters that changed, not every subscribed name: a registry of
@@ -643,8 +811,10 @@ impl Cache {
                 .map(str::to_owned)
                 .collect();
             // A registry that finished loading turns every name it does not list from "not
-            // known yet" into "not registered".
-            let finished: Vec<String> = if state.snapshot.is_complete() != old.is_complete() {
+            // known yet" into "not registered", and what clients kept is compared again: every
+            // stream diffs all it holds.
+            let finishing = state.snapshot.is_complete() != old.is_complete();
+            let finished: Vec<String> = if finishing {
                 (state.entries.iter())
                     .filter(|(_, e)| (e.built.values().flatten()).any(|b| !b.cluster.registered))
                     .map(|(name, _)| name.clone())
@@ -657,12 +827,15 @@ impl Cache {
                 rebuilt.push(name);
             }
             state.generation += 1;
-            state.generation
+            let mail = state.mail(&rebuilt, finishing);
+            (state.generation, mail, state.streams.len(), finishing)
         };
-        self.changes.send_replace(generation);
+        let woken = deliver(mail, finishing);
         tracing::debug!(
             generation,
             rebuilt = rebuilt.len(),
+            woken,
+            streams,
             "snapshot applied; subscribers woken"
         );
         // Freeing the old snapshot (a whole registry's worth of allocations) waits until the
@@ -673,12 +846,13 @@ impl Cache {
         rebuilt
     }
 
-    /// Replaces the policy; rebuilds every subscribed name (a resource the policy does not
-    /// change keeps its version, so its subscribers are sent nothing), then wakes every
-    /// subscriber. Returns the names whose resources changed for some caller.
+    /// Replaces the policy; rebuilds the subscribed names whose entry (or the defaults)
+    /// changed (a resource the policy does not change keeps its version, so its subscribers
+    /// are sent nothing), then wakes the streams watching those. Returns the names whose
+    /// resources changed for some caller.
     pub fn set_policy(&self, policy: Arc<Policy>) -> Vec<String> {
         let mut changed = Vec::new();
-        let generation = {
+        let (generation, mail) = {
             let mut state = self.lock();
             let old = std::mem::replace(&mut state.policy, policy);
             // Only the names whose entry (or the defaults) changed.
@@ -689,17 +863,19 @@ impl Cache {
                 })
                 .cloned()
                 .collect();
-            for name in names {
-                let before = cluster_versions(&state.entries[&name]);
-                state.rebuild(&name, &self.options);
-                if cluster_versions(&state.entries[&name]) != before {
-                    changed.push(name);
+            for name in &names {
+                let before = cluster_versions(&state.entries[name]);
+                state.rebuild(name, &self.options);
+                if cluster_versions(&state.entries[name]) != before {
+                    changed.push(name.clone());
                 }
             }
             state.generation += 1;
-            state.generation
+            // Every rebuilt name, not only those whose cluster changed: a caller's variant may
+            // have changed while the shared one did not.
+            (state.generation, state.mail(&names, false))
         };
-        self.changes.send_replace(generation);
+        deliver(mail, false);
         changed.sort();
         tracing::info!(
             generation,
@@ -732,18 +908,23 @@ impl Cache {
         }
     }
 
-    /// Counts a subscription by a proxy of `caller` to each of `names` (one stream, one
-    /// type), building resources for names nobody had subscribed to. Returns those of `names`
-    /// known to be unregistered: odmesh cluster names that the registry, complete, does not
-    /// list (while it is still loading, a name it does not list yet is not known to be
-    /// unregistered).
-    pub fn watch<'a>(&self, caller: &str, names: &'a [String]) -> Vec<&'a str> {
+    /// Counts a subscription by stream `stream`, of a proxy of `caller`, to each of `names`
+    /// (one type), building resources for names nobody had subscribed to. Returns those of
+    /// `names` known to be unregistered: odmesh cluster names that the registry, complete,
+    /// does not list (while it is still loading, a name it does not list yet is not known to
+    /// be unregistered). A stream's caller is the one of its first watch.
+    pub fn watch<'a>(&self, stream: StreamId, caller: &str, names: &'a [String]) -> Vec<&'a str> {
         let mut unregistered = Vec::new();
         if names.is_empty() {
             return unregistered;
         }
-        let caller: Arc<str> = Arc::from(caller);
         let mut state = self.lock();
+        let watcher = state.streams.entry(stream).or_default();
+        let caller = watcher
+            .caller
+            .get_or_insert_with(|| Arc::from(caller))
+            .clone();
+        watcher.names.extend(names.iter().cloned());
         let complete = state.snapshot.is_complete();
         for name in names {
             let variant = state.variant(name, &caller);
@@ -752,6 +933,7 @@ impl Cache {
             let built = needs_build.then(|| state.build(name, variant.as_deref(), &self.options));
             let entry = state.entries.entry(name.clone()).or_default();
             *entry.watchers.entry(caller.clone()).or_insert(0) += 1;
+            *entry.streams.entry(stream).or_insert(0) += 1;
             if let Some(built) = built {
                 entry.built.insert(variant.clone(), built);
             }
@@ -763,34 +945,15 @@ impl Cache {
         unregistered
     }
 
-    /// Drops a subscription by a proxy of `caller` to each of `names`; forgets resources
-    /// nobody subscribes to.
-    pub fn unwatch<'a>(&self, caller: &str, names: impl IntoIterator<Item = &'a str>) {
+    /// Drops a subscription by stream `stream` to each of `names`; forgets resources nobody
+    /// subscribes to.
+    pub fn unwatch<'a>(&self, stream: StreamId, names: impl IntoIterator<Item = &'a str>) {
         let mut state = self.lock();
+        let Some(caller) = (state.streams.get(&stream)).and_then(|w| w.caller.clone()) else {
+            return;
+        };
         for name in names {
-            let Some(entry) = state.entries.get_mut(name) else {
-                continue;
-            };
-            let Some(count) = entry.watchers.get_mut(caller) else {
-                continue;
-            };
-            *count = count.saturating_sub(1);
-            if *count > 0 {
-                continue;
-            }
-            entry.watchers.remove(caller);
-            if entry.watchers.is_empty() {
-                state.entries.remove(name);
-                continue;
-            }
-            // A variant no remaining watcher gets (the caller's own, or the shared one when
-            // only callers with an override are left) goes.
-            let needed: Vec<Option<Arc<str>>> = (state.entries[name].watchers.keys())
-                .map(|c| state.variant(name, c))
-                .collect();
-            if let Some(entry) = state.entries.get_mut(name) {
-                entry.built.retain(|variant, _| needed.contains(variant));
-            }
+            state.forget(stream, &caller, name, 1);
         }
     }
 
@@ -855,6 +1018,16 @@ impl Cache {
     }
 }
 
+/// Puts each stream's changed names into its inbox (with `all`, a full diff) and wakes it.
+/// Returns how many streams were woken.
+fn deliver(mail: Vec<(Arc<Inbox>, Vec<String>)>, all: bool) -> usize {
+    let woken = mail.len();
+    for (inbox, names) in mail {
+        inbox.put(names, all);
+    }
+    woken
+}
+
 /// The cluster versions of every variant of an entry, to tell whether a rebuild changed it.
 fn cluster_versions(entry: &Entry) -> Vec<(Option<Arc<str>>, Option<String>)> {
     let mut versions: Vec<_> = (entry.built.iter())
@@ -911,8 +1084,14 @@ mod tests {
         list: &[&str],
     ) -> Vec<String> {
         let change = subs.update(&names(list), &[], &HashMap::new());
-        let unregistered = cache.watch(caller, &change.added);
+        let unregistered = cache.watch(stream_of(caller), caller, &change.added);
         unregistered.into_iter().map(str::to_owned).collect()
+    }
+
+    /// The stream the tests' proxies of `caller` use: one per calling service.
+    fn stream_of(caller: &str) -> StreamId {
+        let callers = ["", "checkout", "cart", "web"];
+        callers.iter().position(|c| *c == caller).unwrap() as StreamId
     }
 
     /// [`send`] to a proxy of `caller`.
@@ -937,7 +1116,7 @@ mod tests {
         let mut subs = Subscriptions::default();
         let added = subs.presubscribe(&names(&["hello.vip"]));
         assert_eq!(added, ["hello.vip"]);
-        cache.watch("", &added);
+        cache.watch(0, "", &added);
         let pushed = send(&cache, ResourceType::Endpoints, &mut subs);
         assert_eq!(sent_names(&pushed), ["hello.vip"]);
 
@@ -1068,7 +1247,7 @@ mod tests {
         send(&cache, ResourceType::Endpoints, &mut subs);
         let change = subs.update(&[], &names(&["hello.vip"]), &HashMap::new());
         assert_eq!(change.removed, ["hello.vip"]);
-        cache.unwatch("", change.removed.iter().map(String::as_str));
+        cache.unwatch(0, change.removed.iter().map(String::as_str));
         assert_eq!(
             cache.watched(),
             0,
@@ -1094,7 +1273,7 @@ mod tests {
         ]);
         let mut subs = Subscriptions::default();
         let change = subs.update(&names(&["same.vip", "stale.vip", "new.vip"]), &[], &initial);
-        cache.watch("", &change.added);
+        cache.watch(0, "", &change.added);
         let delta = send(&cache, ResourceType::Cluster, &mut subs);
         assert_eq!(sent_names(&delta), ["new.vip", "stale.vip"]);
         assert!(delta.remove.is_empty());
@@ -1235,7 +1414,7 @@ mod tests {
 
         // Unsubscribing every caller forgets the name.
         for (caller, subs) in [("checkout", &checkout), ("cart", &cart), ("web", &web)] {
-            cache.unwatch(caller, subs.names().collect::<Vec<_>>());
+            cache.unwatch(stream_of(caller), subs.names().collect::<Vec<_>>());
         }
         assert_eq!(cache.watched(), 0);
     }
@@ -1258,14 +1437,14 @@ mod tests {
         assert!(send_as(&cache, "cart", ResourceType::Cluster, &mut cart).is_empty());
 
         // The last subscriber of each variant takes it along; the name stays for the other.
-        cache.unwatch("cart", ["pay.vip"]);
+        cache.unwatch(stream_of("cart"), ["pay.vip"]);
         assert_eq!(cache.watched(), 1);
         let timeout = cache
             .effective_policy("pay.vip", "checkout")
             .unwrap()
             .request_timeout;
         assert_eq!(timeout.value, std::time::Duration::from_secs(1));
-        cache.unwatch("checkout", ["pay.vip"]);
+        cache.unwatch(stream_of("checkout"), ["pay.vip"]);
         assert_eq!(cache.watched(), 0);
     }
 
@@ -1316,12 +1495,11 @@ mod tests {
     #[test]
     fn resources_stay_built_while_any_stream_subscribes() {
         let cache = cache(vec![]);
-        let (mut a, mut b) = (Subscriptions::default(), Subscriptions::default());
-        subscribe(&cache, &mut a, &["x.vip"]);
-        subscribe(&cache, &mut b, &["x.vip"]);
-        cache.unwatch("", ["x.vip"]);
+        cache.watch(1, "", &names(&["x.vip"]));
+        cache.watch(2, "", &names(&["x.vip"]));
+        cache.unwatch(1, ["x.vip"]);
         assert_eq!(cache.watched(), 1);
-        cache.unwatch("", ["x.vip"]);
+        cache.unwatch(2, ["x.vip"]);
         assert_eq!(cache.watched(), 0);
     }
 
@@ -1347,7 +1525,7 @@ mod tests {
             .collect();
         let names: Vec<String> = initial.keys().cloned().collect();
         let change = subs.update(&names, &[], &initial);
-        cache.watch("", &change.added);
+        cache.watch(0, "", &change.added);
     }
 
     #[test]
@@ -1431,7 +1609,7 @@ mod tests {
         );
         assert_eq!(change.added, ["a.vip", "b.vip"]);
         assert_eq!(change.over_limit, 2);
-        cache.watch("", &change.added);
+        cache.watch(0, "", &change.added);
         let delta = send(&cache, ResourceType::Cluster, &mut cds);
         assert_eq!(sent_names(&delta), ["a.vip", "b.vip"]);
         assert_eq!(delta.remove, ["c.vip", "d.vip"]);
@@ -1460,14 +1638,14 @@ mod tests {
         assert_eq!((cds.len(), cds.counted_len(), cds.waiting()), (3, 1, 2));
         // Answered with a removal while they wait, then sent once admitted.
         let cache = cache(vec![inst("b", "10.0.0.2", Status::Up)]);
-        cache.watch("", &change.added);
+        cache.watch(0, "", &change.added);
         let first = send(&cache, ResourceType::Cluster, &mut cds);
         assert_eq!(sent_names(&first), ["a.vip"]);
         assert_eq!(first.remove, ["b.vip", "c.vip"]);
         assert!(send(&cache, ResourceType::Cluster, &mut cds).is_empty());
         let admitted = cds.admit_waiting(1);
         assert_eq!(admitted, ["b.vip"]);
-        cache.watch("", &admitted);
+        cache.watch(0, "", &admitted);
         assert_eq!(
             sent_names(&send(&cache, ResourceType::Cluster, &mut cds)),
             ["b.vip"]
@@ -1555,26 +1733,112 @@ mod tests {
     #[tokio::test]
     async fn follow_applies_each_snapshot_and_wakes_subscribers() {
         let cache = Arc::new(cache(vec![]));
-        let mut changes = cache.changes();
+        let inbox = cache.open_stream(1);
+        cache.watch(1, "", &names(&["hello.vip"]));
         let (tx, rx) = watch::channel(snapshot(vec![]));
         let follower = tokio::spawn({
             let cache = cache.clone();
             async move { cache.follow(rx).await }
         });
-        let wait = std::time::Duration::from_secs(5);
-        tokio::time::timeout(wait, changes.changed())
-            .await
-            .unwrap()
-            .unwrap();
         tx.send_replace(snapshot(vec![inst("hello", "10.0.0.1", Status::Up)]));
+        let wait = std::time::Duration::from_secs(5);
         tokio::time::timeout(wait, async {
-            while cache.snapshot().get("hello.vip").is_none() {
-                changes.changed().await.unwrap();
+            while !inbox.take().names.contains("hello.vip") {
+                inbox.notified().await;
             }
         })
         .await
         .unwrap();
+        assert!(cache.snapshot().get("hello.vip").is_some());
         drop(tx);
         tokio::time::timeout(wait, follower).await.unwrap().unwrap();
+    }
+
+    /// Three streams: 1 and 2 watch `a.vip`, 3 watches `b.vip`.
+    fn three_streams(cache: &Cache) -> [Arc<Inbox>; 3] {
+        let inboxes = [1, 2, 3].map(|id| cache.open_stream(id));
+        cache.watch(1, "", &names(&["a.vip"]));
+        cache.watch(2, "", &names(&["a.vip"]));
+        cache.watch(3, "", &names(&["b.vip"]));
+        inboxes
+    }
+
+    fn changed_names(inbox: &Inbox) -> Vec<String> {
+        inbox.take().names.into_iter().collect()
+    }
+
+    #[tokio::test]
+    async fn a_change_to_a_cluster_wakes_only_the_streams_subscribed_to_it() {
+        let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+        let [one, two, three] = three_streams(&cache);
+        cache.set_snapshot(snapshot(vec![inst("a", "10.0.0.2", Status::Up)]));
+
+        let wait = std::time::Duration::from_secs(5);
+        for inbox in [&one, &two] {
+            tokio::time::timeout(wait, inbox.notified()).await.unwrap();
+            assert_eq!(
+                changed_names(inbox),
+                ["a.vip"],
+                "both streams on a.vip get it"
+            );
+        }
+        assert!(!three.has_changes(), "b.vip did not change");
+        // A zero timeout polls once: a wake would have left a permit behind.
+        let not_woken = tokio::time::timeout(std::time::Duration::ZERO, three.notified());
+        assert!(not_woken.await.is_err(), "the stream on b.vip is not woken");
+    }
+
+    #[test]
+    fn a_stream_that_unsubscribes_is_no_longer_woken() {
+        let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+        let [one, two, _] = three_streams(&cache);
+        cache.unwatch(2, ["a.vip"]);
+        cache.set_snapshot(snapshot(vec![inst("a", "10.0.0.2", Status::Up)]));
+        assert_eq!(changed_names(&one), ["a.vip"]);
+        assert!(!two.has_changes());
+    }
+
+    #[test]
+    fn a_closed_stream_leaves_no_counts_behind_and_is_not_woken() {
+        let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+        let [one, two, three] = three_streams(&cache);
+        cache.watch(2, "", &names(&["b.vip", "a.vip"]));
+        cache.close_stream(2);
+        assert_eq!(
+            cache.watched(),
+            2,
+            "a.vip and b.vip, still watched by 1 and 3"
+        );
+        cache.close_stream(1);
+        assert_eq!(cache.watched(), 1, "only b.vip");
+        cache.set_snapshot(snapshot(vec![
+            inst("a", "10.0.0.2", Status::Up),
+            inst("b", "10.0.0.3", Status::Up),
+        ]));
+        assert!(!one.has_changes() && !two.has_changes());
+        assert_eq!(changed_names(&three), ["b.vip"]);
+        cache.close_stream(3);
+        assert_eq!(cache.watched(), 0);
+    }
+
+    #[test]
+    fn a_registry_that_finishes_loading_asks_every_stream_for_a_full_diff() {
+        let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), loading(vec![]));
+        let [one, _, three] = three_streams(&cache);
+        let idle = cache.open_stream(4);
+        cache.set_snapshot(snapshot(vec![]));
+        for inbox in [&one, &three, &idle] {
+            assert!(inbox.take().all);
+        }
+    }
+
+    #[test]
+    fn a_policy_change_wakes_only_the_streams_of_the_names_it_changes() {
+        let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+        let [one, two, three] = three_streams(&cache);
+        cache.set_policy(policy("vips: {a: {retries: {count: 1}}}"));
+        assert_eq!(changed_names(&one), ["a.vip"]);
+        assert_eq!(changed_names(&two), ["a.vip"]);
+        assert!(!three.has_changes());
     }
 }

@@ -4,8 +4,9 @@
 //! [`Session`] (the stream's protocol, without the transport) that
 //! - reads requests and hands each to the session, which subscribes and unsubscribes names
 //!   per type, counts ACKs and NACKs, and answers new subscriptions at once;
-//! - wakes on every cache generation and sends what the session says changed: clusters
-//!   first, then their load assignments.
+//! - wakes when the cache puts a change for it in its [`Inbox`] (only changes to names it
+//!   subscribes) and sends what the session says changed: clusters first, then their load
+//!   assignments.
 //!
 //! State-of-the-world methods answer `UNIMPLEMENTED`: on-demand cluster discovery needs delta
 //! xDS. See [`cache`](crate::cache) for the protocol rules, wildcard and invalid-name policy.
@@ -38,7 +39,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
 
-use crate::cache::{Cache, SubscriptionLimits};
+use crate::cache::{Cache, Changes, Inbox, SubscriptionLimits};
 use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
@@ -269,6 +270,7 @@ impl XdsServer {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let stream = StreamTask {
             shared: shared.clone(),
+            inbox: shared.cache.open_stream(id),
             state,
         };
         tokio::spawn(stream.run(inbound, tx));
@@ -279,6 +281,8 @@ impl XdsServer {
 /// One stream's task. Dropping it (the task ended, however) unregisters the stream.
 struct StreamTask {
     shared: Arc<Shared>,
+    /// Where the cache puts the changes to this stream's names.
+    inbox: Arc<Inbox>,
     state: Arc<Mutex<Session>>,
 }
 
@@ -286,8 +290,7 @@ type Outbound = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
 
 impl StreamTask {
     async fn run(self, mut inbound: Streaming<DeltaDiscoveryRequest>, tx: Outbound) {
-        let mut changes = self.shared.cache.changes();
-        changes.borrow_and_update();
+        let inbox = self.inbox.clone();
         let mut closing = self.shared.closing.subscribe();
         if *closing.borrow_and_update() {
             return;
@@ -305,13 +308,7 @@ impl StreamTask {
                         break;
                     }
                 },
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                    changes.borrow_and_update();
-                    self.on_change()
-                }
+                () = inbox.notified() => self.on_change(inbox.take()),
                 _ = closing.changed() => break,
                 // Room under --xds-max-subscriptions frees up without any registry change, and
                 // clusters sent ahead become idle.
@@ -360,7 +357,7 @@ impl StreamTask {
         let mut state = lock(&self.state);
         let cx = self.context();
         if state.is_waiting() {
-            let responses = state.on_change(&cx);
+            let responses = state.on_change(&cx, Changes::default());
             if responses.iter().any(Option::is_some) {
                 return responses;
             }
@@ -368,8 +365,8 @@ impl StreamTask {
         [state.evict_idle(&cx), None]
     }
 
-    fn on_change(&self) -> [Option<DeltaDiscoveryResponse>; 2] {
-        lock(&self.state).on_change(&self.context())
+    fn on_change(&self, changes: Changes) -> [Option<DeltaDiscoveryResponse>; 2] {
+        lock(&self.state).on_change(&self.context(), changes)
     }
 }
 

@@ -17,7 +17,7 @@ use odmesh_names::parse_cluster_name;
 use serde::Serialize;
 use tracing::debug;
 
-use crate::cache::{Cache, Delta, SubscriptionLimits, Subscriptions, WILDCARD};
+use crate::cache::{Cache, Changes, Delta, SubscriptionLimits, Subscriptions, WILDCARD};
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::xds::ResourceType;
@@ -143,11 +143,12 @@ impl Service {
 /// Which subscriptions a response looks at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Diff {
-    /// All of them: something changed in the cache.
+    /// All of them: the registry finished loading (or started again), which the cache does
+    /// not name per stream.
     All,
-    /// Those the stream's own request changed ([`diff_pending`](crate::cache::diff_pending)):
-    /// a request costs what it asks for, not what the stream holds. A cache change made
-    /// meanwhile is answered on its own, as every stream hears of it.
+    /// The pending ones ([`diff_pending`](crate::cache::diff_pending)): those the stream's own
+    /// request changed, and those the cache said changed for this stream: a response costs
+    /// what changed, not what the stream holds.
     Pending,
 }
 
@@ -303,7 +304,7 @@ impl Session {
             .collect();
         let presubscribed = self.endpoints.presubscribe(&added);
         (cx.metrics.xds_subscriptions).fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
-        cx.cache.watch(&self.node_cluster, &presubscribed);
+        cx.cache.watch(self.id, &self.node_cluster, &presubscribed);
         [first, self.respond(cx, ResourceType::Endpoints, diff)]
     }
 
@@ -462,10 +463,7 @@ impl Session {
             );
         }
         let cache = cx.cache;
-        cache.unwatch(
-            &self.node_cluster,
-            change.removed.iter().map(String::as_str),
-        );
+        cache.unwatch(self.id, change.removed.iter().map(String::as_str));
         if change.over_room > 0 {
             (metrics.xds_names_waiting_total).fetch_add(change.over_room as u64, Ordering::Relaxed);
             odmesh_base::limited!(
@@ -483,7 +481,7 @@ impl Session {
             // will never come, so the one made on its behalf goes too.
             let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
             total.fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
-            cache.unwatch(&self.node_cluster, withdrawn.iter().map(String::as_str));
+            cache.unwatch(self.id, withdrawn.iter().map(String::as_str));
         }
         refused += self.count_in(cx, ty, &change.added);
         if refused > 0 {
@@ -601,7 +599,7 @@ impl Session {
     fn count_in(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[String]) -> usize {
         let metrics = cx.metrics;
         (metrics.xds_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
-        let unregistered = cx.cache.watch(&self.node_cluster, names);
+        let unregistered = cx.cache.watch(self.id, &self.node_cluster, names);
         if ty != ResourceType::Cluster {
             return 0;
         }
@@ -613,15 +611,27 @@ impl Session {
             .count()
     }
 
-    /// Pushes what changed in the cache, clusters before their load assignments; and the
-    /// clusters that waited for room, if there is room now.
-    pub fn on_change(&mut self, cx: &Context<'_>) -> [Option<DeltaDiscoveryResponse>; 2] {
+    /// Pushes what `changes` says changed in the cache for this stream (taken from its
+    /// [`Inbox`](crate::cache::Inbox)), clusters before their load assignments; and the
+    /// clusters that waited for room, if there is room now (with no changes: the server's
+    /// retry).
+    pub fn on_change(
+        &mut self,
+        cx: &Context<'_>,
+        changes: Changes,
+    ) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let diff = if changes.all {
+            Diff::All
+        } else {
+            self.clusters.mark_changed(&changes.names);
+            self.endpoints.mark_changed(&changes.names);
+            Diff::Pending
+        };
         // The registry became complete: what was to be sent ahead goes now.
         let ahead = self.take_prewarm(cx);
         if !ahead.is_empty() {
-            let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, ahead, Diff::All);
-            let endpoints =
-                endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, Diff::All));
+            let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, ahead, diff);
+            let endpoints = endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, diff));
             return [clusters, endpoints];
         }
         if self.clusters.is_waiting() {
@@ -633,18 +643,17 @@ impl Session {
                 let refused = self.count_in(cx, ResourceType::Cluster, &admitted);
                 self.refused += refused as u64;
                 (cx.metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
-                let [clusters, endpoints] =
-                    self.answer(cx, ResourceType::Cluster, admitted, Diff::All);
+                let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, admitted, diff);
                 // Whatever else changed for the load assignments goes in the same round.
                 let endpoints =
-                    endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, Diff::All));
+                    endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, diff));
                 return [clusters, endpoints];
             }
         }
         ResourceType::ALL.map(|ty| {
             self.service
                 .serves(ty)
-                .then(|| self.respond(cx, ty, Diff::All))
+                .then(|| self.respond(cx, ty, diff))
                 .flatten()
         })
     }
@@ -690,12 +699,12 @@ impl Session {
         (metrics.xds_cluster_subscriptions).fetch_sub(removed.len() as u64, Ordering::Relaxed);
         (metrics.idle_clusters_evicted_total).fetch_add(removed.len() as u64, Ordering::Relaxed);
         cx.cache
-            .unwatch(&self.node_cluster, removed.iter().map(String::as_str));
+            .unwatch(self.id, removed.iter().map(String::as_str));
         // A load assignment sent ahead that Envoy has not subscribed to yet: it never will.
         let withdrawn = self.endpoints.withdraw_presubscribed(&removed);
         (metrics.xds_subscriptions).fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
         cx.cache
-            .unwatch(&self.node_cluster, withdrawn.iter().map(String::as_str));
+            .unwatch(self.id, withdrawn.iter().map(String::as_str));
         self.evicted += removed.len();
         odmesh_base::limited!(
             info,
@@ -764,9 +773,7 @@ impl Session {
 
     /// The stream ended: its subscriptions no longer count.
     pub fn close(&self, cx: &Context<'_>) {
-        for subs in [&self.clusters, &self.endpoints] {
-            cx.cache.unwatch(&self.node_cluster, subs.counted_names());
-        }
+        cx.cache.close_stream(self.id);
         let metrics = cx.metrics;
         metrics
             .xds_cluster_subscriptions
@@ -913,7 +920,10 @@ mod tests {
         assert_eq!(metrics.xds_names_waiting_total.load(Ordering::Relaxed), 1);
         assert!(stream.session.is_waiting());
         assert!(
-            stream.session.on_change(&cx).iter().all(Option::is_none),
+            (stream.session)
+                .on_change(&cx, Changes::default())
+                .iter()
+                .all(Option::is_none),
             "no room yet"
         );
 
@@ -921,7 +931,7 @@ mod tests {
         stream
             .session
             .on_request(&cx, request(CLUSTER_TYPE_URL, &[], &["hello.vip"]));
-        let [cluster, endpoints] = stream.session.on_change(&cx);
+        let [cluster, endpoints] = stream.session.on_change(&cx, Changes::default());
         assert_eq!(sent(&cluster), ["other.vip"]);
         assert_eq!(sent(&endpoints), ["other.vip"]);
         assert!(!stream.session.is_waiting());
@@ -947,6 +957,7 @@ mod tests {
         metrics: Metrics,
         prewarm: Prewarm,
         session: Session,
+        inbox: std::sync::Arc<crate::cache::Inbox>,
     }
 
     impl Prewarmed {
@@ -963,6 +974,7 @@ mod tests {
             let prewarm = Prewarm::new(Limits::default(), None, History::default());
             prewarm.asked("billing", ["hello.vip", "world.vip", "gone.vip"]);
             Prewarmed {
+                inbox: cache.open_stream(1),
                 cache,
                 metrics: Metrics::default(),
                 prewarm,
@@ -980,7 +992,7 @@ mod tests {
 
         fn on_change(&mut self) -> [Option<DeltaDiscoveryResponse>; 2] {
             let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
-            self.session.on_change(&cx)
+            self.session.on_change(&cx, self.inbox.take())
         }
 
         fn close(&self) {

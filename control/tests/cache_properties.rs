@@ -30,8 +30,9 @@
 //!    `max_names` take none). Each is answered with a removal right away, which the proxy
 //!    applies (it holds nothing for the name) while it stays subscribed; it is not counted
 //!    nor watched; and it is pushed once there is room (as names are unsubscribed or streams
-//!    close): the server tries on every cache change and, while names wait, once a second,
-//!    which delivery here stands in for by waking every session until all is quiet. So the
+//!    close): the server tries when a change to one of the stream's names wakes it and,
+//!    while names wait, once a second, which delivery here stands in for by waking every
+//!    session whose names wait, until all is quiet. So the
 //!    exception to 1.–3.: a name still waiting at a check is one the bound has no room for
 //!    (the open streams count at least `max_subscriptions` cluster names), and its proxy
 //!    holds nothing for it; once admitted, 1.–3. hold for it like for any other;
@@ -42,7 +43,13 @@
 //! 6. no stream subscribes, on the server side, a name its proxy does not; the gauges
 //!    `xds_cluster_subscriptions` and `xds_subscriptions` are the sums over the open streams
 //!    of the names that do not wait; and the cache has resources built for exactly the names
-//!    some open stream subscribes and does not wait for.
+//!    some open stream subscribes and does not wait for;
+//! 7. a change wakes only the streams subscribed to a changed name, and each gets only those
+//!    names, not a full diff (the registry finishing loading aside): a stream here runs on a
+//!    cache change only when the cache put one in its inbox, as the server's stream task
+//!    does. So 1. says that every stream subscribed to a changed name was handed it and sent
+//!    the newest version, whatever the sequence; and a registry or policy change that touches
+//!    none of a stream's names leaves its inbox empty (counted, so the cases reach it).
 //!
 //! What each request's bounds should do is worked out here from the rules above ([`Expected`],
 //! [`Bounds`]), not by `cache` or `session`, and compared with what the session did: the names
@@ -74,7 +81,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
-use odmesh_control::cache::{Cache, SubscriptionLimits};
+use odmesh_control::cache::{Cache, Inbox, SubscriptionLimits};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
 use odmesh_control::policy::Policy;
@@ -87,7 +94,6 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use prost::Message;
-use tokio::sync::watch;
 
 /// Cases run by default: a few seconds in a debug build on two cores.
 const CASES: u32 = 1000;
@@ -176,10 +182,12 @@ struct Seen {
     still_waiting: usize,
     /// Resources a proxy ignored, sent for a name it had dropped meanwhile.
     ignored: usize,
+    /// Streams with subscriptions that a registry or policy change did not wake.
+    not_woken: usize,
 }
 
 impl Seen {
-    fn counts(&self) -> [(&'static str, usize); 10] {
+    fn counts(&self) -> [(&'static str, usize); 11] {
         [
             ("a check", self.checks),
             ("a kept name held back", self.kept_held_back),
@@ -200,6 +208,7 @@ impl Seen {
                 self.still_waiting,
             ),
             ("a resource sent for a dropped name", self.ignored),
+            ("a stream a change did not wake", self.not_woken),
         ]
     }
 }
@@ -750,13 +759,12 @@ impl ControlPlane {
         }
     }
 
-    /// A new stream, as `server` opens one: a session, and a receiver of cache changes.
-    fn open(&mut self, limits: SubscriptionLimits) -> (Session, watch::Receiver<u64>) {
+    /// A new stream, as `server` opens one: a session, and its inbox in the cache.
+    fn open(&mut self, limits: SubscriptionLimits) -> (Session, Arc<Inbox>) {
         let id = self.next_stream;
         self.next_stream += 1;
-        let mut changes = self.cache.changes();
-        changes.borrow_and_update();
-        (Session::new(id, Service::Ads, limits), changes)
+        let inbox = self.cache.open_stream(id);
+        (Session::new(id, Service::Ads, limits), inbox)
     }
 }
 
@@ -986,7 +994,8 @@ impl Bounds {
 /// way in order, as on an HTTP/2 stream).
 struct Stream {
     session: Session,
-    changes: watch::Receiver<u64>,
+    /// Where the cache puts the changes to this stream's names.
+    inbox: Arc<Inbox>,
     to_server: VecDeque<DeltaDiscoveryRequest>,
     to_proxy: VecDeque<ToProxy>,
     /// Whether the proxy has sent its first request (which names its node).
@@ -996,10 +1005,10 @@ struct Stream {
 
 impl Stream {
     fn open(cp: &mut ControlPlane, limits: SubscriptionLimits) -> Stream {
-        let (session, changes) = cp.open(limits);
+        let (session, inbox) = cp.open(limits);
         Stream {
             session,
-            changes,
+            inbox,
             to_server: VecDeque::new(),
             to_proxy: VecDeque::new(),
             named: false,
@@ -1108,6 +1117,7 @@ impl World {
                 let registry = self.registry();
                 self.snapshot = Snapshot::from_registry(&registry);
                 self.cp.registry_changed(registry);
+                self.count_not_woken(seen);
             }
             Op::Reconnect(p) => {
                 self.streams[*p].session.close(&self.cp.context());
@@ -1138,9 +1148,18 @@ impl World {
                 let yaml = POLICIES[i % POLICIES.len()];
                 self.policy = Arc::new(Policy::parse(yaml.as_bytes()).expect("a valid policy"));
                 self.cp.cache.set_policy(self.policy.clone());
+                self.count_not_woken(seen);
             }
         }
         Ok(())
+    }
+
+    /// Counts the streams with subscriptions whose inbox is empty after a change.
+    fn count_not_woken(&self, seen: &mut Seen) {
+        seen.not_woken += (self.streams.iter())
+            .filter(|s| !tracked(&s.session, ResourceType::Cluster).is_empty())
+            .filter(|s| !s.inbox.has_changes())
+            .count();
     }
 
     fn change_registry(&mut self, change: &Change) {
@@ -1195,7 +1214,7 @@ impl World {
     fn step(&mut self, p: usize, step: Step, seen: &mut Seen) -> Result<bool, String> {
         match step {
             Step::ServerReads => self.server_reads(p, seen),
-            Step::ServerWakes => self.server_wakes(p, false, seen),
+            Step::ServerWakes => self.server_wakes(p, seen),
             Step::ProxyReads => {
                 let stream = &mut self.streams[p];
                 let Some(ToProxy {
@@ -1306,24 +1325,24 @@ impl World {
         Ok(true)
     }
 
-    /// The server wakes on stream `p`: on a cache change, and, with `retry` or while some of
+    /// The server wakes on stream `p`: on a change in its inbox, and, while some of
     /// its cluster names wait, to look for room. The test checks which waiting names the
     /// session admitted and pushed against what the bounds say. Returns whether anything
     /// happened.
-    fn server_wakes(&mut self, p: usize, retry: bool, seen: &mut Seen) -> Result<bool, String> {
+    fn server_wakes(&mut self, p: usize, seen: &mut Seen) -> Result<bool, String> {
         let in_use = self.cluster_subscriptions();
         let (cp, limits) = (&self.cp, self.limits);
         let stream = &mut self.streams[p];
-        let changed = stream.changes.has_changed().unwrap_or(false);
-        if !changed && !retry && !stream.session.is_waiting() {
+        let changes = stream.inbox.take();
+        let changed = !changes.is_empty();
+        if !changed && !stream.session.is_waiting() {
             return Ok(false);
         }
-        stream.changes.borrow_and_update();
         let room = cp.max_subscriptions.saturating_sub(in_use);
         let endpoints_before = tracked(&stream.session, ResourceType::Endpoints);
         let refused_before = stream.session.status().refused;
         let waiting_before = stream.bounds.waiting.clone();
-        let responses = stream.session.on_change(&cp.context());
+        let responses = stream.session.on_change(&cp.context(), changes);
         let (admitted, refused) =
             stream
                 .bounds
@@ -1370,14 +1389,14 @@ impl World {
     }
 
     /// Delivers everything, until nothing is in flight and no server has anything more to
-    /// send. Every server wakes in every round, standing in for its once-a-second look for
-    /// room as well as for cache changes.
+    /// send. In every round each server wakes on what its inbox holds, and, while names wait,
+    /// standing in for its once-a-second look for room.
     fn deliver(&mut self, seen: &mut Seen) -> Result<(), String> {
         for _ in 0..10_000 {
             let mut busy = false;
             for p in 0..self.proxies.len() {
                 busy |= self.server_reads(p, seen)?;
-                busy |= self.server_wakes(p, true, seen)?;
+                busy |= self.server_wakes(p, seen)?;
                 busy |= self.step(p, Step::ProxyReads, seen)?;
             }
             if !busy {
