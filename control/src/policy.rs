@@ -361,15 +361,28 @@ impl Policy {
         if yaml.iter().all(u8::is_ascii_whitespace) {
             return Ok(Policy::default());
         }
-        serde_yaml::from_slice(yaml).map_err(|e| {
-            let message = e.to_string();
-            if message.contains(" at line ") {
-                return InvalidPolicy(message);
+        // One line, without a snippet of the file: it goes to logs and `/debug/policy`.
+        let mut options = serde_saphyr::Options::default();
+        options.with_snippet = false;
+        // serde-saphyr says the line and column; the path says which field, as in
+        // `vips.slow.retries.count: invalid u64 at line 4, column 22`.
+        let mut path = None;
+        serde_saphyr::with_deserializer_from_slice_with_options(yaml, options, |de| {
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                path = Some(e.path().to_string());
+                e.into_inner()
+            })
+        })
+        .map_err(|e| {
+            let mut message = match path.filter(|p| p != ".") {
+                Some(path) => format!("{path}: {e}"),
+                None => e.to_string(),
+            };
+            // Say where, as for every other mistake, when the parser does not.
+            if e.location().is_none() {
+                message.push_str(" at line 1, column 1");
             }
-            // serde_yaml does not always write the position (a mistake in the top-level
-            // mapping itself): say where, as for every other mistake.
-            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-            InvalidPolicy(format!("{message} at line {line} column {column}"))
+            InvalidPolicy(message)
         })
     }
 

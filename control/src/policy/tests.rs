@@ -267,3 +267,13 @@ fn a_change_concerns_a_vip_when_its_entry_or_the_defaults_change() {
     let defaults = Policy::parse(b"defaults: {retries: {count: 3}}").unwrap();
     assert!(before.changes_for(&defaults, Kind::Vip, "c"));
 }
+
+#[test]
+fn an_unknown_field_names_its_path_line_and_column() {
+    let error = refused("vips:\n  payments:\n    retries: {count: 1}\n    timeout: 1s\n");
+    assert!(
+        error.starts_with("vips.payments.timeout: unknown field `timeout`"),
+        "{error}"
+    );
+    assert!(error.ends_with("at line 4, column 5"), "{error}");
+}
