@@ -38,11 +38,15 @@ pub enum InvalidAuthFile {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    /// Not YAML, or not this form; `field` is where in the file (`identities[0].role`), and
+    /// the message ends with the line and column. Boxed: an error is rare, and this keeps
+    /// `Result`s small.
+    #[error("{path}: {}{source}", field.as_ref().map_or(String::new(), |f| format!("{f}: ")))]
     Yaml {
         path: String,
+        field: Option<String>,
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("{path}: identity {index} ({name:?}): {reason}")]
     Identity {
@@ -220,10 +224,22 @@ impl Authenticator {
 
     /// Parses a tokens file's content; `path` only names it in errors.
     pub fn parse(path: &str, yaml: &[u8]) -> Result<Authenticator, InvalidAuthFile> {
-        let file: File = serde_yaml::from_slice(yaml).map_err(|source| InvalidAuthFile::Yaml {
-            path: path.to_owned(),
-            source,
-        })?;
+        // Without a snippet of the file, which would show the tokens next to the mistake.
+        let mut options = serde_saphyr::Options::default();
+        options.with_snippet = false;
+        let mut field = None;
+        let file: File =
+            serde_saphyr::with_deserializer_from_slice_with_options(yaml, options, |de| {
+                serde_path_to_error::deserialize(de).map_err(|e| {
+                    field = Some(e.path().to_string()).filter(|p| p != ".");
+                    e.into_inner()
+                })
+            })
+            .map_err(|source| InvalidAuthFile::Yaml {
+                path: path.to_owned(),
+                field,
+                source: Box::new(source),
+            })?;
         if file.identities.is_empty() {
             return Err(InvalidAuthFile::Empty {
                 path: path.to_owned(),
@@ -473,6 +489,28 @@ mod tests {
             Authenticator::parse("t.yaml", empty.as_bytes()),
             Err(InvalidAuthFile::Empty { .. })
         ));
+    }
+
+    #[test]
+    fn a_wrong_field_in_the_tokens_file_names_its_line_and_not_the_tokens() {
+        let file = "identities:\n  - name: a\n    token: secret-token-0123456789\n    operator: maybe\n    role: admin\n";
+        let err = Authenticator::parse("t.yaml", file.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "t.yaml: identities[0].operator: invalid boolean at line 4, column 15"
+        );
+        let unknown = file.replace("operator: maybe", "operator: true");
+        let err = Authenticator::parse("t.yaml", unknown.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("t.yaml: identities[0].role: unknown field `role`"),
+            "{err}"
+        );
+        assert!(err.ends_with("at line 5, column 5"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
     }
 
     #[test]
