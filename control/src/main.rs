@@ -626,7 +626,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line that says what was wrong and where, e.g.
-            // "error: --registry r.yaml: registry file r.yaml (YAML): ... at line 4 column 1".
+            // "error: --registry r.yaml: registry file r.yaml (YAML): ... at line 4, column 1".
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
