@@ -200,7 +200,8 @@ fn check_instance(node: Node, i: &InstanceInfo) {
             Some("java.util.Collections$EmptyMap")
         );
     }
-    check_metadata(*metadata, &i.metadata);
+    let entries = (i.metadata.iter()).map(|(k, v)| (k.clone(), v.clone()));
+    check_metadata(*metadata, &entries.collect());
 }
 
 /// Every entry is written under its key, or under the name the writer makes of a key that is
@@ -338,7 +339,7 @@ impl ArbInstance {
                 service_up_timestamp: l[5],
                 ..LeaseInfo::default()
             }),
-            metadata: self.metadata,
+            metadata: self.metadata.into_iter().collect(),
             home_page_url,
             status_page_url,
             health_check_url,
