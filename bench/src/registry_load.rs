@@ -136,6 +136,12 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
             "evicted": evicted,
             "apps_json_ms": apps_json.as_secs_f64() * 1e3,
             "delta_ms": delta.as_secs_f64() * 1e3,
+            // What one instance's parts take inline (their strings and maps are apart).
+            "inline_bytes": {
+                "instance_document": size_of::<odmesh_eureka::wire::json::InstanceInfo>(),
+                "lease": size_of::<odmesh_eureka::server::ledger::Lease>(),
+                "mesh_instance": size_of::<odmesh_registry::Instance>(),
+            },
         })
     );
     Ok(())
