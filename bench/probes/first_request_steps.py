@@ -244,7 +244,7 @@ def main():
             print(f"  {statistics.median(added):7.3f}  {label}")
         results["client"] = client
         if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1))
+            Path(args.json).write_text(json.dumps(results, separators=(",", ":")))
     finally:
         procs.stop_all()
 
