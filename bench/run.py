@@ -643,6 +643,14 @@ def bench_scale_eureka(cfg, workdir, results):
         finally:
             procs.stop_all()
     results["scale_eureka"] = out
+    # The registry on its own, in-process, up to the largest size (10 instances per VIP):
+    # registrations/s and RSS at 10k, 100k, 1M; an eviction round and the reads at that size.
+    most = max(cfg["scale_eureka_vips"], default=0) * 10
+    if most >= 10000:
+        load = bench_json("registry-load", "--instances", most)
+        results["registry_load"] = load
+        rates = ", ".join(f"{c['registrations_per_second']:.0f}/s at {c['instances']}" for c in load["checkpoints"])
+        log(f"registry-load: {rates}; {load['checkpoints'][-1]['bytes_per_instance']:.0f} bytes per instance")
 
 
 # ---------------------------------------------------------------------------------------------
