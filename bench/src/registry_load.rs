@@ -32,6 +32,10 @@ pub struct RegistryLoadArgs {
     /// Registrations timed at each checkpoint (the rate is theirs).
     #[arg(long, default_value_t = 5_000)]
     pub window: usize,
+    /// Stop after registering: no eviction round, no reads (for a heap profile whose peak is
+    /// the registered registry, bench/probes/registry_heap.py).
+    #[arg(long)]
+    pub registrations_only: bool,
 }
 
 pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
@@ -111,6 +115,12 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
     }
     worker.await??;
     eureka.published().await;
+    if a.registrations_only {
+        publisher.abort();
+        eviction.abort();
+        println!("{}", json!({"instances": total, "checkpoints": checkpoints}));
+        return Ok(());
+    }
 
     let t0 = Instant::now();
     let evicted = eureka.evict_expired();
