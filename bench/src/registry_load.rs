@@ -118,7 +118,10 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
     if a.registrations_only {
         publisher.abort();
         eviction.abort();
-        println!("{}", json!({"instances": total, "checkpoints": checkpoints}));
+        println!(
+            "{}",
+            json!({"instances": total, "checkpoints": checkpoints})
+        );
         return Ok(());
     }
 
