@@ -203,16 +203,17 @@ impl PartialEq for Registry {
             return false;
         }
         let same_group = |(a, b): (&Group, &Group)| Arc::ptr_eq(a, b) || a == b;
-        let shard_by_shard = self.shards.len() == other.shards.len()
-            && (self.shards.iter().zip(&other.shards)).all(|(a, b)| {
-                Arc::ptr_eq(a, b)
-                    || (a.groups.len() == b.groups.len()
-                        && a.groups.iter().zip(b.groups.iter()).all(same_group))
+        let aligned = self.shards.len() == other.shards.len()
+            && (self.shards.iter().zip(&other.shards))
+                .all(|(a, b)| a.groups.len() == b.groups.len());
+        if aligned {
+            // Shard by shard, group by group: a shared shard is skipped.
+            return (self.shards.iter().zip(&other.shards)).all(|(a, b)| {
+                Arc::ptr_eq(a, b) || a.groups.iter().zip(b.groups.iter()).all(same_group)
             });
-        shard_by_shard || {
-            let count = |r: &Registry| r.groups().count();
-            count(self) == count(other) && self.groups().zip(other.groups()).all(same_group)
         }
+        let count = |r: &Registry| r.groups().count();
+        count(self) == count(other) && self.groups().zip(other.groups()).all(same_group)
     }
 }
 

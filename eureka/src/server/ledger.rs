@@ -14,8 +14,10 @@
 //! - a round that runs late credits every lease with the delay by bumping one counter;
 //! - self-preservation's expected renewals ([`Expected`]) and the reconcile hash code's
 //!   status counts are kept as instances come and go;
-//! - an instance is converted for the mesh when it changes, and only its app's group is
-//!   rebuilt.
+//! - an instance is converted for the mesh when it changes; its app's group is rebuilt at the
+//!   next publish, once however many of its instances changed, and only the shards of changed
+//!   apps are;
+//! - the deadline queue is rebuilt from the leases when churn has left it twice their number.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -146,7 +148,10 @@ impl Lease {
     /// When the lease runs out, with the late rounds since its renewal credited.
     fn deadline(&self, credit: Duration) -> Instant {
         let extended = self.duration + credit.saturating_sub(self.credit_at);
-        self.renewed.checked_add(extended).unwrap_or(self.renewed)
+        // Past what an Instant can hold: as late as it can.
+        (self.renewed.checked_add(extended))
+            .or_else(|| self.renewed.checked_add(Duration::from_secs(1 << 32)))
+            .unwrap_or(self.renewed)
     }
 
     /// The document as served now.
@@ -164,8 +169,8 @@ impl Lease {
 #[derive(Clone, Debug)]
 pub struct Served {
     doc: Arc<InstanceInfo>,
-    /// The lease's last renewal, written into `leaseInfo`; `None` for a delta's document,
-    /// which shows the instance as it was at its change.
+    /// The lease's last renewal (for a delta's document, as of its change), written into
+    /// `leaseInfo`.
     renewed_ms: Option<u64>,
     action: Option<ActionType>,
 }
@@ -258,8 +263,9 @@ struct Change {
     app: Name,
     id: Name,
     action: ActionType,
-    /// The instance as it was after the change.
+    /// The instance as it was after the change, and its lease's last renewal then.
     doc: Arc<InstanceInfo>,
+    renewed_ms: u64,
 }
 
 /// The embedded registry's state.
@@ -313,6 +319,8 @@ fn status_slot(status: Status) -> usize {
 struct PublishedShard {
     /// APP → its group, in id order.
     apps: BTreeMap<Name, Group>,
+    /// Apps whose instances changed since their group was built.
+    changed: std::collections::BTreeSet<Name>,
     /// The shard as last published; `None` once one of its apps changed.
     built: Option<Arc<Shard>>,
 }
@@ -446,7 +454,7 @@ impl Ledger {
         let deadline = lease.deadline(self.credit);
         self.expected.add(token, now.at, lease.renewal_interval);
         self.statuses[status_slot(lease.doc.status())] += 1;
-        let doc = lease.doc.clone();
+        let served = lease.served();
         let old = (self.apps.entry(app.clone()).or_default()).insert(id.clone(), lease);
         match &old {
             Some(old) => self.forget(old),
@@ -454,12 +462,31 @@ impl Ledger {
         }
         self.expiry
             .push(Reverse((deadline, token, app.clone(), id.clone())));
+        self.compact_expiry();
         self.convert(&app, &id);
-        self.record(app, id, ActionType::Added, doc, now);
+        self.record(app, id, ActionType::Added, served, now);
         Registered {
             new: old.is_none(),
             override_restored,
         }
+    }
+
+    /// Rebuilds the deadline queue from the leases when entries of cancelled or registered
+    /// again leases (dropped only when their deadline comes) outnumber the leases: churn
+    /// must not grow it beyond twice the registry. Linear, and at most once per as many
+    /// registrations as there are leases.
+    fn compact_expiry(&mut self) {
+        if self.expiry.len() <= 2 * self.leases + 1024 {
+            return;
+        }
+        let credit = self.credit;
+        self.expiry = (self.apps.iter())
+            .flat_map(|(app, leases)| {
+                leases.iter().map(move |(id, lease)| {
+                    Reverse((lease.deadline(credit), lease.token, app.clone(), id.clone()))
+                })
+            })
+            .collect();
     }
 
     /// Takes a lease's part out of the expectations and status counts.
@@ -517,7 +544,7 @@ impl Ledger {
             let max = self.terms.max_instances.max(1);
             (self.cancelled_overrides).keep((app.clone(), id.clone()), overridden, until, max);
         }
-        self.record(app, id, ActionType::Deleted, lease.doc, now);
+        self.record(app, id, ActionType::Deleted, lease.served(), now);
         Some(())
     }
 
@@ -538,11 +565,11 @@ impl Ledger {
             return Some(Err(e));
         }
         lease.doc_mut().last_updated_timestamp = Some(now.ms);
-        let (doc, after) = (lease.doc.clone(), lease.doc.status());
+        let (served, after) = (lease.served(), lease.doc.status());
         self.statuses[status_slot(before)] -= 1;
         self.statuses[status_slot(after)] += 1;
         self.convert(&app, &id);
-        self.record(app, id, ActionType::Modified, doc, now);
+        self.record(app, id, ActionType::Modified, served, now);
         Some(Ok(()))
     }
 
@@ -590,7 +617,8 @@ impl Ledger {
                 if let Some(l) = lease.doc_mut().lease_info.as_mut() {
                     l.eviction_timestamp = Some(now.ms);
                 }
-                self.record(app.clone(), id.clone(), ActionType::Deleted, lease.doc, now);
+                let served = lease.served();
+                self.record(app.clone(), id.clone(), ActionType::Deleted, served, now);
                 evicted.push((app, id));
             }
         }
@@ -632,16 +660,9 @@ impl Ledger {
                 }
             };
         }
-        let group: Vec<Arc<Instance>> = (self.apps.get(app).into_iter())
-            .flat_map(BTreeMap::values)
-            .filter_map(|l| l.converted.clone())
-            .collect();
+        // Its group is rebuilt at the next publish, once however many of its instances changed.
         let shard = &mut self.published[shard_of(app)];
-        if group.is_empty() {
-            shard.apps.remove(app);
-        } else {
-            shard.apps.insert(app.clone(), group.into());
-        }
+        shard.changed.insert(app.clone());
         shard.built = None;
         let key = (app.clone(), id.clone());
         if warnings.is_empty() {
@@ -651,14 +672,7 @@ impl Ledger {
         }
     }
 
-    fn record(
-        &mut self,
-        app: Name,
-        id: Name,
-        action: ActionType,
-        doc: Arc<InstanceInfo>,
-        now: Now,
-    ) {
+    fn record(&mut self, app: Name, id: Name, action: ActionType, lease: Served, now: Now) {
         self.version += 1;
         let version = self.version;
         if let Some(older) = self.latest.insert((app.clone(), id.clone()), version) {
@@ -669,7 +683,8 @@ impl Ledger {
             app,
             id,
             action,
-            doc,
+            doc: lease.doc,
+            renewed_ms: lease.renewed_ms.unwrap_or(now.ms),
         };
         self.recent.insert(version, change);
         // Register-and-cancel churn with new ids must not grow the delta without bound:
@@ -775,7 +790,7 @@ impl Ledger {
             });
             apps[i].1.push(Served {
                 doc: change.doc.clone(),
-                renewed_ms: None,
+                renewed_ms: Some(change.renewed_ms),
                 action: Some(change.action),
             });
         }
@@ -791,7 +806,19 @@ impl Ledger {
     /// The plain model of the registry: what the full document converts to, from the
     /// instances converted when their leases changed.
     pub fn to_registry(&mut self) -> Parsed {
+        let leases = &self.apps;
         let shards = self.published.iter_mut().map(|shard| {
+            for app in std::mem::take(&mut shard.changed) {
+                let group: Vec<Arc<Instance>> = (leases.get(&app).into_iter())
+                    .flat_map(BTreeMap::values)
+                    .filter_map(|l| l.converted.clone())
+                    .collect();
+                if group.is_empty() {
+                    shard.apps.remove(&app);
+                } else {
+                    shard.apps.insert(app, group.into());
+                }
+            }
             let apps = &shard.apps;
             let built =
                 (shard.built).get_or_insert_with(|| Arc::new(Shard::new(apps.values().cloned())));

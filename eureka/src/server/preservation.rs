@@ -97,6 +97,10 @@ impl Expected {
     /// every `interval`; `token` names it, and grows with every call.
     pub fn add(&mut self, token: u64, registered: Instant, interval: Duration) {
         let rate = Self::rate(interval);
+        debug_assert!(
+            (self.young.back()).is_none_or(|&(t, at, _)| t < token && at <= registered),
+            "tokens and registration times only grow"
+        );
         self.young.push_back((token, registered, rate));
         self.young_rate += rate;
         self.young_weighted += rate * self.since_origin(registered);

@@ -323,3 +323,68 @@ fn eviction_from_the_queue_matches_a_model_over_random_operations() {
     }
     assert_eq!(ledger.to_registry().registry.len(), model.len());
 }
+
+#[test]
+fn the_delta_shows_the_last_renewal_before_a_change_a_cancel_or_an_eviction() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    for id in ["h1", "h2", "h3"] {
+        ledger.register("HELLO", id, registration("HELLO", id, SEC * 30), clock.now);
+    }
+    clock.advance(SEC * 20);
+    let renewed = clock.now.ms;
+    for id in ["h1", "h2", "h3"] {
+        ledger.renew("HELLO", id, None, clock.now).unwrap();
+    }
+    clock.advance(SEC);
+    let drain = |lease: &mut Lease| {
+        lease.overridden = Some(Status::OutOfService);
+        lease.refresh_status();
+        Ok::<(), ()>(())
+    };
+    ledger
+        .modify("HELLO", "h1", clock.now, drain)
+        .unwrap()
+        .unwrap();
+    ledger.cancel("HELLO", "h2", clock.now).unwrap();
+    clock.advance(SEC * 30);
+    assert_eq!(ledger.evict(clock.now, Duration::ZERO).evicted.len(), 2);
+    let delta = ledger.delta(clock.now.at).applications();
+    for info in &delta.application[0].instance {
+        let lease = info.lease_info.as_ref().unwrap();
+        assert_eq!(
+            lease.last_renewal_timestamp,
+            Some(renewed),
+            "{:?}",
+            info.instance_id
+        );
+    }
+}
+
+#[test]
+fn register_and_cancel_churn_keeps_the_deadline_queue_within_twice_the_registry() {
+    let clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register(
+        "HELLO",
+        "stays",
+        registration("HELLO", "stays", SEC * 90),
+        clock.now,
+    );
+    for n in 0..10_000 {
+        let id = format!("churn-{n}");
+        ledger.register(
+            "HELLO",
+            &id,
+            registration("HELLO", &id, SEC * 90),
+            clock.now,
+        );
+        assert!(
+            ledger.expiry.len() <= 2 * ledger.len() + 1024,
+            "{}",
+            ledger.expiry.len()
+        );
+        ledger.cancel("HELLO", &id, clock.now).unwrap();
+    }
+    assert_eq!(ledger.len(), 1);
+}
