@@ -177,11 +177,22 @@ impl Shard {
 /// embedded registry while its clients register again after a restart. What a proxy already
 /// holds is not taken away on the word of a registry that is still loading (see
 /// odmesh-control's `cache`).
-#[derive(Clone, Debug, Eq)]
+#[derive(Clone, Eq)]
 pub struct Registry {
     shards: Vec<Arc<Shard>>,
     len: usize,
     complete: bool,
+}
+
+impl std::fmt::Debug for Registry {
+    /// Its instances in order, not its (mostly empty) shards.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("len", &self.len)
+            .field("complete", &self.complete)
+            .field("instances", &self.instances().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl Default for Registry {
