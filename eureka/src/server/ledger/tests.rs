@@ -60,6 +60,11 @@ fn registration(app: &str, id: &str, lease: Duration) -> Registration {
     }
 }
 
+/// Registers `id` of HELLO with a lease of `lease`.
+fn hello(ledger: &mut Ledger, id: &str, lease: Duration, now: Now) -> Registered {
+    ledger.register("HELLO", id, registration("HELLO", id, lease), now)
+}
+
 fn registered(ledger: &Ledger) -> BTreeSet<String> {
     (ledger.apps.iter())
         .flat_map(|(app, leases)| leases.keys().map(move |id| format!("{app}/{id}")))
@@ -70,12 +75,7 @@ fn registered(ledger: &Ledger) -> BTreeSet<String> {
 fn a_lease_runs_out_its_duration_after_its_last_heartbeat_not_before() {
     let mut clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
-    ledger.register(
-        "HELLO",
-        "h1",
-        registration("HELLO", "h1", SEC * 10),
-        clock.now,
-    );
+    hello(&mut ledger, "h1", SEC * 10, clock.now);
     clock.advance(SEC * 8);
     assert_eq!(ledger.renew("HELLO", "h1", None, clock.now), Ok(()));
     // Its first deadline (10 s) passes: the queue holds it, finds it renewed, keeps it.
@@ -99,20 +99,10 @@ fn a_lease_runs_out_its_duration_after_its_last_heartbeat_not_before() {
 fn a_registration_again_is_not_evicted_by_the_deadline_of_the_one_before() {
     let mut clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
-    ledger.register(
-        "HELLO",
-        "h1",
-        registration("HELLO", "h1", SEC * 5),
-        clock.now,
-    );
+    hello(&mut ledger, "h1", SEC * 5, clock.now);
     clock.advance(SEC * 4);
     // Registered again with a longer lease: the first entry in the queue is stale.
-    let again = ledger.register(
-        "HELLO",
-        "h1",
-        registration("HELLO", "h1", SEC * 60),
-        clock.now,
-    );
+    let again = hello(&mut ledger, "h1", SEC * 60, clock.now);
     assert!(!again.new);
     clock.advance(SEC * 2);
     assert!(ledger.evict(clock.now, Duration::ZERO).evicted.is_empty());
@@ -125,18 +115,8 @@ fn a_registration_again_is_not_evicted_by_the_deadline_of_the_one_before() {
 fn a_late_round_extends_every_lease_by_its_delay() {
     let mut clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
-    ledger.register(
-        "HELLO",
-        "h1",
-        registration("HELLO", "h1", SEC * 10),
-        clock.now,
-    );
-    ledger.register(
-        "HELLO",
-        "h2",
-        registration("HELLO", "h2", SEC * 10),
-        clock.now,
-    );
+    hello(&mut ledger, "h1", SEC * 10, clock.now);
+    hello(&mut ledger, "h2", SEC * 10, clock.now);
     // The process stalled for 60 s: nobody could renew.
     clock.advance(SEC * 61);
     assert!(ledger.evict(clock.now, SEC * 60).evicted.is_empty());
@@ -153,12 +133,7 @@ fn a_late_round_extends_every_lease_by_its_delay() {
 fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
     let mut clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
-    ledger.register(
-        "HELLO",
-        "h1",
-        registration("HELLO", "h1", SEC * 90),
-        clock.now,
-    );
+    hello(&mut ledger, "h1", SEC * 90, clock.now);
     let lease_doc = |l: &Ledger| l.lease("HELLO", "h1").unwrap().doc.clone();
     let first = lease_doc(&ledger);
     let in_delta = ledger.recent.values().next().unwrap().doc.clone();
@@ -198,12 +173,7 @@ fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
 fn a_failed_change_leaves_the_lease_and_the_version_as_they_were() {
     let clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
-    ledger.register(
-        "HELLO",
-        "h1",
-        registration("HELLO", "h1", SEC * 90),
-        clock.now,
-    );
+    hello(&mut ledger, "h1", SEC * 90, clock.now);
     let version = ledger.version();
     let failed = ledger.modify("HELLO", "h1", clock.now, |_| Err("no"));
     assert_eq!(failed, Some(Err("no")));
@@ -218,12 +188,7 @@ fn the_kept_status_counts_give_the_hash_code_of_every_document() {
     let mut ledger = Ledger::new(terms(), clock.t0);
     for n in 0..6 {
         let id = format!("h{n}");
-        ledger.register(
-            "HELLO",
-            &id,
-            registration("HELLO", &id, SEC * 90),
-            clock.now,
-        );
+        hello(&mut ledger, &id, SEC * 90, clock.now);
     }
     let from_documents = |l: &Ledger| {
         reconcile_hash_code((l.apps.values().flat_map(BTreeMap::values)).map(|l| l.doc.status()))
@@ -329,7 +294,7 @@ fn the_delta_shows_the_last_renewal_before_a_change_a_cancel_or_an_eviction() {
     let mut clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
     for id in ["h1", "h2", "h3"] {
-        ledger.register("HELLO", id, registration("HELLO", id, SEC * 30), clock.now);
+        hello(&mut ledger, id, SEC * 30, clock.now);
     }
     clock.advance(SEC * 20);
     let renewed = clock.now.ms;
@@ -365,20 +330,10 @@ fn the_delta_shows_the_last_renewal_before_a_change_a_cancel_or_an_eviction() {
 fn register_and_cancel_churn_keeps_the_deadline_queue_within_twice_the_registry() {
     let clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
-    ledger.register(
-        "HELLO",
-        "stays",
-        registration("HELLO", "stays", SEC * 90),
-        clock.now,
-    );
+    hello(&mut ledger, "stays", SEC * 90, clock.now);
     for n in 0..10_000 {
         let id = format!("churn-{n}");
-        ledger.register(
-            "HELLO",
-            &id,
-            registration("HELLO", &id, SEC * 90),
-            clock.now,
-        );
+        hello(&mut ledger, &id, SEC * 90, clock.now);
         assert!(
             ledger.expiry.len() <= 2 * ledger.len() + 1024,
             "{}",
