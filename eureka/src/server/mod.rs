@@ -484,12 +484,7 @@ impl EurekaRegistry {
     pub fn cancel(&self, caller: &Caller, app: &str, id: &str) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
-        let Some(lease) = state.lease(&app, id) else {
-            return Err(InvalidRequest::not_found(&app, id));
-        };
-        caller
-            .may_change(lease.owner.as_deref())
-            .map_err(InvalidRequest::forbidden)?;
+        may_change(caller, &state, &app, id)?;
         if state.cancel(&app, id, Now::read()).is_none() {
             return Err(InvalidRequest::not_found(&app, id));
         }
@@ -563,12 +558,7 @@ impl EurekaRegistry {
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
-        let Some(lease) = state.lease(&app, id) else {
-            return Err(InvalidRequest::not_found(&app, id));
-        };
-        caller
-            .may_change(lease.owner.as_deref())
-            .map_err(InvalidRequest::forbidden)?;
+        may_change(caller, &state, &app, id)?;
         let changed = state.modify(&app, id, Now::read(), change);
         drop(state);
         changed.unwrap_or_else(|| Err(InvalidRequest::not_found(&app, id)))?;
@@ -807,6 +797,17 @@ impl EurekaRegistry {
         }
         odmesh_registry::publish(&shared.tx, parsed.registry);
     }
+}
+
+/// Whether `caller` may change the registered instance `app`/`id`: 404 if there is none,
+/// 403 if another identity registered it.
+fn may_change(caller: &Caller, state: &Ledger, app: &str, id: &str) -> Result<(), InvalidRequest> {
+    let lease = state
+        .lease(app, id)
+        .ok_or_else(|| InvalidRequest::not_found(app, id))?;
+    caller
+        .may_change(lease.owner.as_deref())
+        .map_err(InvalidRequest::forbidden)
 }
 
 /// Runs the REST API on `listener` (over TLS with `tls`), within the configured
