@@ -257,11 +257,19 @@ impl Deadline {
 
     /// A socket timeout (`WouldBlock` on Linux) as this deadline's `TimedOut`.
     fn explain(&self, error: io::Error) -> io::Error {
-        match error.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => self.timed_out(),
-            _ => error,
+        if is_timeout(&error) {
+            self.timed_out()
+        } else {
+            error
         }
     }
+}
+
+fn is_timeout(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// Why an exchange failed, and whether any byte of an answer had come.
@@ -295,7 +303,13 @@ fn exchange(
                 .set_read_timeout(Some(left))
                 .map_err(|e| failed(e, &buf))?;
         }
-        let n = stream.read(&mut chunk).map_err(|e| failed(e, &buf))?;
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            // A socket timeout counts in the kernel's ticks and can fire a little before
+            // the deadline; read again for the time truly left.
+            Err(e) if is_timeout(&e) && deadline.is_some_and(|d| d.left().is_ok()) => continue,
+            Err(e) => return Err(failed(e, &buf)),
+        };
         if n == 0 {
             let parsed = parse_response(&buf, true).map_err(|e| failed(e, &buf))?;
             return match parsed {
