@@ -300,7 +300,14 @@ mod tests {
             "{}",
             report.summary()
         );
-        assert!(report.high_water >= report.peak().0, "{}", report.summary());
+        // The kernel keeps RSS in per-CPU counters and its high-water mark only at some
+        // events: VmHWM may read a little below an RSS sampled before it (seen in CI: both
+        // 165.1 MiB, the mark the lower by less than 0.1 MiB).
+        assert!(
+            report.high_water + (4 << 20) >= report.peak().0,
+            "{}",
+            report.summary()
+        );
         assert!(!report.exited);
         report.assert_peak_below(u64::MAX);
         let result = std::panic::catch_unwind(|| report.assert_peak_below(before));
