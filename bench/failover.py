@@ -134,14 +134,19 @@ class Load:
         return self.outcomes
 
 
+def connect_failures(envoy):
+    """Envoy's refused or timed-out connections to the replicas (a KeyError if the stat is gone)."""
+    name = "cluster.odmesh_xds.upstream_cx_connect_fail"
+    return run.envoy_stats(envoy, f"^{name}$")[name]
+
+
 def one_round(i, replicas, envoy, load):
     holding = [r for r in replicas if r.holds_envoy()]
     assert len(holding) == 1, f"round {i}: {len(holding)} replicas hold Envoy's stream"
     dead = holding[0]
     survivors = [r for r in replicas if r is not dead]
     sent_before = {r.name: r.metrics()["odmesh_xds_resources_sent_total"] for r in survivors}
-    fail_before = run.envoy_stats(envoy, "cluster.odmesh_xds.upstream_cx_connect_fail").get(
-        "cluster.odmesh_xds.upstream_cx_connect_fail", 0)
+    fail_before = connect_failures(envoy)
     outcomes_before = dict(load.outcomes)
     vip = f"new-{i:03d}"
     new_vip = {}
@@ -172,8 +177,7 @@ def one_round(i, replicas, envoy, load):
         raise RuntimeError(f"round {i}: no failover in 10 s (reconnect {reconnect_ms}, new VIP {new_vip})")
     run.wait_for("the new replica's responses answered", new.answered, timeout=10, every=0.02)
     sent = new.metrics()["odmesh_xds_resources_sent_total"] - sent_before[new.name]
-    fail_after = run.envoy_stats(envoy, "cluster.odmesh_xds.upstream_cx_connect_fail").get(
-        "cluster.odmesh_xds.upstream_cx_connect_fail", 0)
+    fail_after = connect_failures(envoy)
     time.sleep(0.3)  # a little load after the failover, before the round is counted
     load_round = {k: v - outcomes_before.get(k, 0) for k, v in load.outcomes.items()}
     dead.start()
