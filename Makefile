@@ -18,13 +18,15 @@ export ENVOY
 help: ## list the verbs
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-# `make run FILTER=native` runs Envoy with the native filter instead of the wasm one.
+# `make run FILTER=native` runs Envoy with the native filter instead of the wasm one;
+# `make run NODES=3` runs three control-plane nodes with peered embedded registries.
 FILTER ?= wasm
+NODES ?= 1
 
 .PHONY: run
-run: $(FILTER) envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter (FILTER=native for the .so)
+run: $(FILTER) envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter (FILTER=native for the .so, NODES=3 for three peered nodes)
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control -p odmesh-demo
-	FILTER=$(FILTER) scripts/run.sh
+	FILTER=$(FILTER) NODES=$(NODES) scripts/run.sh
 
 .PHONY: test
 test: lint unit fuzz-quick wasm validate e2e ## everything CI runs: lint, unit tests (host and wasm), fuzzing, Envoy tests
