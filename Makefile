@@ -18,13 +18,15 @@ export ENVOY
 help: ## list the verbs
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-# `make run FILTER=native` runs Envoy with the native filter instead of the wasm one.
+# `make run FILTER=native` runs Envoy with the native filter instead of the wasm one;
+# `make run NODES=3` runs three control-plane nodes with peered embedded registries.
 FILTER ?= wasm
+NODES ?= 1
 
 .PHONY: run
-run: $(FILTER) envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter (FILTER=native for the .so)
+run: $(FILTER) envoy ## run odmesh for real: control plane, demo upstreams, Envoy with the filter (FILTER=native for the .so, NODES=3 for three peered nodes)
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control -p odmesh-demo
-	FILTER=$(FILTER) scripts/run.sh
+	FILTER=$(FILTER) NODES=$(NODES) scripts/run.sh
 
 .PHONY: test
 test: lint unit fuzz-quick wasm validate e2e ## everything CI runs: lint, unit tests (host and wasm), fuzzing, Envoy tests
@@ -110,9 +112,10 @@ bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/qui
 	python3 bench/run.py --quick
 
 .PHONY: bench
-bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells
+bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells and failover
 	python3 bench/run.py
 	$(MAKE) bench-shells
+	$(MAKE) bench-failover
 
 # The two filter shells against a static route, alternating rounds (docs/benchmarks.md, "6. Two
 # shells"); SHELLS_ROUNDS rounds of SHELLS_SECONDS seconds each. Beside them, the wasm filter as
@@ -128,6 +131,13 @@ bench-shells: bench-build ## the native and the wasm filter against a static rou
 	  --filter native=dist/libodmesh_filter.so --filter wasm=dist/odmesh_filter.wasm \
 	  $(if $(SHELLS_HAND_ABI),--filter wasm-hand-abi=$$(bench/probes/hand_abi_wasm.sh $(SHELLS_HAND_ABI) /tmp/odmesh-hand-abi.wasm)) \
 	  --out docs/bench/shells.json
+
+# A replica's death, FAILOVER_ROUNDS times (docs/benchmarks.md, "8. Control-plane failover").
+FAILOVER_ROUNDS ?= 20
+
+.PHONY: bench-failover
+bench-failover: bench-build ## kill the control-plane replica Envoy is connected to, time until it is served again: docs/bench/failover.json
+	python3 bench/failover.py --rounds $(FAILOVER_ROUNDS) --out docs/bench/failover.json
 
 .PHONY: clean
 clean: ## remove build output (keeps the installed Envoy)

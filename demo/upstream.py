@@ -3,10 +3,14 @@
 
 With --eureka it registers with a Eureka server (odmesh's embedded registry in `make run`) the
 way a Eureka client does: register, heartbeat every few seconds (registering again when the
-server no longer knows it), and cancel on exit.
+server no longer knows it), and cancel on exit. Given several --eureka URLs (peered registries,
+`make run NODES=3`), it talks to one at a time and moves to the next when that one does not
+answer, as Eureka's clients do.
 
     demo/upstream.py --app demo-a --instance demo-a-1 --port 18081
     demo/upstream.py --app demo-a --instance demo-a-1 --port 18081 --eureka http://127.0.0.1:8761/eureka
+    demo/upstream.py --app demo-a --instance demo-a-1 --port 18081 --eureka http://127.0.0.1:8761/eureka \
+        --eureka http://127.0.0.1:8762/eureka --eureka http://127.0.0.1:8763/eureka
     demo/upstream.py --app demo-secure --instance demo-secure-1 --port 18443 --cert c.pem --key k.pem
 
 With --register-only it serves nothing and only keeps the registration of a server another
@@ -27,10 +31,12 @@ LEASE_SECONDS = 15
 
 
 class Eureka:
-    """Registers one instance with a Eureka server and keeps its lease alive."""
+    """Registers one instance with a Eureka server (the first of `bases` that answers) and keeps
+    its lease alive."""
 
-    def __init__(self, base: str, args: argparse.Namespace) -> None:
-        self.base = base.rstrip("/")
+    def __init__(self, bases: list[str], args: argparse.Namespace) -> None:
+        self.bases = [b.rstrip("/") for b in bases]
+        self.current = 0
         self.app = args.app.upper()
         self.instance = args.instance
         secure = bool(args.cert)
@@ -50,20 +56,28 @@ class Eureka:
         self.stopped = threading.Event()
 
     def _call(self, method: str, path: str, body: bytes | None = None) -> int:
-        req = urllib.request.Request(self.base + path, data=body, method=method,
-                                     headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                return resp.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except OSError as e:
-            print(f"eureka: {method} {path}: {e}", flush=True)
-            return 0
+        """The call's HTTP status from the current server; a server that does not answer is
+        left for the next one, each tried once. 0 if none answers."""
+        for _ in self.bases:
+            base = self.bases[self.current]
+            req = urllib.request.Request(base + path, data=body, method=method,
+                                         headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as e:
+                return e.code
+            except OSError as e:
+                print(f"eureka: {method} {base}{path}: {e}", flush=True)
+                if len(self.bases) > 1:
+                    self.current = (self.current + 1) % len(self.bases)
+                    print(f"eureka: trying {self.bases[self.current]}", flush=True)
+        return 0
 
     def register(self) -> None:
         status = self._call("POST", f"/apps/{self.app}", self.body)
-        print(f"eureka: registered {self.app}/{self.instance}: HTTP {status}", flush=True)
+        print(f"eureka: registered {self.app}/{self.instance} with {self.bases[self.current]}: HTTP {status}",
+              flush=True)
 
     def run(self) -> None:
         self.register()
@@ -84,7 +98,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--cert", help="serve TLS with this certificate (PEM)")
     p.add_argument("--key", help="the certificate's private key (PEM)")
-    p.add_argument("--eureka", metavar="URL", help="register with this Eureka server, e.g. http://127.0.0.1:8761/eureka")
+    p.add_argument("--eureka", metavar="URL", action="append",
+                   help="register with this Eureka server, e.g. http://127.0.0.1:8761/eureka; "
+                        "repeat for peered servers, tried in turn")
     p.add_argument("--register-only", action="store_true",
                    help="serve nothing: register a server that another process runs on --port")
     args = p.parse_args()

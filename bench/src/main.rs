@@ -14,6 +14,7 @@ mod procstat;
 mod push_all;
 mod registry_gen;
 mod registry_load;
+mod replication_lag;
 mod xds_load;
 
 /// odmesh benchmark tools (see docs/benchmarks.md).
@@ -55,6 +56,9 @@ enum Command {
     RegistryLoad(registry_load::RegistryLoadArgs),
     /// First request vs warm requests for never-seen VIPs through an Envoy listener (JSON out).
     FirstRequest(first_request::FirstArgs),
+    /// How long a registration on one embedded registry takes to reach its peer, under a
+    /// steady registration load (JSON out).
+    ReplicationLag(replication_lag::LagArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Command::ParseRegistry { file } => registry_gen::parse_and_report(&file),
         Command::FirstRequest(a) => first_request::run(&a),
         Command::RegistryLoad(a) => runtime()?.block_on(registry_load::run(a)),
+        Command::ReplicationLag(a) => runtime()?.block_on(replication_lag::run(a)),
         Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
         Command::PushAll {
             registry,

@@ -64,7 +64,7 @@ pub use fake_eureka::{FakeEureka, Garbage, Mode};
 pub use http::{Connection, Request, Response};
 pub use load::{Load, LoadConfig, LoadReport, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
-pub use mesh::{Mesh, odmesh_bootstrap, shipped_bootstrap};
+pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, free_port, repo_root};
 pub use process::{ChildGuard, TestEnv};
 pub use protocols::{

@@ -27,11 +27,24 @@ pub const EGRESS_LISTENER: &str = "odmesh_egress";
 /// How long Envoy may take to open its xDS stream to a fresh control plane.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The xDS cluster's one endpoint in the shipped bootstrap: the control plane on 18000.
+const XDS_ENDPOINT: &str =
+    "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 18000}}}\n";
+
 /// The shipped bootstrap of the filter shell under test (`envoy/odmesh.yaml`, or
 /// `envoy/odmesh-native.yaml`: see [`Shell`]) with its listener and admin on port 0, its xDS
 /// cluster on `xds_port`, and the filter at its absolute path.
 pub fn odmesh_bootstrap(xds_port: u16) -> String {
-    let xds = format!("port_value: {xds_port}");
+    odmesh_bootstrap_replicas(&[xds_port])
+}
+
+/// [`odmesh_bootstrap`] with one endpoint of the xDS cluster (`odmesh_xds`) per control-plane
+/// replica, on `xds_ports`, as a deployment with several replicas lists them.
+pub fn odmesh_bootstrap_replicas(xds_ports: &[u16]) -> String {
+    assert!(!xds_ports.is_empty(), "the xDS cluster needs an endpoint");
+    let xds: String = (xds_ports.iter())
+        .map(|port| XDS_ENDPOINT.replace("port_value: 18000", &format!("port_value: {port}")))
+        .collect();
     let shell = Shell::current();
     let relative = match shell {
         Shell::Wasm => "filename: dist/odmesh_filter.wasm",
@@ -44,7 +57,7 @@ pub fn odmesh_bootstrap(xds_port: u16) -> String {
             // The egress listener, the admin, the control plane (xDS).
             ("port_value: 15001", "port_value: 0", 1),
             ("port_value: 9901", "port_value: 0", 1),
-            ("port_value: 18000", &xds, 1),
+            (XDS_ENDPOINT, &xds, 1),
             (relative, &absolute, 1),
         ],
     )
@@ -227,6 +240,21 @@ mod tests {
         assert_eq!(yaml.matches("port_value: 0").count(), 2);
         for port in ["15001", "9901", "18000"] {
             assert!(!yaml.contains(&format!("port_value: {port}")), "{port}");
+        }
+    }
+
+    #[test]
+    fn the_xds_cluster_lists_every_replica_as_an_endpoint() {
+        let yaml = odmesh_bootstrap_replicas(&[23456, 23457, 23458]);
+        let endpoints: Vec<&str> = (yaml.lines())
+            .filter(|line| line.contains("- endpoint: {address:"))
+            .collect();
+        assert_eq!(endpoints.len(), 3, "{endpoints:?}");
+        for (line, port) in endpoints.iter().zip([23456, 23457, 23458]) {
+            assert_eq!(
+                format!("{line}\n"),
+                XDS_ENDPOINT.replace("18000", &port.to_string())
+            );
         }
     }
 }
