@@ -104,6 +104,14 @@ async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
             .headers_mut()
             .insert(peers::WARMING_UP_HEADER, warming);
     }
+    name_node(&eureka, answer)
+}
+
+/// Names this node in `answer`, for a peer list that holds it ([`peers::NODE_HEADER`]).
+fn name_node(eureka: &EurekaRegistry, mut answer: Response) -> Response {
+    if let Ok(node) = HeaderValue::from_str(&eureka.shared.node) {
+        answer.headers_mut().insert(peers::NODE_HEADER, node);
+    }
     answer
 }
 
@@ -268,7 +276,7 @@ async fn register(
             Ok(write) => write,
             Err(e) => return refuse(&eureka, "registration", &app, e),
         };
-        return apply_from_peer(&eureka, &caller, write);
+        return apply_from_peer(&eureka, &caller, &headers, write);
     }
     match eureka.register_as(&caller, &app, &body) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
@@ -287,7 +295,15 @@ fn from_peer(headers: &HeaderMap) -> bool {
 
 /// Applies a peer's single write (a REST call with the replication header), if `caller`
 /// may send one.
-fn apply_from_peer(eureka: &EurekaRegistry, caller: &Caller, write: Replicated) -> Response {
+fn apply_from_peer(
+    eureka: &EurekaRegistry,
+    caller: &Caller,
+    headers: &HeaderMap,
+    write: Replicated,
+) -> Response {
+    if let Some(answer) = sent_by_this_node(eureka, headers) {
+        return answer;
+    }
     if let Err(e) = caller.may_replicate() {
         return refuse(
             eureka,
@@ -304,6 +320,20 @@ fn apply_from_peer(eureka: &EurekaRegistry, caller: &Caller, write: Replicated) 
     }
 }
 
+/// A 421 that names this node, when `headers` say this node sent the request: a peer list
+/// that holds this node under another address; the sender then leaves that URL out.
+fn sent_by_this_node(eureka: &EurekaRegistry, headers: &HeaderMap) -> Option<Response> {
+    let sender = headers.get(peers::NODE_HEADER)?;
+    if sender.as_bytes() != eureka.shared.node.as_bytes() {
+        return None;
+    }
+    let answer = (
+        StatusCode::MISDIRECTED_REQUEST,
+        "this is the sending node itself\n",
+    );
+    Some(name_node(eureka, answer.into_response()))
+}
+
 /// `POST /peerreplication/batch`: a peer's writes, each answered in `responseList`.
 async fn replication_batch(
     AxState(eureka): Eureka,
@@ -311,6 +341,9 @@ async fn replication_batch(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if let Some(answer) = sent_by_this_node(&eureka, &headers) {
+        return answer;
+    }
     if let Err(e) = caller.may_replicate() {
         return refuse(&eureka, "peer batch", "", InvalidRequest::forbidden(e));
     }
@@ -331,7 +364,7 @@ async fn replication_batch(
     let replies: Vec<_> = (writes.into_iter())
         .map(|w| eureka.apply_replicated(w))
         .collect();
-    json_response(&peers::Replies::new(replies))
+    name_node(&eureka, json_response(&peers::Replies::new(replies)))
 }
 
 async fn renew(
@@ -347,7 +380,7 @@ async fn renew(
     if from_peer(&headers) {
         let mut write = Replicated::single(Action::Heartbeat, &app, &id);
         write.last_dirty_timestamp = dirty;
-        return apply_from_peer(&eureka, &caller, write);
+        return apply_from_peer(&eureka, &caller, &headers, write);
     }
     match eureka.renew(&caller, &app, &id, dirty) {
         Ok(()) => StatusCode::OK.into_response(),
@@ -362,7 +395,7 @@ async fn cancel(
     headers: HeaderMap,
 ) -> Response {
     if from_peer(&headers) {
-        return apply_from_peer(&eureka, &caller, Replicated::cancel(&app, &id));
+        return apply_from_peer(&eureka, &caller, &headers, Replicated::cancel(&app, &id));
     }
     match eureka.cancel(&caller, &app, &id) {
         Ok(()) => StatusCode::OK.into_response(),
@@ -399,7 +432,7 @@ async fn put_status(
             Ok(None) => {}
             Err(e) => return refuse(&eureka, "status change", &app, e),
         }
-        return apply_from_peer(&eureka, &caller, write);
+        return apply_from_peer(&eureka, &caller, &headers, write);
     }
     let result = status_param(&params).and_then(|status| match status {
         Some(status) => eureka.set_status_override(&caller, &app, &id, Some(status), None),
@@ -423,7 +456,7 @@ async fn delete_status(
 ) -> Response {
     if from_peer(&headers) {
         let write = Replicated::single(Action::DeleteStatusOverride, &app, &id);
-        return apply_from_peer(&eureka, &caller, write);
+        return apply_from_peer(&eureka, &caller, &headers, write);
     }
     let result = status_param(&params)
         .map(|s| s.filter(|s| *s != Status::Unknown))

@@ -190,6 +190,8 @@ struct Shared {
     peers: Peers,
     /// Filled from a peer at start: complete, no warm-up.
     filled: AtomicBool,
+    /// This process's name among its peers ([`peers::NODE_HEADER`]).
+    node: String,
 }
 
 /// How a peer's copy of an instance differs from a client's registration: it states the
@@ -293,6 +295,7 @@ impl EurekaRegistry {
                 apps_answers: Mutex::new([None, None]),
                 peers,
                 filled: AtomicBool::new(false),
+                node: peers::node_name(),
             }),
         };
         registry.publish_now();

@@ -61,6 +61,24 @@ pub const REPLICATION_HEADER: &str = "x-netflix-discovery-replication";
 /// yet): a starting peer that fills from it stays warming up too.
 pub const WARMING_UP_HEADER: &str = "x-odmesh-warming-up";
 
+/// Names the node that answers (`/apps`, batches), so that a node listed among its own peers
+/// under another name than its listening address (a host name, an address of a node
+/// listening on every address) finds out, and sends itself nothing.
+pub const NODE_HEADER: &str = "x-odmesh-node";
+
+/// A name for this process, different at every start.
+pub(super) fn node_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", hasher.finish())
+}
+
 /// Writes in one batch (Eureka's default).
 const BATCH: usize = 250;
 
@@ -383,6 +401,8 @@ struct Peer {
     url: ServerUrl,
     queue: Mutex<VecDeque<Replicated>>,
     ready: Notify,
+    /// The URL turned out to name this node: nothing is queued for it.
+    is_self: std::sync::atomic::AtomicBool,
 }
 
 /// The queues of every peer.
@@ -400,6 +420,7 @@ impl Peers {
                     url: url.clone(),
                     queue: Mutex::new(VecDeque::new()),
                     ready: Notify::new(),
+                    is_self: std::sync::atomic::AtomicBool::new(false),
                 })
             })
             .collect();
@@ -412,10 +433,6 @@ impl Peers {
 
     pub(super) fn is_empty(&self) -> bool {
         self.peers.is_empty()
-    }
-
-    pub(super) fn urls(&self) -> impl Iterator<Item = &ServerUrl> {
-        self.peers.iter().map(|p| &p.url)
     }
 }
 
@@ -461,6 +478,9 @@ impl EurekaRegistry {
     }
 
     fn enqueue(&self, peer: &Peer, write: Replicated) {
+        if peer.is_self.load(Ordering::Relaxed) {
+            return;
+        }
         let peers = &self.shared.peers;
         let metrics = &self.shared.metrics;
         let mut queue = peer.queue();
@@ -615,7 +635,13 @@ impl EurekaRegistry {
                 continue;
             }
             match self.send_batch(http, peer, &batch).await {
-                Ok(replies) => {
+                // The peer is this node: it took nothing, and gets nothing more.
+                Ok(None) => {
+                    let peers = &self.shared.peers;
+                    let pending = peers.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+                    set(&metrics.eureka_peer_pending, (pending - batch.len()) as u64);
+                }
+                Ok(Some(replies)) => {
                     if failures > 0 {
                         tracing::info!(peer = %peer.url, "eureka: peer answers again; sending its queued writes");
                     }
@@ -701,9 +727,10 @@ impl EurekaRegistry {
         http: &HttpClient,
         peer: &Peer,
         batch: &[Replicated],
-    ) -> Result<Vec<Reply>, CallError> {
+    ) -> Result<Option<Vec<Reply>>, CallError> {
         let body = encode(batch);
         let answer = call(
+            &self.shared.node,
             http,
             &peer.url,
             hyper::Method::POST,
@@ -711,10 +738,12 @@ impl EurekaRegistry {
             Some(body),
             self.shared.peers.config.timeout,
         )
-        .await?
-        .1;
+        .await?;
+        if self.is_me(peer, answer.node.as_deref()) {
+            return Ok(None);
+        }
         let replies: Replies =
-            serde_json::from_slice(&answer).map_err(|e| CallError::Transport {
+            serde_json::from_slice(&answer.body).map_err(|e| CallError::Transport {
                 url: format!("{}/peerreplication/batch", peer.url),
                 reason: format!("not a replication answer: {e}"),
             })?;
@@ -728,7 +757,23 @@ impl EurekaRegistry {
                 ),
             });
         }
-        Ok(replies.response_list)
+        Ok(Some(replies.response_list))
+    }
+
+    /// Whether `node` (a peer's answer's name) is this node; if so, `peer` is marked so, its
+    /// queue emptied, and nothing is sent to it again.
+    fn is_me(&self, peer: &Peer, node: Option<&str>) -> bool {
+        if node != Some(self.shared.node.as_str()) {
+            return false;
+        }
+        if !peer.is_self.swap(true, Ordering::Relaxed) {
+            tracing::info!(peer = %peer.url, "eureka: this peer URL names this node; nothing is sent to it");
+        }
+        let dropped = std::mem::take(&mut *peer.queue()).len();
+        let peers = &self.shared.peers;
+        let pending = peers.pending.fetch_sub(dropped, Ordering::Relaxed) - dropped;
+        set(&self.shared.metrics.eureka_peer_pending, pending as u64);
+        true
     }
 
     /// Fills this registry from the peers' `GET /apps`, in turn, until one that is not
@@ -748,8 +793,10 @@ impl EurekaRegistry {
             .enable_http1()
             .wrap_connector(tcp);
         let http: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
-        for url in peers.urls() {
+        for peer in &peers.peers {
+            let url = &peer.url;
             let answer = call(
+                &self.shared.node,
                 &http,
                 url,
                 hyper::Method::GET,
@@ -758,13 +805,16 @@ impl EurekaRegistry {
                 config.timeout,
             )
             .await;
-            let parsed = answer
-                .map_err(|e| e.to_string())
-                .and_then(|(complete, body)| {
-                    let parsed =
-                        json::parse_document(&body).map_err(|e| format!("{url}/apps: {e}"));
-                    parsed.map(|p| (complete, p))
-                });
+            if let Ok(Answer { node, .. }) = &answer
+                && self.is_me(peer, node.as_deref())
+            {
+                continue;
+            }
+            let parsed = answer.map_err(|e| e.to_string()).and_then(|answer| {
+                let parsed =
+                    json::parse_document(&answer.body).map_err(|e| format!("{url}/apps: {e}"));
+                parsed.map(|p| (answer.complete, p))
+            });
             let (complete, applications) = match parsed {
                 Ok((complete, parsed)) => (complete, parsed.applications),
                 Err(e) => {
@@ -806,16 +856,27 @@ impl EurekaRegistry {
     }
 }
 
-/// One call to a peer, with its credentials, marked as replication; whether the peer is
-/// complete (not warming up), and the answer's body.
+/// A peer's answer.
+struct Answer {
+    /// Not warming up.
+    complete: bool,
+    /// The answering node's name ([`NODE_HEADER`]).
+    node: Option<String>,
+    body: Bytes,
+}
+
+/// One call to a peer, with its credentials, marked as replication and naming this node
+/// (`own`). A peer that turns out to be this node answers without acting (421, named): that
+/// is an answer too.
 async fn call(
+    own: &str,
     http: &HttpClient,
     peer: &ServerUrl,
     method: hyper::Method,
     path: &str,
     body: Option<Vec<u8>>,
     timeout: Duration,
-) -> Result<(bool, Bytes), CallError> {
+) -> Result<Answer, CallError> {
     let url = format!("{peer}{path}");
     let transport = |reason: String| CallError::Transport {
         url: url.clone(),
@@ -825,7 +886,8 @@ async fn call(
         .method(method)
         .uri(format!("{}{path}", peer.base()))
         .header(ACCEPT, "application/json")
-        .header(REPLICATION_HEADER, "true");
+        .header(REPLICATION_HEADER, "true")
+        .header(NODE_HEADER, own);
     if body.is_some() {
         request = request.header(CONTENT_TYPE, "application/json");
     }
@@ -843,6 +905,16 @@ async fn call(
         })?;
         let status = response.status();
         let complete = !response.headers().contains_key(WARMING_UP_HEADER);
+        let node = (response.headers().get(NODE_HEADER))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if node.as_deref() == Some(own) {
+            return Ok(Answer {
+                complete,
+                node,
+                body: Bytes::new(),
+            });
+        }
         let body = Limited::new(response.into_body(), MAX_BODY)
             .collect()
             .await
@@ -855,7 +927,11 @@ async fn call(
                 body: clip(&String::from_utf8_lossy(&body)).to_string(),
             });
         }
-        Ok((complete, body))
+        Ok(Answer {
+            complete,
+            node,
+            body,
+        })
     };
     tokio::time::timeout(timeout, exchange)
         .await

@@ -462,3 +462,44 @@ identities:
     register(&a, "h1", 8080).await;
     eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
 }
+
+/// Forwards connections from a free loopback port to `to`, until dropped.
+async fn forwarder(to: SocketAddr) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_node_listed_among_its_peers_under_another_address_sends_itself_nothing() {
+    let addr = free_addr();
+    let (alias, forwarding) = forwarder(addr).await;
+    let b = Node::start(free_addr(), &[]).await;
+    let a = Node::start(addr, &[alias, b.addr()]).await;
+    // Its fill finds itself behind the alias, then fills from B.
+    eventually("A filled from B", || {
+        count(&a.metrics.eureka_peer_fills_total) == 1
+    })
+    .await;
+    register(&a, "h1", 8080).await;
+    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    eventually("nothing left queued", || {
+        count(&a.metrics.eureka_peer_pending) == 0
+    })
+    .await;
+    // None of its own writes came back to it.
+    assert_eq!(count(&a.metrics.eureka_peer_received_total), 0);
+    assert_eq!(count(&a.metrics.eureka_peer_replicated_total), 1);
+    forwarding.abort();
+}
