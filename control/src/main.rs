@@ -257,6 +257,16 @@ struct EmbeddedArgs {
     #[arg(long, value_name = "FILE")]
     peer_ca: Option<PathBuf>,
 
+    /// Seconds one call to a peer (a batch of writes, a fill) may take before it counts as
+    /// failed and is tried again.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    peer_timeout: f64,
+
+    /// Writes kept for one peer that does not take them; beyond, the oldest are dropped
+    /// (odmesh_eureka_peer_dropped_total) and its heartbeats bring the registrations back.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    peer_max_pending: usize,
+
     /// Serve the registry over HTTPS with this certificate chain (PEM); needs
     /// --eureka-tls-key.
     #[arg(long, value_name = "FILE", requires = "eureka_tls_key")]
@@ -417,7 +427,11 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
     let e = &args.embedded;
     let peers = match e.peer.as_slice() {
         [] => None,
-        urls => Some(PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?),
+        urls => Some(PeerConfig {
+            timeout: seconds("--peer-timeout", e.peer_timeout)?,
+            max_pending: at_least_one("--peer-max-pending", e.peer_max_pending)?,
+            ..PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?
+        }),
     };
     let auth = match &e.eureka_auth {
         Some(path) => Some(Arc::new(

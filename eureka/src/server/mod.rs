@@ -13,6 +13,7 @@
 //! | `DELETE /apps/{APP}/{ID}/status` | 200: override removed |
 //! | `PUT /apps/{APP}/{ID}/metadata?key=value` | 200: metadata entries set |
 //! | `GET /apps`, `/apps/delta`, `/apps/{APP}`, `/apps/{APP}/{ID}`, `/instances/{ID}`, `/vips/{VIP}`, `/svips/{SVIP}` | the registry, JSON or XML |
+//! | `POST /peerreplication/batch` with `{"replicationList": [...]}` | a peer's writes, each answered in `responseList` ([`peers`]) |
 //!
 //! As in Eureka: app names are case-insensitive (stored uppercase); a read answers JSON when
 //! the `Accept` header mentions `json`, XML otherwise; the delta lists the instances that

@@ -503,3 +503,63 @@ async fn a_node_listed_among_its_peers_under_another_address_sends_itself_nothin
     assert_eq!(count(&a.metrics.eureka_peer_replicated_total), 1);
     forwarding.abort();
 }
+
+#[tokio::test]
+async fn a_peer_down_too_long_loses_the_oldest_writes_beyond_the_bound() {
+    let b_addr = free_addr();
+    let a = Node::start_with(free_addr(), &[b_addr], |c| {
+        if let Some(peers) = c.peers.as_mut() {
+            peers.max_pending = 2;
+        }
+    })
+    .await;
+    for (i, id) in ["h1", "h2", "h3", "h4"].into_iter().enumerate() {
+        register(&a, id, 8080 + i as u16).await;
+    }
+    eventually("two dropped", || {
+        count(&a.metrics.eureka_peer_dropped_total) == 2
+    })
+    .await;
+    assert_eq!(count(&a.metrics.eureka_peer_pending), 2);
+    // The peer, back, gets the two newest.
+    let b = Node::start(b_addr, &[]).await;
+    eventually("B holds h3 and h4", || {
+        b.port_of("h3").is_some() && b.port_of("h4").is_some()
+    })
+    .await;
+    eventually("the queue is sent", || {
+        count(&a.metrics.eureka_peer_pending) == 0
+    })
+    .await;
+    assert_eq!((b.port_of("h1"), b.port_of("h2")), (None, None));
+}
+
+#[tokio::test]
+async fn a_peer_that_never_answers_costs_one_timeout_per_try_and_keeps_the_writes() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let a = Node::start_with(free_addr(), &[silent_addr], |c| {
+        if let Some(peers) = c.peers.as_mut() {
+            peers.timeout = Duration::from_millis(200);
+        }
+    })
+    .await;
+    register(&a, "h1", 8080).await;
+    eventually("two timed-out batches", || {
+        count(&a.metrics.eureka_peer_replication_failures_total) >= 2
+    })
+    .await;
+    assert_eq!(count(&a.metrics.eureka_peer_pending), 1);
+    // The registry itself answers meanwhile.
+    assert_eq!(a.port_of("h1"), Some(8080));
+    holding.abort();
+}
