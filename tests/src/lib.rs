@@ -50,6 +50,7 @@ pub mod protocols;
 pub mod registry;
 mod serve;
 pub mod shell;
+pub mod tcp_proxy;
 #[cfg(test)]
 mod test_server;
 pub mod tls;
@@ -73,6 +74,7 @@ pub use protocols::{
 };
 pub use registry::{Instance, RegistryFile};
 pub use shell::Shell;
+pub use tcp_proxy::TcpProxy;
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
 pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};
 pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};
