@@ -111,19 +111,23 @@ fn a_node_of_three_peered_registries_dies_and_comes_back_without_losing_an_insta
     let [addr_a, addr_b, addr_c] = [a, b, c].map(|i| mesh.nodes[i].eureka_addr());
 
     // Two services register through A with a real client that knows all three, A first.
-    let mut drivers = Vec::new();
-    for app in ["alpha", "beta"] {
-        let label = format!("driver-{app}");
-        let servers = [addr_a, addr_b, addr_c];
-        let mut driver = ClientDriver::start_with_servers(
-            &env,
-            &label,
-            EurekaClient::Python,
-            &servers,
-            &registration(app),
-        );
+    let mut drivers: Vec<ClientDriver> = ["alpha", "beta"]
+        .into_iter()
+        .map(|app| {
+            let label = format!("driver-{app}");
+            let servers = [addr_a, addr_b, addr_c];
+            let registration = registration(app);
+            ClientDriver::start_with_servers(
+                &env,
+                &label,
+                EurekaClient::Python,
+                &servers,
+                &registration,
+            )
+        })
+        .collect();
+    for driver in &mut drivers {
         driver.wait_report("registered", DRIVER_TIMEOUT);
-        drivers.push(driver);
     }
     let ids = ["alpha-1", "beta-1"];
     wait_until(
