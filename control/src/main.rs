@@ -24,6 +24,7 @@ use odmesh_control::prewarm::{self, Prewarm};
 use odmesh_control::server::{XdsConfig, XdsServer};
 use odmesh_control::xds::XdsOptions;
 use odmesh_eureka::server::auth::Authenticator;
+use odmesh_eureka::server::peers::PeerConfig;
 use odmesh_eureka::server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
 use odmesh_eureka::server::preservation::PreservationConfig;
 use odmesh_eureka::wire::json::read_registry_file;
@@ -243,6 +244,19 @@ struct EmbeddedArgs {
     #[arg(long, value_name = "FILE")]
     eureka_auth: Option<PathBuf>,
 
+    /// Another embedded registry (its base URL, e.g. `http://10.0.0.2:8761/eureka`) to
+    /// replicate with, as Eureka's servers do: writes made here are sent to it, and a
+    /// starting node fills itself from the first peer that answers. Repeatable; a URL naming
+    /// this node is skipped, so every node can get the same list. With --eureka-auth on the
+    /// peers, give an operator's `name:token@` in the URL.
+    #[arg(long, value_name = "URL")]
+    peer: Vec<String>,
+
+    /// CA bundle (PEM) that signs the `https://` peers' certificates. Default: the system CA
+    /// bundle.
+    #[arg(long, value_name = "FILE")]
+    peer_ca: Option<PathBuf>,
+
     /// Serve the registry over HTTPS with this certificate chain (PEM); needs
     /// --eureka-tls-key.
     #[arg(long, value_name = "FILE", requires = "eureka_tls_key")]
@@ -345,6 +359,11 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         max_drop: share("--max-registry-drop", args.guards.max_registry_drop)?,
         confirm_after: seconds("--registry-drop-confirm", args.guards.registry_drop_confirm)?,
     };
+    if !args.embedded.peer.is_empty() && (args.registry.is_some() || !args.eureka.is_empty()) {
+        anyhow::bail!(
+            "--peer: peers are embedded registries; it takes --serve-eureka, not --registry or --eureka"
+        );
+    }
     if let Some(path) = &args.registry {
         let src = file::start_guarded(
             path.clone(),
@@ -396,6 +415,10 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         None => eureka_server::DEFAULT_ADDR.parse()?,
     };
     let e = &args.embedded;
+    let peers = match e.peer.as_slice() {
+        [] => None,
+        urls => Some(PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?),
+    };
     let auth = match &e.eureka_auth {
         Some(path) => Some(Arc::new(
             Authenticator::load(path).context("--eureka-auth")?,
@@ -446,6 +469,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         max_body: e.eureka_max_body,
         body_timeout: seconds("--eureka-body-timeout", e.eureka_body_timeout)?,
         auth,
+        peers,
         ..Default::default()
     };
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -58,6 +58,19 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: eviction rounds that ran late, whose delay was added to
         /// every lease.
         eureka_late_eviction_rounds_total: "counter",
+        /// Embedded Eureka registry: writes a peer took (`--peer`).
+        eureka_peer_replicated_total: "counter",
+        /// Embedded Eureka registry: batches of writes that did not reach a peer (sent again).
+        eureka_peer_replication_failures_total: "counter",
+        /// Embedded Eureka registry: writes queued for the peers.
+        eureka_peer_pending: "gauge",
+        /// Embedded Eureka registry: queued writes dropped, the oldest first, for a peer
+        /// unreachable too long (its heartbeats bring the registrations back).
+        eureka_peer_dropped_total: "counter",
+        /// Embedded Eureka registry: writes received from peers and applied.
+        eureka_peer_received_total: "counter",
+        /// Embedded Eureka registry: fills from a peer's registry at start.
+        eureka_peer_fills_total: "counter",
         /// Embedded Eureka registry: connections closed on arrival because
         /// --eureka-max-connections were open.
         eureka_http_connections_refused_total: "counter",

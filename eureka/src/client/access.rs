@@ -193,17 +193,17 @@ fn bearer(path: &Path) -> Result<HeaderValue, InvalidEurekaConfig> {
 }
 
 /// The servers, and the TLS client that reaches the `https://` ones.
-pub(super) struct Access {
-    pub(super) urls: Vec<ServerUrl>,
-    pub(super) tls: rustls::ClientConfig,
+pub(crate) struct Access {
+    pub(crate) urls: Vec<ServerUrl>,
+    pub(crate) tls: rustls::ClientConfig,
     /// Which CAs are trusted, for errors: `--eureka-ca FILE` or the system bundle's path.
-    pub(super) trust: String,
+    pub(crate) trust: String,
 }
 
 impl Access {
     /// Checks the URLs, reads the token file and the CA bundle (the system's, the first of
     /// `system_bundles` that exists, when `https://` is used without `--eureka-ca`).
-    pub(super) fn new(
+    pub(crate) fn new(
         config: &ClientConfig,
         system_bundles: &[&str],
     ) -> Result<Access, InvalidEurekaConfig> {

@@ -57,7 +57,7 @@ use odmesh_registry::{Registry, RegistryMetrics, SourceHealth};
 
 use crate::wire::json::{self, ActionType, Applications, InvalidDocument};
 
-mod access;
+pub(crate) mod access;
 
 use access::Access;
 pub use access::{ServerUrl, redact_url};

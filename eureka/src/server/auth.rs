@@ -149,6 +149,17 @@ impl Caller {
         }
     }
 
+    /// Why this caller may not send a peer's writes (which carry their owner and override),
+    /// if it may not: only an operator may, with a tokens file.
+    pub fn may_replicate(&self) -> Result<(), String> {
+        match self {
+            Caller::Anyone | Caller::Operator { .. } => Ok(()),
+            Caller::Client { name, .. } => Err(format!(
+                "identity {name:?} may not send a peer's writes: peers need an operator identity"
+            )),
+        }
+    }
+
     /// Why this caller may not register `vip`, if it may not.
     pub fn may_claim(&self, vip: &str) -> Result<(), String> {
         match self {

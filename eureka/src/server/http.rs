@@ -10,7 +10,7 @@ use axum::extract::{Extension, Path, Query, Request, State as AxState};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 
 use odmesh_base::http_server;
 use odmesh_base::logs::{self, clip};
@@ -18,6 +18,7 @@ use odmesh_base::metrics::inc;
 use odmesh_registry::Status;
 
 use super::auth::{self, Caller};
+use super::peers::{self, Action, REPLICATION_HEADER, Replicated};
 use super::{EurekaRegistry, InvalidRequest};
 use crate::wire::json::{
     ApplicationDocument, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
@@ -43,6 +44,7 @@ pub(super) fn router(eureka: EurekaRegistry) -> Router {
         .route("/instances/{id}", get(get_instance_by_id))
         .route("/vips/{vip}", get(get_vip))
         .route("/svips/{svip}", get(get_svip))
+        .route("/peerreplication/batch", post(replication_batch))
         .layer(middleware::from_fn_with_state(eureka.clone(), authenticate))
         .with_state(eureka);
     Router::new()
@@ -95,7 +97,14 @@ async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
         "application/xml"
     };
     let body = eureka.applications_answer(json);
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+    let mut answer = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    if eureka.is_warming_up() {
+        let warming = HeaderValue::from_static("true");
+        answer
+            .headers_mut()
+            .insert(peers::WARMING_UP_HEADER, warming);
+    }
+    answer
 }
 
 async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
@@ -254,6 +263,13 @@ async fn register(
                 return refuse(&eureka, "registration", &app, e);
             }
         };
+    if from_peer(&headers) {
+        let write = match peers::decode_instance(&app, &body) {
+            Ok(write) => write,
+            Err(e) => return refuse(&eureka, "registration", &app, e),
+        };
+        return apply_from_peer(&eureka, &caller, write);
+    }
     match eureka.register_as(&caller, &app, &body) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => refuse(&eureka, "registration", &app, e),
@@ -262,15 +278,77 @@ async fn register(
 
 type Params = Query<HashMap<String, String>>;
 
+/// Whether a request is a peer's write (Eureka's replication header).
+fn from_peer(headers: &HeaderMap) -> bool {
+    headers
+        .get(REPLICATION_HEADER)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+}
+
+/// Applies a peer's single write (a REST call with the replication header), if `caller`
+/// may send one.
+fn apply_from_peer(eureka: &EurekaRegistry, caller: &Caller, write: Replicated) -> Response {
+    if let Err(e) = caller.may_replicate() {
+        return refuse(
+            eureka,
+            "peer write",
+            &write.app,
+            InvalidRequest::forbidden(e),
+        );
+    }
+    let reply = eureka.apply_replicated(write);
+    let status = StatusCode::from_u16(reply.status_code).unwrap_or(StatusCode::BAD_REQUEST);
+    match reply.response_entity {
+        Some(instance) => (status, json_response(&InstanceDocument { instance })).into_response(),
+        None => status.into_response(),
+    }
+}
+
+/// `POST /peerreplication/batch`: a peer's writes, each answered in `responseList`.
+async fn replication_batch(
+    AxState(eureka): Eureka,
+    Extension(caller): Extension<Arc<Caller>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = caller.may_replicate() {
+        return refuse(&eureka, "peer batch", "", InvalidRequest::forbidden(e));
+    }
+    let config = &eureka.shared.config;
+    // A batch holds up to 250 whole instances.
+    let limit = config.max_body.saturating_mul(256);
+    let body = match http_server::read_body(&headers, body, limit, config.body_timeout).await {
+        Ok(body) => body,
+        Err(e) => {
+            let e = InvalidRequest::new(e.status(), format!("peer batch: {e}"));
+            return refuse(&eureka, "peer batch", "", e);
+        }
+    };
+    let writes = match peers::decode(&body) {
+        Ok(writes) => writes,
+        Err(e) => return refuse(&eureka, "peer batch", "", e),
+    };
+    let replies: Vec<_> = (writes.into_iter())
+        .map(|w| eureka.apply_replicated(w))
+        .collect();
+    json_response(&peers::Replies::new(replies))
+}
+
 async fn renew(
     AxState(eureka): Eureka,
     Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
+    headers: HeaderMap,
 ) -> Response {
     let dirty = params
         .get("lastDirtyTimestamp")
         .and_then(|t| t.trim().parse().ok());
+    if from_peer(&headers) {
+        let mut write = Replicated::single(Action::Heartbeat, &app, &id);
+        write.last_dirty_timestamp = dirty;
+        return apply_from_peer(&eureka, &caller, write);
+    }
     match eureka.renew(&caller, &app, &id, dirty) {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => refuse(&eureka, "heartbeat", &app, e),
@@ -281,7 +359,11 @@ async fn cancel(
     AxState(eureka): Eureka,
     Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Response {
+    if from_peer(&headers) {
+        return apply_from_peer(&eureka, &caller, Replicated::cancel(&app, &id));
+    }
     match eureka.cancel(&caller, &app, &id) {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => refuse(&eureka, "cancel", &app, e),
@@ -308,7 +390,17 @@ async fn put_status(
     Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
+    headers: HeaderMap,
 ) -> Response {
+    if from_peer(&headers) {
+        let mut write = Replicated::single(Action::StatusUpdate, &app, &id);
+        match status_param(&params) {
+            Ok(Some(status)) => write.status = Some(status),
+            Ok(None) => {}
+            Err(e) => return refuse(&eureka, "status change", &app, e),
+        }
+        return apply_from_peer(&eureka, &caller, write);
+    }
     let result = status_param(&params).and_then(|status| match status {
         Some(status) => eureka.set_status_override(&caller, &app, &id, Some(status), None),
         None => Err(InvalidRequest::new(
@@ -327,7 +419,12 @@ async fn delete_status(
     Extension(caller): Extension<Arc<Caller>>,
     Path((app, id)): Path<(String, String)>,
     Query(params): Params,
+    headers: HeaderMap,
 ) -> Response {
+    if from_peer(&headers) {
+        let write = Replicated::single(Action::DeleteStatusOverride, &app, &id);
+        return apply_from_peer(&eureka, &caller, write);
+    }
     let result = status_param(&params)
         .map(|s| s.filter(|s| *s != Status::Unknown))
         .and_then(|reported| eureka.set_status_override(&caller, &app, &id, None, reported));

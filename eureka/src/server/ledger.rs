@@ -108,6 +108,11 @@ impl Lease {
         &self.doc
     }
 
+    /// The instance document, shared (for a peer's copy).
+    pub fn shared_doc(&self) -> Arc<InstanceInfo> {
+        self.doc.clone()
+    }
+
     /// The instance document, to change: copied first if an answer or the delta holds it.
     pub fn doc_mut(&mut self) -> &mut InstanceInfo {
         Arc::make_mut(&mut self.doc)
@@ -225,6 +230,9 @@ pub struct Registration {
     pub duration: Duration,
     pub renewal_interval: Duration,
     pub owner: Option<Arc<str>>,
+    /// A peer's copy ([`super::peers`]): `body_override` is the override, exactly (none
+    /// removes one), instead of what a client's registration again may not take away.
+    pub replicated: bool,
 }
 
 /// What a registration did.
@@ -234,6 +242,9 @@ pub struct Registered {
     pub new: bool,
     /// The override it had when it was cancelled came back (see [`Ledger::cancel`]).
     pub override_restored: bool,
+    /// The registered document is newer (its `lastDirtyTimestamp`): it stays, and the
+    /// registration only renewed its lease (Eureka's rule, for a peer's late copy).
+    pub kept_newer: bool,
 }
 
 /// Why a heartbeat was not taken.
@@ -397,6 +408,18 @@ impl Ledger {
     pub fn register(&mut self, app: &str, id: &str, r: Registration, now: Now) -> Registered {
         let app = self.app_name(app);
         let existing = self.lease(&app, id);
+        let ours = existing.and_then(|l| l.doc.last_dirty_timestamp);
+        if let (Some(ours), Some(theirs)) = (ours, r.info.last_dirty_timestamp)
+            && ours > theirs
+        {
+            // Known already: renewing cannot fail.
+            let _ = self.renew(&app, id, None, now);
+            return Registered {
+                new: false,
+                override_restored: false,
+                kept_newer: true,
+            };
+        }
         let id: Name = (self.apps.get(&app))
             .and_then(|leases| leases.get_key_value(id))
             .map_or_else(|| Name::from(id), |(k, _)| k.clone());
@@ -406,7 +429,9 @@ impl Ledger {
         });
         let mut override_restored = false;
         let (overridden, service_up) = match known {
+            Some((_, up)) if r.replicated => (r.body_override, up),
             Some((overridden, up)) => (overridden.or(r.body_override), up),
+            None if r.replicated => (r.body_override, None),
             None => {
                 // The override it had if it was cancelled within one lease duration.
                 let key = (app.clone(), id.clone());
@@ -468,6 +493,7 @@ impl Ledger {
         Registered {
             new: old.is_none(),
             override_restored,
+            kept_newer: false,
         }
     }
 

@@ -38,8 +38,8 @@
 //!   404); meanwhile proxies keep the clusters they hold (see odmesh-control's `cache`).
 //!
 //! Writes are checked ([`policy`]: names, addresses, lease, metadata, body size and type) and,
-//! with a tokens file, authenticated and authorised ([`auth`]). There is no peer replication:
-//! this registry is for one control plane.
+//! with a tokens file, authenticated and authorised ([`auth`]). Registries started with
+//! `--peer URL` replicate each other as Eureka's servers do ([`peers`]).
 //!
 //! Where this differs from Netflix's server, on purpose: removing a status override restores
 //! the status the instance itself reported (Eureka sets `UNKNOWN` until the next heartbeat
@@ -51,10 +51,12 @@
 pub mod auth;
 mod http;
 pub mod ledger;
+pub mod peers;
 pub mod policy;
 pub mod preservation;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -72,6 +74,7 @@ use odmesh_base::metrics::{inc, set};
 
 use self::auth::{Authenticator, Caller};
 use self::ledger::{Eviction, Lease, Ledger, Now, Registration, RenewRefused, Served, Terms};
+use self::peers::{PeerConfig, Peers, Replicated};
 use self::policy::RegistrationLimits;
 use self::preservation::PreservationConfig;
 
@@ -116,6 +119,8 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Who may use the registry; `None`: anyone.
     pub auth: Option<Arc<Authenticator>>,
+    /// The registries this one replicates with; `None`: none.
+    pub peers: Option<PeerConfig>,
 }
 
 impl ServerConfig {
@@ -148,6 +153,7 @@ impl Default for ServerConfig {
             max_body: 16 * 1024,
             body_timeout: Duration::from_secs(10),
             auth: None,
+            peers: None,
         }
     }
 }
@@ -181,6 +187,18 @@ struct Shared {
     published: watch::Sender<u64>,
     /// `GET /apps` as last written, in JSON and in XML: readers share one copy.
     apps_answers: Mutex<[Option<CachedAnswer>; 2]>,
+    peers: Peers,
+    /// Filled from a peer at start: complete, no warm-up.
+    filled: AtomicBool,
+}
+
+/// How a peer's copy of an instance differs from a client's registration: it states the
+/// status the instance reports, its override exactly, and its owner.
+#[derive(Debug)]
+struct PeerCopy {
+    reported: Status,
+    overridden: Option<Status>,
+    owner: Option<Arc<str>>,
 }
 
 /// A written `GET /apps` answer, and the registry version it shows.
@@ -260,6 +278,7 @@ impl EurekaRegistry {
             preservation: config.preservation,
         };
         let ledger = Ledger::new(terms, started);
+        let peers = Peers::new(config.peers.clone().unwrap_or_else(PeerConfig::none));
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
                 config,
@@ -272,6 +291,8 @@ impl EurekaRegistry {
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
                 apps_answers: Mutex::new([None, None]),
+                peers,
+                filled: AtomicBool::new(false),
             }),
         };
         registry.publish_now();
@@ -291,6 +312,7 @@ impl EurekaRegistry {
     /// Whether the registry is still warming up after its start (see the module docs).
     pub fn is_warming_up(&self) -> bool {
         self.shared.started.elapsed() < self.shared.config.warmup
+            && !self.shared.filled.load(Ordering::Relaxed)
     }
 
     /// The REST API, under `/eureka` and `/eureka/v2`; with a tokens file, every request
@@ -332,7 +354,18 @@ impl EurekaRegistry {
                 format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
             )
         })?;
-        let mut info = doc.instance;
+        self.admit(caller, app, doc.instance, None)
+    }
+
+    /// Checks and records a registration of `info` under `app` (uppercase, checked): a
+    /// client's (`copy` is `None`), whose owner is `caller`, or a peer's copy.
+    fn admit(
+        &self,
+        caller: &Caller,
+        app: String,
+        mut info: InstanceInfo,
+        copy: Option<PeerCopy>,
+    ) -> Result<(), InvalidRequest> {
         match info.app.as_deref().map(str::trim) {
             Some(named) if !named.is_empty() && !named.eq_ignore_ascii_case(&app) => {
                 return Err(InvalidRequest::new(
@@ -381,25 +414,33 @@ impl EurekaRegistry {
             Some(secs) if secs > 0 => Duration::from_secs(secs),
             _ => self.shared.config.lease_duration,
         };
-        let reported = info.status();
+        let reported = copy.as_ref().map_or_else(|| info.status(), |c| c.reported);
         // What the client says, within 1 s and its lease (a lease it cannot renew in time
         // makes no sense, and would weigh more in self-preservation than it should).
         let stated_interval = lease_info.and_then(|l| l.renewal_interval_in_secs);
         let renewal_interval = Duration::from_secs(stated_interval.unwrap_or(30))
             .clamp(Duration::from_secs(1), duration.max(Duration::from_secs(1)));
-        let body_override = info
-            .overridden_status
-            .as_deref()
-            .or(info.overriddenstatus_legacy.as_deref())
-            .and_then(Status::parse)
-            .filter(|s| *s != Status::Unknown);
+        let body_override = match &copy {
+            Some(copy) => copy.overridden,
+            None => info
+                .overridden_status
+                .as_deref()
+                .or(info.overriddenstatus_legacy.as_deref())
+                .and_then(Status::parse)
+                .filter(|s| *s != Status::Unknown),
+        };
+        let owner = match &copy {
+            Some(copy) => copy.owner.clone(),
+            None => caller.owner().map(Arc::from),
+        };
         let registration = Registration {
             info,
             reported,
             body_override,
             duration,
             renewal_interval,
-            owner: caller.owner().map(Arc::from),
+            owner,
+            replicated: copy.is_some(),
         };
         let mut state = self.lock();
         match state.lease(&app, &id) {
@@ -419,7 +460,18 @@ impl EurekaRegistry {
             None => {}
         }
         let registered = state.register(&app, &id, registration, Now::read());
+        let forward = (copy.is_none() && !registered.kept_newer && self.has_peers())
+            .then(|| state.lease(&app, &id).map(Replicated::register))
+            .flatten();
         drop(state);
+        if copy.is_some() {
+            inc(&self.shared.metrics.eureka_peer_received_total);
+            self.publish();
+            return Ok(());
+        }
+        if let Some(forward) = forward {
+            self.replicate(forward);
+        }
         if registered.override_restored {
             inc(&self.shared.metrics.eureka_overrides_restored_total);
             odmesh_base::limited!(
@@ -462,10 +514,22 @@ impl EurekaRegistry {
             .may_change(lease.owner.as_deref())
             .map_err(InvalidRequest::forbidden)?;
         let renewed = state.renew(&app, id, last_dirty_timestamp, Now::read());
+        let forward = (renewed.is_ok() && self.has_peers())
+            .then(|| {
+                state
+                    .lease(&app, id)
+                    .map(|lease| Replicated::heartbeat(&app, id, lease))
+            })
+            .flatten();
         drop(state);
         inc(&self.shared.metrics.eureka_renewals_total);
         match renewed {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if let Some(forward) = forward {
+                    self.replicate(forward);
+                }
+                Ok(())
+            }
             Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(&app, id)),
             Err(RenewRefused::Newer { theirs, ours }) => Err(InvalidRequest::new(
                 StatusCode::NOT_FOUND,
@@ -489,6 +553,7 @@ impl EurekaRegistry {
             return Err(InvalidRequest::not_found(&app, id));
         }
         drop(state);
+        self.replicate(Replicated::cancel(&app, id));
         inc(&self.shared.metrics.eureka_cancels_total);
         odmesh_base::limited!(info, app = %clip(&app), id = %clip(id), "eureka: cancelled");
         self.publish();
@@ -560,8 +625,14 @@ impl EurekaRegistry {
         let mut state = self.lock();
         may_change(caller, &state, &app, id)?;
         let changed = state.modify(&app, id, Now::read(), change);
+        let forward = (changed.as_ref().is_some_and(Result::is_ok) && self.has_peers())
+            .then(|| state.lease(&app, id).map(Replicated::register))
+            .flatten();
         drop(state);
         changed.unwrap_or_else(|| Err(InvalidRequest::not_found(&app, id)))?;
+        if let Some(forward) = forward {
+            self.replicate(forward);
+        }
         self.publish();
         Ok(())
     }
@@ -841,6 +912,7 @@ pub async fn serve(
         result = http => result,
         () = registry.clone().run_publisher() => Ok(()),
         () = registry.clone().run_eviction() => Ok(()),
+        () = registry.clone().run_peers() => Ok(()),
     }
 }
 
@@ -874,11 +946,20 @@ pub async fn start(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let authenticated = config.auth.is_some();
     let warmup = config.warmup;
+    let mut config = config;
+    config.peers = config.peers.map(|peers| peers.without(local_addr));
+    let peers: Vec<String> = (config.peers.iter())
+        .flat_map(|p| p.urls.iter().map(ToString::to_string))
+        .collect();
     let eureka = EurekaRegistry::new(config, tx, registry_metrics, metrics);
     let health = eureka.health();
     let server = eureka.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = serve(listener, server, tls).await {
+        let fill = server.clone();
+        let filling = tokio::spawn(async move { fill.fill_from_peers().await });
+        let served = serve(listener, server, tls).await;
+        filling.abort();
+        if let Err(e) = served {
             tracing::error!(error = %e, "embedded Eureka registry stopped");
         }
     });
@@ -886,6 +967,7 @@ pub async fn start(
         url = %format!("{scheme}://{local_addr}/eureka"),
         authenticated,
         warmup_s = warmup.as_secs_f64(),
+        ?peers,
         "embedded Eureka registry listening"
     );
     Ok(EmbeddedSource {

@@ -790,7 +790,7 @@ impl InstanceInfo {
 }
 
 /// Serde helpers for the number/string/bool confusion of real Eureka servers.
-mod lenient {
+pub(crate) mod lenient {
 
     use serde::Serializer;
     use serde::de::{Deserialize, DeserializeOwned, Deserializer, Error};

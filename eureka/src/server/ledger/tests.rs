@@ -57,6 +57,7 @@ fn registration(app: &str, id: &str, lease: Duration) -> Registration {
         duration: lease,
         renewal_interval: SEC * 30,
         owner: None,
+        replicated: false,
     }
 }
 
@@ -342,4 +343,62 @@ fn register_and_cancel_churn_keeps_the_deadline_queue_within_twice_the_registry(
         ledger.cancel("HELLO", &id, clock.now).unwrap();
     }
     assert_eq!(ledger.len(), 1);
+}
+
+/// `id` of HELLO with `lastDirtyTimestamp` `dirty` and port `port`.
+fn dirty(id: &str, dirty: u64, port: u16) -> Registration {
+    let mut r = registration("HELLO", id, SEC * 90);
+    r.info.last_dirty_timestamp = Some(dirty);
+    r.info.port = Some(Port::enabled(port));
+    r
+}
+
+fn port_of(ledger: &Ledger, id: &str) -> Option<u16> {
+    let lease = ledger.lease("HELLO", id)?;
+    lease.doc().port.as_ref().map(|p| p.port)
+}
+
+#[test]
+fn an_older_document_registered_again_keeps_the_newer_and_renews_its_lease() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    ledger.register("HELLO", "h1", dirty("h1", 2_000, 8081), clock.now);
+    clock.advance(SEC * 60);
+    let late = ledger.register("HELLO", "h1", dirty("h1", 1_000, 8080), clock.now);
+    assert!(late.kept_newer && !late.new, "{late:?}");
+    assert_eq!(port_of(&ledger, "h1"), Some(8081));
+    // Renewed by it: alive 60 s after its first deadline would have passed.
+    clock.advance(SEC * 60);
+    assert!(ledger.evict(clock.now, Duration::ZERO).evicted.is_empty());
+    // A newer or equal one replaces it.
+    let newer = ledger.register("HELLO", "h1", dirty("h1", 3_000, 8082), clock.now);
+    assert!(!newer.kept_newer);
+    assert_eq!(port_of(&ledger, "h1"), Some(8082));
+}
+
+#[test]
+fn a_replicated_registration_sets_the_override_exactly_and_a_client_one_keeps_it() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    hello(&mut ledger, "h1", SEC * 90, clock.now);
+    let drain = |lease: &mut Lease| -> Result<(), ()> {
+        lease.overridden = Some(Status::OutOfService);
+        lease.refresh_status();
+        Ok(())
+    };
+    assert_eq!(ledger.modify("HELLO", "h1", clock.now, drain), Some(Ok(())));
+    clock.advance(SEC);
+    // A client registering again does not undo an operator's drain.
+    hello(&mut ledger, "h1", SEC * 90, clock.now);
+    let status = |ledger: &Ledger| ledger.lease("HELLO", "h1").map(|l| l.doc().status());
+    assert_eq!(status(&ledger), Some(Status::OutOfService));
+    // A peer's copy without the override removes it: the peer removed it.
+    let mut copy = registration("HELLO", "h1", SEC * 90);
+    copy.replicated = true;
+    ledger.register("HELLO", "h1", copy, clock.now);
+    assert_eq!(status(&ledger), Some(Status::Up));
+    let mut drained = registration("HELLO", "h1", SEC * 90);
+    (drained.replicated, drained.body_override) = (true, Some(Status::OutOfService));
+    ledger.register("HELLO", "h1", drained, clock.now);
+    assert_eq!(status(&ledger), Some(Status::OutOfService));
 }

@@ -1,0 +1,869 @@
+//! Peers (`--peer URL`, repeatable): embedded registries that replicate each other, the way
+//! a cluster of Eureka servers does, so that losing one loses no registration.
+//!
+//! - **What goes to the peers.** Every write a client makes on this node (registration,
+//!   heartbeat, cancellation, status override set or removed, metadata) is queued for each
+//!   peer and sent in batches, `POST {peer}/peerreplication/batch` with Eureka's
+//!   `{"replicationList": [...]}`. A status or metadata change goes as a `Register` of the
+//!   whole instance, with its override exactly as it is here. Evictions are not sent: each
+//!   node evicts on its own, as in Eureka.
+//! - **Not forwarded again.** A write that came from a peer (a batch, or a single REST call
+//!   with `x-netflix-discovery-replication: true`) is applied here and goes nowhere else.
+//!   Only an operator may send those when the registry has a tokens file; put its
+//!   `name:token@` in the peer URLs.
+//! - **Conflicts** go by `lastDirtyTimestamp`, as in Eureka. A registration older than the
+//!   registered document only renews its lease. A replicated heartbeat answers 404 when
+//!   the peer does not know the instance or holds an older document (this node then sends
+//!   the registration), and 409 with its own document when it holds a newer one (this node
+//!   then takes it).
+//! - **A peer that is down or unreachable.** Its queue keeps the writes in order and is
+//!   sent when the peer answers again, retried with a backoff (50 ms to 1 s). The queue is
+//!   bounded (`max_pending`, the oldest writes go first): after a longer outage the
+//!   heartbeats, refused with 404, bring the registrations back, and instances cancelled
+//!   meanwhile expire with their lease.
+//! - **A starting node** fills itself from the first peer that answers `GET /apps`. It is
+//!   complete at once, without the warm-up. If no peer answers, it warms up as a lone
+//!   registry does, and the peers' heartbeats fill it within one renewal interval.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper_rustls::HttpsConnectorBuilder;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use odmesh_base::logs::clip;
+use odmesh_base::metrics::{inc, set};
+use odmesh_registry::Status;
+
+use super::auth::Caller;
+use super::ledger::{Lease, Now, RenewRefused};
+use super::{EurekaRegistry, InvalidRequest, PeerCopy};
+use crate::client::access::Access;
+use crate::client::{ClientConfig, InvalidEurekaConfig, ServerUrl, backoff};
+use crate::wire::json::{self, InstanceInfo, lenient};
+
+/// The header that marks a write as a peer's: applied, never forwarded.
+pub const REPLICATION_HEADER: &str = "x-netflix-discovery-replication";
+
+/// Set on `GET /apps` answers while the registry warms up (it may not hold every instance
+/// yet): a starting peer that fills from it stays warming up too.
+pub const WARMING_UP_HEADER: &str = "x-odmesh-warming-up";
+
+/// Writes in one batch (Eureka's default).
+const BATCH: usize = 250;
+
+/// The largest answer read from a peer (its `/apps` at a start).
+const MAX_BODY: usize = 256 * 1024 * 1024;
+
+/// The peers, and how to reach them.
+#[derive(Clone)]
+pub struct PeerConfig {
+    /// Their base URLs (`http(s)://[user:token@]host:port/eureka`).
+    pub urls: Vec<ServerUrl>,
+    /// The TLS client for `https://` peers.
+    pub tls: rustls::ClientConfig,
+    /// The bound on one call to a peer.
+    pub timeout: Duration,
+    /// Writes kept for one peer that does not answer; beyond, the oldest are dropped.
+    pub max_pending: usize,
+}
+
+impl std::fmt::Debug for PeerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerConfig")
+            .field("urls", &self.urls)
+            .field("timeout", &self.timeout)
+            .field("max_pending", &self.max_pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerConfig {
+    /// The peers at `urls`, `https://` ones verified against `ca_file` (or the system CA
+    /// bundle).
+    pub fn new(
+        urls: &[String],
+        ca_file: Option<PathBuf>,
+    ) -> Result<PeerConfig, InvalidEurekaConfig> {
+        let config = ClientConfig {
+            ca_file,
+            ..ClientConfig::new(urls.to_vec(), Duration::from_secs(30))
+        };
+        let access = Access::new(&config, odmesh_base::tls::SYSTEM_CA_BUNDLES)?;
+        Ok(PeerConfig {
+            urls: access.urls,
+            tls: access.tls,
+            timeout: Duration::from_secs(5),
+            max_pending: 100_000,
+        })
+    }
+
+    /// No peer.
+    pub fn none() -> PeerConfig {
+        PeerConfig {
+            urls: Vec::new(),
+            tls: odmesh_base::tls::client_config(rustls::RootCertStore::empty())
+                .expect("the default TLS client configuration"),
+            timeout: Duration::from_secs(5),
+            max_pending: 100_000,
+        }
+    }
+
+    /// Leaves out the URLs that name `own` (this node), so that every node can be given the
+    /// same list.
+    pub fn without(mut self, own: SocketAddr) -> PeerConfig {
+        self.urls.retain(|url| !names(url, own));
+        self
+    }
+}
+
+/// Whether `url` points at `own`: the same port, and the same address (any loopback
+/// address or `localhost` for a node listening on loopback or on every address).
+fn names(url: &ServerUrl, own: SocketAddr) -> bool {
+    let Ok(uri) = url.base().parse::<hyper::Uri>() else {
+        return false;
+    };
+    let port = uri
+        .port_u16()
+        .unwrap_or(if url.is_tls() { 443 } else { 80 });
+    let Some(host) = uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+    else {
+        return false;
+    };
+    if port != own.port() {
+        return false;
+    }
+    let local = own.ip().is_loopback() || own.ip().is_unspecified();
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip == own.ip() || (local && ip.is_loopback()),
+        Err(_) => local && host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
+/// What a write asks of a peer: Eureka's replication actions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    Register,
+    Heartbeat,
+    Cancel,
+    StatusUpdate,
+    DeleteStatusOverride,
+}
+
+/// One write for the peers, or from one.
+#[derive(Clone, Debug)]
+pub struct Replicated {
+    pub action: Action,
+    /// Uppercase.
+    pub app: String,
+    pub id: String,
+    pub last_dirty_timestamp: Option<u64>,
+    /// For `Register`: the status the instance reports; for `StatusUpdate`: the override.
+    pub status: Option<Status>,
+    /// The override, for `Register` and `Heartbeat`.
+    pub overridden: Option<Status>,
+    /// The whole instance, for `Register`.
+    pub info: Option<Arc<InstanceInfo>>,
+    /// Who owns the instance, with a tokens file.
+    pub owner: Option<Arc<str>>,
+}
+
+impl Replicated {
+    /// A write naming `app`/`id` and nothing else yet.
+    pub fn single(action: Action, app: &str, id: &str) -> Replicated {
+        Replicated::new(action, app, id)
+    }
+
+    fn new(action: Action, app: &str, id: &str) -> Replicated {
+        Replicated {
+            action,
+            app: app.trim().to_ascii_uppercase(),
+            id: id.to_owned(),
+            last_dirty_timestamp: None,
+            status: None,
+            overridden: None,
+            info: None,
+            owner: None,
+        }
+    }
+
+    /// The whole state of a lease, as a `Register`.
+    pub fn register(lease: &Lease) -> Replicated {
+        let doc = lease.shared_doc();
+        let app = doc.app.clone().unwrap_or_default();
+        let id = doc.instance_id.clone().unwrap_or_default();
+        Replicated {
+            last_dirty_timestamp: doc.last_dirty_timestamp,
+            status: Some(lease.reported),
+            overridden: lease.overridden,
+            info: Some(doc),
+            owner: lease.owner.clone(),
+            ..Replicated::new(Action::Register, &app, &id)
+        }
+    }
+
+    /// A heartbeat for `lease`, with its document's `lastDirtyTimestamp`.
+    pub fn heartbeat(app: &str, id: &str, lease: &Lease) -> Replicated {
+        Replicated {
+            last_dirty_timestamp: lease.doc().last_dirty_timestamp,
+            status: Some(lease.doc().status()),
+            overridden: lease.overridden,
+            ..Replicated::new(Action::Heartbeat, app, id)
+        }
+    }
+
+    pub fn cancel(app: &str, id: &str) -> Replicated {
+        Replicated::new(Action::Cancel, app, id)
+    }
+}
+
+/// One entry of `{"replicationList": [...]}`, as Eureka writes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "I: Deserialize<'de>"))]
+struct Entry<I> {
+    app_name: String,
+    id: String,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    last_dirty_timestamp: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    overridden_status: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "lenient::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    instance_info: Option<I>,
+    action: Action,
+    /// odmesh's: the instance's owner, with a tokens file (Eureka has none).
+    #[serde(
+        default,
+        rename = "odmeshOwner",
+        skip_serializing_if = "Option::is_none"
+    )]
+    owner: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "I: Deserialize<'de>"))]
+struct Batch<I> {
+    replication_list: Vec<Entry<I>>,
+}
+
+/// The answer to one entry.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reply {
+    pub status_code: u16,
+    /// With 409: the peer's newer document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_entity: Option<InstanceInfo>,
+}
+
+impl Reply {
+    fn status(status: StatusCode) -> Reply {
+        Reply {
+            status_code: status.as_u16(),
+            response_entity: None,
+        }
+    }
+}
+
+/// `{"responseList": [...]}`: the answers to a batch, in its order.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Replies {
+    response_list: Vec<Reply>,
+}
+
+impl Replies {
+    pub fn new(response_list: Vec<Reply>) -> Replies {
+        Replies { response_list }
+    }
+}
+
+/// `status` as Eureka writes it; `UNKNOWN` stands for no override.
+fn status_text(status: Option<Status>) -> String {
+    status.unwrap_or(Status::Unknown).as_str().to_owned()
+}
+
+/// An override as sent: `UNKNOWN`, or none, is none.
+fn override_of(text: Option<&str>) -> Option<Status> {
+    text.and_then(Status::parse)
+        .filter(|s| *s != Status::Unknown)
+}
+
+/// A batch body for `writes`.
+pub fn encode(writes: &[Replicated]) -> Vec<u8> {
+    let batch = Batch {
+        replication_list: (writes.iter())
+            .map(|w| Entry {
+                app_name: w.app.clone(),
+                id: w.id.clone(),
+                last_dirty_timestamp: w.last_dirty_timestamp,
+                overridden_status: (w.action != Action::Cancel).then(|| status_text(w.overridden)),
+                status: w.status.map(|s| s.as_str().to_owned()),
+                instance_info: w.info.as_deref(),
+                action: w.action,
+                owner: w.owner.as_deref().map(str::to_owned),
+            })
+            .collect(),
+    };
+    // Plain data with string keys: writing it cannot fail.
+    serde_json::to_vec(&batch).unwrap_or_default()
+}
+
+/// The writes of a batch body.
+pub fn decode(body: &[u8]) -> Result<Vec<Replicated>, InvalidRequest> {
+    let batch: Batch<InstanceInfo> = serde_json::from_slice(body).map_err(|e| {
+        InvalidRequest::new(
+            StatusCode::BAD_REQUEST,
+            format!("not a replication batch ({{\"replicationList\": [...]}}): {e}"),
+        )
+    })?;
+    Ok((batch.replication_list.into_iter())
+        .map(|e| Replicated {
+            action: e.action,
+            app: e.app_name.trim().to_ascii_uppercase(),
+            id: e.id,
+            last_dirty_timestamp: e.last_dirty_timestamp,
+            status: e.status.as_deref().and_then(Status::parse),
+            overridden: override_of(e.overridden_status.as_deref()),
+            info: e.instance_info.map(Arc::new),
+            owner: e.owner.map(Arc::from),
+        })
+        .collect())
+}
+
+/// A peer's registration sent as a single REST call (`POST /apps/{APP}` with the
+/// replication header): the instance as the peer holds it.
+pub fn decode_instance(app: &str, body: &[u8]) -> Result<Replicated, InvalidRequest> {
+    let doc: json::InstanceDocument = serde_json::from_slice(body).map_err(|e| {
+        InvalidRequest::new(
+            StatusCode::BAD_REQUEST,
+            format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
+        )
+    })?;
+    let info = doc.instance;
+    let id = info.id().unwrap_or_default().to_owned();
+    Ok(Replicated {
+        last_dirty_timestamp: info.last_dirty_timestamp,
+        status: Some(info.status()),
+        overridden: override_of(info.overridden_status.as_deref()),
+        info: Some(Arc::new(info)),
+        ..Replicated::new(Action::Register, app, &id)
+    })
+}
+
+/// The writes waiting for one peer.
+struct Peer {
+    url: ServerUrl,
+    queue: Mutex<VecDeque<Replicated>>,
+    ready: Notify,
+}
+
+/// The queues of every peer.
+pub(super) struct Peers {
+    config: PeerConfig,
+    peers: Vec<Arc<Peer>>,
+    pending: AtomicUsize,
+}
+
+impl Peers {
+    pub(super) fn new(config: PeerConfig) -> Peers {
+        let peers = (config.urls.iter())
+            .map(|url| {
+                Arc::new(Peer {
+                    url: url.clone(),
+                    queue: Mutex::new(VecDeque::new()),
+                    ready: Notify::new(),
+                })
+            })
+            .collect();
+        Peers {
+            config,
+            peers,
+            pending: AtomicUsize::new(0),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    pub(super) fn urls(&self) -> impl Iterator<Item = &ServerUrl> {
+        self.peers.iter().map(|p| &p.url)
+    }
+}
+
+impl Peer {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Replicated>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Why a call to a peer failed.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error("{url}: {reason}")]
+    Transport { url: String, reason: String },
+    #[error("{url}: no answer within {after:?}")]
+    Timeout { url: String, after: Duration },
+    #[error("{url}: HTTP {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+}
+
+impl EurekaRegistry {
+    /// Whether writes go to peers.
+    pub(super) fn has_peers(&self) -> bool {
+        !self.shared.peers.is_empty()
+    }
+
+    /// Queues `write` for every peer.
+    pub(super) fn replicate(&self, write: Replicated) {
+        let peers = &self.shared.peers;
+        let Some((last, others)) = peers.peers.split_last() else {
+            return;
+        };
+        for peer in others {
+            self.enqueue(peer, write.clone());
+        }
+        self.enqueue(last, write);
+    }
+
+    fn enqueue(&self, peer: &Peer, write: Replicated) {
+        let peers = &self.shared.peers;
+        let metrics = &self.shared.metrics;
+        let mut queue = peer.queue();
+        if queue.len() >= peers.config.max_pending {
+            queue.pop_front();
+            inc(&metrics.eureka_peer_dropped_total);
+        } else {
+            let pending = peers.pending.fetch_add(1, Ordering::Relaxed) + 1;
+            set(&metrics.eureka_peer_pending, pending as u64);
+        }
+        queue.push_back(write);
+        drop(queue);
+        peer.ready.notify_one();
+    }
+
+    /// Applies a peer's write here, forwarding it nowhere; the answer for its entry.
+    pub fn apply_replicated(&self, write: Replicated) -> Reply {
+        match self.apply(write) {
+            Ok(reply) => reply,
+            Err(e) => {
+                odmesh_base::limited!(
+                    debug,
+                    status = e.status,
+                    error = %clip(&e.reason),
+                    "eureka: a peer's write was not applied"
+                );
+                Reply {
+                    status_code: e.status,
+                    response_entity: None,
+                }
+            }
+        }
+    }
+
+    fn apply(&self, write: Replicated) -> Result<Reply, InvalidRequest> {
+        let (app, id) = (write.app.clone(), write.id.clone());
+        let (app, id) = (app.as_str(), id.as_str());
+        let ok = Reply::status(StatusCode::OK);
+        match write.action {
+            Action::Register => {
+                let Some(info) = write.info else {
+                    return Err(InvalidRequest::new(
+                        StatusCode::BAD_REQUEST,
+                        "a replicated registration without its instanceInfo",
+                    ));
+                };
+                let info = Arc::unwrap_or_clone(info);
+                let copy = PeerCopy {
+                    reported: write.status.unwrap_or_else(|| info.status()),
+                    overridden: write.overridden,
+                    owner: write.owner,
+                };
+                super::policy::check_app(app)?;
+                self.admit(&Caller::Anyone, app.to_owned(), info, Some(copy))?;
+                Ok(Reply::status(StatusCode::NO_CONTENT))
+            }
+            Action::Heartbeat => {
+                let mut state = self.lock();
+                let renewed = state.renew(app, id, write.last_dirty_timestamp, Now::read());
+                inc(&self.shared.metrics.eureka_peer_received_total);
+                match renewed {
+                    Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(app, id)),
+                    Err(RenewRefused::Newer { .. }) => Ok(Reply::status(StatusCode::NOT_FOUND)),
+                    Ok(()) => {
+                        let ours = state.instance(app, id);
+                        drop(state);
+                        let ours = ours.map(|served| served.info());
+                        let newer = ours.as_ref().is_some_and(|info| {
+                            info.last_dirty_timestamp > write.last_dirty_timestamp
+                                && write.last_dirty_timestamp.is_some()
+                        });
+                        if newer {
+                            return Ok(Reply {
+                                status_code: StatusCode::CONFLICT.as_u16(),
+                                response_entity: ours,
+                            });
+                        }
+                        Ok(ok)
+                    }
+                }
+            }
+            Action::Cancel => {
+                let cancelled = self.lock().cancel(app, id, Now::read());
+                cancelled.ok_or_else(|| InvalidRequest::not_found(app, id))?;
+                inc(&self.shared.metrics.eureka_peer_received_total);
+                self.publish();
+                Ok(ok)
+            }
+            Action::StatusUpdate | Action::DeleteStatusOverride => {
+                let overridden = match write.action {
+                    Action::StatusUpdate => Some(write.status.ok_or_else(|| {
+                        InvalidRequest::new(
+                            StatusCode::BAD_REQUEST,
+                            "a status update without status",
+                        )
+                    })?),
+                    _ => None,
+                };
+                let changed = self.lock().modify(app, id, Now::read(), |lease| {
+                    lease.overridden = overridden;
+                    lease.refresh_status();
+                    Ok::<(), InvalidRequest>(())
+                });
+                changed.ok_or_else(|| InvalidRequest::not_found(app, id))??;
+                inc(&self.shared.metrics.eureka_peer_received_total);
+                self.publish();
+                Ok(ok)
+            }
+        }
+    }
+
+    /// Sends each peer its writes, as they come; runs until dropped.
+    pub async fn run_peers(self) {
+        let peers = &self.shared.peers;
+        let config = &peers.config;
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(config.timeout));
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(config.tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let http: HttpClient = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        // Dropping this future (the server stopping) aborts the senders with the set.
+        let mut senders = tokio::task::JoinSet::new();
+        for peer in &peers.peers {
+            let (registry, http, peer) = (self.clone(), http.clone(), peer.clone());
+            senders.spawn(async move { registry.send_to(&http, &peer).await });
+        }
+        while senders.join_next().await.is_some() {}
+        // Without peers there is nothing to send; the server runs on.
+        std::future::pending::<()>().await;
+    }
+
+    /// Sends `peer` its queue, a batch at a time, in order; a batch that fails is sent
+    /// again after a backoff.
+    async fn send_to(&self, http: &HttpClient, peer: &Peer) {
+        let metrics = &self.shared.metrics;
+        let mut failures = 0u32;
+        loop {
+            let batch: Vec<Replicated> = {
+                let mut queue = peer.queue();
+                let n = queue.len().min(BATCH);
+                queue.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                peer.ready.notified().await;
+                continue;
+            }
+            match self.send_batch(http, peer, &batch).await {
+                Ok(replies) => {
+                    if failures > 0 {
+                        tracing::info!(peer = %peer.url, "eureka: peer answers again; sending its queued writes");
+                    }
+                    failures = 0;
+                    let pending = self
+                        .shared
+                        .peers
+                        .pending
+                        .fetch_sub(batch.len(), Ordering::Relaxed);
+                    set(&metrics.eureka_peer_pending, (pending - batch.len()) as u64);
+                    for _ in &batch {
+                        inc(&metrics.eureka_peer_replicated_total);
+                    }
+                    self.answered(peer, &batch, replies);
+                }
+                Err(e) => {
+                    failures += 1;
+                    inc(&metrics.eureka_peer_replication_failures_total);
+                    let wait = backoff(failures, Duration::from_millis(50), Duration::from_secs(1));
+                    odmesh_base::limited!(
+                        warn,
+                        error = %e,
+                        pending = peer.queue().len() + batch.len(),
+                        "eureka: a peer did not take its writes; they stay queued"
+                    );
+                    {
+                        let mut queue = peer.queue();
+                        for write in batch.into_iter().rev() {
+                            queue.push_front(write);
+                        }
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// Acts on a peer's answers: what it did not know gets the registration, what it holds
+    /// newer is taken.
+    fn answered(&self, peer: &Peer, batch: &[Replicated], replies: Vec<Reply>) {
+        for (write, reply) in batch.iter().zip(replies) {
+            match (write.action, reply.status_code) {
+                (Action::Heartbeat, 404) => {
+                    let lease = self
+                        .lock()
+                        .lease(&write.app, &write.id)
+                        .map(Replicated::register);
+                    if let Some(register) = lease {
+                        self.enqueue(peer, register);
+                    }
+                }
+                (Action::Heartbeat, 409) => {
+                    if let Some(theirs) = reply.response_entity {
+                        let write = Replicated {
+                            action: Action::Register,
+                            last_dirty_timestamp: theirs.last_dirty_timestamp,
+                            status: Some(theirs.status()),
+                            overridden: override_of(theirs.overridden_status.as_deref()),
+                            info: Some(Arc::new(theirs)),
+                            ..write.clone()
+                        };
+                        self.apply_replicated(write);
+                    }
+                }
+                (_, code) if code >= 400 && code != 404 => {
+                    odmesh_base::limited!(
+                        warn,
+                        peer = %peer.url,
+                        action = ?write.action,
+                        app = %clip(&write.app),
+                        id = %clip(&write.id),
+                        status = code,
+                        "eureka: a peer refused a write"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn send_batch(
+        &self,
+        http: &HttpClient,
+        peer: &Peer,
+        batch: &[Replicated],
+    ) -> Result<Vec<Reply>, CallError> {
+        let body = encode(batch);
+        let answer = call(
+            http,
+            &peer.url,
+            hyper::Method::POST,
+            "/peerreplication/batch",
+            Some(body),
+            self.shared.peers.config.timeout,
+        )
+        .await?
+        .1;
+        let replies: Replies =
+            serde_json::from_slice(&answer).map_err(|e| CallError::Transport {
+                url: format!("{}/peerreplication/batch", peer.url),
+                reason: format!("not a replication answer: {e}"),
+            })?;
+        if replies.response_list.len() != batch.len() {
+            return Err(CallError::Transport {
+                url: format!("{}/peerreplication/batch", peer.url),
+                reason: format!(
+                    "{} answers to {} writes",
+                    replies.response_list.len(),
+                    batch.len()
+                ),
+            });
+        }
+        Ok(replies.response_list)
+    }
+
+    /// Fills this registry from the peers' `GET /apps`, in turn, until one that is not
+    /// warming up itself answers; whether one did (this registry is then complete).
+    pub async fn fill_from_peers(&self) -> bool {
+        let peers = &self.shared.peers;
+        if peers.is_empty() {
+            return false;
+        }
+        let config = &peers.config;
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(config.timeout));
+        tcp.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(config.tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let http: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+        for url in peers.urls() {
+            let answer = call(
+                &http,
+                url,
+                hyper::Method::GET,
+                "/apps",
+                None,
+                config.timeout,
+            )
+            .await;
+            let parsed = answer
+                .map_err(|e| e.to_string())
+                .and_then(|(complete, body)| {
+                    let parsed =
+                        json::parse_document(&body).map_err(|e| format!("{url}/apps: {e}"));
+                    parsed.map(|p| (complete, p))
+                });
+            let (complete, applications) = match parsed {
+                Ok((complete, parsed)) => (complete, parsed.applications),
+                Err(e) => {
+                    tracing::warn!(error = %e, "eureka: could not fill from this peer; trying the next");
+                    continue;
+                }
+            };
+            let mut filled = 0;
+            for app in applications.application {
+                for info in app.instance {
+                    let id = info.id().unwrap_or_default().to_owned();
+                    let copy = Replicated {
+                        last_dirty_timestamp: info.last_dirty_timestamp,
+                        status: Some(info.status()),
+                        overridden: override_of(info.overridden_status.as_deref()),
+                        info: Some(Arc::new(info)),
+                        ..Replicated::new(Action::Register, &app.name.to_ascii_uppercase(), &id)
+                    };
+                    if self.apply_replicated(copy).status_code < 300 {
+                        filled += 1;
+                    }
+                }
+            }
+            inc(&self.shared.metrics.eureka_peer_fills_total);
+            if !complete {
+                tracing::info!(peer = %url, instances = filled, "eureka: filled from a peer that is warming up itself; trying the next");
+                continue;
+            }
+            self.shared.filled.store(true, Ordering::Relaxed);
+            self.publish();
+            tracing::info!(peer = %url, instances = filled, "eureka: filled from a peer; the registry is complete");
+            return true;
+        }
+        tracing::warn!(
+            "eureka: no complete peer answered; warming up as a lone registry, while clients and peers register again"
+        );
+        self.publish();
+        false
+    }
+}
+
+/// One call to a peer, with its credentials, marked as replication; whether the peer is
+/// complete (not warming up), and the answer's body.
+async fn call(
+    http: &HttpClient,
+    peer: &ServerUrl,
+    method: hyper::Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+) -> Result<(bool, Bytes), CallError> {
+    let url = format!("{peer}{path}");
+    let transport = |reason: String| CallError::Transport {
+        url: url.clone(),
+        reason,
+    };
+    let mut request = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", peer.base()))
+        .header(ACCEPT, "application/json")
+        .header(REPLICATION_HEADER, "true");
+    if body.is_some() {
+        request = request.header(CONTENT_TYPE, "application/json");
+    }
+    if let Some(authorization) = peer.authorization() {
+        request = request.header(AUTHORIZATION, authorization.clone());
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| transport(e.to_string()))?;
+    let exchange = async {
+        let response = http.request(request).await.map_err(|e| {
+            let reason = std::error::Error::source(&e)
+                .map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
+            transport(reason)
+        })?;
+        let status = response.status();
+        let complete = !response.headers().contains_key(WARMING_UP_HEADER);
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| transport(format!("reading the answer: {e}")))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(CallError::Status {
+                url: url.clone(),
+                status: status.as_u16(),
+                body: clip(&String::from_utf8_lossy(&body)).to_string(),
+            });
+        }
+        Ok((complete, body))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| CallError::Timeout {
+            url: url.clone(),
+            after: timeout,
+        })?
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,464 @@
+//! Peers over real sockets: registries on loopback, replicating to each other.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+use crate::server::auth::Authenticator;
+use crate::server::{EmbeddedSource, ServerConfig, start};
+use crate::{ServerMetrics, wire::json::Port};
+use odmesh_registry::RegistryMetrics;
+
+/// A free loopback port, for a peer that must be named before it starts.
+fn free_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}/eureka")
+}
+
+struct Node {
+    source: EmbeddedSource,
+    metrics: Arc<ServerMetrics>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.source.task.abort();
+    }
+}
+
+impl Node {
+    async fn start(addr: SocketAddr, peers: &[SocketAddr]) -> Node {
+        Node::start_with(addr, peers, |_| {}).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        peers: &[SocketAddr],
+        edit: impl FnOnce(&mut ServerConfig),
+    ) -> Node {
+        let mut config = ServerConfig::local();
+        config.warmup = Duration::ZERO;
+        if !peers.is_empty() {
+            let urls: Vec<String> = peers.iter().map(|a| url(*a)).collect();
+            config.peers = Some(PeerConfig::new(&urls, None).expect("peer URLs"));
+        }
+        edit(&mut config);
+        let metrics = Arc::new(ServerMetrics::default());
+        let registry_metrics = Arc::new(RegistryMetrics::default());
+        let source = start(addr, config, None, registry_metrics, metrics.clone())
+            .await
+            .expect("start");
+        Node { source, metrics }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.source.local_addr
+    }
+
+    fn eureka(&self) -> &EurekaRegistry {
+        &self.source.eureka
+    }
+
+    fn port_of(&self, id: &str) -> Option<u16> {
+        let info = self.eureka().instance("HELLO", id)?;
+        info.port.map(|p| p.port)
+    }
+
+    fn status_of(&self, id: &str) -> Option<String> {
+        self.eureka().instance("HELLO", id)?.status
+    }
+}
+
+fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
+    metric.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One HTTP/1.1 exchange on a new connection: the status and the body.
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    if !body.is_empty() {
+        request.push_str("content-type: application/json\r\n");
+    }
+    request.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+fn instance(id: &str, port: u16) -> Value {
+    json!({"instance": {
+        "instanceId": id, "app": "HELLO", "ipAddr": "127.0.0.1", "status": "UP",
+        "port": {"$": port, "@enabled": "true"}, "vipAddress": "hello",
+        "leaseInfo": {"durationInSecs": 90, "renewalIntervalInSecs": 30},
+    }})
+}
+
+async fn register(node: &Node, id: &str, port: u16) {
+    let body = instance(id, port).to_string();
+    let (status, answer) = http(node.addr(), "POST", "/eureka/apps/HELLO", &[], &body).await;
+    assert_eq!(status, 204, "{answer}");
+}
+
+/// Waits up to 10 s for `done`.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within 10 s: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[test]
+fn a_batch_is_written_with_eurekas_field_names_and_reads_back() {
+    let info = InstanceInfo {
+        instance_id: Some("h1".into()),
+        app: Some("HELLO".into()),
+        last_dirty_timestamp: Some(7),
+        port: Some(Port::enabled(8080)),
+        ..InstanceInfo::default()
+    };
+    let register = Replicated {
+        last_dirty_timestamp: Some(7),
+        status: Some(Status::Up),
+        overridden: Some(Status::OutOfService),
+        info: Some(Arc::new(info)),
+        owner: Some(Arc::from("hello")),
+        ..Replicated::new(Action::Register, "hello", "h1")
+    };
+    let writes = [
+        register,
+        Replicated::cancel("HELLO", "h2"),
+        Replicated::single(Action::Heartbeat, "HELLO", "h3"),
+    ];
+    let body: Value = serde_json::from_slice(&encode(&writes)).expect("JSON");
+    let first = &body["replicationList"][0];
+    assert_eq!(first["appName"], "HELLO");
+    assert_eq!(first["action"], "Register");
+    assert_eq!(first["lastDirtyTimestamp"], 7);
+    assert_eq!(first["overriddenStatus"], "OUT_OF_SERVICE");
+    assert_eq!(first["instanceInfo"]["instanceId"], "h1");
+    assert_eq!(body["replicationList"][1]["action"], "Cancel");
+    // Eureka writes timestamps as text too.
+    let text = r#"{"replicationList":[{"appName":"hello","id":"h3","lastDirtyTimestamp":"9","action":"Heartbeat","overriddenStatus":"UNKNOWN"}]}"#;
+    let read = decode(text.as_bytes()).expect("a batch");
+    assert_eq!(read[0].app, "HELLO");
+    assert_eq!(read[0].last_dirty_timestamp, Some(9));
+    assert_eq!(read[0].overridden, None);
+    let back = decode(&encode(&writes)).expect("a batch");
+    assert_eq!(back[0].overridden, Some(Status::OutOfService));
+    assert_eq!(back[0].owner.as_deref(), Some("hello"));
+    assert_eq!(
+        back[0]
+            .info
+            .as_ref()
+            .and_then(|i| i.port.as_ref())
+            .map(|p| p.port),
+        Some(8080)
+    );
+    assert!(decode(b"{\"replicationList\": 1}").is_err());
+}
+
+#[test]
+fn a_peer_url_naming_this_node_is_left_out() {
+    let own: SocketAddr = "127.0.0.1:8761".parse().unwrap();
+    let any: SocketAddr = "0.0.0.0:8761".parse().unwrap();
+    let named = |u: &str, own| names(&ServerUrl::parse(u).unwrap(), own);
+    assert!(named("http://127.0.0.1:8761/eureka", own));
+    assert!(named("http://localhost:8761/eureka", own));
+    assert!(named("http://127.0.0.2:8761/eureka", any));
+    assert!(!named("http://127.0.0.1:8762/eureka", own));
+    assert!(!named("http://10.0.0.1:8761/eureka", own));
+    let config = PeerConfig::new(&[url(own), "http://127.0.0.1:8762/eureka".into()], None)
+        .unwrap()
+        .without(own);
+    assert_eq!(config.urls.len(), 1);
+}
+
+#[tokio::test]
+async fn writes_reach_the_peer_and_are_not_sent_back() {
+    let b_addr = free_addr();
+    let a = Node::start(free_addr(), &[b_addr]).await;
+    let b = Node::start(b_addr, &[a.addr()]).await;
+    eventually("B filled from A", || {
+        count(&b.metrics.eureka_peer_fills_total) == 1
+    })
+    .await;
+    register(&a, "h1", 8080).await;
+    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+
+    let drain = "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE";
+    assert_eq!(http(a.addr(), "PUT", drain, &[], "").await.0, 200);
+    eventually("B drains h1", || {
+        b.status_of("h1").as_deref() == Some("OUT_OF_SERVICE")
+    })
+    .await;
+    assert_eq!(
+        http(a.addr(), "DELETE", "/eureka/apps/HELLO/h1/status", &[], "")
+            .await
+            .0,
+        200
+    );
+    eventually("B restores h1", || {
+        b.status_of("h1").as_deref() == Some("UP")
+    })
+    .await;
+    let meta = "/eureka/apps/HELLO/h1/metadata?zone=z1";
+    assert_eq!(http(a.addr(), "PUT", meta, &[], "").await.0, 200);
+    let zone = || {
+        b.eureka()
+            .instance("HELLO", "h1")
+            .and_then(|i| i.metadata.get("zone").map(ToString::to_string))
+    };
+    eventually("B has the metadata", || zone().as_deref() == Some("z1")).await;
+    assert_eq!(
+        http(a.addr(), "PUT", "/eureka/apps/HELLO/h1", &[], "")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http(a.addr(), "DELETE", "/eureka/apps/HELLO/h1", &[], "")
+            .await
+            .0,
+        200
+    );
+    eventually("B cancels h1", || b.port_of("h1").is_none()).await;
+
+    // Register, drain, restore, metadata, heartbeat, cancel: six writes, each applied once,
+    // and none came back to A.
+    eventually("six writes taken", || {
+        count(&a.metrics.eureka_peer_replicated_total) == 6
+    })
+    .await;
+    let received = count(&b.metrics.eureka_peer_received_total);
+    assert_eq!(received, 6, "{:?}", b.metrics);
+    assert_eq!(count(&a.metrics.eureka_peer_received_total), 0);
+    assert_eq!(count(&b.metrics.eureka_peer_replicated_total), 0);
+    assert_eq!(count(&b.metrics.eureka_registrations_total), 0);
+}
+
+#[tokio::test]
+async fn a_peer_down_gets_its_queued_writes_in_order_when_it_is_back() {
+    let b_addr = free_addr();
+    let a = Node::start(free_addr(), &[b_addr]).await;
+    register(&a, "h1", 8080).await;
+    register(&a, "h2", 8081).await;
+    assert_eq!(
+        http(a.addr(), "DELETE", "/eureka/apps/HELLO/h2", &[], "")
+            .await
+            .0,
+        200
+    );
+    register(&a, "h1", 9090).await;
+    eventually("a failed batch", || {
+        count(&a.metrics.eureka_peer_replication_failures_total) >= 1
+    })
+    .await;
+    assert_eq!(count(&a.metrics.eureka_peer_pending), 4);
+
+    let b = Node::start(b_addr, &[]).await;
+    eventually("B holds h1 as last registered", || {
+        b.port_of("h1") == Some(9090)
+    })
+    .await;
+    eventually("the queue is sent", || {
+        count(&a.metrics.eureka_peer_pending) == 0
+    })
+    .await;
+    assert_eq!(
+        b.port_of("h2"),
+        None,
+        "h2 was cancelled after its registration"
+    );
+}
+
+#[tokio::test]
+async fn a_heartbeat_the_peer_does_not_know_brings_it_the_registration() {
+    let b = Node::start(free_addr(), &[]).await;
+    let a = Node::start(free_addr(), &[b.addr()]).await;
+    register(&a, "h1", 8080).await;
+    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    // B loses it (as after an eviction there, or its own restart without a fill).
+    assert_eq!(
+        http(b.addr(), "DELETE", "/eureka/apps/HELLO/h1", &[], "")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(b.port_of("h1"), None);
+    assert_eq!(
+        http(a.addr(), "PUT", "/eureka/apps/HELLO/h1", &[], "")
+            .await
+            .0,
+        200
+    );
+    eventually("B holds h1 again", || b.port_of("h1") == Some(8080)).await;
+}
+
+#[tokio::test]
+async fn a_peer_holding_a_newer_document_answers_409_and_its_document_is_taken() {
+    let b = Node::start(free_addr(), &[]).await;
+    let a = Node::start(free_addr(), &[b.addr()]).await;
+    let mut old = instance("h1", 8080);
+    old["instance"]["lastDirtyTimestamp"] = json!(1_000);
+    let (status, _) = http(
+        a.addr(),
+        "POST",
+        "/eureka/apps/HELLO",
+        &[],
+        &old.to_string(),
+    )
+    .await;
+    assert_eq!(status, 204);
+    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    // B learns a newer document (a client that failed over to B registered there).
+    let mut newer = instance("h1", 9090);
+    newer["instance"]["lastDirtyTimestamp"] = json!(2_000);
+    let (status, _) = http(
+        b.addr(),
+        "POST",
+        "/eureka/apps/HELLO",
+        &[],
+        &newer.to_string(),
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        http(a.addr(), "PUT", "/eureka/apps/HELLO/h1", &[], "")
+            .await
+            .0,
+        200
+    );
+    eventually("A takes B's newer document", || {
+        a.port_of("h1") == Some(9090)
+    })
+    .await;
+    // And an older copy sent to B later does not undo it.
+    let peer = [concat!("x-netflix-discovery-replication", ": true")];
+    let (status, _) = http(
+        b.addr(),
+        "POST",
+        "/eureka/apps/HELLO",
+        &peer,
+        &old.to_string(),
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(b.port_of("h1"), Some(9090));
+}
+
+#[tokio::test]
+async fn a_starting_node_fills_from_a_complete_peer_and_is_complete_at_once() {
+    let a = Node::start(free_addr(), &[]).await;
+    register(&a, "h1", 8080).await;
+    register(&a, "h2", 8081).await;
+    let drain = "/eureka/apps/HELLO/h2/status?value=OUT_OF_SERVICE";
+    assert_eq!(http(a.addr(), "PUT", drain, &[], "").await.0, 200);
+    let c = Node::start_with(free_addr(), &[a.addr()], |c| {
+        c.warmup = Duration::from_secs(600)
+    })
+    .await;
+    eventually("C is filled", || {
+        count(&c.metrics.eureka_peer_fills_total) == 1
+    })
+    .await;
+    eventually("C holds both", || {
+        c.port_of("h1") == Some(8080) && c.port_of("h2") == Some(8081)
+    })
+    .await;
+    assert_eq!(c.status_of("h2").as_deref(), Some("OUT_OF_SERVICE"));
+    assert!(!c.eureka().is_warming_up());
+    // A node warming up says so, and one filled from it warms up too.
+    let (_, answer) = http(
+        c.addr(),
+        "GET",
+        "/eureka/apps",
+        &["accept: application/json"],
+        "",
+    )
+    .await;
+    assert!(answer.contains("\"h2\""), "{answer}");
+    let warming = Node::start_with(free_addr(), &[], |c| c.warmup = Duration::from_secs(600)).await;
+    register(&warming, "h3", 8082).await;
+    let d = Node::start_with(free_addr(), &[warming.addr()], |c| {
+        c.warmup = Duration::from_secs(600)
+    })
+    .await;
+    eventually("D took h3", || d.port_of("h3") == Some(8082)).await;
+    assert!(d.eureka().is_warming_up());
+}
+
+#[tokio::test]
+async fn only_an_operator_may_send_a_peers_writes() {
+    let tokens = r#"
+identities:
+  - {name: hello, token: "hello-token-0123456789"}
+  - {name: ops, token: "ops-token-0123456789", operator: true}
+"#;
+    let auth = Arc::new(Authenticator::parse("tokens.yaml", tokens.as_bytes()).expect("tokens"));
+    let b = Node::start_with(free_addr(), &[], |c| c.auth = Some(auth)).await;
+    let body = instance("h1", 8080).to_string();
+    let hello = "authorization: Bearer hello-token-0123456789";
+    let peer = "x-netflix-discovery-replication: true";
+    let (status, _) = http(
+        b.addr(),
+        "POST",
+        "/eureka/apps/HELLO",
+        &[hello, peer],
+        &body,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let batch = String::from_utf8(encode(&[Replicated::cancel("HELLO", "h1")])).unwrap();
+    let (status, _) = http(
+        b.addr(),
+        "POST",
+        "/eureka/peerreplication/batch",
+        &[hello],
+        &batch,
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert_eq!(b.port_of("h1"), None);
+
+    // A peer with an operator's credentials in its URL.
+    let a = Node::start_with(free_addr(), &[], |c| {
+        let url = format!("http://ops:ops-token-0123456789@{}/eureka", b.addr());
+        c.peers = Some(PeerConfig::new(&[url], None).expect("peer URL"));
+    })
+    .await;
+    register(&a, "h1", 8080).await;
+    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+}
