@@ -40,6 +40,9 @@ const RESTART_WARMUP: &str = "30";
 const CONVERGE_DEADLINE: Duration = Duration::from_secs(10);
 /// How soon a node must show that it could not replicate across the partition.
 const PARTITION_DEADLINE: Duration = Duration::from_secs(5);
+/// Batches each node must have failed to send across the partition before it heals: the
+/// first and some retries.
+const PARTITION_FAILURES: u64 = 3;
 /// The load: requests per second.
 const RATE: u32 = 50;
 /// Requests the load completes between two steps: half a second's worth.
@@ -313,14 +316,15 @@ fn two_peered_registries_written_on_both_sides_of_a_partition_converge_once_it_h
     a.register_dirty("churn", "twin-1", west.port(), dirty);
     b.register_dirty("churn", "twin-1", east.port(), dirty + 1_000);
 
-    // Each side tried to replicate and failed; neither sees the other's writes.
+    // Each side tried to replicate, again and again, and failed; neither sees the other's
+    // writes.
     for (i, name) in [(0, "A"), (1, "B")] {
         let node = &mesh.nodes[i];
         wait_until(
             PARTITION_DEADLINE,
-            &format!("{name} to count failed replication and writes pending"),
+            &format!("{name} to count {PARTITION_FAILURES} failed batches, writes pending"),
             || {
-                failures(i).is_some_and(|n| n > failed_before[i])
+                failures(i).is_some_and(|n| n >= failed_before[i] + PARTITION_FAILURES)
                     && metric_of(node, "odmesh_eureka_peer_pending").is_some_and(|n| n >= 1)
             },
         );
