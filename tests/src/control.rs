@@ -1,6 +1,6 @@
 //! The control plane, `odmesh-control`, as a child process: started on free loopback ports
-//! with a registry [`Source`] (a file, its embedded Eureka registry, or Eureka servers to
-//! follow), ready once its admin `/readyz` says so, and read through its admin endpoint
+//! with a registry [`Source`] (a file, its embedded Eureka registry alone or peered with
+//! others, or Eureka servers to follow), ready once its admin `/readyz` says so, and read through its admin endpoint
 //! (`/readyz`, `/metrics`, `/debug/proxies`, `/debug/registry`).
 
 use std::collections::BTreeMap;
@@ -34,6 +34,15 @@ pub enum Source {
     ServeEureka,
     /// `--eureka URL` for each URL (e.g. `http://127.0.0.1:8761/eureka`), tried in turn.
     Eureka(Vec<String>),
+    /// `--serve-eureka <addr> --peer URL ...`: one node of a replicated embedded registry,
+    /// on an address reserved before it starts (its peers need it first; see
+    /// [`crate::peers`]), replicating with the Eureka servers at `peers`.
+    Peer {
+        /// Where its embedded registry listens.
+        addr: SocketAddr,
+        /// Its peers' Eureka URLs, e.g. `http://127.0.0.1:8762/eureka`.
+        peers: Vec<String>,
+    },
 }
 
 impl Source {
@@ -54,6 +63,27 @@ impl Source {
                 .iter()
                 .flat_map(|url| ["--eureka".into(), url.into()])
                 .collect(),
+            Source::Peer { addr, peers } => {
+                let mut args: Vec<OsString> = vec![
+                    "--serve-eureka".into(),
+                    addr.to_string().into(),
+                    "--allow-loopback-instances".into(),
+                ];
+                for url in peers {
+                    args.extend(["--peer".into(), url.into()]);
+                }
+                args
+            }
+        }
+    }
+
+    /// The address the embedded registry binds: a free port for `ServeEureka`, the given
+    /// one for `Peer`.
+    fn eureka_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Source::ServeEureka => Some(loopback(free_port())),
+            Source::Peer { addr, .. } => Some(*addr),
+            Source::File(_) | Source::Eureka(_) => None,
         }
     }
 }
@@ -97,7 +127,7 @@ impl ControlPlane {
         for attempt in 1..=PORT_ATTEMPTS {
             let xds = loopback(free_port());
             let admin = loopback(free_port());
-            let eureka = matches!(source, Source::ServeEureka).then(|| loopback(free_port()));
+            let eureka = source.eureka_addr();
             let label = if attempt == 1 {
                 label.to_owned()
             } else {
@@ -170,25 +200,33 @@ impl ControlPlane {
     /// Starts the control plane again, with the same source, arguments and addresses,
     /// after [`ControlPlane::kill`]; the log of the n-th start is `<label>-<n>.log`.
     pub fn restart(&mut self, env: &TestEnv, label: &str) {
-        self.restart_until(env, label, "/readyz");
+        self.restart_until(env, label, "/readyz", &[]);
     }
 
     /// [`ControlPlane::restart`], but waiting only until the admin serves (`/healthz`), not
     /// until the registry is loaded: for a restart while the registry source is down.
     pub fn restart_unready(&mut self, env: &TestEnv, label: &str) {
-        self.restart_until(env, label, "/healthz");
+        self.restart_until(env, label, "/healthz", &[]);
     }
 
-    fn restart_until(&mut self, env: &TestEnv, label: &str, ready: &str) {
+    /// [`ControlPlane::restart_unready`] with `extra_args` added for this start only (e.g.
+    /// `--registry-warmup 30`, to see whether a restarted node of peers warms up).
+    pub fn restart_with(&mut self, env: &TestEnv, label: &str, extra_args: &[&str]) {
+        self.restart_until(env, label, "/healthz", extra_args);
+    }
+
+    fn restart_until(&mut self, env: &TestEnv, label: &str, ready: &str, extra_args: &[&str]) {
         self.kill();
         self.starts += 1;
         let label = format!("{label}-{}", self.starts);
         let source_args = self.source.args(self.eureka);
+        let mut args = self.args.clone();
+        args.extend(extra_args.iter().map(|a| (*a).to_owned()));
         let spawned = spawn(
             env,
             &label,
             &source_args,
-            &self.args,
+            &args,
             self.xds,
             self.admin,
             ready,
@@ -205,6 +243,11 @@ impl ControlPlane {
     /// `GET path` on the admin endpoint; panics if it does not answer.
     pub fn admin_get(&self, path: &str) -> Response {
         Request::get(path).host("admin").send(self.admin)
+    }
+
+    /// `GET path` on the admin endpoint, or `None` if it does not answer (a killed process).
+    pub fn try_admin_get(&self, path: &str) -> Option<Response> {
+        Request::get(path).host("admin").try_send(self.admin).ok()
     }
 
     /// Every metric in `/metrics`, by name.

@@ -8,6 +8,7 @@
 //! stdin, and reports on stdout as lines `odmesh-driver: ...`. The libraries come from
 //! `scripts/install-eureka-clients.sh` (into `.tools/eureka-clients/`).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{ChildStdin, Command};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::http::{Request, Response};
 use crate::paths::repo_root;
@@ -39,7 +40,23 @@ impl EurekaApi {
     /// of `app` on `127.0.0.1:port`, VIP `app`. Panics unless the server answers 204.
     pub fn register(&self, app: &str, id: &str, port: u16) {
         let instance = Instance::new(&app.to_ascii_lowercase(), port).id(id);
-        let body = json!({ "instance": instance.to_eureka() });
+        self.post_registration(&instance, instance.to_eureka());
+    }
+
+    /// [`EurekaApi::register`] with the instance's `lastDirtyTimestamp` (and
+    /// `lastUpdatedTimestamp`) set to `last_dirty_ms`, as a client writes it: between two
+    /// registrations of one instance, the one with the newer timestamp wins.
+    pub fn register_dirty(&self, app: &str, id: &str, port: u16, last_dirty_ms: u64) {
+        let instance = Instance::new(&app.to_ascii_lowercase(), port).id(id);
+        let mut document = instance.to_eureka();
+        document["lastDirtyTimestamp"] = Value::String(last_dirty_ms.to_string());
+        document["lastUpdatedTimestamp"] = Value::String(last_dirty_ms.to_string());
+        self.post_registration(&instance, document);
+    }
+
+    /// `POST /eureka/apps/{APP}` of `document`; panics unless the server answers 204.
+    fn post_registration(&self, instance: &Instance, document: Value) {
+        let body = json!({ "instance": document });
         let app = instance.eureka_app();
         let request = Request::new("POST", &format!("/eureka/apps/{app}"))
             .header("content-type", "application/json")
@@ -63,6 +80,31 @@ impl EurekaApi {
         self.expect(&Request::new("DELETE", &path), 200);
     }
 
+    /// `DELETE /eureka/apps/{APP}/{id}`: the instance leaves the registry, as a client that
+    /// shuts down does. Panics unless the server answers 200.
+    pub fn cancel(&self, app: &str, id: &str) {
+        let app = app.to_ascii_uppercase();
+        let path = format!("/eureka/apps/{app}/{id}");
+        self.expect(&Request::new("DELETE", &path), 200);
+    }
+
+    /// `GET /eureka/apps` as JSON. Panics unless the server answers 200.
+    pub fn apps(&self) -> Value {
+        self.expect(&Request::get("/eureka/apps"), 200).json()
+    }
+
+    /// Every instance in `GET /eureka/apps`, by instance id.
+    pub fn instances(&self) -> BTreeMap<String, Listed> {
+        listed_instances(&self.apps())
+    }
+
+    /// Every instance in `GET /eureka/apps`, by instance id, with its status.
+    pub fn statuses(&self) -> BTreeMap<String, String> {
+        (self.instances().into_iter())
+            .map(|(id, listed)| (id, listed.status))
+            .collect()
+    }
+
     /// Sends `request` (with `Host` and `Accept: application/json`) and checks the status.
     fn expect(&self, request: &Request, status: u16) -> Response {
         let request = request
@@ -79,6 +121,51 @@ impl EurekaApi {
         );
         response
     }
+}
+
+/// An instance as `GET /eureka/apps` lists it: what peers must agree on.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Listed {
+    /// `UP`, `OUT_OF_SERVICE`, ...
+    pub status: String,
+    /// `ipAddr:port`.
+    pub addr: String,
+}
+
+/// Every instance of a `GET /eureka/apps` JSON document, by instance id. As Eureka writes
+/// them, `application` and `instance` may each be one object or a list, and a port's `$` a
+/// number or a string.
+pub fn listed_instances(apps: &Value) -> BTreeMap<String, Listed> {
+    fn each(value: &Value) -> Vec<&Value> {
+        match value {
+            Value::Array(items) => items.iter().collect(),
+            Value::Null => Vec::new(),
+            one => vec![one],
+        }
+    }
+    let applications = &apps["applications"]["application"];
+    each(applications)
+        .into_iter()
+        .flat_map(|app| each(&app["instance"]))
+        .map(|instance| {
+            let text = |v: &Value| match v {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            };
+            let id = text(&instance["instanceId"]);
+            let status = text(&instance["status"]);
+            let ip = text(&instance["ipAddr"]);
+            let port = text(&instance["port"]["$"]);
+            match (id, status, ip, port) {
+                (Some(id), Some(status), Some(ip), Some(port)) => {
+                    let addr = format!("{ip}:{port}");
+                    (id, Listed { status, addr })
+                }
+                _ => panic!("an instance without instanceId, status, ipAddr or port: {instance}"),
+            }
+        })
+        .collect()
 }
 
 /// A real Eureka client library.
@@ -156,7 +243,25 @@ impl ClientDriver {
         eureka: SocketAddr,
         registration: &Registration,
     ) -> ClientDriver {
+        ClientDriver::start_with_servers(env, label, client, &[eureka], registration)
+    }
+
+    /// Starts `client`'s driver registering `registration` with the Eureka servers at
+    /// `servers`, which the client tries in this order and fails over between (each at base
+    /// path `/eureka`). Only py-eureka-client's driver takes several.
+    pub fn start_with_servers(
+        env: &TestEnv,
+        label: &str,
+        client: EurekaClient,
+        servers: &[SocketAddr],
+        registration: &Registration,
+    ) -> ClientDriver {
         let drivers = repo_root().join("eureka/tests/clients");
+        let eureka = match (client, servers) {
+            (_, [one]) => *one,
+            (EurekaClient::Python, [_, _, ..]) => servers[0],
+            _ => panic!("the {client} driver takes one Eureka server, got {servers:?}"),
+        };
         let mut command = match client {
             EurekaClient::Js => {
                 assert!(
@@ -183,7 +288,12 @@ impl ClientDriver {
                         let auth = (registration.credentials.as_ref())
                             .map(|(user, token)| format!("{user}:{token}@"))
                             .unwrap_or_default();
-                        format!("http://{auth}{eureka}/eureka")
+                        // py-eureka-client takes a comma-separated list, tried in order.
+                        let urls: Vec<String> = servers
+                            .iter()
+                            .map(|server| format!("http://{auth}{server}/eureka"))
+                            .collect();
+                        urls.join(",")
                     })
                     .env("HEARTBEAT_SECS", registration.heartbeat_secs.to_string());
                 c
@@ -266,4 +376,41 @@ impl ClientDriver {
 /// Where `scripts/install-eureka-clients.sh` installs the client libraries.
 fn tools() -> PathBuf {
     repo_root().join(".tools/eureka-clients")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_instances_reads_lists_and_single_objects_as_eureka_writes_them() {
+        let apps = json!({"applications": {"application": [
+            {"name": "HELLO", "instance": [
+                {"instanceId": "hello-1", "status": "UP", "ipAddr": "127.0.0.1",
+                 "port": {"$": 8080, "@enabled": "true"}},
+                {"instanceId": "hello-2", "status": "OUT_OF_SERVICE", "ipAddr": "127.0.0.1",
+                 "port": {"$": "8081", "@enabled": "true"}}
+            ]},
+            {"name": "OTHER", "instance":
+                {"instanceId": "other-1", "status": "DOWN", "ipAddr": "10.0.0.1",
+                 "port": {"$": 80, "@enabled": "true"}}}
+        ]}});
+        let listed = listed_instances(&apps);
+        let view: Vec<(&str, &str, &str)> = (listed.iter())
+            .map(|(id, l)| (id.as_str(), l.status.as_str(), l.addr.as_str()))
+            .collect();
+        assert_eq!(
+            view,
+            [
+                ("hello-1", "UP", "127.0.0.1:8080"),
+                ("hello-2", "OUT_OF_SERVICE", "127.0.0.1:8081"),
+                ("other-1", "DOWN", "10.0.0.1:80"),
+            ]
+        );
+        let one = json!({"applications": {"application":
+            {"name": "HELLO", "instance": {"instanceId": "hello-1", "status": "UP",
+             "ipAddr": "127.0.0.1", "port": {"$": 8080}}}}});
+        assert_eq!(listed_instances(&one).len(), 1);
+        assert!(listed_instances(&json!({"applications": {}})).is_empty());
+    }
 }

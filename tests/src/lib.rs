@@ -30,7 +30,8 @@
 //! ran all along ([`LoadReport::assert_no_pause_longer_than`]). The breakage comes from the
 //! pieces: [`ControlPlane::kill`] and `restart`, a [`RegistryFile`] rewrite, an
 //! [`EchoUpstream`] stopped, a [`FakeEureka`] switched to down, hanging, garbage or empty
-//! ([`FakeEureka::set_mode`]), or an [`XdsFlood`] subscribing a million names; an
+//! ([`FakeEureka::set_mode`]), an [`XdsFlood`] subscribing a million names, or a node of a
+//! [`PeeredMesh`] killed or cut off from its peers by a blocked [`TcpProxy`]; an
 //! [`RssSampler`] on Envoy and the control plane ([`ChildGuard::rss_bytes`] for one reading)
 //! says whether memory stayed bounded. `tests/tests/drain.rs` is a whole example.
 #![forbid(unsafe_code)]
@@ -45,11 +46,13 @@ pub mod load;
 pub mod memory;
 pub mod mesh;
 pub mod paths;
+pub mod peers;
 pub mod process;
 pub mod protocols;
 pub mod registry;
 mod serve;
 pub mod shell;
+pub mod tcp_proxy;
 #[cfg(test)]
 mod test_server;
 pub mod tls;
@@ -59,13 +62,14 @@ pub mod xds_flood;
 pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
-pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Registration};
+pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Listed, Registration, listed_instances};
 pub use fake_eureka::{FakeEureka, Garbage, Mode};
 pub use http::{Connection, Request, Response};
 pub use load::{Load, LoadConfig, LoadReport, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, free_port, repo_root};
+pub use peers::{Node, PeeredMesh, eureka_url, peered_bootstrap, reserve_addrs, wait_converged};
 pub use process::{ChildGuard, TestEnv};
 pub use protocols::{
     GrpcUpstream, H2Response, HttpUpstream, Versions, WebSocketClient, block_on_within, grpc_call,
@@ -73,6 +77,7 @@ pub use protocols::{
 };
 pub use registry::{Instance, RegistryFile};
 pub use shell::Shell;
+pub use tcp_proxy::TcpProxy;
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
 pub use wait::{hold_for, timed, wait_for, wait_until, wait_until_since};
 pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};

@@ -1,0 +1,238 @@
+//! Replicated embedded registries: N `odmesh-control --serve-eureka ADDR --peer URL ...`
+//! nodes, each also serving xDS, and one Envoy whose xDS cluster lists them all.
+//!
+//! Each node must know its peers' URLs before it starts, so their Eureka addresses are
+//! reserved first ([`reserve_addrs`]); a test that cuts links puts a [`TcpProxy`] on each
+//! and gives the nodes the proxies' URLs instead ([`Node::peer`]).
+//!
+//! [`TcpProxy`]: crate::tcp_proxy::TcpProxy
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::control::{ControlPlane, Source};
+use crate::envoy::Envoy;
+use crate::eureka::{EurekaApi, Listed};
+use crate::mesh::{EGRESS_LISTENER, odmesh_bootstrap};
+use crate::process::TestEnv;
+use crate::shell::Shell;
+use crate::wait::{POLL_INTERVAL, wait_until_since};
+
+/// How long Envoy may take to open its xDS stream to one of the nodes.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `n` loopback addresses on ports that were free a moment ago, all distinct (each port is
+/// held until all are found).
+pub fn reserve_addrs(n: usize) -> Vec<SocketAddr> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .unwrap_or_else(|e| panic!("cannot get a free loopback port from the OS: {e}"))
+        })
+        .collect();
+    held.iter()
+        .map(|l| {
+            l.local_addr()
+                .unwrap_or_else(|e| panic!("a bound listener has no address: {e}"))
+        })
+        .collect()
+}
+
+/// The Eureka service URL of a registry at `addr`, as `--peer` and clients take it.
+pub fn eureka_url(addr: SocketAddr) -> String {
+    format!("http://{addr}/eureka")
+}
+
+/// One node to start: its label (its log is `<label>.log`), the address its embedded
+/// registry binds, and the URLs of its peers.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// Its label.
+    pub label: String,
+    /// Where its embedded registry listens.
+    pub addr: SocketAddr,
+    /// Its `--peer` URLs.
+    pub peers: Vec<String>,
+}
+
+impl Node {
+    /// A node at `addr` with no peers yet.
+    pub fn new(label: &str, addr: SocketAddr) -> Node {
+        Node {
+            label: label.to_owned(),
+            addr,
+            peers: Vec::new(),
+        }
+    }
+
+    /// Adds a `--peer URL`.
+    pub fn peer(mut self, url: &str) -> Node {
+        self.peers.push(url.to_owned());
+        self
+    }
+}
+
+/// The shipped bootstrap (see [`odmesh_bootstrap`]) with its xDS cluster listing one
+/// endpoint per port of `xds_ports`, in that order: Envoy picks one, and reconnects to
+/// another when it goes away.
+pub fn peered_bootstrap(xds_ports: &[u16]) -> String {
+    let first = xds_ports
+        .first()
+        .unwrap_or_else(|| panic!("a bootstrap needs one xDS port at least"));
+    let yaml = odmesh_bootstrap(*first);
+    let endpoint = |port: &u16| {
+        format!(
+            "        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n"
+        )
+    };
+    let one = endpoint(first);
+    let found = yaml.matches(&one).count();
+    assert_eq!(
+        found, 1,
+        "the bootstrap's xDS cluster should list one endpoint as `{one}`, it does {found} times"
+    );
+    let all: String = xds_ports.iter().map(endpoint).collect();
+    yaml.replace(&one, &all)
+}
+
+/// Peered control planes, and Envoy from the shipped bootstrap connected to one of them.
+/// Envoy is stopped first, then the nodes, when dropped.
+pub struct PeeredMesh {
+    /// Envoy, its xDS cluster listing every node.
+    pub envoy: Envoy,
+    /// The nodes, in the order given.
+    pub nodes: Vec<ControlPlane>,
+}
+
+impl PeeredMesh {
+    /// Starts `n` nodes (labels `node-1`...), each given every node's URL as a peer (its
+    /// own too: a node skips the URL of its own address), each with `control_args`; then
+    /// Envoy.
+    pub fn start(env: &TestEnv, n: usize, control_args: &[&str]) -> PeeredMesh {
+        let addrs = reserve_addrs(n);
+        let nodes: Vec<Node> = (addrs.iter().enumerate())
+            .map(|(i, addr)| {
+                (addrs.iter()).fold(Node::new(&format!("node-{}", i + 1), *addr), |node, a| {
+                    node.peer(&eureka_url(*a))
+                })
+            })
+            .collect();
+        PeeredMesh::start_nodes(env, &nodes, control_args)
+    }
+
+    /// Starts `nodes`, in order, each with `control_args`; then Envoy, and waits until its
+    /// xDS stream is up and one node sees it.
+    pub fn start_nodes(env: &TestEnv, nodes: &[Node], control_args: &[&str]) -> PeeredMesh {
+        Shell::current().artifact();
+        let nodes: Vec<ControlPlane> = nodes
+            .iter()
+            .map(|node| {
+                let source = Source::Peer {
+                    addr: node.addr,
+                    peers: node.peers.clone(),
+                };
+                ControlPlane::start_source(env, &node.label, source, control_args)
+            })
+            .collect();
+        let ports: Vec<u16> = nodes.iter().map(|n| n.xds().port()).collect();
+        let envoy = Envoy::start(env, "envoy", &peered_bootstrap(&ports));
+        let mesh = PeeredMesh { envoy, nodes };
+        let since = Instant::now();
+        mesh.envoy.wait_xds_connected(true, CONNECT_TIMEOUT);
+        wait_until_since(since, CONNECT_TIMEOUT, "a node to see Envoy", || {
+            mesh.connected_node().is_some()
+        });
+        mesh
+    }
+
+    /// The node whose xDS server holds Envoy's stream now, if one does (a killed node is
+    /// not asked).
+    pub fn connected_node(&self) -> Option<usize> {
+        self.nodes.iter().position(|node| {
+            let Some(answer) = node.try_admin_get("/debug/proxies") else {
+                return false;
+            };
+            let proxies: Value = serde_json::from_slice(&answer.body).unwrap_or_default();
+            proxies.as_array().is_some_and(|p| !p.is_empty())
+        })
+    }
+
+    /// Envoy's egress listener.
+    pub fn egress(&self) -> SocketAddr {
+        self.envoy.listener(EGRESS_LISTENER)
+    }
+
+    /// The embedded registry of node `i`, through its REST API.
+    pub fn eureka(&self, i: usize) -> EurekaApi {
+        EurekaApi::new(self.nodes[i].eureka_addr())
+    }
+}
+
+/// Waits at most `timeout` until every registry in `nodes` lists the same instances with
+/// the same statuses and addresses (`GET /eureka/apps`), and returns them with the time it
+/// took. Panics showing what each node listed last.
+pub fn wait_converged(
+    nodes: &[&ControlPlane],
+    timeout: Duration,
+    what: &str,
+) -> (BTreeMap<String, Listed>, Duration) {
+    let start = Instant::now();
+    loop {
+        let views: Vec<BTreeMap<String, Listed>> = nodes
+            .iter()
+            .map(|node| EurekaApi::new(node.eureka_addr()).instances())
+            .collect();
+        if views.windows(2).all(|pair| pair[0] == pair[1]) {
+            let agreed = views.into_iter().next().unwrap_or_default();
+            return (agreed, start.elapsed());
+        }
+        if start.elapsed() >= timeout {
+            let shown: Vec<String> = (nodes.iter().zip(&views))
+                .map(|(node, view)| format!("{}: {view:?}", node.process().label()))
+                .collect();
+            panic!(
+                "timed out after {timeout:?} waiting for {what}: the nodes list\n{}",
+                shown.join("\n")
+            );
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_addresses_are_distinct_loopback_ports() {
+        let addrs = reserve_addrs(5);
+        let mut ports: Vec<u16> = addrs.iter().map(SocketAddr::port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 5, "{addrs:?}");
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
+    }
+
+    #[test]
+    fn the_peered_bootstrap_lists_every_xds_port_once_in_its_xds_cluster() {
+        let yaml = peered_bootstrap(&[23456, 23457, 23458]);
+        for port in [23456, 23457, 23458] {
+            assert_eq!(
+                yaml.matches(&format!("port_value: {port}}}")).count(),
+                1,
+                "{port}"
+            );
+        }
+        assert!(!yaml.contains("port_value: 18000"));
+        let xds = yaml
+            .split("- name: odmesh_xds")
+            .nth(1)
+            .and_then(|rest| rest.split("listeners:").next())
+            .unwrap_or_default();
+        assert_eq!(xds.matches("- endpoint:").count(), 3, "{xds}");
+    }
+}
