@@ -595,19 +595,7 @@ impl EurekaRegistry {
     /// Sends each peer its writes, as they come; runs until dropped.
     pub async fn run_peers(self) {
         let peers = &self.shared.peers;
-        let config = &peers.config;
-        let mut tcp = HttpConnector::new();
-        tcp.set_connect_timeout(Some(config.timeout));
-        tcp.set_nodelay(true);
-        tcp.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(config.tls.clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp);
-        let http: HttpClient = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let http = http_client(&peers.config);
         // Dropping this future (the server stopping) aborts the senders with the set.
         let mut senders = tokio::task::JoinSet::new();
         for peer in &peers.peers {
@@ -784,15 +772,7 @@ impl EurekaRegistry {
             return false;
         }
         let config = &peers.config;
-        let mut tcp = HttpConnector::new();
-        tcp.set_connect_timeout(Some(config.timeout));
-        tcp.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(config.tls.clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp);
-        let http: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+        let http = http_client(config);
         for peer in &peers.peers {
             let url = &peer.url;
             let answer = call(
@@ -854,6 +834,22 @@ impl EurekaRegistry {
         self.publish();
         false
     }
+}
+
+/// The HTTP client to the peers: http or https, connections kept a minute.
+fn http_client(config: &PeerConfig) -> HttpClient {
+    let mut tcp = HttpConnector::new();
+    tcp.set_connect_timeout(Some(config.timeout));
+    tcp.set_nodelay(true);
+    tcp.enforce_http(false);
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(config.tls.clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(tcp);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
 }
 
 /// A peer's answer.
