@@ -69,7 +69,7 @@ pub use load::{Load, LoadConfig, LoadReport, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, free_port, repo_root};
-pub use peers::{Node, PeeredMesh, eureka_url, peered_bootstrap, reserve_addrs, wait_converged};
+pub use peers::{Node, PeeredMesh, eureka_url, reserve_addrs, wait_converged};
 pub use process::{ChildGuard, TestEnv};
 pub use protocols::{
     GrpcUpstream, H2Response, HttpUpstream, Versions, WebSocketClient, block_on_within, grpc_call,

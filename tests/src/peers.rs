@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::control::{ControlPlane, Source};
 use crate::envoy::Envoy;
 use crate::eureka::{EurekaApi, Listed};
-use crate::mesh::{EGRESS_LISTENER, odmesh_bootstrap};
+use crate::mesh::{EGRESS_LISTENER, odmesh_bootstrap_replicas};
 use crate::process::TestEnv;
 use crate::shell::Shell;
 use crate::wait::{POLL_INTERVAL, wait_until_since};
@@ -76,29 +76,6 @@ impl Node {
     }
 }
 
-/// The shipped bootstrap (see [`odmesh_bootstrap`]) with its xDS cluster listing one
-/// endpoint per port of `xds_ports`, in that order: Envoy picks one, and reconnects to
-/// another when it goes away.
-pub fn peered_bootstrap(xds_ports: &[u16]) -> String {
-    let first = xds_ports
-        .first()
-        .unwrap_or_else(|| panic!("a bootstrap needs one xDS port at least"));
-    let yaml = odmesh_bootstrap(*first);
-    let endpoint = |port: &u16| {
-        format!(
-            "        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n"
-        )
-    };
-    let one = endpoint(first);
-    let found = yaml.matches(&one).count();
-    assert_eq!(
-        found, 1,
-        "the bootstrap's xDS cluster should list one endpoint as `{one}`, it does {found} times"
-    );
-    let all: String = xds_ports.iter().map(endpoint).collect();
-    yaml.replace(&one, &all)
-}
-
 /// Peered control planes, and Envoy from the shipped bootstrap connected to one of them.
 /// Envoy is stopped first, then the nodes, when dropped.
 pub struct PeeredMesh {
@@ -139,7 +116,7 @@ impl PeeredMesh {
             })
             .collect();
         let ports: Vec<u16> = nodes.iter().map(|n| n.xds().port()).collect();
-        let envoy = Envoy::start(env, "envoy", &peered_bootstrap(&ports));
+        let envoy = Envoy::start(env, "envoy", &odmesh_bootstrap_replicas(&ports));
         let mesh = PeeredMesh { envoy, nodes };
         let since = Instant::now();
         mesh.envoy.wait_xds_connected(true, CONNECT_TIMEOUT);
@@ -215,24 +192,5 @@ mod tests {
         ports.dedup();
         assert_eq!(ports.len(), 5, "{addrs:?}");
         assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
-    }
-
-    #[test]
-    fn the_peered_bootstrap_lists_every_xds_port_once_in_its_xds_cluster() {
-        let yaml = peered_bootstrap(&[23456, 23457, 23458]);
-        for port in [23456, 23457, 23458] {
-            assert_eq!(
-                yaml.matches(&format!("port_value: {port}}}")).count(),
-                1,
-                "{port}"
-            );
-        }
-        assert!(!yaml.contains("port_value: 18000"));
-        let xds = yaml
-            .split("- name: odmesh_xds")
-            .nth(1)
-            .and_then(|rest| rest.split("listeners:").next())
-            .unwrap_or_default();
-        assert_eq!(xds.matches("- endpoint:").count(), 3, "{xds}");
     }
 }
