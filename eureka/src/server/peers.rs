@@ -540,22 +540,22 @@ impl EurekaRegistry {
             Action::Heartbeat => {
                 let mut state = self.lock();
                 let renewed = state.renew(app, id, write.last_dirty_timestamp, Now::read());
-                inc(&self.shared.metrics.eureka_peer_received_total);
                 match renewed {
                     Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(app, id)),
                     Err(RenewRefused::Newer { .. }) => Ok(Reply::status(StatusCode::NOT_FOUND)),
                     Ok(()) => {
-                        let ours = state.instance(app, id);
-                        drop(state);
-                        let ours = ours.map(|served| served.info());
-                        let newer = ours.as_ref().is_some_and(|info| {
-                            info.last_dirty_timestamp > write.last_dirty_timestamp
-                                && write.last_dirty_timestamp.is_some()
-                        });
-                        if newer {
+                        inc(&self.shared.metrics.eureka_peer_received_total);
+                        let ours = state
+                            .lease(app, id)
+                            .and_then(|l| l.doc().last_dirty_timestamp);
+                        // Ours is newer: the peer takes it (the document is copied only then).
+                        if let (Some(ours), Some(theirs)) = (ours, write.last_dirty_timestamp)
+                            && ours > theirs
+                        {
+                            let entity = state.instance(app, id).map(|served| served.info());
                             return Ok(Reply {
                                 status_code: StatusCode::CONFLICT.as_u16(),
-                                response_entity: ours,
+                                response_entity: entity,
                             });
                         }
                         Ok(ok)
