@@ -624,25 +624,15 @@ impl EurekaRegistry {
             }
             match self.send_batch(http, peer, &batch).await {
                 // The peer is this node: it took nothing, and gets nothing more.
-                Ok(None) => {
-                    let peers = &self.shared.peers;
-                    let pending = peers.pending.fetch_sub(batch.len(), Ordering::Relaxed);
-                    set(&metrics.eureka_peer_pending, (pending - batch.len()) as u64);
-                }
+                Ok(None) => self.unqueued(batch.len()),
                 Ok(Some(replies)) => {
                     if failures > 0 {
                         tracing::info!(peer = %peer.url, "eureka: peer answers again; sending its queued writes");
                     }
                     failures = 0;
-                    let pending = self
-                        .shared
-                        .peers
-                        .pending
-                        .fetch_sub(batch.len(), Ordering::Relaxed);
-                    set(&metrics.eureka_peer_pending, (pending - batch.len()) as u64);
-                    for _ in &batch {
-                        inc(&metrics.eureka_peer_replicated_total);
-                    }
+                    self.unqueued(batch.len());
+                    let replicated = &metrics.eureka_peer_replicated_total;
+                    replicated.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     self.answered(peer, &batch, replies);
                 }
                 Err(e) => {
@@ -758,10 +748,14 @@ impl EurekaRegistry {
             tracing::info!(peer = %peer.url, "eureka: this peer URL names this node; nothing is sent to it");
         }
         let dropped = std::mem::take(&mut *peer.queue()).len();
-        let peers = &self.shared.peers;
-        let pending = peers.pending.fetch_sub(dropped, Ordering::Relaxed) - dropped;
-        set(&self.shared.metrics.eureka_peer_pending, pending as u64);
+        self.unqueued(dropped);
         true
+    }
+
+    /// Counts `n` writes out of the queues (sent, or for nobody).
+    fn unqueued(&self, n: usize) {
+        let pending = self.shared.peers.pending.fetch_sub(n, Ordering::Relaxed) - n;
+        set(&self.shared.metrics.eureka_peer_pending, pending as u64);
     }
 
     /// Fills this registry from the peers' `GET /apps`, in turn, until one that is not
