@@ -378,7 +378,7 @@ async fn renew(
         .get("lastDirtyTimestamp")
         .and_then(|t| t.trim().parse().ok());
     if from_peer(&headers) {
-        let mut write = Replicated::single(Action::Heartbeat, &app, &id);
+        let mut write = Replicated::new(Action::Heartbeat, &app, &id);
         write.last_dirty_timestamp = dirty;
         return apply_from_peer(&eureka, &caller, &headers, write);
     }
@@ -426,7 +426,7 @@ async fn put_status(
     headers: HeaderMap,
 ) -> Response {
     if from_peer(&headers) {
-        let mut write = Replicated::single(Action::StatusUpdate, &app, &id);
+        let mut write = Replicated::new(Action::StatusUpdate, &app, &id);
         match status_param(&params) {
             Ok(Some(status)) => write.status = Some(status),
             Ok(None) => {}
@@ -455,7 +455,7 @@ async fn delete_status(
     headers: HeaderMap,
 ) -> Response {
     if from_peer(&headers) {
-        let write = Replicated::single(Action::DeleteStatusOverride, &app, &id);
+        let write = Replicated::new(Action::DeleteStatusOverride, &app, &id);
         return apply_from_peer(&eureka, &caller, &headers, write);
     }
     let result = status_param(&params)

@@ -202,11 +202,7 @@ pub struct Replicated {
 
 impl Replicated {
     /// A write naming `app`/`id` and nothing else yet.
-    pub fn single(action: Action, app: &str, id: &str) -> Replicated {
-        Replicated::new(action, app, id)
-    }
-
-    fn new(action: Action, app: &str, id: &str) -> Replicated {
+    pub fn new(action: Action, app: &str, id: &str) -> Replicated {
         Replicated {
             action,
             app: app.trim().to_ascii_uppercase(),
@@ -246,6 +242,19 @@ impl Replicated {
 
     pub fn cancel(app: &str, id: &str) -> Replicated {
         Replicated::new(Action::Cancel, app, id)
+    }
+
+    /// A `Register` of `info` under `app` as a peer holds it: the status and override it
+    /// shows (a peer's `/apps`, its answer to a heartbeat, a single replicated call).
+    fn held(app: &str, info: InstanceInfo) -> Replicated {
+        let id = info.id().unwrap_or_default().to_owned();
+        Replicated {
+            last_dirty_timestamp: info.last_dirty_timestamp,
+            status: Some(info.status()),
+            overridden: override_of(info.overridden_status.as_deref()),
+            info: Some(Arc::new(info)),
+            ..Replicated::new(Action::Register, app, &id)
+        }
     }
 }
 
@@ -385,15 +394,7 @@ pub fn decode_instance(app: &str, body: &[u8]) -> Result<Replicated, InvalidRequ
             format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
         )
     })?;
-    let info = doc.instance;
-    let id = info.id().unwrap_or_default().to_owned();
-    Ok(Replicated {
-        last_dirty_timestamp: info.last_dirty_timestamp,
-        status: Some(info.status()),
-        overridden: override_of(info.overridden_status.as_deref()),
-        info: Some(Arc::new(info)),
-        ..Replicated::new(Action::Register, app, &id)
-    })
+    Ok(Replicated::held(app, doc.instance))
 }
 
 /// The writes waiting for one peer.
@@ -673,15 +674,7 @@ impl EurekaRegistry {
                 }
                 (Action::Heartbeat, 409) => {
                     if let Some(theirs) = reply.response_entity {
-                        let write = Replicated {
-                            action: Action::Register,
-                            last_dirty_timestamp: theirs.last_dirty_timestamp,
-                            status: Some(theirs.status()),
-                            overridden: override_of(theirs.overridden_status.as_deref()),
-                            info: Some(Arc::new(theirs)),
-                            ..write.clone()
-                        };
-                        self.apply_replicated(write);
+                        self.apply_replicated(Replicated::held(&write.app, theirs));
                     }
                 }
                 (_, code) if code >= 400 && code != 404 => {
@@ -799,14 +792,7 @@ impl EurekaRegistry {
             let mut filled = 0;
             for app in applications.application {
                 for info in app.instance {
-                    let id = info.id().unwrap_or_default().to_owned();
-                    let copy = Replicated {
-                        last_dirty_timestamp: info.last_dirty_timestamp,
-                        status: Some(info.status()),
-                        overridden: override_of(info.overridden_status.as_deref()),
-                        info: Some(Arc::new(info)),
-                        ..Replicated::new(Action::Register, &app.name.to_ascii_uppercase(), &id)
-                    };
+                    let copy = Replicated::held(&app.name, info);
                     if self.apply_replicated(copy).status_code < 300 {
                         filled += 1;
                     }

@@ -160,7 +160,7 @@ fn a_batch_is_written_with_eurekas_field_names_and_reads_back() {
     let writes = [
         register,
         Replicated::cancel("HELLO", "h2"),
-        Replicated::single(Action::Heartbeat, "HELLO", "h3"),
+        Replicated::new(Action::Heartbeat, "HELLO", "h3"),
     ];
     let body: Value = serde_json::from_slice(&encode(&writes)).expect("JSON");
     let first = &body["replicationList"][0];
