@@ -43,6 +43,11 @@ pub enum Known {
 /// Names the wildcard subscription in delta xDS.
 pub const WILDCARD: &str = "*";
 
+/// Names the cache handles under one hold of its lock, for calls that take many; also the
+/// most names the server handles for one stream on an async worker (see
+/// [`server`](crate::server)), so nothing there waits between slices.
+pub const SLICE: usize = 64;
+
 /// Bounds on what one stream may subscribe, so that a client sending random names (a flood
 /// of random `Host`s through Envoy, or a hostile xDS client) costs bounded memory here and
 /// in Envoy. A name over a bound is answered with a removal.
@@ -577,6 +582,55 @@ struct Watcher {
     inbox: Arc<Inbox>,
 }
 
+/// Both resources of cluster `name` in the variant `variant` (see [`Entry::built`]), from
+/// `snapshot` and `policy`; `None` if `name` is not an odmesh cluster name.
+fn build(
+    snapshot: &Snapshot,
+    policy: &Policy,
+    name: &str,
+    variant: Option<&str>,
+    options: &XdsOptions,
+) -> Option<Built> {
+    let lookup = xds::Lookup::in_snapshot(snapshot, name);
+    let r = xds::build_for(name, lookup, options, policy, variant).ok()?;
+    Some(Built {
+        cluster: Arc::new(r.cluster),
+        endpoints: Arc::new(r.endpoints),
+    })
+}
+
+/// One name's variant and its resources, built outside the lock.
+type Building<'a> = (&'a str, Option<Arc<str>>, Option<Built>);
+
+/// The names and variants a watch found unbuilt, with what building them reads: built
+/// outside the cache's lock ([`Unbuilt::build`]), then kept under it ([`State::keep`]).
+struct Unbuilt<'a> {
+    /// The cache's generation when they were counted.
+    generation: u64,
+    snapshot: Arc<Snapshot>,
+    policy: Arc<Policy>,
+    caller: Arc<str>,
+    names: Vec<(&'a String, Option<Arc<str>>)>,
+}
+
+impl<'a> Unbuilt<'a> {
+    fn build(self, options: &XdsOptions) -> (u64, Arc<str>, Vec<Building<'a>>) {
+        let built = (self.names.into_iter())
+            .map(|(name, variant)| {
+                let resources = build(
+                    &self.snapshot,
+                    &self.policy,
+                    name,
+                    variant.as_deref(),
+                    options,
+                );
+                (name.as_str(), variant, resources)
+            })
+            .collect();
+        (self.generation, self.caller, built)
+    }
+}
+
 #[derive(Debug)]
 struct State {
     snapshot: Arc<Snapshot>,
@@ -596,12 +650,71 @@ impl State {
     }
 
     fn build(&self, name: &str, variant: Option<&str>, options: &XdsOptions) -> Option<Built> {
-        let lookup = xds::Lookup::in_snapshot(&self.snapshot, name);
-        let r = xds::build_for(name, lookup, options, &self.policy, variant).ok()?;
-        Some(Built {
-            cluster: Arc::new(r.cluster),
-            endpoints: Arc::new(r.endpoints),
-        })
+        build(&self.snapshot, &self.policy, name, variant, options)
+    }
+
+    /// Counts a subscription by `stream` (of a proxy of `caller`) to each of `names`, and
+    /// returns what nobody had subscribed to yet, for the caller to build outside the lock.
+    fn count<'a>(&mut self, stream: StreamId, caller: &str, names: &'a [String]) -> Unbuilt<'a> {
+        let watcher = self.streams.entry(stream).or_default();
+        let caller = watcher
+            .caller
+            .get_or_insert_with(|| Arc::from(caller))
+            .clone();
+        watcher.names.extend(names.iter().cloned());
+        let mut unbuilt = Unbuilt {
+            generation: self.generation,
+            snapshot: self.snapshot.clone(),
+            policy: self.policy.clone(),
+            caller: caller.clone(),
+            names: Vec::new(),
+        };
+        for name in names {
+            let variant = self.variant(name, &caller);
+            let entry = self.entries.entry(name.clone()).or_default();
+            *entry.watchers.entry(caller.clone()).or_insert(0) += 1;
+            *entry.streams.entry(stream).or_insert(0) += 1;
+            if !entry.built.contains_key(&variant) {
+                unbuilt.names.push((name, variant));
+            }
+        }
+        unbuilt
+    }
+
+    /// Keeps what was built outside the lock from [`State::count`]'s [`Unbuilt`], where no
+    /// one built it meanwhile; if the snapshot or the policy changed meanwhile, builds it
+    /// again from the current ones.
+    fn keep(
+        &mut self,
+        generation: u64,
+        caller: &Arc<str>,
+        built: Vec<Building<'_>>,
+        options: &XdsOptions,
+    ) {
+        let current = self.generation == generation;
+        for (name, variant, resources) in built {
+            let (variant, resources) = if current {
+                (variant, resources)
+            } else {
+                let variant = self.variant(name, caller);
+                let resources = self.build(name, variant.as_deref(), options);
+                (variant, resources)
+            };
+            if let Some(entry) = self.entries.get_mut(name) {
+                entry.built.entry(variant).or_insert(resources);
+            }
+        }
+    }
+
+    /// Whether `name`, as proxies of `caller` get it, is known to be unregistered: an odmesh
+    /// cluster name that the registry, complete, does not list.
+    fn is_unregistered(&self, caller: &Arc<str>, name: &str) -> bool {
+        let variant = self.variant(name, caller);
+        self.snapshot.is_complete()
+            && (self.entries.get(name))
+                .and_then(|e| e.built.get(&variant))
+                .and_then(Option::as_ref)
+                .is_some_and(|b| !b.cluster.registered)
     }
 
     /// Hands each stream watching some of `names` those of them it watches, and wakes it;
@@ -652,13 +765,17 @@ impl State {
 
     /// Drops `count` subscriptions by `stream` (of a proxy of `caller`) to `name`; forgets its
     /// resources once nobody subscribes, and each variant no remaining watcher gets.
-    fn forget(&mut self, stream: StreamId, caller: &Arc<str>, name: &str, count: usize) {
-        let Some(entry) = self.entries.get_mut(name) else {
-            return;
-        };
-        let Some(by_stream) = entry.streams.get_mut(&stream) else {
-            return;
-        };
+    /// Returns the entry forgotten, for the caller to drop after releasing the lock.
+    #[must_use]
+    fn forget(
+        &mut self,
+        stream: StreamId,
+        caller: &Arc<str>,
+        name: &str,
+        count: usize,
+    ) -> Option<Entry> {
+        let entry = self.entries.get_mut(name)?;
+        let by_stream = entry.streams.get_mut(&stream)?;
         let count = count.min(*by_stream);
         *by_stream -= count;
         if *by_stream == 0 {
@@ -667,20 +784,15 @@ impl State {
                 watcher.names.remove(name);
             }
         }
-        let Some(entry) = self.entries.get_mut(name) else {
-            return;
-        };
-        let Some(by_caller) = entry.watchers.get_mut(caller) else {
-            return;
-        };
+        let entry = self.entries.get_mut(name)?;
+        let by_caller = entry.watchers.get_mut(caller)?;
         *by_caller = by_caller.saturating_sub(count);
         if *by_caller > 0 {
-            return;
+            return None;
         }
         entry.watchers.remove(caller);
         if entry.watchers.is_empty() {
-            self.entries.remove(name);
-            return;
+            return self.entries.remove(name);
         }
         // A variant no remaining watcher gets (the caller's own, or the shared one when
         // only callers with an override are left) goes.
@@ -690,6 +802,7 @@ impl State {
         if let Some(entry) = self.entries.get_mut(name) {
             entry.built.retain(|variant, _| needed.contains(variant));
         }
+        None
     }
 
     /// The resources of `name` for proxies of `caller`: the built ones, or built on the spot
@@ -723,8 +836,11 @@ impl State {
 /// which name, so a stream that ends is forgotten in one call ([`Cache::close_stream`]), and a
 /// change is put only into the [`Inbox`] of the streams watching a changed name.
 ///
-/// Locking: one short-held mutex, never held across an `.await`; building a resource takes
-/// microseconds. Inboxes are filled after it is released.
+/// Locking: one mutex, never held across an `.await`. A call that takes many names holds it
+/// for a slice of them at a time ([`SLICE`]), and a watch builds the resources it needs
+/// outside it, so one stream's large request holds up no other stream for long (a registry or
+/// policy change rebuilds the changed names under it). Inboxes are filled after it is
+/// released.
 #[derive(Debug)]
 pub struct Cache {
     options: XdsOptions,
@@ -780,19 +896,29 @@ impl Cache {
 
     /// Forgets stream `id`: every name it watches, as if unwatched, and its inbox.
     pub fn close_stream(&self, id: StreamId) {
-        let mut state = self.lock();
-        let Some(watcher) = state.streams.remove(&id) else {
+        let Some(watcher) = self.lock().streams.remove(&id) else {
             return;
         };
         let Some(caller) = watcher.caller else {
             return;
         };
-        for name in &watcher.names {
-            let count = (state.entries.get(name))
-                .and_then(|e| e.streams.get(&id))
-                .copied()
-                .unwrap_or(0);
-            state.forget(id, &caller, name, count);
+        let names: Vec<String> = watcher.names.into_iter().collect();
+        for (i, slice) in names.chunks(SLICE).enumerate() {
+            if i > 0 {
+                pause_between_slices();
+            }
+            let mut state = self.lock();
+            let forgotten: Vec<Entry> = (slice.iter())
+                .filter_map(|name| {
+                    let count = (state.entries.get(name))
+                        .and_then(|e| e.streams.get(&id))
+                        .copied()
+                        .unwrap_or(0);
+                    state.forget(id, &caller, name, count)
+                })
+                .collect();
+            drop(state);
+            drop(forgotten);
         }
     }
 
@@ -915,32 +1041,25 @@ impl Cache {
     /// be unregistered). A stream's caller is the one of its first watch.
     pub fn watch<'a>(&self, stream: StreamId, caller: &str, names: &'a [String]) -> Vec<&'a str> {
         let mut unregistered = Vec::new();
-        if names.is_empty() {
-            return unregistered;
-        }
-        let mut state = self.lock();
-        let watcher = state.streams.entry(stream).or_default();
-        let caller = watcher
-            .caller
-            .get_or_insert_with(|| Arc::from(caller))
-            .clone();
-        watcher.names.extend(names.iter().cloned());
-        let complete = state.snapshot.is_complete();
-        for name in names {
-            let variant = state.variant(name, &caller);
-            let needs_build =
-                !(state.entries.get(name.as_str())).is_some_and(|e| e.built.contains_key(&variant));
-            let built = needs_build.then(|| state.build(name, variant.as_deref(), &self.options));
-            let entry = state.entries.entry(name.clone()).or_default();
-            *entry.watchers.entry(caller.clone()).or_insert(0) += 1;
-            *entry.streams.entry(stream).or_insert(0) += 1;
-            if let Some(built) = built {
-                entry.built.insert(variant.clone(), built);
+        // A slice at a time, building outside the lock: whatever one stream subscribes, the
+        // others wait at most one slice's counting behind it (docs/benchmarks.md, section 9).
+        let sliced = names.len() > SLICE;
+        for (i, slice) in names.chunks(SLICE).enumerate() {
+            if i > 0 {
+                pause_between_slices();
             }
-            let built = entry.built.get(&variant).and_then(Option::as_ref);
-            if complete && built.is_some_and(|b| !b.cluster.registered) {
-                unregistered.push(name.as_str());
+            let unbuilt = self.lock().count(stream, caller, slice);
+            let (generation, caller, built) = unbuilt.build(&self.options);
+            if sliced {
+                pause_between_slices();
             }
+            let mut state = self.lock();
+            state.keep(generation, &caller, built, &self.options);
+            unregistered.extend(
+                (slice.iter())
+                    .filter(|name| state.is_unregistered(&caller, name))
+                    .map(String::as_str),
+            );
         }
         unregistered
     }
@@ -948,12 +1067,20 @@ impl Cache {
     /// Drops a subscription by stream `stream` to each of `names`; forgets resources nobody
     /// subscribes to.
     pub fn unwatch<'a>(&self, stream: StreamId, names: impl IntoIterator<Item = &'a str>) {
-        let mut state = self.lock();
-        let Some(caller) = (state.streams.get(&stream)).and_then(|w| w.caller.clone()) else {
+        let Some(caller) = (self.lock().streams.get(&stream)).and_then(|w| w.caller.clone()) else {
             return;
         };
-        for name in names {
-            state.forget(stream, &caller, name, 1);
+        let mut names = names.into_iter().peekable();
+        while names.peek().is_some() {
+            let mut state = self.lock();
+            let forgotten: Vec<Entry> = (names.by_ref().take(SLICE))
+                .filter_map(|name| state.forget(stream, &caller, name, 1))
+                .collect();
+            drop(state);
+            drop(forgotten);
+            if names.peek().is_some() {
+                pause_between_slices();
+            }
         }
     }
 
@@ -1006,16 +1133,24 @@ impl Cache {
         subs: &Subscriptions,
         pending: bool,
     ) -> Delta {
-        let state = self.lock();
-        let loading = !state.snapshot.is_complete();
+        let loading = !self.snapshot().is_complete();
         let caller: Arc<str> = Arc::from(caller);
-        let current = |name: &str| state.lookup(&self.options, &caller, ty, name);
+        // The lock is taken for one name at a time: a stream with many names holds up no one.
+        let current = |name: &str| self.lock().lookup(&self.options, &caller, ty, name);
         if pending {
             diff_pending(subs, loading, current)
         } else {
             diff(subs, loading, current)
         }
     }
+}
+
+/// Between two slices of a call that takes many names (made off the async workers, see
+/// [`SLICE`]): gives the core to another thread that wants it, so that the scheduler takes
+/// this thread off its core here rather than while it holds the lock
+/// (docs/benchmarks.md, section 9).
+fn pause_between_slices() {
+    std::thread::yield_now();
 }
 
 /// Puts each stream's changed names into its inbox (with `all`, a full diff) and wakes it.
@@ -1501,6 +1636,55 @@ mod tests {
         assert_eq!(cache.watched(), 1);
         cache.unwatch(2, ["x.vip"]);
         assert_eq!(cache.watched(), 0);
+    }
+
+    #[test]
+    fn a_watch_whose_build_raced_a_registry_change_keeps_what_the_registry_says_now() {
+        // A watch counts hello.vip, then builds it outside the lock from the registry of that
+        // moment, which is still loading: "not known yet"...
+        let cache = Cache::with_snapshot(XdsOptions::new(None), loading(vec![]));
+        let subscribed = names(&["hello.vip", "other.vip"]);
+        let unbuilt = cache.lock().count(1, "billing", &subscribed);
+        let (generation, caller, built) = unbuilt.build(&cache.options);
+        // ...while the registry finishes loading, with hello registered.
+        cache.set_snapshot(snapshot(vec![inst("hello", "10.0.0.1", Status::Up)]));
+        cache
+            .lock()
+            .keep(generation, &caller, built, &cache.options);
+
+        let cluster = cache.resource(ResourceType::Cluster, "hello.vip").unwrap();
+        assert!(cluster.registered, "{}", reason(&cluster));
+        let endpoints = cache
+            .resource(ResourceType::Endpoints, "hello.vip")
+            .unwrap();
+        assert_eq!(endpoint_count(&endpoints), 1);
+        let other = cache.resource(ResourceType::Cluster, "other.vip").unwrap();
+        assert!(
+            reason(&other).contains("not registered"),
+            "{}",
+            reason(&other)
+        );
+        assert!(cache.lock().is_unregistered(&caller, "other.vip"));
+        assert_eq!(cache.watched(), 2);
+    }
+
+    #[test]
+    fn a_watch_of_many_names_counts_and_builds_every_one() {
+        // More names than one hold of the lock takes: each slice is counted and built.
+        let cache = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
+        let mut many: Vec<String> = (0..SLICE * 2 + 7)
+            .map(|i| format!("nobody-{i}.vip"))
+            .collect();
+        many.push("hello.vip".to_owned());
+        let unregistered = cache.watch(1, "billing", &many);
+        assert_eq!(unregistered.len(), many.len() - 1);
+        assert!(!unregistered.contains(&"hello.vip"));
+        assert_eq!(cache.watched(), many.len());
+        cache.unwatch(1, many.iter().map(String::as_str));
+        assert_eq!(cache.watched(), 0);
+        cache.watch(2, "billing", &many);
+        cache.close_stream(2);
+        assert_eq!(cache.watched(), 0, "closing forgets every slice");
     }
 
     fn loading(instances: Vec<Instance>) -> Arc<Snapshot> {

@@ -40,6 +40,9 @@ odmesh_base::metrics! {
         /// Cluster names that had to wait for room under --xds-max-subscriptions (answered with
         /// a removal, pushed once there was room).
         xds_names_waiting_total: "counter",
+        /// Requests, changes and stream closes handled in the heavy lane, apart from the async
+        /// workers, because they touched many names (a reconnecting proxy's, a flood's).
+        xds_heavy_jobs_total: "counter",
         /// xDS connections closed on arrival because --xds-max-connections were open.
         xds_connections_refused_total: "counter",
         /// Names answered with a removal because a stream was over --xds-max-names or

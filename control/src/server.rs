@@ -33,7 +33,7 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
     EndpointDiscoveryService, EndpointDiscoveryServiceServer,
 };
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -52,6 +52,11 @@ pub use crate::session::{NackStatus, ProxyStatus};
 
 /// Responses a stream may have queued before its task waits for the proxy to read.
 const STREAM_BUFFER: usize = 16;
+/// Names a request or a change may touch and still be handled on the async workers, which all
+/// streams share: one slice of the cache's. A heavier one (a reconnecting proxy's thousands of
+/// names, a flood) runs on a blocking thread of the heavy lane, so that it holds up no other
+/// stream's small request (docs/benchmarks.md, section 9).
+const INLINE_NAMES: usize = crate::cache::SLICE;
 /// How often a stream whose cluster names wait for room looks for room again.
 const WAITING_RETRY: Duration = Duration::from_secs(1);
 /// HTTP/2 pings on idle connections, so a vanished proxy's stream is noticed and dropped.
@@ -129,6 +134,8 @@ struct Shared {
     config: XdsConfig,
     streams: Mutex<BTreeMap<u64, Arc<Mutex<Session>>>>,
     next_stream_id: AtomicU64,
+    /// The heavy lane: a permit per heavy job running at once (see [`INLINE_NAMES`]).
+    heavy_lane: Arc<Semaphore>,
     /// Set to `true` on shutdown: every stream task ends, so graceful shutdown is not held up
     /// by xDS streams, which never end on their own.
     closing: watch::Sender<bool>,
@@ -137,6 +144,47 @@ struct Shared {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves the data consistent, so a poisoned lock is still usable.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Heavy jobs that run at once: half the cores, at least one; the async workers keep the
+/// rest (the OS shares the cores between them).
+fn heavy_lanes() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+impl Shared {
+    /// Runs `job` in the heavy lane: on a blocking thread, once one of the [`heavy_lanes`]
+    /// permits is free, after the heavy jobs of other streams that waited before it. `None`
+    /// if the runtime shuts down first.
+    async fn in_heavy_lane<R: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> R + Send + 'static,
+    ) -> Option<R> {
+        let permit = self.heavy_lane.clone().acquire_owned().await.ok()?;
+        inc(&self.metrics.xds_heavy_jobs_total);
+        let job = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            job()
+        });
+        match job.await {
+            Ok(done) => Some(done),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        }
+    }
+
+    fn context(&self) -> Context<'_> {
+        Context {
+            cache: &self.cache,
+            metrics: &self.metrics,
+            max_subscriptions: self.config.max_subscriptions,
+            prewarm: self.config.prewarm.as_deref(),
+            eviction: (self.config.idle_cluster_timeout).map(|idle| Eviction {
+                idle,
+                interval: self.config.load_report_interval,
+            }),
+        }
+    }
 }
 
 impl XdsServer {
@@ -156,6 +204,7 @@ impl XdsServer {
                 config,
                 streams: Mutex::new(BTreeMap::new()),
                 next_stream_id: AtomicU64::new(1),
+                heavy_lane: Arc::new(Semaphore::new(heavy_lanes())),
                 closing,
             }),
         }
@@ -287,6 +336,9 @@ struct StreamTask {
 }
 
 type Outbound = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+/// What a session answers with: the response for a request's type, or the clusters of a
+/// change, and the load assignments that go with them.
+type Responses = [Option<DeltaDiscoveryResponse>; 2];
 
 impl StreamTask {
     async fn run(self, mut inbound: Streaming<DeltaDiscoveryRequest>, tx: Outbound) {
@@ -301,18 +353,18 @@ impl StreamTask {
         loop {
             let responses = tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(req)) => self.on_request(req),
+                    Ok(Some(req)) => self.on_request(req).await,
                     Ok(None) => break,
                     Err(status) => {
                         debug!(stream = self.id(), %status, "xDS stream failed");
                         break;
                     }
                 },
-                () = inbox.notified() => self.on_change(inbox.take()),
+                () = inbox.notified() => self.on_change(inbox.take()).await,
                 _ = closing.changed() => break,
                 // Room under --xds-max-subscriptions frees up without any registry change, and
                 // clusters sent ahead become idle.
-                _ = retry.tick(), if self.ticks() => self.on_tick(),
+                _ = retry.tick(), if self.ticks() => self.on_tick().await,
             };
             for response in responses.into_iter().flatten() {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
@@ -325,63 +377,84 @@ impl StreamTask {
         }
     }
 
-    fn context(&self) -> Context<'_> {
-        Context {
-            cache: &self.shared.cache,
-            metrics: &self.shared.metrics,
-            max_subscriptions: self.shared.config.max_subscriptions,
-            prewarm: self.shared.config.prewarm.as_deref(),
-            eviction: (self.shared.config.idle_cluster_timeout).map(|idle| Eviction {
-                idle,
-                interval: self.shared.config.load_report_interval,
-            }),
-        }
-    }
-
     fn id(&self) -> u64 {
         lock(&self.state).id()
     }
 
-    fn on_request(&self, req: DeltaDiscoveryRequest) -> [Option<DeltaDiscoveryResponse>; 2] {
-        lock(&self.state).on_request(&self.context(), req)
+    async fn on_request(&self, req: DeltaDiscoveryRequest) -> Responses {
+        let weight = lock(&self.state).request_weight(&self.shared.context(), &req);
+        self.run_session(weight, move |state, cx| state.on_request(cx, req))
+            .await
     }
 
     /// Whether the stream has something to look at on the ticker.
     fn ticks(&self) -> bool {
         let state = lock(&self.state);
-        state.is_waiting() || state.may_evict(&self.context())
+        state.is_waiting() || state.may_evict(&self.shared.context())
     }
 
     /// Names waiting for room, then idle clusters sent ahead.
-    fn on_tick(&self) -> [Option<DeltaDiscoveryResponse>; 2] {
-        let mut state = lock(&self.state);
-        let cx = self.context();
-        if state.is_waiting() {
-            let responses = state.on_change(&cx, Changes::default());
-            if responses.iter().any(Option::is_some) {
-                return responses;
+    async fn on_tick(&self) -> Responses {
+        let weight = lock(&self.state).tick_weight();
+        self.run_session(weight, |state, cx| {
+            if state.is_waiting() {
+                let responses = state.on_change(cx, Changes::default());
+                if responses.iter().any(Option::is_some) {
+                    return responses;
+                }
             }
-        }
-        [state.evict_idle(&cx), None]
+            [state.evict_idle(cx), None]
+        })
+        .await
     }
 
-    fn on_change(&self, changes: Changes) -> [Option<DeltaDiscoveryResponse>; 2] {
-        lock(&self.state).on_change(&self.context(), changes)
+    async fn on_change(&self, changes: Changes) -> Responses {
+        let weight = lock(&self.state).change_weight(&self.shared.context(), &changes);
+        self.run_session(weight, move |state, cx| state.on_change(cx, changes))
+            .await
+    }
+
+    /// Runs `work` on the stream's session: right here, on the async worker, if it touches
+    /// at most [`INLINE_NAMES`] names (`weight`); otherwise in the heavy lane.
+    async fn run_session(
+        &self,
+        weight: usize,
+        work: impl FnOnce(&mut Session, &Context<'_>) -> Responses + Send + 'static,
+    ) -> Responses {
+        if weight <= INLINE_NAMES {
+            return work(&mut lock(&self.state), &self.shared.context());
+        }
+        let (shared, state) = (self.shared.clone(), self.state.clone());
+        let job = move || work(&mut lock(&state), &shared.context());
+        // `None`: the runtime is shutting down, and the stream ends with it.
+        self.shared.in_heavy_lane(job).await.unwrap_or_default()
     }
 }
 
 impl Drop for StreamTask {
     fn drop(&mut self) {
-        let state = lock(&self.state);
-        lock(&self.shared.streams).remove(&state.id());
-        state.close(&self.context());
+        let (id, subscribed) = {
+            let state = lock(&self.state);
+            odmesh_base::limited!(
+                info,
+                stream = state.id(),
+                node = %clip(state.node_id()),
+                "xDS stream closed",
+            );
+            (state.id(), state.subscribed())
+        };
+        lock(&self.shared.streams).remove(&id);
         (self.shared.metrics.xds_streams_active).fetch_sub(1, Ordering::Relaxed);
-        odmesh_base::limited!(
-            info,
-            stream = state.id(),
-            node = %clip(state.node_id()),
-            "xDS stream closed",
-        );
+        let (shared, state) = (self.shared.clone(), self.state.clone());
+        let close = move || lock(&state).close(&shared.context());
+        // Forgetting thousands of names is a heavy job too (see `run_session`).
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if subscribed > INLINE_NAMES => {
+                let shared = self.shared.clone();
+                runtime.spawn(async move { shared.in_heavy_lane(close).await });
+            }
+            _ => close(),
+        }
     }
 }
 

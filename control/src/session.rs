@@ -231,6 +231,46 @@ impl Session {
         &self.node_id
     }
 
+    /// About how many names handling `req` touches: those it lists, and what a wildcard
+    /// subscription it starts may send ahead. The server runs heavy requests apart.
+    pub fn request_weight(&self, cx: &Context<'_>, req: &DeltaDiscoveryRequest) -> usize {
+        let listed = req.resource_names_subscribe.len()
+            + req.resource_names_unsubscribe.len()
+            + req.initial_resource_versions.len();
+        // The two ways a request starts a wildcard (see `apply_request`).
+        let clusters = self.service.resource_type(&req.type_url) == Some(ResourceType::Cluster);
+        let legacy = !self.cluster_request_seen
+            && req.resource_names_subscribe.is_empty()
+            && req.resource_names_unsubscribe.is_empty();
+        let explicit = req.resource_names_subscribe.iter().any(|n| n == WILDCARD);
+        let starts_wildcard = clusters && !self.wildcard && (legacy || explicit);
+        listed + if starts_wildcard { ahead_most(cx) } else { 0 }
+    }
+
+    /// About how many names handling `changes` ([`Session::on_change`]) touches: those that
+    /// changed (all it subscribes, for a full diff), those waiting for room, and what is due
+    /// to be sent ahead.
+    pub fn change_weight(&self, cx: &Context<'_>, changes: &Changes) -> usize {
+        let changed = if changes.all {
+            self.subscribed()
+        } else {
+            changes.names.len()
+        };
+        let ahead = if self.prewarm_due { ahead_most(cx) } else { 0 };
+        changed + self.clusters.waiting() + ahead
+    }
+
+    /// About how many names the server's periodic look ([`Session::is_waiting`],
+    /// [`Session::evict_idle`]) touches.
+    pub fn tick_weight(&self) -> usize {
+        self.clusters.waiting() + self.ahead.len()
+    }
+
+    /// How many names the stream subscribes (both types): what [`Session::close`] forgets.
+    pub fn subscribed(&self) -> usize {
+        self.clusters.len() + self.endpoints.len()
+    }
+
     fn subs(&mut self, ty: ResourceType) -> &mut Subscriptions {
         match ty {
             ResourceType::Cluster => &mut self.clusters,
@@ -796,6 +836,11 @@ fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> Delt
     }
 }
 
+/// The most names a wildcard subscription may be sent ahead.
+fn ahead_most(cx: &Context<'_>) -> usize {
+    cx.prewarm.map_or(0, |p| p.limits().max_per_service)
+}
+
 fn unix_seconds(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -1158,6 +1203,52 @@ mod tests {
             "a wildcard is answered even with prewarm off"
         );
         assert!(sent(&clusters).is_empty());
+    }
+
+    #[test]
+    fn a_request_weighs_the_names_it_lists_and_a_wildcard_start_what_may_go_ahead() {
+        let stream = Prewarmed::new(false);
+        let cx = context(&stream.cache, &stream.metrics, Some(&stream.prewarm));
+        let session = &stream.session;
+        let listed = request(CLUSTER_TYPE_URL, &["a.vip", "b.vip"], &["c.vip"]);
+        assert_eq!(session.request_weight(&cx, &listed), 3);
+        // The first cluster request without names starts the wildcard: the service's history
+        // may go ahead, 1,000 clusters at most.
+        let limit = Limits::default().max_per_service;
+        assert_eq!(
+            session.request_weight(&cx, &wildcard_request("billing")),
+            limit
+        );
+        let explicit = request(CLUSTER_TYPE_URL, &["*", "a.vip"], &[]);
+        assert_eq!(session.request_weight(&cx, &explicit), 2 + limit);
+        // Not on load assignments, and not without prewarm.
+        let endpoints = request(ENDPOINTS_TYPE_URL, &[], &[]);
+        assert_eq!(session.request_weight(&cx, &endpoints), 0);
+        let off = context(&stream.cache, &stream.metrics, None);
+        assert_eq!(
+            session.request_weight(&off, &wildcard_request("billing")),
+            0
+        );
+    }
+
+    #[test]
+    fn a_change_weighs_the_names_it_changed_and_a_full_diff_every_subscribed_one() {
+        let mut stream = ads_stream();
+        stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip", "other.vip"], &[]));
+        let cx = context(&stream.cache, &stream.metrics, None);
+        // Two clusters, and their load assignments sent along.
+        assert_eq!(stream.session.subscribed(), 4);
+        let all = Changes {
+            all: true,
+            ..Changes::default()
+        };
+        assert_eq!(stream.session.change_weight(&cx, &all), 4);
+        let one = Changes {
+            all: false,
+            names: ["hello.vip".to_owned()].into(),
+        };
+        assert_eq!(stream.session.change_weight(&cx, &one), 1);
+        assert_eq!(stream.session.tick_weight(), 0);
     }
 
     #[test]

@@ -680,3 +680,48 @@ async fn a_name_beyond_the_servers_subscription_bound_waits_and_is_pushed_once_t
     h.until_proxy("proxy-b", |p| p.waiting == 0).await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_of_many_names_is_answered_whole_from_the_heavy_lane_and_closing_frees_them() {
+    let h = Harness::start(vec![
+        inst("hello", "10.0.0.1", Status::Up),
+        inst("world", "10.0.0.2", Status::Up),
+    ])
+    .await;
+    let mut envoy = h.ads("envoy-1").await;
+    let heavy = || h.metrics.xds_heavy_jobs_total.load(Ordering::Relaxed);
+
+    // A reconnecting proxy's share of names (or a flood's): more than an async worker handles
+    // for one stream at a time.
+    let mut many: Vec<String> = (0..999).map(|i| format!("nobody-{i:03}.vip")).collect();
+    many.push("hello.vip".to_owned());
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    envoy.subscribe(CLUSTER_TYPE_URL, &many).await;
+    let clusters = envoy.recv().await;
+    // Every name is answered: hello.vip and the 100 unregistered names the stream may hold
+    // with a cluster, the others with a removal.
+    assert_eq!(clusters.resources.len(), 101);
+    assert_eq!(clusters.removed_resources.len(), 899);
+    assert!(names(&clusters).contains(&"hello.vip"));
+    let endpoints = envoy.recv().await;
+    assert_eq!(endpoints.type_url, ENDPOINTS_TYPE_URL);
+    assert_eq!(endpoints.resources.len(), 101);
+    assert_eq!(heavy(), 1, "one heavy job: the big request");
+
+    // A small request (and every ACK) is handled on the async workers.
+    envoy.subscribe(CLUSTER_TYPE_URL, &["world.vip"]).await;
+    assert_eq!(names(&envoy.recv().await), ["world.vip"]);
+    assert_eq!(names(&envoy.recv().await), ["world.vip"]);
+    assert_eq!(heavy(), 1);
+
+    // Closing the stream forgets its thousand names, a heavy job too.
+    drop(envoy);
+    h.until_metric("the closed stream's names to be forgotten", |m| {
+        m.xds_subscriptions.load(Ordering::Relaxed) == 0
+            && m.xds_cluster_subscriptions.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    assert_eq!(h.cache.watched(), 0);
+    assert_eq!(heavy(), 2);
+    h.stop().await;
+}
