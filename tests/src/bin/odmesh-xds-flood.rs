@@ -8,8 +8,8 @@
 //! does). It counts what it gets.
 //!
 //! Every `--progress-interval` it writes `odmesh-xds-flood progress {json}` on stderr; when
-//! stdin closes (unless `--ignore-stdin`), after `--duration`, or when the server ends the
-//! stream, it writes the same JSON, with `ended` saying why, as one line on stdout and exits
+//! stdin closes (unless `--ignore-stdin`), after `--duration`, with `--until-answered` once
+//! every name is answered, or when the server ends the stream, it writes the same JSON, with `ended` saying why, as one line on stdout and exits
 //! (0; 2 for bad arguments). The JSON: `ended`, `elapsed_seconds`, `names_requested`,
 //! `names_sent`, `batches_sent`, `all_sent_seconds`, `responses`, `resources` and `removed`
 //! (per type: `cluster`, `endpoints`, `other`), `response_bytes`, `acks_sent`,
@@ -69,6 +69,9 @@ struct Args {
     /// Do not stop when stdin closes.
     #[arg(long)]
     ignore_stdin: bool,
+    /// Stop once every name is answered (by a cluster or a removal), closing the stream.
+    #[arg(long)]
+    until_answered: bool,
     /// The node id in the first request.
     #[arg(long, default_value = "odmesh-xds-flood")]
     node_id: String,
@@ -288,6 +291,9 @@ async fn flood(args: &Args, started: Instant, stats: &mut Stats) -> String {
             message = inbound.message() => match message {
                 Ok(Some(response)) => {
                     on_response(args, started, stats, &ack_tx, response);
+                    if args.until_answered && stats.all_answered.is_some() {
+                        break "all answered".to_owned();
+                    }
                 }
                 Ok(None) => break "stream closed by the server".to_owned(),
                 Err(status) => {
