@@ -721,21 +721,6 @@ impl LoadReport {
         );
     }
 
-    /// Panics, printing the report, if the load started no request for longer than `max`
-    /// (from the start to the stop). Kept until the tests assert
-    /// [`LoadReport::assert_answered_within`] instead: a busy machine makes such pauses.
-    pub fn assert_no_pause_longer_than(&self, max: Duration) {
-        let pause = self.longest_pause();
-        assert!(
-            pause.length() <= max,
-            "the load started no request for {:?} (from {} to {}), more than {max:?}; the \
-             load:\n{self}",
-            pause.length(),
-            self.at(pause.from),
-            self.at(pause.to),
-        );
-    }
-
     /// A time from the start, with the latest mark at or before it: `12.345s (2.100s after
     /// «killed the control plane»)`.
     pub fn at(&self, t: Duration) -> String {
