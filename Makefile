@@ -106,16 +106,18 @@ bench-deps: ## install the benchmark tools (nginx-light, wrk, nghttp2-client) wi
 .PHONY: bench-build
 bench-build: wasm native envoy bench-deps
 	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control -p odmesh-bench
+	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-e2e --bin odmesh-xds-flood
 
 .PHONY: bench-quick
 bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/quick/latest.md
 	python3 bench/run.py --quick
 
 .PHONY: bench
-bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells and failover
+bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells, failover and the flood
 	python3 bench/run.py
 	$(MAKE) bench-shells
 	$(MAKE) bench-failover
+	$(MAKE) bench-flood
 
 # The two filter shells against a static route, alternating rounds (docs/benchmarks.md, "6. Two
 # shells"); SHELLS_ROUNDS rounds of SHELLS_SECONDS seconds each. Beside them, the wasm filter as
@@ -138,6 +140,14 @@ FAILOVER_ROUNDS ?= 20
 .PHONY: bench-failover
 bench-failover: bench-build ## kill the control-plane replica Envoy is connected to, time until it is served again: docs/bench/failover.json
 	python3 bench/failover.py --rounds $(FAILOVER_ROUNDS) --out docs/bench/failover.json
+
+# Another proxy's first requests beside a flood (docs/benchmarks.md, "9. Fairness under a
+# flood"); FLOOD_VIPS first requests in each phase.
+FLOOD_VIPS ?= 400
+
+.PHONY: bench-flood
+bench-flood: bench-build ## first requests while a raw client floods the control plane with a million names: docs/bench/flood.json
+	python3 bench/flood.py --vips $(FLOOD_VIPS) --out docs/bench/flood.json
 
 .PHONY: clean
 clean: ## remove build output (keeps the installed Envoy)
