@@ -410,7 +410,11 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
     firsts.mark("a million names answered");
     // Enough random Hosts to pass the proxy's bound on unregistered names many times over,
     // however slowly the machine lets them go.
-    random.wait_completed(1000, Duration::from_secs(60));
+    wait_until(
+        Duration::from_secs(60),
+        "1,000 random Hosts answered",
+        || random.progress().completed >= 1000,
+    );
 
     // The other proxy is served on time afterwards too: a registry change, and a new VIP.
     let mut changed = registered.clone();
