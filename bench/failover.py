@@ -19,15 +19,12 @@ Envoy and nginx (`make bench-build`). Standard library only; the helpers are ben
 """
 
 import argparse
-import hashlib
 import http.client
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,10 +36,6 @@ XDS_ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0
 KNOWN = "known"
 LOAD_RATE = 100  # requests per second on the known VIP
 POLL = 0.005
-
-
-def sha256(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def bootstrap(listener, admin, xds_ports):
@@ -82,12 +75,7 @@ class Replica:
         return any(p["service"] == "ads" and p["node_id"] == NODE_ID for p in proxies)
 
     def metrics(self):
-        out = {}
-        for line in run.http_get(f"http://127.0.0.1:{self.admin}/metrics").splitlines():
-            if not line.startswith("#") and " " in line:
-                k, v = line.split(" ", 1)
-                out[k] = int(float(v))
-        return out
+        return run.control_metrics(self.admin)
 
     def answered(self):
         m = self.metrics()
@@ -197,16 +185,8 @@ def main():
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--out", type=Path, default=run.OUT / "failover.json")
     args = ap.parse_args()
-    run.ENVOY = run.envoy_binary()
-    for need in [run.CONTROL, run.WASM]:
-        if not need.exists():
-            sys.exit(f"missing {need}: run `make bench-build`")
-    workdir = Path(tempfile.mkdtemp(prefix="odmesh-failover-"))
-    run.log(f"work folder (logs): {workdir}")
-    results = {"machine": run.machine(), "command": " ".join(["bench/failover.py", *sys.argv[1:]]),
-               "recorded_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-               "control_sha256": sha256(run.CONTROL), "wasm_sha256": sha256(run.WASM),
-               "replicas": args.replicas}
+    workdir, results = run.begin("failover", [run.CONTROL, run.WASM])
+    results["replicas"] = args.replicas
     procs = run.Procs(workdir)
     try:
         up = run.start_nginx(procs, workdir)

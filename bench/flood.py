@@ -26,11 +26,9 @@ and nginx (`make bench-build`). Standard library only; the helpers are bench/run
 """
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,19 +39,6 @@ import run  # noqa: E402
 FLOOD = run.ROOT / "target/release/odmesh-xds-flood"
 PREFIX = "fl-"
 HEAVY = "odmesh_xds_heavy_jobs_total"
-
-
-def sha256(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def metrics(cp):
-    out = {}
-    for line in run.http_get(f"http://127.0.0.1:{cp.admin}/metrics").splitlines():
-        if not line.startswith("#") and " " in line:
-            k, v = line.split(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 class Flooder:
@@ -100,7 +85,7 @@ def first_requests(envoy, start, count):
 
 def flooded_phase(workdir, label, envoy, start, count, target, args):
     """First requests while `target` is flooded; returns them and what the floods did."""
-    heavy_before, cpu_before = metrics(target).get(HEAVY, 0), run.cpu_seconds(target.pid)
+    heavy_before, cpu_before = run.control_metrics(target.admin).get(HEAVY, 0), run.cpu_seconds(target.pid)
     flooder = Flooder(workdir, label, target.xds, args.names, args.batch)
     began = time.monotonic()
     firsts = first_requests(envoy, start, count)
@@ -112,7 +97,7 @@ def flooded_phase(workdir, label, envoy, start, count, target, args):
         "flood_all_answered_seconds": run.summary([r["all_answered_seconds"] for r in runs]),
         "flood_first_response_seconds": run.summary([r["first_response_seconds"] for r in runs]),
         "flooded_control_cpu_seconds": run.cpu_seconds(target.pid) - cpu_before,
-        "heavy_jobs": metrics(target).get(HEAVY, 0) - heavy_before,
+        "heavy_jobs": run.control_metrics(target.admin).get(HEAVY, 0) - heavy_before,
     }
 
 
@@ -123,17 +108,9 @@ def main():
     ap.add_argument("--batch", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=run.OUT / "flood.json")
     args = ap.parse_args()
-    run.ENVOY = run.envoy_binary()
-    for need in [run.CONTROL, run.BENCH, FLOOD, run.WASM]:
-        if not need.exists():
-            sys.exit(f"missing {need}: run `make bench-build`")
-    workdir = Path(tempfile.mkdtemp(prefix="odmesh-flood-"))
-    run.log(f"work folder (logs): {workdir}")
-    results = {"machine": run.machine(), "command": " ".join(["bench/flood.py", *sys.argv[1:]]),
-               "recorded_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-               "control": str(run.CONTROL), "control_sha256": sha256(run.CONTROL),
-               "wasm_sha256": sha256(run.WASM), "flood_sha256": sha256(FLOOD),
-               "vips": args.vips, "names": args.names, "batch": args.batch, "phases": {}}
+    workdir, results = run.begin("flood", [run.CONTROL, run.BENCH, FLOOD, run.WASM])
+    results.update({"flood_sha256": run.sha256(FLOOD), "vips": args.vips, "names": args.names,
+                    "batch": args.batch, "phases": {}})
     n = args.vips
     procs = run.Procs(workdir)
     try:

@@ -718,6 +718,39 @@ def machine():
             "loadavg_start": open("/proc/loadavg").read().strip()}
 
 
+def sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def control_metrics(admin):
+    """The control plane's `/metrics` on the admin port `admin`, as {name: value} (every
+    metric it has is a count)."""
+    out = {}
+    for line in http_get(f"http://127.0.0.1:{admin}/metrics").splitlines():
+        if not line.startswith("#") and " " in line:
+            k, v = line.split(" ", 1)
+            out[k] = int(float(v))
+    return out
+
+
+def begin(script, needs):
+    """The start of a benchmark script of its own (bench/failover.py, bench/flood.py): Envoy
+    found, every path of `needs` present (else exits naming `make bench-build`), a work folder
+    for the logs, and the report's first fields: the machine, the command, the time, the
+    sha256 of the control plane and of the filter."""
+    global ENVOY
+    ENVOY = envoy_binary()
+    for need in needs:
+        if not Path(need).exists():
+            sys.exit(f"missing {need}: run `make bench-build`")
+    workdir = Path(tempfile.mkdtemp(prefix=f"odmesh-{script}-"))
+    log(f"work folder (logs): {workdir}")
+    results = {"machine": machine(), "command": " ".join([f"bench/{script}.py", *sys.argv[1:]]),
+               "recorded_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+               "control": str(CONTROL), "control_sha256": sha256(CONTROL), "wasm_sha256": sha256(WASM)}
+    return workdir, results
+
+
 def fmt_us(v):
     return f"{v:,.0f} µs" if v >= 10 else f"{v:.1f} µs"
 
