@@ -34,9 +34,15 @@ odmesh_base::metrics! {
         eureka_evictions_total: "counter",
         /// Embedded Eureka registry: status overrides set or removed.
         eureka_status_updates_total: "counter",
-        /// Embedded Eureka registry: writes refused as invalid (400: names, address, lease,
-        /// metadata, not a registration).
+        /// Embedded Eureka registry: writes refused as invalid (400: names, address, not a
+        /// registration).
         eureka_refused_invalid_total: "counter",
+        /// Embedded Eureka registry: registrations whose lease was longer than
+        /// --max-lease-duration, registered with that lease.
+        eureka_leases_clamped_total: "counter",
+        /// Embedded Eureka registry: metadata entries left out of registrations (beyond the
+        /// metadata bounds, or a key or value the registry cannot keep).
+        eureka_metadata_dropped_total: "counter",
         /// Embedded Eureka registry: requests without valid credentials (401), with --eureka-auth.
         eureka_refused_unauthenticated_total: "counter",
         /// Embedded Eureka registry: writes an identity may not make (403): another's instance,
@@ -62,6 +68,10 @@ odmesh_base::metrics! {
         eureka_peer_replicated_total: "counter",
         /// Embedded Eureka registry: batches of writes that did not reach a peer (sent again).
         eureka_peer_replication_failures_total: "counter",
+        /// Embedded Eureka registry: writes a peer refused as a whole batch (an error status
+        /// other than 503, or an answer that is not one), dropped as Eureka's servers drop
+        /// them; the heartbeats bring the registrations back once the peer takes them.
+        eureka_peer_discarded_total: "counter",
         /// Embedded Eureka registry: writes queued for the peers.
         eureka_peer_pending: "gauge",
         /// Embedded Eureka registry: queued writes dropped, the oldest first, for a peer

@@ -44,7 +44,9 @@ pub(super) fn router(eureka: EurekaRegistry) -> Router {
         .route("/instances/{id}", get(get_instance_by_id))
         .route("/vips/{vip}", get(get_vip))
         .route("/svips/{svip}", get(get_svip))
+        // Eureka's servers post to `peerreplication/batch/`.
         .route("/peerreplication/batch", post(replication_batch))
+        .route("/peerreplication/batch/", post(replication_batch))
         .layer(middleware::from_fn_with_state(eureka.clone(), authenticate))
         .with_state(eureka);
     Router::new()
@@ -89,7 +91,22 @@ fn answer_instance(headers: &HeaderMap, instance: InstanceInfo) -> Response {
     }
 }
 
+/// With `refuse_reads_while_warming`, while the registry warms up, a client's `GET /apps`
+/// and `/apps/delta` are answered 403 without a body, as Netflix's Eureka server answers
+/// them then: a Java Eureka client keeps the registry it has rather than take a partial one
+/// (the npm and PyPI clients fail to start instead). A peer filling itself (it names itself
+/// in [`peers::NODE_HEADER`]) is answered, marked as warming up.
+fn warming_up_for(eureka: &EurekaRegistry, headers: &HeaderMap) -> Option<Response> {
+    let refused = eureka.shared.config.refuse_reads_while_warming
+        && eureka.is_warming_up()
+        && !headers.contains_key(peers::NODE_HEADER);
+    refused.then(|| name_node(eureka, StatusCode::FORBIDDEN.into_response()))
+}
+
 async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
+    if let Some(refused) = warming_up_for(&eureka, &headers) {
+        return refused;
+    }
     let json = wants_json(&headers);
     let content_type = if json {
         "application/json"
@@ -116,6 +133,9 @@ fn name_node(eureka: &EurekaRegistry, mut answer: Response) -> Response {
 }
 
 async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
+    if let Some(refused) = warming_up_for(&eureka, &headers) {
+        return refused;
+    }
     answer_applications(&headers, eureka.delta())
 }
 
@@ -212,11 +232,13 @@ async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next)
     next.run(request).await
 }
 
-/// Answers a refused write, counting it and logging it (clipped, rate-limited).
+/// Answers a refused write, counting it and logging it (clipped, rate-limited). A 404 (an
+/// unknown instance: its client registers again) has no body, as Eureka's: its Jersey client
+/// reads any body of a heartbeat's 404 as an instance, fails, and never registers again.
 fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> Response {
     let metrics = &eureka.shared.metrics;
     let counter = match e.status {
-        404 => return e.into_response(),
+        404 => return StatusCode::NOT_FOUND.into_response(),
         403 => Some(&metrics.eureka_refused_forbidden_total),
         408 | 413 | 415 => Some(&metrics.eureka_refused_body_total),
         // The registry-full count is taken where it is decided.
@@ -238,12 +260,21 @@ fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> 
 
 /// Whether a body's `Content-Type` says JSON (`application/json`, or any `+json` type).
 fn is_json(headers: &HeaderMap) -> bool {
+    media_type(headers).is_some_and(|mime| mime == "application/json" || mime.ends_with("+json"))
+}
+
+/// Whether a body's `Content-Type` is `application/xml`, which Eureka's server also takes.
+fn is_xml(headers: &HeaderMap) -> bool {
+    media_type(headers).is_some_and(|mime| mime == "application/xml")
+}
+
+/// A body's media type, lowercase, without parameters.
+fn media_type(headers: &HeaderMap) -> Option<String> {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .map(|mime| mime.trim().to_ascii_lowercase())
-        .is_some_and(|mime| mime == "application/json" || mime.ends_with("+json"))
 }
 
 async fn register(
@@ -256,10 +287,10 @@ async fn register(
     let config = &eureka.shared.config;
     // A form or text/plain POST (what a web page may send anywhere without asking) is not a
     // registration.
-    if !is_json(&headers) {
+    if !is_json(&headers) && !is_xml(&headers) {
         let e = InvalidRequest::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "a registration is JSON: send Content-Type: application/json and {\"instance\": {...}}",
+            "a registration is JSON or XML: send Content-Type: application/json and {\"instance\": {...}}, or application/xml and <instance>...</instance>",
         );
         return refuse(&eureka, "registration", &app, e);
     }

@@ -50,6 +50,7 @@
 //! instead of refusing the instance, so a hand-written `curl` registration works.
 
 pub mod auth;
+pub mod document;
 mod http;
 pub mod ledger;
 pub mod peers;
@@ -83,7 +84,7 @@ use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status, split_vip
 
 use crate::ServerMetrics;
 use crate::wire::json::{
-    Application, Applications, ApplicationsDocument, DataCenterInfo, InstanceDocument, InstanceInfo,
+    Application, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
 };
 use crate::wire::xml;
 
@@ -108,6 +109,10 @@ pub struct ServerConfig {
     /// After a start, how long the registry is published as still loading, while clients
     /// register again (see the module docs). 0: complete at once.
     pub warmup: Duration,
+    /// Whether a client's `GET /apps` and `/apps/delta` are refused (403, no body) during the
+    /// warm-up, as Netflix's Eureka server does, instead of answered with what the registry
+    /// holds so far, as Spring Cloud's does by default (docs/eureka.md, "After a restart").
+    pub refuse_reads_while_warming: bool,
     /// When lease eviction stops.
     pub preservation: PreservationConfig,
     /// What a registration may hold, and how many instances the registry may hold.
@@ -148,6 +153,7 @@ impl Default for ServerConfig {
             eviction_interval: Duration::from_secs(1),
             delta_retention: Duration::from_secs(180),
             warmup: DEFAULT_WARMUP,
+            refuse_reads_while_warming: false,
             preservation: PreservationConfig::default(),
             limits: RegistrationLimits::default(),
             http: HttpLimits::default(),
@@ -196,12 +202,12 @@ struct Shared {
 }
 
 /// How a peer's copy of an instance differs from a client's registration: it states the
-/// status the instance reports, its override exactly, and its owner.
+/// status the instance reports and its override exactly (and its owner, in its metadata:
+/// see [`document`]).
 #[derive(Debug)]
 struct PeerCopy {
     reported: Status,
     overridden: Option<Status>,
-    owner: Option<Arc<str>>,
 }
 
 /// A written `GET /apps` answer, and the registry version it shows.
@@ -346,19 +352,26 @@ impl EurekaRegistry {
         caller
             .may_register_app(&app)
             .map_err(InvalidRequest::forbidden)?;
-        if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
-            return Err(InvalidRequest::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "XML registrations are not supported: send {\"instance\": {...}} as JSON",
-            ));
-        }
-        let doc: InstanceDocument = serde_json::from_slice(body).map_err(|e| {
-            InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
-            )
-        })?;
-        self.admit(caller, app, doc.instance, None)
+        let info = if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
+            let text = std::str::from_utf8(body).map_err(|e| {
+                InvalidRequest::new(StatusCode::BAD_REQUEST, format!("not UTF-8 XML: {e}"))
+            })?;
+            xml::read_instance(text).map_err(|e| {
+                InvalidRequest::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("not a Eureka registration (<instance>...</instance>): {e}"),
+                )
+            })?
+        } else {
+            let doc: InstanceDocument = serde_json::from_slice(body).map_err(|e| {
+                InvalidRequest::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
+                )
+            })?;
+            doc.instance
+        };
+        self.admit(caller, app, info, None)
     }
 
     /// Checks and records a registration of `info` under `app` (uppercase, checked): a
@@ -400,6 +413,8 @@ impl EurekaRegistry {
         };
         info.instance_id = Some(id.clone());
         let limits = &self.shared.config.limits;
+        let fitted = policy::fit(&mut info, limits);
+        document::canonical(&mut info);
         policy::check_instance(&info, limits)?;
         let claimed = split_vips(info.vip_address.as_deref().unwrap_or_default())
             .into_iter()
@@ -409,9 +424,13 @@ impl EurekaRegistry {
         for vip in claimed {
             caller.may_claim(&vip).map_err(InvalidRequest::forbidden)?;
         }
-        info.data_center_info
-            .get_or_insert_with(DataCenterInfo::my_own);
         info.action_type = None;
+        let owner = match &copy {
+            Some(_) => document::owner_of_copy(&info).map(Arc::from),
+            None => caller.owner().map(Arc::from),
+        };
+        document::set_owner(&mut info, owner.as_deref());
+        self.report_fitted(&app, &id, &fitted);
 
         let lease_info = info.lease_info.as_ref();
         let duration = match lease_info.and_then(|l| l.duration_in_secs) {
@@ -432,10 +451,6 @@ impl EurekaRegistry {
                 .or(info.overriddenstatus_legacy.as_deref())
                 .and_then(Status::parse)
                 .filter(|s| *s != Status::Unknown),
-        };
-        let owner = match &copy {
-            Some(copy) => copy.owner.clone(),
-            None => caller.owner().map(Arc::from),
         };
         let registration = Registration {
             info,
@@ -495,6 +510,28 @@ impl EurekaRegistry {
         );
         self.publish();
         Ok(())
+    }
+
+    /// Says what [`policy::fit`] changed in a registration (log, metrics).
+    fn report_fitted(&self, app: &str, id: &str, fitted: &policy::Fitted) {
+        if fitted.is_unchanged() {
+            return;
+        }
+        let metrics = &self.shared.metrics;
+        if fitted.lease_clamped.is_some() {
+            inc(&metrics.eureka_leases_clamped_total);
+        }
+        let dropped = fitted.metadata_dropped.len() as u64;
+        (metrics.eureka_metadata_dropped_total).fetch_add(dropped, Ordering::Relaxed);
+        odmesh_base::limited!(
+            warn,
+            app = %clip(app),
+            id = %clip(id),
+            lease_asked_secs = ?fitted.lease_clamped,
+            max_lease_secs = self.shared.config.limits.max_lease.as_secs(),
+            metadata_left_out = ?fitted.metadata_dropped.iter().take(8).map(|k| clip(k)).collect::<Vec<_>>(),
+            "eureka: registered within the limits: a lease shortened to --max-lease-duration, or metadata entries left out"
+        );
     }
 
     /// Renews the lease of an instance (a heartbeat), for `caller`. A `last_dirty_timestamp`
@@ -575,14 +612,21 @@ impl EurekaRegistry {
         overridden: Option<Status>,
         reported: Option<Status>,
     ) -> Result<(), InvalidRequest> {
-        self.modify(caller, app, id, |lease| {
+        let change = |lease: &mut Lease| {
             lease.overridden = overridden;
             if let Some(reported) = reported {
                 lease.reported = reported;
             }
             lease.refresh_status();
             Ok(())
-        })?;
+        };
+        // As Eureka's servers replicate them: a Register would not change a real server's
+        // override, and a real server's Register clears this one's.
+        let replicated = |lease: &Lease| match overridden {
+            Some(status) => Replicated::status_update(lease, status),
+            None => Replicated::delete_override(lease),
+        };
+        self.modify(caller, app, id, change, replicated)?;
         inc(&self.shared.metrics.eureka_status_updates_total);
         odmesh_base::limited!(
             info,
@@ -604,7 +648,17 @@ impl EurekaRegistry {
         entries: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), InvalidRequest> {
         let limits = &self.shared.config.limits;
-        self.modify(caller, app, id, |lease| {
+        let entries: Vec<(String, String)> = entries.into_iter().collect();
+        if entries.iter().any(|(key, _)| key == document::OWNER_KEY) {
+            return Err(InvalidRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the metadata entry {} is the registry's own",
+                    document::OWNER_KEY
+                ),
+            ));
+        }
+        let change = |lease: &mut Lease| {
             let mut merged = lease.doc().metadata.clone();
             merged.extend(entries);
             let data_center = lease
@@ -615,7 +669,8 @@ impl EurekaRegistry {
             policy::check_metadata(merged.iter().chain(data_center), limits)?;
             lease.doc_mut().metadata = merged;
             Ok(())
-        })
+        };
+        self.modify(caller, app, id, change, Replicated::register)
     }
 
     fn modify(
@@ -624,13 +679,14 @@ impl EurekaRegistry {
         app: &str,
         id: &str,
         change: impl FnOnce(&mut Lease) -> Result<(), InvalidRequest>,
+        replicated: impl FnOnce(&Lease) -> Replicated,
     ) -> Result<(), InvalidRequest> {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
         may_change(caller, &state, &app, id)?;
         let changed = state.modify(&app, id, Now::read(), change);
         let forward = (changed.as_ref().is_some_and(Result::is_ok) && self.has_peers())
-            .then(|| state.lease(&app, id).map(Replicated::register))
+            .then(|| state.lease(&app, id).map(replicated))
             .flatten();
         drop(state);
         changed.unwrap_or_else(|| Err(InvalidRequest::not_found(&app, id)))?;

@@ -4,9 +4,12 @@
 //! - **What goes to the peers.** Every write a client makes on this node (registration,
 //!   heartbeat, cancellation, status override set or removed, metadata) is queued for each
 //!   peer and sent in batches, `POST {peer}/peerreplication/batch` with Eureka's
-//!   `{"replicationList": [...]}`. A status or metadata change goes as a `Register` of the
-//!   whole instance, with its override exactly as it is here. Evictions are not sent: each
-//!   node evicts on its own, as in Eureka.
+//!   `{"replicationList": [...]}`, entries with Eureka's fields only, so that a real Eureka
+//!   server takes them (and `/peerreplication/batch/`, where Eureka's servers post, is
+//!   served too). An override goes as Eureka's `StatusUpdate` and its removal as
+//!   `DeleteStatusOverride`; a metadata change as a `Register` of the whole instance. The
+//!   owner of an instance travels in its document (see [`document`](super::document)).
+//!   Evictions are not sent: each node evicts on its own, as in Eureka.
 //! - **Not forwarded again.** A write that came from a peer (a batch, or a single REST call
 //!   with `x-netflix-discovery-replication: true`) is applied here and goes nowhere else.
 //!   Only an operator may send those when the registry has a tokens file; put its
@@ -17,8 +20,11 @@
 //!   the registration), and 409 with its own document when it holds a newer one (this node
 //!   then takes it).
 //! - **A peer that is down or unreachable.** Its queue keeps the writes in order and is
-//!   sent when the peer answers again, retried with a backoff (50 ms to 1 s). The queue is
-//!   bounded (`max_pending`, the oldest writes go first): after a longer outage the
+//!   sent when the peer answers again, retried with a backoff (50 ms to 1 s); as Eureka's
+//!   servers do, only when the peer was not reached, did not answer in time or answered 503:
+//!   a batch it refuses otherwise (a 4xx, another 5xx, an answer that is not one) is
+//!   dropped and counted, so that one refused write cannot hold up all those behind it.
+//!   The queue is bounded (`max_pending`, the oldest writes go first): after a longer outage the
 //!   heartbeats, refused with 404, bring the registrations back, and instances cancelled
 //!   meanwhile expire with their lease.
 //! - **A starting node** fills itself from the first peer that answers `GET /apps`. It is
@@ -194,10 +200,9 @@ pub struct Replicated {
     pub status: Option<Status>,
     /// The override, for `Register` and `Heartbeat`.
     pub overridden: Option<Status>,
-    /// The whole instance, for `Register`.
+    /// The whole instance, for `Register` (its owner in its metadata, see
+    /// [`document`](super::document)).
     pub info: Option<Arc<InstanceInfo>>,
-    /// Who owns the instance, with a tokens file.
-    pub owner: Option<Arc<str>>,
 }
 
 impl Replicated {
@@ -211,7 +216,6 @@ impl Replicated {
             status: None,
             overridden: None,
             info: None,
-            owner: None,
         }
     }
 
@@ -225,7 +229,6 @@ impl Replicated {
             status: Some(lease.reported),
             overridden: lease.overridden,
             info: Some(doc),
-            owner: lease.owner.clone(),
             ..Replicated::new(Action::Register, &app, &id)
         }
     }
@@ -242,6 +245,37 @@ impl Replicated {
 
     pub fn cancel(app: &str, id: &str) -> Replicated {
         Replicated::new(Action::Cancel, app, id)
+    }
+
+    /// An operator's override of `lease`, `status`, as Eureka replicates it: its
+    /// `StatusUpdate`.
+    pub fn status_update(lease: &Lease, status: Status) -> Replicated {
+        let doc = lease.doc();
+        Replicated {
+            last_dirty_timestamp: doc.last_dirty_timestamp,
+            status: Some(status),
+            ..Replicated::new(
+                Action::StatusUpdate,
+                doc.app.as_deref().unwrap_or_default(),
+                doc.instance_id.as_deref().unwrap_or_default(),
+            )
+        }
+    }
+
+    /// The override of `lease` removed, as Eureka replicates it: its `DeleteStatusOverride`,
+    /// with the status the instance is back to (a real Eureka server takes that as its
+    /// status).
+    pub fn delete_override(lease: &Lease) -> Replicated {
+        let doc = lease.doc();
+        Replicated {
+            last_dirty_timestamp: doc.last_dirty_timestamp,
+            status: Some(lease.reported),
+            ..Replicated::new(
+                Action::DeleteStatusOverride,
+                doc.app.as_deref().unwrap_or_default(),
+                doc.instance_id.as_deref().unwrap_or_default(),
+            )
+        }
     }
 
     /// A `Register` of `info` under `app` as a peer holds it: the status and override it
@@ -285,13 +319,6 @@ struct Entry<I> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     instance_info: Option<I>,
     action: Action,
-    /// odmesh's: the instance's owner, with a tokens file (Eureka has none).
-    #[serde(
-        default,
-        rename = "odmeshOwner",
-        skip_serializing_if = "Option::is_none"
-    )]
-    owner: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -355,7 +382,6 @@ pub fn encode(writes: &[Replicated]) -> Vec<u8> {
                 status: w.status.map(|s| s.as_str().to_owned()),
                 instance_info: w.info.as_deref(),
                 action: w.action,
-                owner: w.owner.as_deref().map(str::to_owned),
             })
             .collect(),
     };
@@ -380,7 +406,6 @@ pub fn decode(body: &[u8]) -> Result<Vec<Replicated>, InvalidRequest> {
             status: e.status.as_deref().and_then(Status::parse),
             overridden: override_of(e.overridden_status.as_deref()),
             info: e.instance_info.map(Arc::new),
-            owner: e.owner.map(Arc::from),
         })
         .collect())
 }
@@ -458,6 +483,21 @@ enum CallError {
         status: u16,
         body: String,
     },
+    #[error("{url}: {reason}")]
+    Undecodable { url: String, reason: String },
+}
+
+impl CallError {
+    /// Whether the same call may succeed later: the peer was not reached, did not answer in
+    /// time, or said it is busy (503). Eureka's servers send such a batch again and drop one
+    /// refused otherwise (docs/eureka.md, "Replication between peers").
+    fn is_transient(&self) -> bool {
+        match self {
+            CallError::Transport { .. } | CallError::Timeout { .. } => true,
+            CallError::Status { status, .. } => *status == 503,
+            CallError::Undecodable { .. } => false,
+        }
+    }
 }
 
 impl EurekaRegistry {
@@ -532,7 +572,6 @@ impl EurekaRegistry {
                 let copy = PeerCopy {
                     reported: write.status.unwrap_or_else(|| info.status()),
                     overridden: write.overridden,
-                    owner: write.owner,
                 };
                 super::policy::check_app(app)?;
                 self.admit(&Caller::Anyone, app.to_owned(), info, Some(copy))?;
@@ -636,6 +675,17 @@ impl EurekaRegistry {
                     replicated.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     self.answered(peer, &batch, replies);
                 }
+                Err(e) if !e.is_transient() => {
+                    self.unqueued(batch.len());
+                    let discarded = &metrics.eureka_peer_discarded_total;
+                    discarded.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    odmesh_base::limited!(
+                        warn,
+                        error = %e,
+                        writes = batch.len(),
+                        "eureka: a peer refused a batch of writes; dropped (its heartbeats bring the registrations back once it takes them)"
+                    );
+                }
                 Err(e) => {
                     failures += 1;
                     inc(&metrics.eureka_peer_replication_failures_total);
@@ -714,19 +764,20 @@ impl EurekaRegistry {
             return Ok(None);
         }
         let replies: Replies =
-            serde_json::from_slice(&answer.body).map_err(|e| CallError::Transport {
+            serde_json::from_slice(&answer.body).map_err(|e| CallError::Undecodable {
                 url: format!("{}/peerreplication/batch", peer.url),
                 reason: format!("not a replication answer: {e}"),
             })?;
         if replies.response_list.len() != batch.len() {
-            return Err(CallError::Transport {
-                url: format!("{}/peerreplication/batch", peer.url),
-                reason: format!(
-                    "{} answers to {} writes",
-                    replies.response_list.len(),
-                    batch.len()
-                ),
-            });
+            // Eureka's servers take such a batch as sent, without looking at the answers.
+            odmesh_base::limited!(
+                warn,
+                peer = %peer.url,
+                answers = replies.response_list.len(),
+                writes = batch.len(),
+                "eureka: a peer answered a batch with another number of answers; taken as sent"
+            );
+            return Ok(Some(Vec::new()));
         }
         Ok(Some(replies.response_list))
     }

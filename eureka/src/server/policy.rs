@@ -278,8 +278,73 @@ pub fn check_metadata<'a>(
     Ok(())
 }
 
-/// A whole registration (already given its id and app): every check above, plus the address,
-/// the host name, the lease and no control characters in the text fields clients read back.
+/// What [`fit`] changed in a registration to bring it within the limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fitted {
+    /// The lease asked for, in seconds, when it was longer than the limit (it is the limit
+    /// now).
+    pub lease_clamped: Option<u64>,
+    /// The metadata entries left out (their keys).
+    pub metadata_dropped: Vec<String>,
+}
+
+impl Fitted {
+    /// Whether nothing had to change.
+    pub fn is_unchanged(&self) -> bool {
+        self.lease_clamped.is_none() && self.metadata_dropped.is_empty()
+    }
+}
+
+/// Brings a registration within `limits` where Eureka would take it as it is: a lease
+/// longer than `max_lease` is shortened to it, and metadata entries the registry cannot
+/// keep (a key that is not an XML name, a value with a control character, and those beyond
+/// `max_metadata_entries` or `max_metadata_bytes`, `odmesh.*` entries kept first, then in
+/// key order) are left out. Eureka's clients count any answer but 204 as a failed
+/// registration and never appear; so the instance is registered, and the registry says
+/// what it left out (docs/eureka.md).
+pub fn fit(info: &mut InstanceInfo, limits: &RegistrationLimits) -> Fitted {
+    let mut fitted = Fitted::default();
+    if let Some(lease) = &mut info.lease_info
+        && let Some(secs) = lease.duration_in_secs
+        && Duration::from_secs(secs) > limits.max_lease
+    {
+        fitted.lease_clamped = Some(secs);
+        lease.duration_in_secs = Some(limits.max_lease.as_secs());
+    }
+    let mut entries: Vec<(String, String)> = info
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    // odmesh's own entries (the protocol) first: they change how the mesh routes.
+    entries.sort_by_key(|(key, _)| !key.starts_with("odmesh."));
+    let data_center = info
+        .data_center_info
+        .iter()
+        .flat_map(|dc| dc.metadata.iter());
+    let (mut count, mut bytes) =
+        data_center.fold((0, 0), |(n, b), (k, v)| (n + 1, b + k.len() + v.len()));
+    let mut kept = Vec::with_capacity(entries.len());
+    for (key, value) in entries {
+        let size = key.len() + value.len();
+        let fits = count < limits.max_metadata_entries && bytes + size <= limits.max_metadata_bytes;
+        if fits && check_metadata_key(&key).is_ok() && !has_control(&value) {
+            count += 1;
+            bytes += size;
+            kept.push((key, value));
+        } else {
+            fitted.metadata_dropped.push(key);
+        }
+    }
+    if !fitted.metadata_dropped.is_empty() {
+        info.metadata = kept.into_iter().collect();
+    }
+    fitted
+}
+
+/// A whole registration (already given its id and app, and [`fit`]): every check above,
+/// plus the address, the host name, the lease and no control characters in the text fields
+/// clients read back.
 pub fn check_instance(info: &InstanceInfo, limits: &RegistrationLimits) -> Result<(), Refused> {
     if let Some(id) = &info.instance_id {
         check_id(id)?;

@@ -25,9 +25,17 @@ impl Drop for Fixture {
     }
 }
 
-/// A registry on one machine (the registrations below are at 127.0.0.1).
+/// A registry on one machine (the registrations below are at 127.0.0.1), complete at once
+/// (no warm-up) unless a test says otherwise.
+fn config() -> ServerConfig {
+    ServerConfig {
+        warmup: Duration::ZERO,
+        ..ServerConfig::local()
+    }
+}
+
 fn fixture() -> Fixture {
-    fixture_with(ServerConfig::local())
+    fixture_with(config())
 }
 
 fn fixture_with(config: ServerConfig) -> Fixture {
@@ -256,14 +264,57 @@ async fn a_bare_registration_gets_a_host_name_a_data_center_and_a_lease() {
 }
 
 #[tokio::test]
-async fn an_xml_registration_is_refused_with_415() {
+async fn an_xml_registration_is_taken_as_eurekas_server_takes_it() {
     let f = fixture();
-    let req = Request::post("/eureka/apps/HELLO")
-        .header(header::CONTENT_TYPE, "application/xml")
-        .body(Body::from("<instance><app>HELLO</app></instance>"))
-        .unwrap();
-    let resp = f.eureka.router().oneshot(req).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // As Netflix's XStream codec writes an instance.
+    let xml = r#"<instance>
+      <instanceId>h1</instanceId><hostName>localhost</hostName><app>HELLO</app>
+      <ipAddr>127.0.0.1</ipAddr><status>UP</status><overriddenstatus>UNKNOWN</overriddenstatus>
+      <port enabled="true">8080</port><securePort enabled="false">443</securePort>
+      <countryId>1</countryId>
+      <dataCenterInfo class="com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo"><name>MyOwn</name></dataCenterInfo>
+      <leaseInfo><renewalIntervalInSecs>30</renewalIntervalInSecs><durationInSecs>90</durationInSecs></leaseInfo>
+      <metadata><zone>z1</zone></metadata>
+      <vipAddress>hello</vipAddress><secureVipAddress>hello</secureVipAddress>
+      <isCoordinatingDiscoveryServer>false</isCoordinatingDiscoveryServer>
+      <lastDirtyTimestamp>1700000000000</lastDirtyTimestamp><unknownThing>x</unknownThing>
+    </instance>"#;
+    let answer = f
+        .raw(
+            Method::POST,
+            "/eureka/apps/HELLO",
+            "application/xml",
+            None,
+            xml,
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{}", answer.body);
+    let served = f.get_json("/eureka/apps/HELLO/h1").await.json();
+    let inst = &served["instance"];
+    assert_eq!(inst["port"], json!({"$": 8080, "@enabled": "true"}));
+    assert_eq!(inst["vipAddress"], "hello");
+    assert_eq!(inst["metadata"], json!({"zone": "z1"}));
+    assert_eq!(inst["lastDirtyTimestamp"], "1700000000000");
+    assert!(inst.get("unknownThing").is_none());
+    let reg = f.published().await;
+    assert_eq!(reg.instances().count(), 1);
+
+    // What is not a registration, in either language, says so; a web page's POST is 415.
+    let bad = f
+        .raw(
+            Method::POST,
+            "/eureka/apps/HELLO",
+            "application/xml",
+            None,
+            "<apps/>",
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("<instance>"), "{}", bad.body);
+    let form = f
+        .raw(Method::POST, "/eureka/apps/HELLO", "text/plain", None, xml)
+        .await;
+    assert_eq!(form.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 }
 
 #[tokio::test]
@@ -287,6 +338,127 @@ async fn a_heartbeat_for_an_unknown_instance_is_answered_404_so_the_client_regis
         .await,
         StatusCode::OK
     );
+}
+
+#[tokio::test]
+async fn a_write_to_an_unknown_instance_is_answered_404_without_a_body() {
+    // Eureka's Jersey client reads the body of a heartbeat's 404 as an instance: with a
+    // body it fails, and never registers again.
+    let f = fixture();
+    for (method, uri) in [
+        (Method::PUT, "/eureka/apps/HELLO/nope"),
+        (
+            Method::PUT,
+            "/eureka/apps/HELLO/nope?status=UP&lastDirtyTimestamp=1",
+        ),
+        (Method::DELETE, "/eureka/apps/HELLO/nope"),
+        (
+            Method::PUT,
+            "/eureka/apps/HELLO/nope/status?value=OUT_OF_SERVICE",
+        ),
+    ] {
+        let answer = f.call(method.clone(), uri, "application/json", None).await;
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (StatusCode::NOT_FOUND, ""),
+            "{method} {uri}"
+        );
+    }
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let newer = (f.call(
+        Method::PUT,
+        "/eureka/apps/HELLO/h1?lastDirtyTimestamp=1700000009999",
+        "application/json",
+        None,
+    ))
+    .await;
+    assert_eq!(
+        (newer.status, newer.body.as_str()),
+        (StatusCode::NOT_FOUND, "")
+    );
+}
+
+#[tokio::test]
+async fn a_registration_is_written_back_with_eurekas_fields_only_in_the_form_its_readers_take() {
+    // Eureka's Spring client fails a whole /apps on one field it does not know, its Jersey
+    // client on an unknown field holding an object, both on a data center class they do not
+    // know or a port without @enabled.
+    let f = fixture();
+    let mut odd = instance("h1", "HELLO", "hello", 8080);
+    odd["somethingNew"] = json!({"nested": [1, 2]});
+    odd["flag"] = json!("x");
+    odd["port"] = json!({"$": "8080"});
+    odd["dataCenterInfo"] = json!({"@class": "com.amazonaws.appinfo.AmazonInfo", "name": "MyOwn", "metadata": {"a": "b"}});
+    odd["leaseInfo"]["extra"] = json!({"x": 1});
+    f.register("HELLO", odd).await;
+    let known = [
+        "instanceId",
+        "app",
+        "appGroupName",
+        "ipAddr",
+        "sid",
+        "port",
+        "securePort",
+        "homePageUrl",
+        "statusPageUrl",
+        "healthCheckUrl",
+        "secureHealthCheckUrl",
+        "vipAddress",
+        "secureVipAddress",
+        "countryId",
+        "dataCenterInfo",
+        "hostName",
+        "status",
+        "overriddenstatus",
+        "overriddenStatus",
+        "leaseInfo",
+        "isCoordinatingDiscoveryServer",
+        "metadata",
+        "lastUpdatedTimestamp",
+        "lastDirtyTimestamp",
+        "actionType",
+        "asgName",
+    ];
+    let lease_fields = [
+        "renewalIntervalInSecs",
+        "durationInSecs",
+        "registrationTimestamp",
+        "lastRenewalTimestamp",
+        "renewalTimestamp",
+        "evictionTimestamp",
+        "serviceUpTimestamp",
+    ];
+    for uri in ["/eureka/apps", "/eureka/apps/delta"] {
+        let doc = f.get_json(uri).await.json();
+        let inst = &doc["applications"]["application"][0]["instance"][0];
+        for key in inst.as_object().expect("an instance").keys() {
+            assert!(known.contains(&key.as_str()), "{uri}: {key} in {inst}");
+        }
+        for key in inst["leaseInfo"].as_object().expect("a lease").keys() {
+            assert!(
+                lease_fields.contains(&key.as_str()),
+                "{uri}: leaseInfo.{key}"
+            );
+        }
+        assert_eq!(
+            inst["dataCenterInfo"],
+            json!({"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"}),
+            "{uri}"
+        );
+        assert_eq!(
+            inst["port"],
+            json!({"$": 8080, "@enabled": "true"}),
+            "{uri}"
+        );
+        assert_eq!(inst["securePort"]["@enabled"], "false", "{uri}");
+        assert!(
+            inst["leaseInfo"]["durationInSecs"].as_u64().is_some(),
+            "{uri}"
+        );
+        assert!(doc["applications"]["apps__hashcode"].is_string(), "{uri}");
+        assert!(doc["applications"]["versions__delta"].is_string(), "{uri}");
+    }
 }
 
 #[tokio::test]
@@ -664,7 +836,7 @@ async fn the_published_model_is_that_of_the_full_document() {
 async fn the_delta_forgets_changes_older_than_its_retention() {
     let f = fixture_with(ServerConfig {
         delta_retention: Duration::from_secs(180),
-        ..ServerConfig::local()
+        ..config()
     });
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
@@ -733,7 +905,7 @@ async fn the_configured_lease_duration_applies_to_instances_that_do_not_say() {
     let f = fixture_with(ServerConfig {
         lease_duration: Duration::from_secs(5),
         eviction_interval: Duration::from_secs(1),
-        ..ServerConfig::local()
+        ..config()
     });
     let mut silent = instance("h1", "HELLO", "hello", 8080);
     silent.as_object_mut().unwrap().remove("leaseInfo");
@@ -873,7 +1045,7 @@ async fn a_registration_that_is_not_json_is_refused_with_415_whatever_its_body()
 async fn a_body_over_the_limit_is_refused_with_413() {
     let f = fixture_with(ServerConfig {
         max_body: 1024,
-        ..ServerConfig::local()
+        ..config()
     });
     let mut big = instance("h1", "HELLO", "hello", 8080);
     big["homePageUrl"] = json!("x".repeat(2000));
@@ -919,28 +1091,13 @@ async fn an_instance_at_a_loopback_or_link_local_address_is_refused_by_default()
 }
 
 #[tokio::test]
-async fn names_leases_and_metadata_out_of_bounds_are_refused_with_the_field_named() {
-    let f = fixture_with(ServerConfig {
-        limits: RegistrationLimits {
-            max_metadata_entries: 3,
-            ..ServerConfig::local().limits
-        },
-        ..ServerConfig::local()
-    });
-    let mut eternal = instance("h1", "HELLO", "hello", 8080);
-    eternal["leaseInfo"]["durationInSecs"] = json!(u64::from(u32::MAX));
-    let mut chatty = instance("h1", "HELLO", "hello", 8080);
-    chatty["metadata"] = json!({"a": "1", "b": "2", "c": "3", "d": "4"});
-    let mut bad_key = instance("h1", "HELLO", "hello", 8080);
-    bad_key["metadata"] = json!({"<script>": "x"});
+async fn names_out_of_bounds_are_refused_with_the_field_named() {
+    let f = fixture();
     let mut bad_id = instance("h1", "HELLO", "hello", 8080);
     bad_id["instanceId"] = json!("a b/../c");
     let cases = [
         ("%20", instance("h1", "HELLO", "hello", 8080), "app"),
         ("A%20B", instance("h1", "A B", "hello", 8080), "app"),
-        ("HELLO", eternal, "leaseInfo.durationInSecs"),
-        ("HELLO", chatty, "metadata"),
-        ("HELLO", bad_key, "metadata"),
         ("HELLO", bad_id, "instanceId"),
     ];
     for (app, body, field) in cases {
@@ -961,13 +1118,52 @@ async fn names_leases_and_metadata_out_of_bounds_are_refused_with_the_field_name
 }
 
 #[tokio::test]
+async fn a_lease_or_metadata_out_of_bounds_is_registered_within_them_and_counted() {
+    // Eureka takes any lease and any metadata, and a Java client whose registration is not
+    // answered 204 never appears: the registry keeps what fits, and says what it left out.
+    let f = fixture_with(ServerConfig {
+        limits: RegistrationLimits {
+            max_metadata_entries: 3,
+            ..config().limits
+        },
+        ..config()
+    });
+    let mut eternal = instance("h1", "HELLO", "hello", 8080);
+    eternal["leaseInfo"]["durationInSecs"] = json!(u64::from(u32::MAX));
+    assert_eq!(
+        f.try_register("HELLO", eternal).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let served = f.get_json("/eureka/apps/HELLO/h1").await.json();
+    let max_lease = config().limits.max_lease.as_secs();
+    assert_eq!(served["instance"]["leaseInfo"]["durationInSecs"], max_lease);
+    assert_eq!(count(&f.metrics.eureka_leases_clamped_total), 1);
+
+    let mut chatty = instance("h2", "HELLO", "hello", 8080);
+    chatty["metadata"] =
+        json!({"d": "4", "c": "3", "b": "2", "odmesh.protocol": "http2", "<script>": "x"});
+    assert_eq!(
+        f.try_register("HELLO", chatty).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let served = f.get_json("/eureka/apps/HELLO/h2").await.json();
+    assert_eq!(
+        served["instance"]["metadata"],
+        json!({"b": "2", "c": "3", "odmesh.protocol": "http2"}),
+        "odmesh's own entries first, then in key order; a key that is no XML name left out"
+    );
+    assert_eq!(count(&f.metrics.eureka_metadata_dropped_total), 2);
+    assert_eq!(count(&f.metrics.eureka_refused_invalid_total), 0);
+}
+
+#[tokio::test]
 async fn a_metadata_update_over_the_bounds_is_refused_and_changes_nothing() {
     let f = fixture_with(ServerConfig {
         limits: RegistrationLimits {
             max_metadata_entries: 2,
-            ..ServerConfig::local().limits
+            ..config().limits
         },
-        ..ServerConfig::local()
+        ..config()
     });
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
@@ -989,9 +1185,9 @@ async fn a_full_registry_refuses_new_instances_with_503_but_takes_registrations_
     let f = fixture_with(ServerConfig {
         limits: RegistrationLimits {
             max_instances: 2,
-            ..ServerConfig::local().limits
+            ..config().limits
         },
-        ..ServerConfig::local()
+        ..config()
     });
     for id in ["h1", "h2"] {
         f.register("HELLO", instance(id, "HELLO", "hello", 8080))
@@ -1027,9 +1223,9 @@ async fn register_and_cancel_churn_keeps_the_delta_within_the_registry_bound() {
     let f = fixture_with(ServerConfig {
         limits: RegistrationLimits {
             max_instances: 3,
-            ..ServerConfig::local().limits
+            ..config().limits
         },
-        ..ServerConfig::local()
+        ..config()
     });
     for n in 0..10 {
         let id = format!("churn-{n}");
@@ -1051,7 +1247,7 @@ fn authenticated() -> Fixture {
     let auth = Authenticator::parse("tokens.yaml", TOKENS.as_bytes()).unwrap();
     fixture_with(ServerConfig {
         auth: Some(Arc::new(auth)),
-        ..ServerConfig::local()
+        ..config()
     })
 }
 
@@ -1177,7 +1373,7 @@ async fn an_identity_registers_only_its_vips_and_changes_only_its_instances() {
 async fn after_a_start_the_registry_is_still_loading_for_the_warm_up_then_complete() {
     let f = fixture_with(ServerConfig {
         warmup: Duration::from_secs(30),
-        ..ServerConfig::local()
+        ..config()
     });
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
@@ -1204,7 +1400,7 @@ fn preserving() -> Fixture {
             window: Duration::from_secs(10),
             min_instances: 3,
         },
-        ..ServerConfig::local()
+        ..config()
     })
 }
 

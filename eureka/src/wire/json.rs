@@ -286,6 +286,11 @@ impl Metadata {
         self.0.iter().map(|(k, v)| (k, v))
     }
 
+    /// Removes `key`; the value it had, if any.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        self.find(key).ok().map(|i| self.0.remove(i).1)
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

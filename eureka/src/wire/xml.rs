@@ -1,4 +1,5 @@
-//! Eureka's XML wire format, written (never read) for clients that ask for XML.
+//! Eureka's XML wire format, written for clients that ask for XML, and read for clients that
+//! register in XML ([`read_instance`]).
 //!
 //! A Eureka server answers XML unless the `Accept` header mentions `json`; some clients
 //! (PyPI `py-eureka-client`) send `Accept: */*` and parse only XML. The element names and
@@ -22,7 +23,65 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use serde_json::{Map, Value};
+
 use super::json::{Application, Applications, InstanceInfo, Port};
+
+/// Reads a registration in XML, `<instance>...</instance>` as Netflix's XStream codec writes
+/// it: element names are the JSON field names, a port's number is its text and `enabled` an
+/// attribute, the data center's `class` an attribute, metadata entries child elements.
+/// Elements it does not know are left out (as Eureka's reader does). No DTD is read.
+pub fn read_instance(text: &str) -> Result<InstanceInfo, String> {
+    let doc = roxmltree::Document::parse(text).map_err(|e| format!("not XML: {e}"))?;
+    let root = doc.root_element();
+    if root.tag_name().name() != "instance" {
+        return Err(format!(
+            "the root element is <{}>, not <instance>",
+            root.tag_name().name()
+        ));
+    }
+    let mut fields = Map::new();
+    for child in root.children().filter(roxmltree::Node::is_element) {
+        let name = child.tag_name().name();
+        let value = match name {
+            "port" | "securePort" => {
+                let mut port = Map::new();
+                port.insert("$".into(), Value::String(text_of(child)));
+                if let Some(enabled) = child.attribute("enabled") {
+                    port.insert("@enabled".into(), Value::String(enabled.into()));
+                }
+                Value::Object(port)
+            }
+            "dataCenterInfo" => {
+                let mut dc = children(child);
+                if let Some(class) = child.attribute("class") {
+                    dc.insert("@class".into(), Value::String(class.into()));
+                }
+                if let Some(metadata) = child.children().find(|c| c.has_tag_name("metadata")) {
+                    dc.insert("metadata".into(), Value::Object(children(metadata)));
+                }
+                Value::Object(dc)
+            }
+            "leaseInfo" | "metadata" => Value::Object(children(child)),
+            _ => Value::String(text_of(child)),
+        };
+        fields.insert(name.to_owned(), value);
+    }
+    serde_json::from_value(Value::Object(fields)).map_err(|e| e.to_string())
+}
+
+/// The text of `node` (empty if none).
+fn text_of(node: roxmltree::Node<'_, '_>) -> String {
+    node.text().unwrap_or_default().trim().to_owned()
+}
+
+/// The element children of `node` with only text, name → text.
+fn children(node: roxmltree::Node<'_, '_>) -> Map<String, Value> {
+    (node.children())
+        .filter(|c| c.is_element() && !c.children().any(|g| g.is_element()))
+        .map(|c| (c.tag_name().name().to_owned(), Value::String(text_of(c))))
+        .collect()
+}
 
 /// `<applications>` with `versions__delta`, `apps__hashcode` and every application.
 pub fn applications(apps: &Applications) -> String {

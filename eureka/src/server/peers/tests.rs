@@ -141,20 +141,20 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 #[test]
-fn a_batch_is_written_with_eurekas_field_names_and_reads_back() {
-    let info = InstanceInfo {
+fn a_batch_is_written_with_eurekas_field_names_only_and_reads_back() {
+    let mut info = InstanceInfo {
         instance_id: Some("h1".into()),
         app: Some("HELLO".into()),
         last_dirty_timestamp: Some(7),
         port: Some(Port::enabled(8080)),
         ..InstanceInfo::default()
     };
+    super::super::document::set_owner(&mut info, Some("hello"));
     let register = Replicated {
         last_dirty_timestamp: Some(7),
         status: Some(Status::Up),
         overridden: Some(Status::OutOfService),
         info: Some(Arc::new(info)),
-        owner: Some(Arc::from("hello")),
         ..Replicated::new(Action::Register, "hello", "h1")
     };
     let writes = [
@@ -169,6 +169,21 @@ fn a_batch_is_written_with_eurekas_field_names_and_reads_back() {
     assert_eq!(first["lastDirtyTimestamp"], 7);
     assert_eq!(first["overriddenStatus"], "OUT_OF_SERVICE");
     assert_eq!(first["instanceInfo"]["instanceId"], "h1");
+    // Eureka's server reads an entry strictly: a field it does not know fails the batch.
+    let eurekas = [
+        "appName",
+        "id",
+        "lastDirtyTimestamp",
+        "overriddenStatus",
+        "status",
+        "instanceInfo",
+        "action",
+    ];
+    for entry in body["replicationList"].as_array().expect("a list") {
+        for key in entry.as_object().expect("an entry").keys() {
+            assert!(eurekas.contains(&key.as_str()), "{key} in {entry}");
+        }
+    }
     assert_eq!(body["replicationList"][1]["action"], "Cancel");
     // Eureka writes timestamps as text too.
     let text = r#"{"replicationList":[{"appName":"hello","id":"h3","lastDirtyTimestamp":"9","action":"Heartbeat","overriddenStatus":"UNKNOWN"}]}"#;
@@ -178,7 +193,15 @@ fn a_batch_is_written_with_eurekas_field_names_and_reads_back() {
     assert_eq!(read[0].overridden, None);
     let back = decode(&encode(&writes)).expect("a batch");
     assert_eq!(back[0].overridden, Some(Status::OutOfService));
-    assert_eq!(back[0].owner.as_deref(), Some("hello"));
+    let owner = back[0]
+        .info
+        .as_deref()
+        .and_then(super::super::document::owner_of_copy);
+    assert_eq!(
+        owner,
+        Some("hello"),
+        "the owner travels in the instance's metadata"
+    );
     assert_eq!(
         back[0]
             .info
@@ -562,4 +585,249 @@ async fn a_peer_that_never_answers_costs_one_timeout_per_try_and_keeps_the_write
     // The registry itself answers meanwhile.
     assert_eq!(a.port_of("h1"), Some(8080));
     holding.abort();
+}
+
+/// A peer that answers a fill with an empty registry, records every batch it is sent and
+/// answers each with `answer(n)`, where `n` counts the batches from 0 (`Err(status)`: that status without a body; `Ok(())`: 200 with
+/// an OK for each write).
+struct Capture {
+    addr: SocketAddr,
+    batches: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Capture {
+    async fn start(answer: fn(usize) -> Result<(), u16>) -> Capture {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move { Capture::serve(stream, &seen, answer).await });
+            }
+        });
+        Capture {
+            addr,
+            batches,
+            task,
+        }
+    }
+
+    /// Serves the requests of one connection (keep-alive).
+    async fn serve(
+        mut stream: TcpStream,
+        seen: &Mutex<Vec<Value>>,
+        answer: fn(usize) -> Result<(), u16>,
+    ) {
+        let mut buffer = Vec::new();
+        loop {
+            let head_end = loop {
+                if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+            let length: usize = (head.lines())
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buffer.len() < head_end + length {
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let body: Value =
+                serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap_or(Value::Null);
+            buffer.drain(..head_end + length);
+            if head.starts_with("get ") {
+                // A starting node's fill: an empty registry.
+                let text = r#"{"applications":{"application":[]}}"#;
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}",
+                    text.len()
+                );
+                if stream.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let n = {
+                let mut seen = seen.lock().unwrap();
+                seen.push(body.clone());
+                seen.len() - 1
+            };
+            let writes = body["replicationList"].as_array().map_or(0, Vec::len);
+            let reply = match answer(n) {
+                Ok(()) => {
+                    let ok = vec![json!({"statusCode": 200}); writes];
+                    let text = json!({ "responseList": ok }).to_string();
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}",
+                        text.len()
+                    )
+                }
+                Err(status) => format!("HTTP/1.1 {status} No\r\ncontent-length: 0\r\n\r\n"),
+            };
+            if stream.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The actions of every write sent so far, in order.
+    fn actions(&self) -> Vec<String> {
+        let batches = self.batches.lock().unwrap();
+        (batches.iter())
+            .flat_map(|b| b["replicationList"].as_array().cloned().unwrap_or_default())
+            .map(|w| w["action"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn an_operators_override_goes_to_peers_as_eurekas_status_update_and_delete() {
+    // A real Eureka server keeps its own override on a Register, and a Register from it
+    // clears this node's: overrides go as the actions Eureka's servers send.
+    let peer = Capture::start(|_| Ok(())).await;
+    let a = Node::start(free_addr(), &[peer.addr]).await;
+    register(&a, "h1", 8080).await;
+    let path = "/eureka/apps/HELLO/h1/status";
+    assert_eq!(
+        http(
+            a.addr(),
+            "PUT",
+            &format!("{path}?value=OUT_OF_SERVICE"),
+            &[],
+            ""
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(http(a.addr(), "DELETE", path, &[], "").await.0, 200);
+    eventually("three writes sent", || peer.actions().len() == 3).await;
+    assert_eq!(
+        peer.actions(),
+        ["Register", "StatusUpdate", "DeleteStatusOverride"]
+    );
+    let batches = peer.batches.lock().unwrap().clone();
+    let all: Vec<&Value> = (batches.iter())
+        .flat_map(|b| b["replicationList"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(all[1]["status"], "OUT_OF_SERVICE");
+    assert_eq!(all[2]["status"], "UP", "the status the instance is back to");
+    for write in &all[1..] {
+        assert!(write["lastDirtyTimestamp"].is_u64(), "{write}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_a_peer_refuses_is_dropped_and_counted_and_the_writes_after_it_go_on() {
+    // The first batch is refused (400, as a real server refuses one it cannot read); a 503
+    // is sent again, as Eureka's servers do.
+    let peer = Capture::start(|n| match n {
+        0 => Err(400),
+        1 => Err(503),
+        _ => Ok(()),
+    })
+    .await;
+    let a = Node::start(free_addr(), &[peer.addr]).await;
+    register(&a, "h1", 8080).await;
+    eventually("the refused batch dropped", || {
+        count(&a.metrics.eureka_peer_discarded_total) == 1
+    })
+    .await;
+    register(&a, "h2", 8081).await;
+    eventually("h2 sent, again after the 503", || {
+        count(&a.metrics.eureka_peer_replicated_total) == 1
+    })
+    .await;
+    let registered: Vec<String> = {
+        let batches = peer.batches.lock().unwrap();
+        (batches.iter())
+            .map(|b| {
+                b["replicationList"][0]["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(registered, ["h1", "h2", "h2"]);
+    assert_eq!(count(&a.metrics.eureka_peer_replication_failures_total), 1);
+    assert_eq!(count(&a.metrics.eureka_peer_pending), 0);
+}
+
+#[tokio::test]
+async fn a_real_eureka_servers_batch_to_the_path_with_its_trailing_slash_is_taken() {
+    let b = Node::start(free_addr(), &[]).await;
+    // As Eureka's servers write one: no odmesh field, the timestamp a number.
+    let batch = json!({"replicationList": [{
+        "appName": "HELLO", "id": "h1", "lastDirtyTimestamp": 1_700_000_000_000u64,
+        "status": "UP", "action": "Register",
+        "instanceInfo": instance("h1", 8080)["instance"].clone(),
+    }]})
+    .to_string();
+    let (status, answer) = http(
+        b.addr(),
+        "POST",
+        "/eureka/peerreplication/batch/",
+        &[],
+        &batch,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let replies: Value = serde_json::from_str(&answer).expect("JSON");
+    assert_eq!(replies["responseList"].as_array().map(Vec::len), Some(1));
+    assert_eq!(b.port_of("h1"), Some(8080));
+}
+
+#[tokio::test]
+async fn an_owner_survives_a_starting_nodes_fill_and_keeps_its_instance_there() {
+    let tokens = r#"
+identities:
+  - {name: hello, token: "hello-token-0123456789", vips: [hello]}
+  - {name: other, token: "other-token-0123456789", vips: [other]}
+  - {name: ops, token: "ops-token-0123456789", operator: true}
+"#;
+    let auth = Arc::new(Authenticator::parse("tokens.yaml", tokens.as_bytes()).expect("tokens"));
+    let hello = "authorization: Bearer hello-token-0123456789";
+    let other = "authorization: Bearer other-token-0123456789";
+    let a = Node::start_with(free_addr(), &[], |c| c.auth = Some(auth.clone())).await;
+    let body = instance("h1", 8080).to_string();
+    let (status, answer) = http(a.addr(), "POST", "/eureka/apps/HELLO", &[hello], &body).await;
+    assert_eq!(status, 204, "{answer}");
+    // C starts with A as its peer, an operator's credentials in the URL, and fills from it.
+    let c = Node::start_with(free_addr(), &[], |c| {
+        let url = format!("http://ops:ops-token-0123456789@{}/eureka", a.addr());
+        c.peers = Some(PeerConfig::new(&[url], None).expect("peer URL"));
+        c.auth = Some(auth.clone());
+    })
+    .await;
+    eventually("C filled from A", || c.port_of("h1") == Some(8080)).await;
+    // The owner renews, drains and cancels its instance on C; no other identity may.
+    let renew = "/eureka/apps/HELLO/h1";
+    assert_eq!(http(c.addr(), "PUT", renew, &[other], "").await.0, 403);
+    assert_eq!(http(c.addr(), "PUT", renew, &[hello], "").await.0, 200);
+    let drain = "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE";
+    assert_eq!(http(c.addr(), "PUT", drain, &[hello], "").await.0, 200);
+    assert_eq!(http(c.addr(), "DELETE", renew, &[hello], "").await.0, 200);
+    assert_eq!(c.port_of("h1"), None);
 }
