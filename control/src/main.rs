@@ -206,6 +206,13 @@ struct EmbeddedArgs {
     #[arg(long, value_name = "SECS", default_value_t = 35.0)]
     registry_warmup: f64,
 
+    /// During the warm-up, answer a client's GET /apps and /apps/delta 403, as Netflix's
+    /// Eureka server does, so that Java Eureka clients keep the registry they hold instead
+    /// of taking a partial one; the npm and PyPI clients cannot start meanwhile. Off: they
+    /// are answered with what the registry holds so far, as Spring Cloud's server does.
+    #[arg(long)]
+    eureka_refuse_reads_while_warming: bool,
+
     /// Self-preservation: lease eviction stops while the renewals of the last
     /// --self-preservation-window fall below this share of those expected, and one eviction
     /// round takes at most the rest (15 %). 0 turns it off.
@@ -456,6 +463,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
     let config = eureka_server::ServerConfig {
         lease_duration: seconds("--lease-duration", args.lease_duration)?,
         warmup: seconds_or_zero("--registry-warmup", e.registry_warmup)?,
+        refuse_reads_while_warming: e.eureka_refuse_reads_while_warming,
         preservation: PreservationConfig {
             threshold: share(
                 "--self-preservation-threshold",

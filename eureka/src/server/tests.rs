@@ -1392,6 +1392,49 @@ async fn after_a_start_the_registry_is_still_loading_for_the_warm_up_then_comple
     assert_eq!(rx.borrow().len(), 1);
 }
 
+#[tokio::test]
+async fn refusing_reads_while_warming_answers_clients_403_without_a_body_and_peers_as_ever() {
+    let f = fixture_with(ServerConfig {
+        warmup: Duration::from_secs(600),
+        refuse_reads_while_warming: true,
+        ..config()
+    });
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    for uri in ["/eureka/apps", "/eureka/apps/delta"] {
+        let answer = f.get_json(uri).await;
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (StatusCode::FORBIDDEN, ""),
+            "{uri}"
+        );
+    }
+    // A peer filling itself names itself, and is answered, marked as warming up.
+    let req = Request::get("/eureka/apps")
+        .header(header::ACCEPT, "application/json")
+        .header(peers::NODE_HEADER, "another-node")
+        .body(Body::empty())
+        .unwrap();
+    let answer = f
+        .answer(
+            req,
+            header::HeaderName::from_static(peers::WARMING_UP_HEADER),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.content_type, "true", "the warming-up header");
+    assert!(answer.body.contains("\"h1\""), "{}", answer.body);
+    // Without the option, clients are answered during the warm-up too.
+    let serving = fixture_with(ServerConfig {
+        warmup: Duration::from_secs(600),
+        ..config()
+    });
+    assert_eq!(
+        serving.get_json("/eureka/apps").await.status,
+        StatusCode::OK
+    );
+}
+
 /// A fixture whose self-preservation counts over 10 s, from 3 instances.
 fn preserving() -> Fixture {
     fixture_with(ServerConfig {
