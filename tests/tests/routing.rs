@@ -1,8 +1,8 @@
 //! Where requests go, against real Envoy and `odmesh-control`: round robin over the `UP`
 //! instances of a VIP, registry edits (atomic or in place) that move traffic within 2 s, and
 //! requests that must reach nothing (invalid hosts) or not the cluster a client named
-//! (spoofed `x-odmesh-cluster`). Needs `make envoy`, `make wasm` and
-//! `cargo build -p odmesh-control`.
+//! (spoofed `x-odmesh-cluster`); a plain JDK client with Envoy as its HTTP proxy. Needs
+//! `make envoy`, `make wasm`, `cargo build -p odmesh-control` and Java 17.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -256,4 +256,48 @@ fn a_spoofed_cluster_header_reaches_only_the_vip_of_the_host() {
         ["hello.vip", "other.vip"],
         "a spoofed header made Envoy discover a cluster"
     );
+}
+
+/// `java` from the machine (Java 17, as the Eureka tests use).
+fn java() -> std::process::Command {
+    let found = std::process::Command::new("java")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "`java` (17 or later) is not on PATH; it runs the JDK client of this test"
+    );
+    std::process::Command::new("java")
+}
+
+#[test]
+fn a_plain_jdk_client_with_envoy_as_its_http_proxy_reaches_the_vip_its_url_names() {
+    // The zero-code entry for a JDK service: `-Dhttp.proxyHost` pointing at its Envoy; the
+    // request goes out as `GET http://hello/ HTTP/1.1`, and the URL's host is the VIP.
+    let env = TestEnv::new("routing_jdk_proxy");
+    let hello = EchoUpstream::start("hello-1");
+    let mesh = Mesh::start(&env, &[Instance::new("hello", hello.port())]);
+    let source = odmesh_e2e::repo_root().join("tests/jdk/ProxyGet.java");
+    for client in ["urlconnection", "httpclient"] {
+        let output = java()
+            .arg(format!("-Dhttp.proxyHost={}", mesh.egress().ip()))
+            .arg(format!("-Dhttp.proxyPort={}", mesh.egress().port()))
+            .arg(&source)
+            .args([client, "http://hello/jdk"])
+            .output()
+            .expect("java runs");
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{client}: {out}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let (status, body) = out.trim().split_once(' ').expect("status and body");
+        assert_eq!(status, "200", "{client}: {out}");
+        let body: serde_json::Value = serde_json::from_str(body).expect("the echo's JSON");
+        assert_eq!(body["upstream"], "hello-1", "{client}");
+        assert_eq!(body["path"], "/jdk", "{client}");
+    }
+    assert_eq!(hello.requests(), 2);
 }
