@@ -341,6 +341,38 @@ async fn a_heartbeat_for_an_unknown_instance_is_answered_404_so_the_client_regis
 }
 
 #[tokio::test]
+async fn a_registration_as_the_spring_client_writes_it_is_taken() {
+    // Spring Cloud's client writes its instance with Jackson: numbers for timestamps, a
+    // boolean, explicit nulls, and `overriddenstatus` spelled both ways.
+    let f = fixture();
+    let spring = json!({
+        "instanceId": "host:hello:8080", "app": "HELLO", "appGroupName": null,
+        "ipAddr": "127.0.0.1", "sid": "na", "homePageUrl": "http://127.0.0.1:8080/",
+        "statusPageUrl": "http://127.0.0.1:8080/actuator/info",
+        "healthCheckUrl": "http://127.0.0.1:8080/actuator/health",
+        "secureHealthCheckUrl": null, "vipAddress": "hello", "secureVipAddress": "hello",
+        "countryId": 1,
+        "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
+        "hostName": "127.0.0.1", "status": "UP", "overriddenStatus": "UNKNOWN",
+        "overriddenstatus": "UNKNOWN",
+        "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": 90, "registrationTimestamp": 0,
+                      "lastRenewalTimestamp": 0, "evictionTimestamp": 0, "serviceUpTimestamp": 0},
+        "isCoordinatingDiscoveryServer": false, "lastUpdatedTimestamp": 1_700_000_000_000u64,
+        "lastDirtyTimestamp": 1_700_000_000_000u64, "actionType": null, "asgName": null,
+        "port": {"$": 8080, "@enabled": "true"}, "securePort": {"$": 443, "@enabled": "false"},
+        "metadata": {"management.port": "8080"},
+    });
+    let answer = f.try_register("HELLO", spring).await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{}", answer.body);
+    let served = f
+        .get_json("/eureka/apps/HELLO/host:hello:8080")
+        .await
+        .json();
+    assert_eq!(served["instance"]["lastDirtyTimestamp"], "1700000000000");
+    assert_eq!(served["instance"]["isCoordinatingDiscoveryServer"], "false");
+}
+
+#[tokio::test]
 async fn a_write_to_an_unknown_instance_is_answered_404_without_a_body() {
     // Eureka's Jersey client reads the body of a heartbeat's 404 as an instance: with a
     // body it fails, and never registers again.
