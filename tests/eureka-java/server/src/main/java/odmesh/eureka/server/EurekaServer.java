@@ -1,0 +1,61 @@
+package odmesh.eureka.server;
+
+import org.springframework.beans.factory.annotation.Value;
+import org.springframework.boot.SpringApplication;
+import org.springframework.boot.autoconfigure.SpringBootApplication;
+import org.springframework.cloud.netflix.eureka.server.EnableEurekaServer;
+import org.springframework.context.annotation.Bean;
+import org.springframework.security.config.Customizer;
+import org.springframework.security.config.annotation.web.builders.HttpSecurity;
+import org.springframework.security.core.userdetails.User;
+import org.springframework.security.core.userdetails.UserDetailsService;
+import org.springframework.security.provisioning.InMemoryUserDetailsManager;
+import org.springframework.security.web.SecurityFilterChain;
+
+/**
+ * A stock Spring Cloud Netflix Eureka server. Everything but authentication is set by
+ * properties on the command line (tests/src/java_eureka.rs gives them).
+ *
+ * <p>{@code --odmesh.test.basic-auth=user:password} makes every request need HTTP Basic with
+ * these credentials (401 without), as "Securing The Eureka Server" in Spring Cloud Netflix's
+ * docs sets it up: CSRF stays on except for {@code /eureka/**}, where clients and peers send
+ * POST, PUT and DELETE without a token. Without the property everything is open.
+ */
+@SpringBootApplication
+@EnableEurekaServer
+public class EurekaServer {
+
+    public static void main(String[] args) {
+        SpringApplication.run(EurekaServer.class, args);
+    }
+
+    @Bean
+    SecurityFilterChain securityFilterChain(HttpSecurity http,
+            @Value("${odmesh.test.basic-auth:}") String basicAuth) throws Exception {
+        if (basicAuth.isEmpty()) {
+            http.authorizeHttpRequests(a -> a.anyRequest().permitAll()).csrf(csrf -> csrf.disable());
+        } else {
+            http.authorizeHttpRequests(a -> a.anyRequest().authenticated())
+                .httpBasic(Customizer.withDefaults())
+                .csrf(csrf -> csrf.ignoringRequestMatchers("/eureka/**"));
+        }
+        return http.build();
+    }
+
+    /** The one user of {@code odmesh.test.basic-auth}, or none (so Boot generates no password). */
+    @Bean
+    UserDetailsService users(@Value("${odmesh.test.basic-auth:}") String basicAuth) {
+        InMemoryUserDetailsManager users = new InMemoryUserDetailsManager();
+        int colon = basicAuth.indexOf(':');
+        if (!basicAuth.isEmpty()) {
+            if (colon <= 0) {
+                throw new IllegalArgumentException("odmesh.test.basic-auth must be user:password");
+            }
+            users.createUser(User.withUsername(basicAuth.substring(0, colon))
+                .password("{noop}" + basicAuth.substring(colon + 1))
+                .roles("EUREKA")
+                .build());
+        }
+        return users;
+    }
+}
