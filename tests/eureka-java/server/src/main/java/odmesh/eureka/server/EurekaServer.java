@@ -1,9 +1,13 @@
 package odmesh.eureka.server;
 
+import java.io.IOException;
+
 import org.springframework.beans.factory.annotation.Value;
+import org.springframework.boot.ApplicationRunner;
 import org.springframework.boot.SpringApplication;
 import org.springframework.boot.autoconfigure.SpringBootApplication;
 import org.springframework.cloud.netflix.eureka.server.EnableEurekaServer;
+import org.springframework.context.ConfigurableApplicationContext;
 import org.springframework.context.annotation.Bean;
 import org.springframework.security.config.Customizer;
 import org.springframework.security.config.annotation.web.builders.HttpSecurity;
@@ -20,6 +24,9 @@ import org.springframework.security.web.SecurityFilterChain;
  * these credentials (401 without), as "Securing The Eureka Server" in Spring Cloud Netflix's
  * docs sets it up: CSRF stays on except for {@code /eureka/**}, where clients and peers send
  * POST, PUT and DELETE without a token. Without the property everything is open.
+ *
+ * <p>{@code --odmesh.test.exit-on-stdin-eof=true} stops the server when its stdin closes: a
+ * test holds the pipe, so a server never outlives the test that started it, even one killed.
  */
 @SpringBootApplication
 @EnableEurekaServer
@@ -27,6 +34,28 @@ public class EurekaServer {
 
     public static void main(String[] args) {
         SpringApplication.run(EurekaServer.class, args);
+    }
+
+    @Bean
+    ApplicationRunner exitOnStdinEof(ConfigurableApplicationContext context,
+            @Value("${odmesh.test.exit-on-stdin-eof:false}") boolean exitOnEof) {
+        return args -> {
+            if (!exitOnEof) {
+                return;
+            }
+            Thread watch = new Thread(() -> {
+                try {
+                    while (System.in.read() != -1) {
+                        // Nothing is sent; only the end of input counts.
+                    }
+                } catch (IOException e) {
+                    // Read as the end of input.
+                }
+                System.exit(SpringApplication.exit(context));
+            }, "odmesh-stdin-eof");
+            watch.setDaemon(true);
+            watch.start();
+        };
     }
 
     @Bean
