@@ -45,6 +45,7 @@ pub mod envoy;
 pub mod eureka;
 pub mod fake_eureka;
 pub mod http;
+pub mod java;
 pub mod load;
 pub mod memory;
 pub mod mesh;
@@ -65,9 +66,13 @@ pub mod xds_flood;
 pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
-pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Listed, Registration, listed_instances};
+pub use eureka::{
+    Cached, ClientDriver, EurekaApi, EurekaClient, Fetched, Fetches, Listed, Registration,
+    listed_instances,
+};
 pub use fake_eureka::{FakeEureka, Garbage, Mode};
 pub use http::{Connection, Request, Response};
+pub use java::{JVM_START_TIMEOUT, JavaEureka, JavaEurekaBuilder};
 pub use load::{Load, LoadConfig, LoadReport, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};
