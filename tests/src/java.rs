@@ -293,16 +293,33 @@ impl JavaEureka {
             // every node here has the same host. my-url names this node exactly instead.
             ("eureka.instance.hostname", "localhost".into()),
             ("eureka.server.my-url", format!("{me}/")),
+            // As a peer it registers itself: at loopback, not at the machine's own address.
+            ("eureka.instance.ip-address", self.addr.ip().to_string()),
+            (
+                "eureka.instance.instance-id",
+                format!("{}:eureka:{}", self.addr.ip(), self.addr.port()),
+            ),
             ("eureka.server.enable-self-preservation", "false".into()),
             ("eureka.server.eviction-interval-timer-in-ms", "1000".into()),
             // Without self-preservation this only caps how many expired leases one eviction
             // run removes: 85% by default keeps some for the next runs; 10% lets one run
             // take almost all.
             ("eureka.server.renewal-percent-threshold", "0.1".into()),
-            (
-                "eureka.server.use-read-only-response-cache",
-                self.config.read_cache.to_string(),
-            ),
+        ];
+        if !self.config.read_cache {
+            properties.extend([
+                // Reads come from the read-write cache, which every write invalidates...
+                ("eureka.server.use-read-only-response-cache", "false".into()),
+                // ...but a read built while a write lands can be cached after the write's
+                // invalidation (Guava's invalidate does not stop a load in flight), stale
+                // until it expires, 180 s by default: this bounds it.
+                (
+                    "eureka.server.response-cache-auto-expiration-in-seconds",
+                    "1".into(),
+                ),
+            ]);
+        }
+        properties.extend([
             // Peers: a (re)started node copies its peers' registry once, without the 30 s
             // waits between Spring's 5 tries that an empty copy costs (~2 min when all
             // start together); no wait either for an empty copy; and 5 s to answer a
@@ -313,7 +330,7 @@ impl JavaEureka {
             ("eureka.server.peer-node-connect-timeout-ms", "5000".into()),
             ("eureka.client.register-with-eureka", peered.to_string()),
             ("eureka.client.fetch-registry", peered.to_string()),
-        ];
+        ]);
         if peered {
             properties.push((
                 "eureka.client.service-url.defaultZone",
