@@ -685,6 +685,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_java_drivers_fetched_report_reads_as_its_cache() {
+        let report = r#"{"apps":["HELLO"],"instances":[{"id":"hello-1","app":"HELLO",
+            "status":"OUT_OF_SERVICE","overriddenStatus":"OUT_OF_SERVICE","ip":"127.0.0.1",
+            "port":8080,"vip":"hello","metadata":{"zone":"z1"}}],"hash":"OUT_OF_SERVICE_1_"}"#;
+        let fetched = Fetched::parse(report);
+        assert_eq!(fetched.apps, ["HELLO"]);
+        assert_eq!(fetched.hash, "OUT_OF_SERVICE_1_");
+        let cached = &fetched.instances["hello-1"];
+        assert_eq!(
+            (cached.app.as_str(), cached.status.as_str(), cached.port),
+            ("HELLO", "OUT_OF_SERVICE", 8080)
+        );
+        assert_eq!(cached.overridden_status, "OUT_OF_SERVICE");
+        assert_eq!(
+            (cached.ip.as_str(), cached.vip.as_str()),
+            ("127.0.0.1", "hello")
+        );
+        assert_eq!(cached.metadata["zone"], "z1");
+        let empty = Fetched::parse(r#"{"apps":[],"instances":[],"hash":""}"#);
+        assert!(empty.apps.is_empty() && empty.instances.is_empty());
+    }
+
+    #[test]
     fn listed_instances_reads_lists_and_single_objects_as_eureka_writes_them() {
         let apps = json!({"applications": {"application": [
             {"name": "HELLO", "instance": [

@@ -37,6 +37,15 @@
 //! [`PeeredMesh`] killed or cut off from its peers by a blocked [`TcpProxy`]; an
 //! [`RssSampler`] on Envoy and the control plane ([`ChildGuard::rss_bytes`] for one reading)
 //! says whether memory stayed bounded. `tests/tests/drain.rs` is a whole example.
+//!
+//! ## Real Eureka
+//!
+//! Beside odmesh's own registry, tests run the real thing: [`JavaEureka`] is a Spring Cloud
+//! Netflix Eureka server (one node, peers, basic auth), and [`ClientDriver`] runs real Eureka
+//! clients: npm's and PyPI's, and a Spring Boot service on Spring Cloud's Eureka client with
+//! either transport ([`EurekaClient::Java`], [`EurekaClient::JavaJersey`]), which also reports
+//! what its cache holds ([`ClientDriver::fetch`]) and how it fetched it
+//! ([`ClientDriver::fetches`]). `eureka/tests/eureka_java.rs` shows them.
 #![forbid(unsafe_code)]
 
 pub mod control;
