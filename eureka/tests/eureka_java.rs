@@ -89,6 +89,24 @@ fn registered_drivers(
         .collect()
 }
 
+/// An operator cancels `<app>-1`'s registration (`DELETE /eureka/apps/<APP>/<app>-1`): its
+/// client's next heartbeat gets 404, and it registers again, UP.
+fn registers_again_after_an_operator_removed_it(
+    eureka: &EurekaApi,
+    driver: &mut ClientDriver,
+    client: EurekaClient,
+    app: &str,
+) {
+    let id = format!("{app}-1");
+    eureka.cancel(app, &id);
+    driver.wait_report("heartbeat 404", CHANGE_TIMEOUT);
+    wait_until(
+        CHANGE_TIMEOUT,
+        &format!("{client} to register {id} again after its heartbeat got 404"),
+        || eureka.statuses().get(&id).is_some_and(|s| s == "UP"),
+    );
+}
+
 /// Sends `stop` and waits until the driver has deregistered and exited 0.
 fn stop(driver: &mut ClientDriver) {
     driver.command("stop");
@@ -143,6 +161,15 @@ fn spring_clients_on_both_transports_register_with_a_real_eureka_server_fetch_an
         );
     }
     let fetched = started.elapsed();
+
+    // Removed by an operator, the RestClient one is told so by its next heartbeat (404) and
+    // registers again. The Jersey 3 one would not: a Spring Eureka server's 404 carries Spring's
+    // JSON error page, which that transport reads as an instance ("Root name ('timestamp') does
+    // not match expected ('instance')") and fails on, every heartbeat (Netflix/eureka#1540).
+    let (rest, (driver, _)) = (clients.iter().zip(&mut drivers))
+        .find(|((client, _), _)| *client == EurekaClient::Java)
+        .expect("a RestClient driver");
+    registers_again_after_an_operator_removed_it(&eureka.api(), driver, rest.0, rest.1);
 
     // Stopped, each deregisters and leaves the server's registry.
     for ((client, app), (driver, _)) in clients.iter().zip(&mut drivers) {
@@ -262,7 +289,8 @@ fn a_real_eureka_server_with_basic_auth_takes_clients_with_credentials_and_refus
 
 /// One Java client's instance in odmesh's embedded registry (in this process, as
 /// `odmesh-control --serve-eureka` runs it): it registers, heartbeats past its lease, finds
-/// itself in its own fetch of the registry, and leaves on stop.
+/// itself in its own fetch of the registry, registers again when an operator removed it, and
+/// leaves on stop.
 fn a_spring_client_registers_with_the_embedded_registry(client: EurekaClient, test: &str) {
     let _turn = one_at_a_time();
     client.require_installed();
@@ -329,6 +357,9 @@ fn a_spring_client_registers_with_the_embedded_registry(client: EurekaClient, te
     );
     let fetches = driver.fetches();
 
+    // Removed by an operator, it registers again when its heartbeat gets 404.
+    registers_again_after_an_operator_removed_it(&odmesh, &mut driver, client, app);
+
     stop(&mut driver);
     wait_until(
         CHANGE_TIMEOUT,
@@ -345,7 +376,7 @@ fn a_spring_client_registers_with_the_embedded_registry(client: EurekaClient, te
 }
 
 #[test]
-fn a_spring_client_on_rest_client_registers_with_the_embedded_registry_heartbeats_and_fetches_itself()
+fn a_spring_client_on_rest_client_registers_with_the_embedded_registry_fetches_itself_and_reregisters()
  {
     a_spring_client_registers_with_the_embedded_registry(
         EurekaClient::Java,
@@ -354,7 +385,7 @@ fn a_spring_client_on_rest_client_registers_with_the_embedded_registry_heartbeat
 }
 
 #[test]
-fn a_spring_client_on_jersey_3_registers_with_the_embedded_registry_heartbeats_and_fetches_itself()
+fn a_spring_client_on_jersey_3_registers_with_the_embedded_registry_fetches_itself_and_reregisters()
 {
     a_spring_client_registers_with_the_embedded_registry(
         EurekaClient::JavaJersey,
