@@ -162,6 +162,40 @@ fn spring_clients_on_both_transports_register_with_a_real_eureka_server_fetch_an
     }
     let fetched = started.elapsed();
 
+    // Driven, each changes what the server holds: its own status (a registration), its
+    // metadata (sent with the next periodic registration); and, for the RestClient one, an
+    // operator's override and its removal. Removing an override leaves the instance UNKNOWN
+    // on a real server, whose next heartbeat answer is 404 to make the client register again:
+    // the RestClient one does, the Jersey 3 one cannot (below) and would expire.
+    for ((client, app), (driver, _)) in clients.iter().zip(&mut drivers) {
+        let id = format!("{app}-1");
+        let api = eureka.api();
+        let holds = |what: &str, check: &dyn Fn(&Value) -> bool| {
+            wait_until(
+                CHANGE_TIMEOUT,
+                &format!("the server to hold {id} {what}"),
+                || listed(&api.apps(), &id).is_some_and(check),
+            )
+        };
+        if *client == EurekaClient::Java {
+            driver.command("out_of_service");
+            let answer = driver.wait_report("override ", CHANGE_TIMEOUT);
+            assert_eq!(answer, "override OUT_OF_SERVICE 200");
+            holds("OUT_OF_SERVICE", &|i| i["status"] == "OUT_OF_SERVICE");
+            driver.command("in_service");
+            let answer = driver.wait_report("override ", CHANGE_TIMEOUT);
+            assert_eq!(answer, "override removed 200");
+            holds("UP again", &|i| i["status"] == "UP");
+        }
+        driver.set_status("DOWN");
+        holds("DOWN", &|i| i["status"] == "DOWN");
+        driver.set_status("UP");
+        driver.set_metadata("zone", "z1");
+        holds("UP with metadata zone=z1", &|i| {
+            i["status"] == "UP" && i["metadata"]["zone"] == "z1"
+        });
+    }
+
     // Removed by an operator, the RestClient one is told so by its next heartbeat (404) and
     // registers again. The Jersey 3 one would not: a Spring Eureka server's 404 carries Spring's
     // JSON error page, which that transport reads as an instance ("Root name ('timestamp') does
