@@ -15,9 +15,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Write;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -308,8 +309,47 @@ pub struct ClientDriver {
     process: ChildGuard,
     stdin: Option<ChildStdin>,
     client: EurekaClient,
+    /// The reports read from its log so far.
+    reports: Reports,
     /// How many reports [`ClientDriver::wait_report`] has consumed.
     seen: usize,
+}
+
+/// The `odmesh-driver: ` lines of a driver's log, read as it grows: each poll reads only what
+/// was written since the last (a Java driver logs a lot, and waits poll every 20 ms).
+#[derive(Default)]
+struct Reports {
+    /// Bytes of the log read so far.
+    offset: u64,
+    /// The start of a line not yet ended.
+    partial: Vec<u8>,
+    /// Every report, without its prefix, in order.
+    lines: Vec<String>,
+}
+
+impl Reports {
+    /// Reads what the log at `path` gained since the last call.
+    fn read(&mut self, path: &Path) {
+        let Ok(mut file) = File::open(path) else {
+            return;
+        };
+        let mut fresh = Vec::new();
+        if file.seek(SeekFrom::Start(self.offset)).is_err() || file.read_to_end(&mut fresh).is_err()
+        {
+            return;
+        }
+        self.offset += fresh.len() as u64;
+        self.partial.extend_from_slice(&fresh);
+        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else {
+            return;
+        };
+        let complete: Vec<u8> = self.partial.drain(..=end).collect();
+        let text = String::from_utf8_lossy(&complete);
+        let reports = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("odmesh-driver: "));
+        self.lines.extend(reports.map(str::to_owned));
+    }
 }
 
 impl ClientDriver {
@@ -425,6 +465,7 @@ impl ClientDriver {
             process,
             stdin: Some(stdin),
             client,
+            reports: Reports::default(),
             seen: 0,
         }
     }
@@ -449,22 +490,21 @@ impl ClientDriver {
             self.process.log_path().display()
         );
         wait_for(timeout, &what, || {
-            let log = self.process.log();
-            let reports: Vec<&str> = log
-                .lines()
-                .filter_map(|l| l.strip_prefix("odmesh-driver: "))
-                .collect();
-            let fresh = reports.get(self.seen..).unwrap_or_default();
-            let wanted = |r: &&str| prefixes.iter().any(|p| r.starts_with(p));
+            // Whether it exited is asked first: its last reports are then in the log.
+            let exited = self.process.exit_status();
+            self.reports.read(self.process.log_path());
+            let fresh = self.reports.lines.get(self.seen..).unwrap_or_default();
+            let wanted = |r: &String| prefixes.iter().any(|p| r.starts_with(p));
             if let Some(i) = fresh.iter().position(wanted) {
-                let report = fresh[i].to_owned();
+                let report = fresh[i].clone();
                 self.seen += i + 1;
                 return Some(report);
             }
-            if let Some(status) = self.process.exit_status() {
+            if let Some(status) = exited {
                 panic!(
-                    "{} exited ({status}) before it reported {prefixes:?}:\n{log}",
-                    self.process.label()
+                    "{} exited ({status}) before it reported {prefixes:?}:\n{}",
+                    self.process.label(),
+                    self.process.log()
                 );
             }
             None
@@ -683,6 +723,25 @@ fn tools() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reports_are_read_as_the_log_grows_a_line_at_a_time() {
+        let path = std::env::temp_dir().join(format!("odmesh-reports-{}.log", std::process::id()));
+        let mut log = File::create(&path).expect("a temporary log");
+        let mut reports = Reports::default();
+        log.write_all(b"INFO starting\nodmesh-driver: listening 80\nodmesh-driver: regis")
+            .expect("written");
+        reports.read(&path);
+        assert_eq!(reports.lines, ["listening 80"]);
+        log.write_all(b"tered\nINFO done \xc3").expect("written");
+        reports.read(&path);
+        assert_eq!(reports.lines, ["listening 80", "registered"]);
+        log.write_all(b"\xa9\nodmesh-driver: fetched {}\n")
+            .expect("written");
+        reports.read(&path);
+        assert_eq!(reports.lines, ["listening 80", "registered", "fetched {}"]);
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn a_java_drivers_fetched_report_reads_as_its_cache() {

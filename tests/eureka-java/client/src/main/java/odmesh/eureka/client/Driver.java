@@ -103,8 +103,9 @@ public class Driver {
 
     @EventListener
     void ready(ApplicationReadyEvent event) {
+        // Not a daemon: "stop" closes the application from this thread, and the JVM must not
+        // end (its last other thread gone) before the thread reports "stopped" and exits.
         Thread commands = new Thread(this::obeyStdin, "odmesh-driver-stdin");
-        commands.setDaemon(true);
         commands.start();
         say("ready");
     }
