@@ -77,6 +77,7 @@ lint: ## cargo fmt --check, clippy on the host and on wasm32-wasip1 (warnings de
 unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32-wasip1
 	@scripts/ensure-toolchain.sh
 	@scripts/install-eureka-clients.sh
+	@scripts/install-eureka-java.sh
 	$(CARGO) test $(CARGOFLAGS) --workspace --exclude odmesh-e2e
 	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names
 
@@ -95,6 +96,7 @@ fuzz-quick: ## run every fuzz target briefly (FUZZ_QUICK_SECONDS, 15 s each), as
 .PHONY: e2e
 e2e: wasm native envoy ## end-to-end tests against real Envoy, once with each filter shell (wasm, native)
 	@scripts/install-eureka-clients.sh
+	@scripts/install-eureka-java.sh
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
 	ODMESH_FILTER=wasm $(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
 	ODMESH_FILTER=native $(CARGO) test $(CARGOFLAGS) -p odmesh-e2e

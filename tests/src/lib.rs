@@ -37,6 +37,15 @@
 //! [`PeeredMesh`] killed or cut off from its peers by a blocked [`TcpProxy`]; an
 //! [`RssSampler`] on Envoy and the control plane ([`ChildGuard::rss_bytes`] for one reading)
 //! says whether memory stayed bounded. `tests/tests/drain.rs` is a whole example.
+//!
+//! ## Real Eureka
+//!
+//! Beside odmesh's own registry, tests run the real thing: [`JavaEureka`] is a Spring Cloud
+//! Netflix Eureka server (one node, peers, basic auth), and [`ClientDriver`] runs real Eureka
+//! clients: npm's and PyPI's, and a Spring Boot service on Spring Cloud's Eureka client with
+//! either transport ([`EurekaClient::Java`], [`EurekaClient::JavaJersey`]), which also reports
+//! what its cache holds ([`ClientDriver::fetch`]) and how it fetched it
+//! ([`ClientDriver::fetches`]). `eureka/tests/eureka_java.rs` shows them.
 #![forbid(unsafe_code)]
 
 pub mod control;
@@ -45,6 +54,7 @@ pub mod envoy;
 pub mod eureka;
 pub mod fake_eureka;
 pub mod http;
+pub mod java;
 pub mod load;
 pub mod memory;
 pub mod mesh;
@@ -65,9 +75,13 @@ pub mod xds_flood;
 pub use control::{ControlPlane, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
-pub use eureka::{ClientDriver, EurekaApi, EurekaClient, Listed, Registration, listed_instances};
+pub use eureka::{
+    Cached, ClientDriver, EurekaApi, EurekaClient, Fetched, Fetches, Listed, Registration,
+    listed_instances,
+};
 pub use fake_eureka::{FakeEureka, Garbage, Mode};
 pub use http::{Connection, Request, Response};
+pub use java::{JVM_START_TIMEOUT, JavaEureka, JavaEurekaBuilder};
 pub use load::{Load, LoadConfig, LoadReport, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};

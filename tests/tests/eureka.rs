@@ -103,6 +103,8 @@ fn a_real_client_registers_routes_drains_and_expires(client: EurekaClient, test:
     let app = match client {
         EurekaClient::Js => "jsdemo",
         EurekaClient::Python => "pydemo",
+        EurekaClient::Java => "javademo",
+        EurekaClient::JavaJersey => "jerseydemo",
     };
     let id = format!("{app}-1");
 
