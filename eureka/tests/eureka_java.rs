@@ -6,8 +6,10 @@
 //!
 //! First the real pieces with each other, which is what odmesh has to match: the client with
 //! a server alone, three peered servers, a server with basic auth. Then the client with
-//! odmesh's embedded registry. When the jars or `java` are missing these tests FAIL and say
-//! how to build them; there is no skip.
+//! odmesh's embedded registry: registering, reading every change from deltas (never a full
+//! fetch after the first), registered within the bounds when it asks for more; and a real
+//! server and an odmesh node peered both ways. When the jars or `java` are missing these
+//! tests FAIL and say how to build them; there is no skip.
 //!
 //! JVMs start slowly and weigh on a small machine: these tests take turns ([`one_at_a_time`]).
 
@@ -425,4 +427,306 @@ fn a_spring_client_on_jersey_3_registers_with_the_embedded_registry_fetches_itse
         EurekaClient::JavaJersey,
         "jersey_client_with_the_embedded_registry",
     );
+}
+
+/// odmesh's embedded registry in this process, as `odmesh-control --serve-eureka` runs it
+/// (no warm-up, instances at loopback accepted), on `addr` (port 0 for any), with `peers`;
+/// with the runtime that serves it.
+fn embedded(
+    addr: SocketAddr,
+    peers: &[String],
+    edit: impl FnOnce(&mut ServerConfig),
+) -> (
+    tokio::runtime::Runtime,
+    server::EmbeddedSource,
+    Arc<ServerMetrics>,
+) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let metrics = Arc::new(ServerMetrics::default());
+    let mut config = ServerConfig {
+        lease_duration: Duration::from_secs(LEASE_SECS),
+        eviction_interval: Duration::from_millis(200),
+        warmup: Duration::ZERO,
+        ..ServerConfig::local()
+    };
+    if !peers.is_empty() {
+        config.peers = Some(server::peers::PeerConfig::new(peers, None).expect("peer URLs"));
+    }
+    edit(&mut config);
+    let registry = runtime
+        .block_on(server::start(
+            addr,
+            config,
+            None,
+            Arc::default(),
+            metrics.clone(),
+        ))
+        .expect("the embedded registry starts");
+    (runtime, registry, metrics)
+}
+
+#[test]
+fn spring_clients_read_every_change_of_the_embedded_registry_from_deltas_without_a_full_fetch() {
+    // Eureka's client checks each delta against the server's hash code of its whole registry,
+    // and fetches it all again on a mismatch (or when it cannot read a document at all).
+    let _turn = one_at_a_time();
+    let env = TestEnv::new("java_clients_read_deltas_from_the_embedded_registry");
+    let (_runtime, registry, _) = embedded("127.0.0.1:0".parse().unwrap(), &[], |_| {});
+    let odmesh = EurekaApi::new(registry.local_addr);
+    let url = format!("http://{}/eureka", registry.local_addr);
+    let clients = [
+        (EurekaClient::Java, "javademo"),
+        (EurekaClient::JavaJersey, "jerseydemo"),
+    ];
+    let mut drivers = registered_drivers(&env, &clients, &[url]);
+    let both_up = |f: &odmesh_e2e::Fetched| {
+        ["javademo-1", "jerseydemo-1"]
+            .iter()
+            .all(|id| f.instances.get(*id).is_some_and(|i| i.status == "UP"))
+    };
+    for (driver, _) in &mut drivers {
+        driver.wait_fetch(CHANGE_TIMEOUT, "both clients UP in its cache", both_up);
+    }
+    let before: Vec<_> = drivers.iter_mut().map(|(d, _)| d.fetches()).collect();
+
+    // Changes of every kind, each waited for in both clients' caches.
+    let steps: [(
+        &str,
+        Box<dyn Fn()>,
+        Box<dyn Fn(&odmesh_e2e::Fetched) -> bool>,
+    ); 4] = [
+        (
+            "other-1 registered",
+            Box::new(|| odmesh.register("other", "other-1", 9090)),
+            Box::new(|f| f.instances.contains_key("other-1")),
+        ),
+        (
+            "other-1 drained",
+            Box::new(|| odmesh.set_status("other", "other-1", "OUT_OF_SERVICE")),
+            Box::new(|f| {
+                f.instances
+                    .get("other-1")
+                    .is_some_and(|i| i.status == "OUT_OF_SERVICE")
+            }),
+        ),
+        (
+            "other-1 undrained",
+            Box::new(|| odmesh.remove_status_override("other", "other-1")),
+            Box::new(|f| f.instances.get("other-1").is_some_and(|i| i.status == "UP")),
+        ),
+        (
+            "other-1 cancelled",
+            Box::new(|| odmesh.cancel("other", "other-1")),
+            Box::new(|f| !f.instances.contains_key("other-1")),
+        ),
+    ];
+    for (what, change, seen) in &steps {
+        change();
+        for ((client, _), (driver, _)) in clients.iter().zip(&mut drivers) {
+            driver.wait_fetch(CHANGE_TIMEOUT, &format!("{client}: {what}"), |f| seen(f));
+        }
+    }
+    for ((client, _), ((driver, _), before)) in clients.iter().zip(drivers.iter_mut().zip(&before))
+    {
+        let after = driver.fetches();
+        eprintln!("{client}: fetches before the changes {before:?}, after {after:?}");
+        assert_eq!(
+            after.mismatch, 0,
+            "{client}: a delta disagreed with the hash code"
+        );
+        assert_eq!(
+            after.full, before.full,
+            "{client}: a full fetch after the first"
+        );
+        assert!(after.delta > before.delta, "{client}: no delta fetched");
+        assert_eq!(after.failed, 0, "{client}: a fetch failed");
+    }
+    registry.task.abort();
+}
+
+#[test]
+fn a_spring_client_asking_more_than_the_registrys_bounds_is_registered_within_them() {
+    // Eureka takes any lease and any metadata, and a Java client whose registration is not
+    // answered 204 never appears: odmesh registers it within its bounds.
+    let _turn = one_at_a_time();
+    let env = TestEnv::new("java_client_beyond_the_bounds");
+    let (_runtime, registry, metrics) = embedded("127.0.0.1:0".parse().unwrap(), &[], |_| {});
+    let odmesh = EurekaApi::new(registry.local_addr);
+    let url = format!("http://{}/eureka", registry.local_addr);
+    let keys: Vec<String> = (0..80)
+        .map(|i| format!("eureka.instance.metadata-map.k{i:02}"))
+        .collect();
+    let mut properties: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
+    properties.push((
+        "eureka.instance.lease-expiration-duration-in-seconds",
+        "3600",
+    ));
+    let registration = registration("bigdemo", "bigdemo-1");
+    let mut driver = ClientDriver::start_with_urls(
+        &env,
+        "bigdemo",
+        EurekaClient::Java,
+        &[url],
+        &registration,
+        &properties,
+    );
+    driver.wait_listening(EurekaClient::Java.start_timeout());
+    let registered = driver.wait_report("registered", EurekaClient::Java.start_timeout());
+    let document = odmesh.apps();
+    let instance =
+        listed(&document, "bigdemo-1").unwrap_or_else(|| panic!("not listed: {document}"));
+    assert_eq!(instance["status"], "UP", "{registered}: {instance}");
+    let max_lease = ServerConfig::local().limits.max_lease.as_secs();
+    assert_eq!(instance["leaseInfo"]["durationInSecs"], max_lease);
+    let kept = instance["metadata"]
+        .as_object()
+        .map_or(0, serde_json::Map::len);
+    assert_eq!(kept, ServerConfig::local().limits.max_metadata_entries);
+    assert!(metrics.eureka_leases_clamped_total.load(Ordering::Relaxed) >= 1);
+    assert!(
+        metrics
+            .eureka_metadata_dropped_total
+            .load(Ordering::Relaxed)
+            >= 16
+    );
+    stop(&mut driver);
+    registry.task.abort();
+}
+
+/// The status of instance `id` in a registry's `/eureka/apps`, if it is listed.
+fn status_on(api: &EurekaApi, id: &str) -> Option<String> {
+    api.statuses().get(id).cloned()
+}
+
+/// Waits until the real server and odmesh both list `id` with `want` (`None`: neither
+/// lists it).
+fn both_say(real: &JavaEureka, odmesh: &EurekaApi, id: &str, want: Option<&str>, what: &str) {
+    wait_until(CHANGE_TIMEOUT, what, || {
+        status_on(&real.api(), id).as_deref() == want && status_on(odmesh, id).as_deref() == want
+    });
+}
+
+#[test]
+fn a_real_eureka_server_and_an_odmesh_node_peered_both_ways_converge_and_lose_nothing() {
+    let _turn = one_at_a_time();
+    let env = TestEnv::new("a_mixed_eureka_cluster");
+    let odmesh_addr = odmesh_e2e::reserve_addrs(1)[0];
+    let odmesh_url = format!("http://{odmesh_addr}/eureka");
+    // The real server lists odmesh as its peer, and odmesh the real server.
+    let mut real = JavaEureka::builder()
+        .peers(std::slice::from_ref(&odmesh_url))
+        .start(&env, "eureka");
+    let (runtime, registry, metrics) = embedded(odmesh_addr, &[real.url()], |_| {});
+    let mut running = Some((runtime, registry));
+    let odmesh = EurekaApi::new(odmesh_addr);
+
+    // A client of each, each knowing both servers (as a fleet's clients list every server).
+    let clients = [
+        (
+            EurekaClient::Java,
+            "realdemo",
+            [real.url(), odmesh_url.clone()],
+        ),
+        (
+            EurekaClient::JavaJersey,
+            "meshdemo",
+            [odmesh_url.clone(), real.url()],
+        ),
+    ];
+    let mut drivers: Vec<ClientDriver> = (clients.iter())
+        .map(|(client, app, urls)| {
+            let registration = registration(app, &format!("{app}-1"));
+            ClientDriver::start_with_urls(&env, app, *client, urls, &registration, &[])
+        })
+        .collect();
+    for ((client, _, _), driver) in clients.iter().zip(&mut drivers) {
+        driver.wait_listening(client.start_timeout());
+        driver.wait_report("registered", client.start_timeout());
+    }
+    // Each write reaches the other side: the real server's batches to
+    // /peerreplication/batch/, odmesh's with Eureka's fields only.
+    for id in ["realdemo-1", "meshdemo-1"] {
+        both_say(&real, &odmesh, id, Some("UP"), &format!("{id} UP on both"));
+    }
+    // (A client may have registered with either server; these are made on one each.)
+    real.api().register("onreal", "onreal-1", 9001);
+    odmesh.register("onmesh", "onmesh-1", 9002);
+    for id in ["onreal-1", "onmesh-1"] {
+        both_say(&real, &odmesh, id, Some("UP"), &format!("{id} UP on both"));
+    }
+    assert!(metrics.eureka_peer_received_total.load(Ordering::Relaxed) > 0);
+    real.api().cancel("onreal", "onreal-1");
+    odmesh.cancel("onmesh", "onmesh-1");
+    for id in ["onreal-1", "onmesh-1"] {
+        both_say(&real, &odmesh, id, None, &format!("{id} cancelled on both"));
+    }
+
+    // An operator's override on either side reaches the other.
+    odmesh.set_status("meshdemo", "meshdemo-1", "OUT_OF_SERVICE");
+    both_say(
+        &real,
+        &odmesh,
+        "meshdemo-1",
+        Some("OUT_OF_SERVICE"),
+        "odmesh's drain on both",
+    );
+    odmesh.remove_status_override("meshdemo", "meshdemo-1");
+    both_say(
+        &real,
+        &odmesh,
+        "meshdemo-1",
+        Some("UP"),
+        "odmesh's undrain on both",
+    );
+    real.api()
+        .set_status("realdemo", "realdemo-1", "OUT_OF_SERVICE");
+    let what = "the real server's drain on both";
+    both_say(&real, &odmesh, "realdemo-1", Some("OUT_OF_SERVICE"), what);
+    real.api().remove_status_override("realdemo", "realdemo-1");
+    both_say(
+        &real,
+        &odmesh,
+        "realdemo-1",
+        Some("UP"),
+        "the real server's undrain on both",
+    );
+
+    // odmesh restarts: it fills from the real server and holds both at once.
+    if let Some((runtime, registry)) = running.take() {
+        registry.task.abort();
+        drop(runtime);
+    }
+    let (runtime, registry, metrics) = embedded(odmesh_addr, &[real.url()], |_| {});
+    wait_until(CHANGE_TIMEOUT, "odmesh filled from the real server", || {
+        metrics.eureka_peer_fills_total.load(Ordering::Relaxed) == 1
+    });
+    for id in ["realdemo-1", "meshdemo-1"] {
+        let now = status_on(&odmesh, id);
+        assert_eq!(now.as_deref(), Some("UP"), "{id} after odmesh's restart");
+    }
+    running = Some((runtime, registry));
+
+    // The real server dies: odmesh loses nothing (the clients heartbeat to it instead), and
+    // the restarted server fills from odmesh.
+    real.kill();
+    hold_for(
+        Duration::from_secs(LEASE_SECS * 2),
+        "both UP on odmesh while the real server is down",
+        || {
+            ["realdemo-1", "meshdemo-1"]
+                .iter()
+                .all(|id| status_on(&odmesh, id).as_deref() == Some("UP"))
+        },
+    );
+    real.restart(&env);
+    for id in ["realdemo-1", "meshdemo-1"] {
+        let what = format!("{id} on both after the real server's restart");
+        both_say(&real, &odmesh, id, Some("UP"), &what);
+    }
+    drop(drivers);
+    drop(running);
 }
