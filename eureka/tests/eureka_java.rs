@@ -469,6 +469,13 @@ fn embedded(
     (runtime, registry, metrics)
 }
 
+/// A change to make, and how a client's cache shows it.
+type Step<'a> = (
+    &'a str,
+    Box<dyn Fn() + 'a>,
+    Box<dyn Fn(&odmesh_e2e::Fetched) -> bool>,
+);
+
 #[test]
 fn spring_clients_read_every_change_of_the_embedded_registry_from_deltas_without_a_full_fetch() {
     // Eureka's client checks each delta against the server's hash code of its whole registry,
@@ -494,11 +501,7 @@ fn spring_clients_read_every_change_of_the_embedded_registry_from_deltas_without
     let before: Vec<_> = drivers.iter_mut().map(|(d, _)| d.fetches()).collect();
 
     // Changes of every kind, each waited for in both clients' caches.
-    let steps: [(
-        &str,
-        Box<dyn Fn()>,
-        Box<dyn Fn(&odmesh_e2e::Fetched) -> bool>,
-    ); 4] = [
+    let steps: [Step<'_>; 4] = [
         (
             "other-1 registered",
             Box::new(|| odmesh.register("other", "other-1", 9090)),
