@@ -16,6 +16,9 @@ odmesh_base::metrics! {
         eureka_hash_mismatches_total: "counter",
         /// Eureka source: switches to another configured server after a failure.
         eureka_failovers_total: "counter",
+        /// Eureka source: answers refused as larger than --eureka-max-answer (the fetch failed;
+        /// the last good registry stayed).
+        eureka_answers_too_large_total: "counter",
     }
 }
 
