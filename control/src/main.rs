@@ -268,9 +268,17 @@ struct EmbeddedArgs {
     peer_ca: Option<PathBuf>,
 
     /// Seconds one call to a peer (a batch of writes, a fill) may take before it counts as
-    /// failed and is tried again.
+    /// failed and is tried again; a fill, which reads the peer's whole registry, may take
+    /// longer as long as no part of it waits longer than this.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     peer_timeout: f64,
+
+    /// The largest registry a starting node reads from a peer (its `/apps`), in bytes once
+    /// decoded from gzip (and as transferred); a larger one is refused
+    /// (odmesh_eureka_peer_fills_too_large_total) and the next peer tried. Read as it
+    /// arrives, so this bounds time and traffic, not memory.
+    #[arg(long, value_name = "BYTES", default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    peer_max_answer: u64,
 
     /// Writes kept for one peer that does not take them; beyond, the oldest are dropped
     /// (odmesh_eureka_peer_dropped_total) and its heartbeats bring the registrations back.
@@ -441,6 +449,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         urls => Some(PeerConfig {
             timeout: seconds("--peer-timeout", e.peer_timeout)?,
             max_pending: at_least_one("--peer-max-pending", e.peer_max_pending)?,
+            max_answer: at_least_one("--peer-max-answer", e.peer_max_answer)?,
             ..PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?
         }),
     };
