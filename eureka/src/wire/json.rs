@@ -755,6 +755,8 @@ impl InstanceInfo {
                         }
                     }
                 }
+                // Pushed one at a time, a list of one VIP has room for four.
+                vips.shrink_to_fit();
                 (port, vips)
             };
         let (port, vips) = side(self.plain_port(), "port", &self.vip_address, "vipAddress");
