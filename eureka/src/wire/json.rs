@@ -485,6 +485,9 @@ pub enum InvalidDocument {
     Json(#[from] serde_json::Error),
     #[error("not a Eureka applications document: {0}")]
     Shape(String),
+    /// Not valid JSON, as a streamed read finds it (`wire::read`).
+    #[error("not valid JSON: {0}")]
+    Syntax(String),
     /// The document's bytes could not be read (a gzip answer that does not decode).
     #[error("the answer could not be read")]
     Unreadable(#[source] std::io::Error),

@@ -6,15 +6,13 @@
 //! instead of a list (or null), an instance that cannot be read is reported and skipped, and
 //! only a document that is not JSON, or not shaped like Eureka's, fails. An application's
 //! `name` may come after its `instance` list: that list is then kept as text until the name
-//! is known.
+//! is known. Values this reader skips (fields it does not know, above the instances) are
+//! checked only for balanced brackets and strings.
 
-use std::fmt;
 use std::io;
 
-use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use odmesh_registry::InvalidInstance;
 
@@ -36,19 +34,371 @@ pub type Sink<'a> = dyn FnMut(&str, usize, Result<InstanceInfo, InvalidInstance>
 /// Reads a document from `reader`, handing each instance to `sink` in the order of the
 /// document. A document that fails after some instances were handed over fails as a whole:
 /// the caller drops what it got.
+///
+/// The levels above the instances are walked by [`Scanner`], which cuts out each instance's
+/// bytes; serde_json reads those from a slice (reading the whole stream through serde_json's
+/// `io::Read` path took twice the time, a byte at a time: docs/benchmarks.md, section 10).
 pub fn read_document(reader: impl io::Read, sink: &mut Sink<'_>) -> Result<Head, InvalidDocument> {
-    let mut de = serde_json::Deserializer::from_reader(reader);
-    let head = Root { sink }.deserialize(&mut de).map_err(invalid)?;
-    de.end().map_err(invalid)?;
-    Ok(head)
+    Scanner::new(reader).document(sink)
 }
 
 /// [`read_document`] over a document in memory.
 pub fn read_document_slice(json: &[u8], sink: &mut Sink<'_>) -> Result<Head, InvalidDocument> {
-    let mut de = serde_json::Deserializer::from_slice(json);
-    let head = Root { sink }.deserialize(&mut de).map_err(invalid)?;
-    de.end().map_err(invalid)?;
-    Ok(head)
+    read_document(json, sink)
+}
+
+fn shape(what: &str) -> InvalidDocument {
+    InvalidDocument::Shape(what.to_owned())
+}
+
+/// A document's bytes as they are read, kept from the start of the value being cut out
+/// (`mark`) or from the read position.
+struct Scanner<R> {
+    reader: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    mark: Option<usize>,
+    eof: bool,
+}
+
+impl<R: io::Read> Scanner<R> {
+    fn new(reader: R) -> Scanner<R> {
+        Scanner {
+            reader,
+            buf: vec![0; 1 << 16],
+            pos: 0,
+            end: 0,
+            mark: None,
+            eof: false,
+        }
+    }
+
+    /// Reads more; false at the end of the document.
+    fn fill(&mut self) -> Result<bool, InvalidDocument> {
+        if self.eof {
+            return Ok(false);
+        }
+        let keep = self.mark.unwrap_or(self.pos);
+        if keep > 0 {
+            self.buf.copy_within(keep..self.end, 0);
+            self.end -= keep;
+            self.pos -= keep;
+            self.mark = self.mark.map(|_| 0);
+        }
+        if self.end == self.buf.len() {
+            let grown = self.buf.len() * 2;
+            self.buf.resize(grown, 0);
+        }
+        let n = loop {
+            match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(InvalidDocument::Unreadable(e)),
+            }
+        };
+        self.end += n;
+        self.eof = n == 0;
+        Ok(n > 0)
+    }
+
+    /// The next byte that is not white space, not consumed; `None` at the end.
+    fn peek(&mut self) -> Result<Option<u8>, InvalidDocument> {
+        loop {
+            while self.pos < self.end {
+                match self.buf[self.pos] {
+                    b' ' | b'\t' | b'\n' | b'\r' => self.pos += 1,
+                    b => return Ok(Some(b)),
+                }
+            }
+            if !self.fill()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn syntax(&self, what: &str) -> InvalidDocument {
+        InvalidDocument::Syntax(what.to_owned())
+    }
+
+    /// The next byte that is not white space, consumed.
+    fn next(&mut self) -> Result<u8, InvalidDocument> {
+        let b = self
+            .peek()?
+            .ok_or_else(|| self.syntax("the document ends early"))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn expect(&mut self, want: u8) -> Result<(), InvalidDocument> {
+        let got = self.next()?;
+        if got != want {
+            return Err(self.syntax(&format!(
+                "expected `{}`, found `{}`",
+                want as char,
+                got.escape_ascii()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Past the rest of a string whose opening quote was consumed.
+    fn skip_string(&mut self) -> Result<(), InvalidDocument> {
+        loop {
+            let rest = &self.buf[self.pos..self.end];
+            match rest.iter().position(|b| matches!(b, b'"' | b'\\')) {
+                Some(i) if rest[i] == b'"' => {
+                    self.pos += i + 1;
+                    return Ok(());
+                }
+                Some(i) if self.pos + i + 1 < self.end => self.pos += i + 2,
+                Some(i) => {
+                    // A backslash at the end of what is read: read on, then skip it and its character.
+                    self.pos += i;
+                    if !self.fill()? || self.end - self.pos < 2 && !self.fill()? {
+                        return Err(self.syntax("the document ends in a string"));
+                    }
+                    self.pos += 2;
+                }
+                None => {
+                    self.pos = self.end;
+                    if !self.fill()? {
+                        return Err(self.syntax("the document ends in a string"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Past one value: a string, a scalar, or a whole object or array (brackets matched;
+    /// what is inside is checked only by whoever reads it).
+    fn skip_value(&mut self) -> Result<(), InvalidDocument> {
+        let mut open: Vec<u8> = Vec::new();
+        loop {
+            let b = self.next()?;
+            match b {
+                b'"' => self.skip_string()?,
+                b'{' => open.push(b'}'),
+                b'[' => open.push(b']'),
+                b'}' | b']' => {
+                    if open.pop() != Some(b) {
+                        return Err(self.syntax(&format!("unexpected `{}`", b as char)));
+                    }
+                }
+                b',' | b':' if !open.is_empty() => continue,
+                b',' | b':' => return Err(self.syntax(&format!("unexpected `{}`", b as char))),
+                _ => loop {
+                    // A number or a literal: up to the next delimiter.
+                    while self.pos < self.end {
+                        if matches!(
+                            self.buf[self.pos],
+                            b',' | b':' | b'}' | b']' | b'"' | b'{' | b'['
+                        ) || self.buf[self.pos].is_ascii_whitespace()
+                        {
+                            break;
+                        }
+                        self.pos += 1;
+                    }
+                    if self.pos < self.end || !self.fill()? {
+                        break;
+                    }
+                },
+            }
+            if open.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The bytes of the next value, which the caller reads.
+    fn value(&mut self) -> Result<&[u8], InvalidDocument> {
+        self.peek()?;
+        self.mark = Some(self.pos);
+        let skipped = self.skip_value();
+        let start = self.mark.take().unwrap_or(self.pos);
+        skipped?;
+        Ok(&self.buf[start..self.pos])
+    }
+
+    /// A value read by serde_json from its bytes; a value of the wrong kind is a shape error.
+    fn read<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, InvalidDocument> {
+        let bytes = self.value()?;
+        serde_json::from_slice(bytes).map_err(invalid)
+    }
+
+    /// Calls `entry` with each key of the object whose `{` was consumed, the value next.
+    fn entries(
+        &mut self,
+        mut entry: impl FnMut(&mut Self, String) -> Result<(), InvalidDocument>,
+    ) -> Result<(), InvalidDocument> {
+        if self.peek()? == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            if self.peek()? != Some(b'"') {
+                return Err(self.syntax("expected a key"));
+            }
+            let key: String = self.read()?;
+            self.expect(b':')?;
+            entry(self, key)?;
+            match self.next()? {
+                b',' => continue,
+                b'}' => return Ok(()),
+                b => {
+                    return Err(self.syntax(&format!(
+                        "expected `,` or `}}`, found `{}`",
+                        b.escape_ascii()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Calls `element` with each element of the array whose `[` was consumed.
+    fn elements(
+        &mut self,
+        mut element: impl FnMut(&mut Self, usize) -> Result<(), InvalidDocument>,
+    ) -> Result<(), InvalidDocument> {
+        if self.peek()? == Some(b']') {
+            self.pos += 1;
+            return Ok(());
+        }
+        for index in 0.. {
+            element(self, index)?;
+            match self.next()? {
+                b',' => continue,
+                b']' => break,
+                b => {
+                    return Err(self.syntax(&format!(
+                        "expected `,` or `]`, found `{}`",
+                        b.escape_ascii()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn document(mut self, sink: &mut Sink<'_>) -> Result<Head, InvalidDocument> {
+        match self.peek()? {
+            Some(b'{') => self.pos += 1,
+            Some(b'[' | b'"' | b'0'..=b'9' | b'-' | b't' | b'f' | b'n') => {
+                return Err(shape("the top level is not an object with `applications`"));
+            }
+            _ => return Err(self.syntax("not a JSON document")),
+        }
+        let mut head = None;
+        self.entries(|s, key| {
+            if key == "applications" && head.is_none() {
+                head = Some(s.applications(sink)?);
+                Ok(())
+            } else {
+                s.skip_value()
+            }
+        })?;
+        if self.peek()?.is_some() {
+            return Err(self.syntax("more after the document"));
+        }
+        head.ok_or_else(|| shape("no `applications` at the top level"))
+    }
+
+    fn applications(&mut self, sink: &mut Sink<'_>) -> Result<Head, InvalidDocument> {
+        if self.peek()? != Some(b'{') {
+            self.skip_value()?;
+            return Err(shape("`applications` is not an object"));
+        }
+        self.pos += 1;
+        let mut head = Head::default();
+        self.entries(|s, key| {
+            match key.as_str() {
+                "versions__delta" => head.versions_delta = s.read::<Text>()?.0,
+                "apps__hashcode" => head.apps_hashcode = s.read::<Text>()?.0,
+                "application" => s.app_list(sink)?,
+                _ => s.skip_value()?,
+            }
+            Ok(())
+        })?;
+        Ok(head)
+    }
+
+    fn app_list(&mut self, sink: &mut Sink<'_>) -> Result<(), InvalidDocument> {
+        match self.peek()? {
+            Some(b'[') => {
+                self.pos += 1;
+                self.elements(|s, index| s.app(index, sink))
+            }
+            Some(b'{') => self.app(0, sink),
+            Some(b'n') => self.read::<()>(),
+            _ => Err(shape("`application` is not a list of application objects")),
+        }
+    }
+
+    fn app(&mut self, index: usize, sink: &mut Sink<'_>) -> Result<(), InvalidDocument> {
+        if self.peek()? != Some(b'{') {
+            return Err(shape(&format!(
+                "application {index}: expected an application object"
+            )));
+        }
+        self.pos += 1;
+        let mut name: Option<String> = None;
+        // The instances met before the name, as text.
+        let mut early: Vec<Vec<u8>> = Vec::new();
+        self.entries(|s, key| {
+            match key.as_str() {
+                "name" => name = Some(s.read::<Text>()?.0.unwrap_or_default()),
+                "instance" => match &name {
+                    Some(app) => s.instance_list(app, sink)?,
+                    None => early.push(s.value()?.to_vec()),
+                },
+                _ => s.skip_value()?,
+            }
+            Ok(())
+        })?;
+        let app = name.unwrap_or_default();
+        for text in early {
+            Scanner::new(&text[..]).instance_list(&app, sink)?;
+        }
+        Ok(())
+    }
+
+    /// An application's `instance`: a list, one instance, or null. Each instance is read on
+    /// its own, so that one that does not read as an instance is skipped, not the document.
+    fn instance_list(&mut self, app: &str, sink: &mut Sink<'_>) -> Result<(), InvalidDocument> {
+        match self.peek()? {
+            Some(b'[') => {
+                self.pos += 1;
+                self.elements(|s, index| {
+                    let text = s.value()?;
+                    one(app, index, text, sink);
+                    Ok(())
+                })
+            }
+            Some(b'n') => self.read::<()>(),
+            _ => {
+                let text = self.value()?;
+                one(app, 0, text, sink);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Instance `index` of `app`, from its bytes, to `sink`.
+fn one(app: &str, index: usize, text: &[u8], sink: &mut Sink<'_>) {
+    let read = serde_json::from_slice::<InstanceInfo>(text).map_err(|e| {
+        let instance_id = serde_json::from_slice::<Value>(text)
+            .ok()
+            .and_then(|v| v.get("instanceId")?.as_str().map(str::to_owned));
+        InvalidInstance {
+            index,
+            app: app.to_owned(),
+            instance_id,
+            field: "instance".into(),
+            reason: e.to_string(),
+        }
+    });
+    sink(app, index, read);
 }
 
 fn invalid(e: serde_json::Error) -> InvalidDocument {
@@ -65,233 +415,6 @@ struct Text(Option<String>);
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Text, D::Error> {
         json::lenient::opt_string(d).map(Text)
-    }
-}
-
-/// The top level: `{"applications": {...}}`, other keys ignored.
-struct Root<'s, 'a> {
-    sink: &'s mut Sink<'a>,
-}
-
-impl<'de> DeserializeSeed<'de> for Root<'_, '_> {
-    type Value = Head;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Head, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Root<'_, '_> {
-    type Value = Head;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object with `applications` at the top level")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
-        let mut head = None;
-        while let Some(key) = map.next_key::<String>()? {
-            if key == "applications" && head.is_none() {
-                head = Some(map.next_value_seed(Applications {
-                    sink: &mut *self.sink,
-                })?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        head.ok_or_else(|| de::Error::custom("no `applications` at the top level"))
-    }
-}
-
-/// `{"versions__delta": ..., "apps__hashcode": ..., "application": [...]}`.
-struct Applications<'s, 'a> {
-    sink: &'s mut Sink<'a>,
-}
-
-impl<'de> DeserializeSeed<'de> for Applications<'_, '_> {
-    type Value = Head;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Head, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Applications<'_, '_> {
-    type Value = Head;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("`applications` as an object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
-        let mut head = Head::default();
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "versions__delta" => head.versions_delta = map.next_value::<Text>()?.0,
-                "apps__hashcode" => head.apps_hashcode = map.next_value::<Text>()?.0,
-                "application" => map.next_value_seed(AppList {
-                    sink: &mut *self.sink,
-                })?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(head)
-    }
-}
-
-/// `application`: a list of applications, one application, or null.
-struct AppList<'s, 'a> {
-    sink: &'s mut Sink<'a>,
-}
-
-impl<'de> DeserializeSeed<'de> for AppList<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for AppList<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("`application` as a list of application objects")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq
-            .next_element_seed(App {
-                sink: &mut *self.sink,
-            })?
-            .is_some()
-        {}
-        Ok(())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
-        App { sink: self.sink }.visit_map(map)
-    }
-}
-
-/// One application: `{"name": ..., "instance": [...]}`.
-struct App<'s, 'a> {
-    sink: &'s mut Sink<'a>,
-}
-
-impl<'de> DeserializeSeed<'de> for App<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for App<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an application object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut name: Option<String> = None;
-        // The instances met before the name, as text.
-        let mut early: Vec<Box<RawValue>> = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "name" => name = Some(map.next_value::<Text>()?.0.unwrap_or_default()),
-                "instance" => match &name {
-                    Some(app) => map.next_value_seed(InstanceList {
-                        app,
-                        sink: &mut *self.sink,
-                    })?,
-                    None => early.push(map.next_value::<Box<RawValue>>()?),
-                },
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        let app = name.unwrap_or_default();
-        for raw in early {
-            let mut de = serde_json::Deserializer::from_str(raw.get());
-            InstanceList {
-                app: &app,
-                sink: &mut *self.sink,
-            }
-            .deserialize(&mut de)
-            .map_err(de::Error::custom)?;
-        }
-        Ok(())
-    }
-}
-
-/// An application's `instance`: a list, one instance, or null. Each instance is read as
-/// text first, so that one that does not read as an instance is skipped, not the document.
-struct InstanceList<'s, 'a, 'n> {
-    app: &'n str,
-    sink: &'s mut Sink<'a>,
-}
-
-impl InstanceList<'_, '_, '_> {
-    fn one(&mut self, index: usize, text: &str) {
-        let read = serde_json::from_str::<InstanceInfo>(text).map_err(|e| {
-            let instance_id = serde_json::from_str::<Value>(text)
-                .ok()
-                .and_then(|v| v.get("instanceId")?.as_str().map(str::to_owned));
-            InvalidInstance {
-                index,
-                app: self.app.to_owned(),
-                instance_id,
-                field: "instance".into(),
-                reason: e.to_string(),
-            }
-        });
-        (self.sink)(self.app, index, read);
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for InstanceList<'_, '_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for InstanceList<'_, '_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("`instance` as a list of instances")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        let mut index = 0;
-        while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
-            self.one(index, raw.get());
-            index += 1;
-        }
-        Ok(())
-    }
-    fn visit_map<A: MapAccess<'de>>(mut self, map: A) -> Result<(), A::Error> {
-        let value = Value::deserialize(de::value::MapAccessDeserializer::new(map))?;
-        self.one(0, &value.to_string());
-        Ok(())
-    }
-    // Anything else as one instance, which then does not read.
-    fn visit_str<E: de::Error>(mut self, v: &str) -> Result<(), E> {
-        self.one(0, &Value::from(v).to_string());
-        Ok(())
-    }
-    fn visit_bool<E: de::Error>(mut self, v: bool) -> Result<(), E> {
-        self.one(0, &v.to_string());
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(mut self, v: u64) -> Result<(), E> {
-        self.one(0, &v.to_string());
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(mut self, v: i64) -> Result<(), E> {
-        self.one(0, &v.to_string());
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(mut self, v: f64) -> Result<(), E> {
-        self.one(0, &Value::from(v).to_string());
-        Ok(())
     }
 }
 
@@ -378,15 +501,66 @@ mod tests {
         assert!(shape(br#"{"applications": {"application": [7]}}"#).contains("application object"));
         assert!(matches!(
             read_all(b"{\"applications\": {"),
-            Err(InvalidDocument::Json(_))
+            Err(InvalidDocument::Json(_) | InvalidDocument::Syntax(_))
         ));
         assert!(matches!(
             read_all(&testdata("broken.json")),
-            Err(InvalidDocument::Json(_))
+            Err(InvalidDocument::Json(_) | InvalidDocument::Syntax(_))
         ));
         assert!(matches!(
             read_all(br#"{"applications": {}} trailing"#),
-            Err(InvalidDocument::Json(_))
+            Err(InvalidDocument::Json(_) | InvalidDocument::Syntax(_))
         ));
+    }
+
+    /// Reads one byte at a time: every value crosses a refill.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let Some((first, rest)) = self.0.split_first() else {
+                return Ok(0);
+            };
+            buf[0] = *first;
+            self.0 = rest;
+            Ok(1)
+        }
+    }
+
+    #[test]
+    fn a_document_arriving_a_byte_at_a_time_reads_the_same() {
+        let doc =
+            br#" {"other": {"x": ["]}\"{", {"y": [1, -2.5e3, true, null]}]}, "applications": {
+            "apps__hashcode": "UP_2_", "versions__delta": 7, "ignored": "a\"b\\",
+            "application": [{"name": "HELLO", "instance": [
+                {"instanceId": "a\"1", "ipAddr": "10.0.0.1", "metadata": {"k": "v\\\""}},
+                {"instanceId": "b", "ipAddr": "10.0.0.2", "port": {"$": "8080"}}]}]}} "#;
+        let (head, whole) = read_all(doc).unwrap();
+        assert_eq!(head.apps_hashcode.as_deref(), Some("UP_2_"));
+        assert_eq!(head.versions_delta.as_deref(), Some("7"));
+        let ids: Vec<_> = (whole.iter())
+            .map(|(_, _, i)| i.as_ref().unwrap().id().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, ["a\"1", "b"]);
+        let mut trickled = Vec::new();
+        let head2 = read_document(Trickle(doc), &mut |app, index, inst| {
+            trickled.push((app.to_owned(), index, inst))
+        })
+        .unwrap();
+        assert_eq!(head2, head);
+        assert_eq!(trickled, whole);
+        for fixture in [
+            "eureka-apps.json",
+            "eureka-delta.json",
+            "eureka-apps-single.json",
+        ] {
+            let bytes = testdata(fixture);
+            let mut trickled = Vec::new();
+            read_document(Trickle(&bytes), &mut |app, index, inst| {
+                trickled.push((app.to_owned(), index, inst))
+            })
+            .unwrap();
+            assert_eq!(trickled, read_all(&bytes).unwrap().1, "{fixture}");
+        }
     }
 }
