@@ -3,7 +3,7 @@
 
     bench/run.py --quick     # under 5 minutes, smaller counts (make bench-quick)
     bench/run.py             # the full set (make bench)
-    bench/run.py --only first,overhead,memory,discovered,scale,eureka,filter
+    bench/run.py --only first,overhead,memory,discovered,scale,eureka,peers,follow,filter
 
 Needs (make bench builds them): target/release/odmesh-control, target/release/odmesh-bench,
 dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk. Writes docs/bench/latest.md, latest.json
@@ -689,6 +689,36 @@ def bench_peers(cfg, workdir, results):
 
 
 # ---------------------------------------------------------------------------------------------
+# 10. Following a Eureka server at scale
+
+
+def bench_follow(cfg, workdir, results):
+    """`odmesh-bench follow-load`: odmesh-control following `eureka-serve` (generated Spring-like
+    instances, gzip, deltas once it changes), and an embedded registry filling from it as a peer."""
+    out = []
+    for n in cfg["follow_instances"]:
+        r = bench_json("follow-load", "--control", CONTROL, "--instances", n, "--full-fetches", cfg["follow_full"],
+                       "--deltas", cfg["follow_deltas"], "--interval", 1, "--timeout", 900)
+        out.append(r)
+        if "failed" in r:
+            log(f"follow {n}: failed: {r['failed'][:300]}")
+            continue
+        log(f"follow {n}: first registry {r['first']['seconds']:.1f} s, RSS {r['first']['rss_bytes'] / 2**20:.0f} MiB; "
+            f"after {r['full_fetches']['count']} full fetches {r['full_fetches']['rss_bytes'] / 2**20:.0f} MiB; "
+            f"after {r['deltas']['count']} deltas {r['deltas']['rss_bytes'] / 2**20:.0f} MiB "
+            f"(peak {r['deltas']['peak_rss_bytes'] / 2**20:.0f} MiB)")
+    for n in cfg["follow_peer_instances"]:
+        r = bench_json("follow-load", "--peer-fill", "--control", CONTROL, "--instances", n, "--timeout", 900)
+        out.append(r)
+        if "failed" in r:
+            log(f"peer fill {n}: failed: {r['failed'][:300]}")
+            continue
+        log(f"peer fill {n}: {r['first']['seconds']:.1f} s, RSS {r['first']['rss_bytes'] / 2**20:.0f} MiB "
+            f"(peak {r['first']['peak_rss_bytes'] / 2**20:.0f} MiB)")
+    results["follow"] = {"control_sha256": sha256(CONTROL), "runs": out}
+
+
+# ---------------------------------------------------------------------------------------------
 # 5. The filter
 
 
@@ -926,6 +956,33 @@ def write_report(cfg, results, argv):
         for k, v in fl["criterion_median_ns"].items():
             L.append(f"  - `{k}`: {v:.0f} ns")
         L.append("")
+    if results.get("follow"):
+        L += ["## 10. Following a Eureka server at scale", "",
+              "`odmesh-bench follow-load`: `odmesh-control --eureka URL --eureka-interval 1` (release, sha256 "
+              f"`{results['follow']['control_sha256'][:16]}…`) following `odmesh-bench eureka-serve` (generated "
+              "Spring-like instances, about 1 KB of JSON each, 10 per app, gzip; its delta answers 404 until it "
+              "starts changing 1% of the instances a second); `peer-fill`: `--serve-eureka --peer URL` filling from it.", "",
+              "| mode | instances | `/apps` plain / gzip | first complete registry | RSS then (peak) | "
+              "after full fetches | after deltas (peak) | RSS per instance |",
+              "|---|---|---|---|---|---|---|---|"]
+        for r in results["follow"]["runs"]:
+            sv = r["server"]
+            docs = f"{sv['apps_bytes'] / 2**20:,.0f} / {sv['apps_gzip_bytes'] / 2**20:,.1f} MiB"
+            if "failed" in r:
+                L.append(f"| {r['mode']} | {r['instances']:,} | {docs} | failed: see latest.json | | | | |")
+                continue
+            f = r["first"]
+            mib = lambda b: f"{b / 2**20:,.0f} MiB"
+            full = r.get("full_fetches")
+            deltas = r.get("deltas")
+            last = deltas or f
+            L.append(f"| {r['mode']} | {r['instances']:,} | {docs} | {f['seconds']:.1f} s | "
+                     f"{mib(f['rss_bytes'])} ({mib(f['peak_rss_bytes'])}) | "
+                     + (f"{mib(full['rss_bytes'])} ({full['count']}) | " if full else "| ")
+                     + (f"{mib(deltas['rss_bytes'])} ({mib(deltas['peak_rss_bytes'])}), {deltas['count']} deltas, "
+                        f"{deltas['hash_mismatches']} mismatched | " if deltas else "| ")
+                     + f"{last['rss_bytes'] / r['instances']:,.0f} B |")
+        L.append("")
     L += ["## Commands", "", "```sh", "make bench-deps   # nginx-light, nghttp2-client, wrk (apt)",
           f"make {'bench-quick' if cfg['quick'] else 'bench'}", f"# = {' '.join(argv)} (after building release binaries and the wasm)",
           "```", ""]
@@ -950,16 +1007,19 @@ def write_report(cfg, results, argv):
 QUICK = {"quick": True, "first_vips": 200, "first_reps": 1, "overhead_rounds": 3, "overhead_seconds": 5,
          "push_all_vips": [1000], "scale_vips": [1000, 10000], "scale_proxies": 200, "scale_samples": 300,
          "scale_flips": 2, "scale_eureka_vips": [1000], "peers_rates": [2000], "peers_seconds": 5, "discovered_vips": [1000], "discovered_workers": [1],
+         "follow_instances": [10000, 100000], "follow_peer_instances": [100000], "follow_full": 2, "follow_deltas": 2,
          "push_all_variants": ["inline", "bare"]}
 FULL = {"quick": False, "first_vips": 250, "first_reps": 3, "overhead_rounds": 6, "overhead_seconds": 10,
         "push_all_vips": [1000, 10000], "scale_vips": [1000, 10000, 100000], "scale_proxies": 1000,
         "scale_samples": 2000, "scale_flips": 4, "scale_eureka_vips": [1000, 10000, 100000],
         "peers_rates": [1000, 10000], "peers_seconds": 20,
+        "follow_instances": [10000, 100000, 1000000], "follow_peer_instances": [100000, 1000000],
+        "follow_full": 3, "follow_deltas": 3,
         "discovered_vips": [1000, 10000], "discovered_workers": [1, 4],
         "push_all_variants": ["inline", "no-outlier", "no-breakers", "bare"]}
 SECTIONS = {"first": bench_first, "overhead": bench_overhead, "memory": bench_push_all,
             "discovered": bench_discovered, "scale": bench_scale,
-            "eureka": bench_scale_eureka, "peers": bench_peers, "filter": bench_filter}
+            "eureka": bench_scale_eureka, "peers": bench_peers, "follow": bench_follow, "filter": bench_filter}
 
 
 def main():
@@ -973,7 +1033,10 @@ def main():
     if args.quick:  # never overwrites the recorded full run
         OUT = OUT / "quick"
     ENVOY = envoy_binary()
-    for need in [BENCH, CONTROL, WASM]:
+    sections = args.only.split(",")
+    # Only the sections that run Envoy need the filter.
+    needs = [BENCH, CONTROL] + ([WASM] if set(sections) - {"scale", "eureka", "peers", "follow"} else [])
+    for need in needs:
         if not need.exists():
             sys.exit(f"missing {need}: run `make bench` (or bench-quick), which builds it")
     results = {"machine": machine(), "config": cfg}
@@ -986,7 +1049,7 @@ def main():
             results["rerun"] = f"{args.only} re-run at {time.strftime('%H:%M UTC', time.gmtime())}"
     workdir = Path(tempfile.mkdtemp(prefix="odmesh-bench-"))
     log(f"work folder (logs): {workdir}")
-    for name in args.only.split(","):
+    for name in sections:
         log(f"--- {name}")
         SECTIONS[name](cfg, workdir, results)
     results["machine"]["loadavg_end"] = open("/proc/loadavg").read().strip()

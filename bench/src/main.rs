@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod first_request;
+mod follow_load;
 mod http1;
 mod log_time;
 mod procstat;
@@ -15,6 +16,7 @@ mod push_all;
 mod registry_gen;
 mod registry_load;
 mod replication_lag;
+mod spring_eureka;
 mod xds_load;
 
 /// odmesh benchmark tools (see docs/benchmarks.md).
@@ -59,6 +61,13 @@ enum Command {
     /// How long a registration on one embedded registry takes to reach its peer, under a
     /// steady registration load (JSON out).
     ReplicationLag(replication_lag::LagArgs),
+    /// A Eureka server of generated Spring-like instances (gzip when asked), with deltas
+    /// once it starts changing; prints its URL as JSON and serves until killed.
+    EurekaServe(spring_eureka::ServeArgs),
+    /// `odmesh-control --eureka` (or `--peer-fill`: `--serve-eureka --peer`) following an
+    /// `eureka-serve` of N instances: time to the first complete registry, RSS after full
+    /// fetches and after deltas (JSON out).
+    FollowLoad(follow_load::FollowArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -69,6 +78,8 @@ fn main() -> anyhow::Result<()> {
         Command::FirstRequest(a) => first_request::run(&a),
         Command::RegistryLoad(a) => runtime()?.block_on(registry_load::run(a)),
         Command::ReplicationLag(a) => runtime()?.block_on(replication_lag::run(a)),
+        Command::EurekaServe(a) => runtime()?.block_on(spring_eureka::run(a)),
+        Command::FollowLoad(a) => runtime()?.block_on(follow_load::run(a)),
         Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
         Command::PushAll {
             registry,

@@ -73,10 +73,20 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     eureka_interval: f64,
 
-    /// Seconds one call to a Eureka server may take (connect, answer and body) before the
-    /// next server is tried; a hanging server costs no more than this.
+    /// Seconds a call to a Eureka server may wait, to connect and for the answer's headers,
+    /// then for each next part of its body, before the next server is tried; a hanging
+    /// server costs no more than this. (A large registry may take longer to arrive; it only
+    /// may not stall.)
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     eureka_request_timeout: f64,
+
+    /// The largest answer read from a Eureka server (`/apps`, `/apps/delta`), in bytes once
+    /// decoded from gzip (and as transferred). A larger one fails the fetch
+    /// (odmesh_eureka_answers_too_large_total) and the last good registry stays. The default,
+    /// 4 GiB, is about 3 million instances as Spring's Eureka server writes them; answers are
+    /// read as they arrive, so this bounds time and traffic, not memory.
+    #[arg(long, value_name = "BYTES", default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    eureka_max_answer: u64,
 
     /// Seconds the control plane waits at start for Eureka's first answer before it serves
     /// xDS anyway (with a registry still loading: proxies keep what they hold).
@@ -265,9 +275,17 @@ struct EmbeddedArgs {
     peer_ca: Option<PathBuf>,
 
     /// Seconds one call to a peer (a batch of writes, a fill) may take before it counts as
-    /// failed and is tried again.
+    /// failed and is tried again; a fill, which reads the peer's whole registry, may take
+    /// longer as long as no part of it waits longer than this.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     peer_timeout: f64,
+
+    /// The largest registry a starting node reads from a peer (its `/apps`), in bytes once
+    /// decoded from gzip (and as transferred); a larger one is refused
+    /// (odmesh_eureka_peer_fills_too_large_total) and the next peer tried. Read as it
+    /// arrives, so this bounds time and traffic, not memory.
+    #[arg(long, value_name = "BYTES", default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    peer_max_answer: u64,
 
     /// Writes kept for one peer that does not take them; beyond, the oldest are dropped
     /// (odmesh_eureka_peer_dropped_total) and its heartbeats bring the registrations back.
@@ -406,6 +424,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
             token_file: args.eureka_token_file.clone(),
             drop_guard: guard,
             request_timeout: seconds("--eureka-request-timeout", args.eureka_request_timeout)?,
+            max_answer: at_least_one("--eureka-max-answer", args.eureka_max_answer)?,
             first_fetch_wait: seconds_or_zero(
                 "--eureka-first-fetch-wait",
                 args.eureka_first_fetch_wait,
@@ -437,6 +456,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         urls => Some(PeerConfig {
             timeout: seconds("--peer-timeout", e.peer_timeout)?,
             max_pending: at_least_one("--peer-max-pending", e.peer_max_pending)?,
+            max_answer: at_least_one("--peer-max-answer", e.peer_max_answer)?,
             ..PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?
         }),
     };
@@ -659,8 +679,8 @@ fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
 const MAX_SECONDS: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A count of at least one from flag `flag`.
-fn at_least_one(flag: &str, value: usize) -> anyhow::Result<usize> {
-    if value == 0 {
+fn at_least_one<N: PartialEq + From<u8>>(flag: &str, value: N) -> anyhow::Result<N> {
+    if value == N::from(0) {
         bail!("{flag} 0: must be at least 1");
     }
     Ok(value)

@@ -16,6 +16,9 @@ odmesh_base::metrics! {
         eureka_hash_mismatches_total: "counter",
         /// Eureka source: switches to another configured server after a failure.
         eureka_failovers_total: "counter",
+        /// Eureka source: answers refused as larger than --eureka-max-answer (the fetch failed;
+        /// the last good registry stayed).
+        eureka_answers_too_large_total: "counter",
     }
 }
 
@@ -81,6 +84,9 @@ odmesh_base::metrics! {
         eureka_peer_received_total: "counter",
         /// Embedded Eureka registry: fills from a peer's registry at start.
         eureka_peer_fills_total: "counter",
+        /// Embedded Eureka registry: fills refused because the peer's answer was larger than
+        /// --peer-max-answer (the next peer was tried).
+        eureka_peer_fills_too_large_total: "counter",
         /// Embedded Eureka registry: connections closed on arrival because
         /// --eureka-max-connections were open.
         eureka_http_connections_refused_total: "counter",

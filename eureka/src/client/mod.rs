@@ -12,7 +12,14 @@
 //!   `eureka_fetch_errors_total`, [`SourceHealth`]), the last good registry stays in use, and
 //!   the next attempt, a full fetch, comes after a backoff that doubles from
 //!   `min(interval, 1 s)` up to `max_backoff` (the interval by default).
-//! - Every HTTP call has a timeout (`request_timeout`, 10 s by default).
+//! - Every HTTP call has a timeout (`request_timeout`, 10 s by default): to connect and for the
+//!   answer's headers, then for each next part of its body, as Eureka's own client bounds its
+//!   socket reads; a registry of millions takes longer than that to arrive, and may.
+//! - Answers are asked for gzip (`Accept-Encoding: gzip`, which a Eureka server honours for
+//!   `/apps` and `/apps/delta`) and read as they arrive (plain ones too), one instance at a
+//!   time, into a copy of the registry kept as the plain model ([`local`]): never the whole
+//!   document in memory. An answer larger than `max_answer` (decoded, or as transferred) is
+//!   refused: a fetch error, counted in `eureka_answers_too_large_total`.
 //! - A new registry is published only when the plain model changed.
 //! - `https://` URLs are verified by rustls against `--eureka-ca` (a PEM bundle) or the
 //!   system CA bundle: the certificate must chain to one of those CAs and name the URL's
@@ -29,7 +36,7 @@
 //!
 //! Limits: the token file and the CA bundle are read once, at start (a rotated token needs a
 //! restart); no client certificates (mutual TLS); an instance on the server that odmesh
-//! cannot read at all (see [`json::parse_document`]) is missing from the local copy, so
+//! cannot read at all (see [`read::read_document`]) is missing from the local copy, so
 //! its status is missing from the hash code and every poll becomes a full fetch (still
 //! correct, logged as a hash mismatch).
 
@@ -37,9 +44,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
-use hyper::header::{ACCEPT, AUTHORIZATION};
+use http_body_util::Empty;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -55,12 +62,17 @@ use odmesh_base::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
 use odmesh_registry::guard::{self, DropGuard, DropGuardConfig};
 use odmesh_registry::{Registry, RegistryMetrics, SourceHealth};
 
-use crate::wire::json::{self, ActionType, Applications, InvalidDocument};
+use crate::wire::json::InvalidDocument;
+use crate::wire::read;
 
 pub(crate) mod access;
+pub(crate) mod answer;
+pub(crate) mod local;
 
 use access::Access;
 pub use access::{ServerUrl, redact_url};
+use answer::{Bounds, Unread};
+use local::{Change, Full, Local};
 
 /// Eureka clients poll every 30 s.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
@@ -68,8 +80,8 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long [`start`] waits for the first good fetch before it returns an unloaded source.
 pub const DEFAULT_FIRST_FETCH_WAIT: Duration = Duration::from_secs(5);
-/// Larger answers are refused.
-const MAX_BODY: usize = 64 * 1024 * 1024;
+/// The largest answer read, decoded: about 3 million Spring instances (1-1.5 KB of JSON each).
+pub const DEFAULT_MAX_ANSWER: u64 = 4 << 30;
 
 /// How to follow the Eureka servers.
 #[derive(Clone, PartialEq)]
@@ -85,8 +97,12 @@ pub struct ClientConfig {
     pub token_file: Option<PathBuf>,
     /// Time between two polls of the delta.
     pub interval: Duration,
-    /// The bound on every HTTP call.
+    /// The bound on every HTTP call: to connect and for the answer's headers, then for each
+    /// next part of its body.
     pub request_timeout: Duration,
+    /// The largest answer read, in bytes, decoded (and as transferred); a larger one fails
+    /// the fetch.
+    pub max_answer: u64,
     /// The longest wait between two attempts after failures.
     pub max_backoff: Duration,
     /// How long [`start_with`] waits for the first good fetch.
@@ -104,6 +120,7 @@ impl ClientConfig {
             token_file: None,
             interval,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_answer: DEFAULT_MAX_ANSWER,
             max_backoff: interval,
             first_fetch_wait: DEFAULT_FIRST_FETCH_WAIT,
             drop_guard: DropGuardConfig::default(),
@@ -121,6 +138,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("token_file", &self.token_file)
             .field("interval", &self.interval)
             .field("request_timeout", &self.request_timeout)
+            .field("max_answer", &self.max_answer)
             .field("max_backoff", &self.max_backoff)
             .field("first_fetch_wait", &self.first_fetch_wait)
             .finish()
@@ -168,6 +186,8 @@ pub enum FetchError {
     Transport { url: String, reason: String },
     #[error("{url}: no answer within {after:?}")]
     Timeout { url: String, after: Duration },
+    #[error("{url}: the answer is larger than --eureka-max-answer ({limit} bytes)")]
+    TooLarge { url: String, limit: u64 },
     #[error("{url}: answered HTTP {status}")]
     Status { url: String, status: u16 },
     #[error("{url}: Eureka answered {status}: {}", unauthorized_hint(*.credentials))]
@@ -200,7 +220,9 @@ impl FetchError {
                 true
             }
             FetchError::Status { status, .. } => *status >= 500,
-            FetchError::Unauthorized { .. } | FetchError::Document { .. } => false,
+            FetchError::Unauthorized { .. }
+            | FetchError::Document { .. }
+            | FetchError::TooLarge { .. } => false,
         }
     }
 }
@@ -311,48 +333,6 @@ pub fn backoff(failures: u32, base: Duration, cap: Duration) -> Duration {
     base.saturating_mul(factor).min(cap)
 }
 
-/// Applies a delta to a local copy: `ADDED` and `MODIFIED` replace (or add) the instance
-/// with the same id, `DELETED` removes it; applications left empty are dropped. Instances
-/// without an action type are ignored (the hash code check catches what that misses).
-pub fn apply_delta(local: &mut Applications, delta: &Applications) {
-    for app in &delta.application {
-        for inst in &app.instance {
-            let Some(id) = inst.id() else { continue };
-            let Some(action) = inst.action_type else {
-                tracing::debug!(
-                    app = app.name,
-                    id,
-                    "delta instance without actionType ignored"
-                );
-                continue;
-            };
-            let index = local
-                .application
-                .iter()
-                .position(|a| a.name.eq_ignore_ascii_case(&app.name));
-            if let Some(i) = index {
-                local.application[i].instance.retain(|x| x.id() != Some(id));
-            }
-            if action == ActionType::Deleted {
-                continue;
-            }
-            let mut inst = inst.clone();
-            inst.action_type = None;
-            match index {
-                Some(i) => local.application[i].instance.push(inst),
-                None => local.application.push(json::Application {
-                    name: app.name.clone(),
-                    instance: vec![inst],
-                    ..json::Application::default()
-                }),
-            }
-        }
-    }
-    local.application.retain(|a| !a.instance.is_empty());
-    local.apps_hashcode.clone_from(&delta.apps_hashcode);
-    local.versions_delta.clone_from(&delta.versions_delta);
-}
-
 type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// The polling state, and where it reports.
@@ -367,9 +347,9 @@ struct Follower {
     registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<ClientMetrics>,
     health: SourceHealth,
-    /// The local copy of the server's registry, once fetched.
-    local: Option<Applications>,
-    /// The next poll must be a full fetch (after a failure).
+    /// The local copy of the server's registry (empty before the first fetch).
+    local: Arc<Local>,
+    /// The next poll must be a full fetch (the first, and after a failure).
     need_full: bool,
     failures: u32,
     /// Holds a fetch that lost most of the registry until the next fetch confirms it.
@@ -408,7 +388,7 @@ impl Follower {
             registry_metrics,
             metrics,
             health,
-            local: None,
+            local: Arc::new(Local::default()),
             need_full: true,
             failures: 0,
             guard: DropGuard::new(drop_guard),
@@ -420,10 +400,10 @@ impl Follower {
         let base = self.config.interval.min(Duration::from_secs(1));
         loop {
             let wait = match self.poll().await {
-                Ok(applications) => {
+                Ok(local) => {
                     self.failures = 0;
-                    self.publish(&applications, &tx);
-                    self.local = Some(applications);
+                    self.publish(&local, &tx);
+                    self.local = Arc::new(local);
                     self.need_full = false;
                     self.config.interval
                 }
@@ -431,6 +411,9 @@ impl Follower {
                     self.failures += 1;
                     self.need_full = true;
                     inc(&self.metrics.eureka_fetch_errors_total);
+                    if matches!(e, FetchError::TooLarge { .. }) {
+                        inc(&self.metrics.eureka_answers_too_large_total);
+                    }
                     self.health.record_error(&self.registry_metrics, &e);
                     let wait = backoff(self.failures, base, self.config.max_backoff);
                     tracing::warn!(
@@ -450,21 +433,30 @@ impl Follower {
     }
 
     /// One poll: a delta applied to the local copy, or a full fetch; the new local copy.
-    async fn poll(&mut self) -> Result<Applications, FetchError> {
-        let Some(local) = self.local.as_ref().filter(|_| !self.need_full) else {
+    async fn poll(&mut self) -> Result<Local, FetchError> {
+        if self.need_full {
             return self.fetch_full(false).await;
-        };
-        let delta = match self.fetch_one(self.current, "/apps/delta").await {
+        }
+        let delta = self
+            .fetch_one(self.current, "/apps/delta", |reader| {
+                let mut changes = Vec::new();
+                let head = read::read_document(reader, &mut |app, index, inst| match inst {
+                    Ok(info) => changes.extend(Change::of(app, index, &info)),
+                    Err(w) => tracing::debug!("Eureka instance unreadable: {w}"),
+                })?;
+                Ok((head, changes))
+            })
+            .await;
+        let (head, changes) = match delta {
             Ok(delta) => delta,
             Err(e) => {
                 tracing::info!(error = %e, "Eureka delta not usable; fetching the full registry");
                 return self.fetch_full(e.is_unreachable()).await;
             }
         };
-        let mut next = local.clone();
-        apply_delta(&mut next, &delta);
-        let theirs = delta.apps_hashcode.as_deref();
-        let ours = next.reconcile_hash_code();
+        let next = self.local.apply(changes);
+        let theirs = head.apps_hashcode.as_deref();
+        let ours = next.hash_code();
         if theirs == Some(ours.as_str()) {
             return Ok(next);
         }
@@ -474,12 +466,13 @@ impl Follower {
             theirs = theirs.unwrap_or("(none)"),
             "Eureka delta does not match the server's hash code; fetching the full registry"
         );
+        drop(next);
         self.fetch_full(false).await
     }
 
     /// `GET /apps` from each URL in turn, from the current one (or the one after it, when
     /// the current one just failed), until one answers.
-    async fn fetch_full(&mut self, skip_current: bool) -> Result<Applications, FetchError> {
+    async fn fetch_full(&mut self, skip_current: bool) -> Result<Local, FetchError> {
         let n = self.urls.len();
         let first = if skip_current && n > 1 {
             self.current + 1
@@ -489,15 +482,24 @@ impl Follower {
         let mut last_error = None;
         for k in 0..n {
             let i = (first + k) % n;
-            match self.fetch_one(i, "/apps").await {
-                Ok(apps) => {
+            let previous = Arc::clone(&self.local);
+            let full = self.fetch_one(i, "/apps", move |reader| {
+                let mut full = Full::new(previous);
+                read::read_document(reader, &mut |app, index, inst| match inst {
+                    Ok(info) => full.add(app, index, &info),
+                    Err(w) => tracing::debug!("Eureka instance unreadable: {w}"),
+                })?;
+                Ok(full.finish())
+            });
+            match full.await {
+                Ok(local) => {
                     if i != self.current {
                         inc(&self.metrics.eureka_failovers_total);
                         tracing::info!(url = %self.urls[i], "following another Eureka server");
                         self.current = i;
                     }
                     inc(&self.metrics.eureka_full_fetches_total);
-                    return Ok(apps);
+                    return Ok(local);
                 }
                 Err(e) => {
                     if n > 1 {
@@ -513,41 +515,63 @@ impl Follower {
         }))
     }
 
-    /// One `GET` from URL `i`, bounded by the request timeout, parsed as Eureka JSON.
-    async fn fetch_one(&self, i: usize, path: &str) -> Result<Applications, FetchError> {
+    /// One `GET` from URL `i`, its answer read through `parse` as it arrives (see
+    /// [`answer::read`]).
+    async fn fetch_one<T: Send + 'static>(
+        &self,
+        i: usize,
+        path: &str,
+        parse: impl FnOnce(&mut dyn std::io::Read) -> Result<T, InvalidDocument> + Send + 'static,
+    ) -> Result<T, FetchError> {
         let server = &self.urls[i];
         let url = format!("{server}{path}");
         let after = self.config.request_timeout;
-        let body = tokio::time::timeout(after, get(&self.http, server, path, &self.trust))
+        let response = tokio::time::timeout(after, get(&self.http, server, path, &self.trust))
             .await
             .map_err(|_| FetchError::Timeout {
                 url: url.clone(),
                 after,
             })??;
-        let parsed =
-            json::parse_document(&body).map_err(|source| FetchError::Document { url, source })?;
-        for w in &parsed.rejected {
-            tracing::debug!("Eureka instance unreadable: {w}");
-        }
+        let bounds = Bounds {
+            max_bytes: self.config.max_answer,
+            idle: after,
+        };
+        let parsed = answer::read(response, bounds, parse)
+            .await
+            .map_err(|e| match e {
+                Unread::Idle(after) => FetchError::Timeout {
+                    url: url.clone(),
+                    after,
+                },
+                Unread::TooLarge(limit) => FetchError::TooLarge {
+                    url: url.clone(),
+                    limit,
+                },
+                Unread::Transport(_) | Unread::Encoding(_) => FetchError::Transport {
+                    url: url.clone(),
+                    reason: e.to_string(),
+                },
+            })?
+            .map_err(|source| FetchError::Document { url, source })?;
         inc(&self.metrics.eureka_fetches_total);
-        Ok(parsed.applications)
+        Ok(parsed)
     }
 
     /// Records the good fetch and publishes the registry if it changed.
-    fn publish(&mut self, applications: &Applications, tx: &watch::Sender<Arc<Registry>>) {
-        let parsed = applications.to_registry();
+    fn publish(&mut self, local: &Local, tx: &watch::Sender<Arc<Registry>>) {
+        let registry = local.registry();
         let new_warnings =
             self.health
-                .record_success(&self.registry_metrics, &parsed.registry, &parsed.warnings);
+                .record_success(&self.registry_metrics, &registry, &local.warnings());
         for w in new_warnings {
             tracing::warn!("Eureka instance left out: {w}");
         }
         self.loaded.notify_one();
-        let instances = parsed.registry.len();
+        let instances = registry.len();
         let published = guard::publish_guarded(
             &mut self.guard,
             tx,
-            parsed.registry,
+            registry,
             &self.health,
             &self.registry_metrics,
         );
@@ -557,20 +581,22 @@ impl Follower {
     }
 }
 
-/// `GET` of `path` under `server`, with its credentials; errors show the URL redacted.
+/// `GET` of `path` under `server`, with its credentials, asking for gzip: the answer, once
+/// its headers are in and say 2xx. Errors show the URL redacted.
 async fn get(
     http: &HttpClient,
     server: &ServerUrl,
     path: &str,
     trust: &str,
-) -> Result<Bytes, FetchError> {
+) -> Result<hyper::Response<Incoming>, FetchError> {
     let url = format!("{server}{path}");
     let transport = |reason: String| FetchError::Transport {
         url: url.clone(),
         reason,
     };
-    let mut request =
-        hyper::Request::get(format!("{}{path}", server.base())).header(ACCEPT, "application/json");
+    let mut request = hyper::Request::get(format!("{}{path}", server.base()))
+        .header(ACCEPT, "application/json")
+        .header(ACCEPT_ENCODING, answer::ACCEPT_GZIP);
     if let Some(authorization) = server.authorization() {
         request = request.header(AUTHORIZATION, authorization.clone());
     }
@@ -604,11 +630,7 @@ async fn get(
             status: status.as_u16(),
         });
     }
-    let body = Limited::new(response.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| transport(format!("reading the answer: {e}")))?;
-    Ok(body.to_bytes())
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use tower::ServiceExt;
 
 use crate::testdata::path as testdata_path;
 use crate::testdata::tls as tls_path;
+use crate::wire::json::reconcile_hash_code_of_counts;
 use odmesh_registry::Status;
 
 /// What a source under test counts in: the registry's metrics and the Eureka client's.
@@ -43,6 +44,8 @@ use crate::testdata::read as testdata;
 #[derive(Clone, Debug)]
 enum Reply {
     Body(Vec<u8>),
+    /// The body, compressed, with `Content-Encoding: gzip`.
+    Gzip(Vec<u8>),
     Status(u16),
     /// Never answers (until the client's timeout).
     Hang,
@@ -55,6 +58,8 @@ struct Script {
     full_hits: usize,
     delta_hits: usize,
     accept: Vec<String>,
+    /// The `Accept-Encoding` of every request, in order.
+    accept_encoding: Vec<String>,
     /// When set, a request without exactly this `Authorization` is answered 401.
     authorization: Option<String>,
     /// The `Authorization` of every request, in order.
@@ -75,6 +80,7 @@ impl Mock {
             full_hits: 0,
             delta_hits: 0,
             accept: Vec::new(),
+            accept_encoding: Vec::new(),
             authorization: None,
             seen_authorization: Vec::new(),
             tls: None,
@@ -170,6 +176,13 @@ impl Mock {
 async fn reply(r: Reply) -> Response {
     match r {
         Reply::Body(b) => ([("content-type", "application/json")], b).into_response(),
+        Reply::Gzip(b) => {
+            let headers = [
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ];
+            (headers, gzip(&b)).into_response()
+        }
         Reply::Status(s) => StatusCode::from_u16(s).unwrap().into_response(),
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -180,6 +193,9 @@ async fn reply(r: Reply) -> Response {
 
 /// Records the request's `Authorization`; the 401 to answer when it is not the one required.
 fn check_authorization(s: &mut Script, headers: &HeaderMap) -> Option<Reply> {
+    let encoding = headers.get("accept-encoding");
+    let encoding = encoding.map(|v| v.to_str().unwrap().to_owned());
+    s.accept_encoding.push(encoding.unwrap_or_default());
     let seen = headers
         .get("authorization")
         .map(|v| v.to_str().unwrap().to_owned());
@@ -208,6 +224,13 @@ async fn delta_handler(State(m): State<Mock>, headers: HeaderMap) -> Response {
         check_authorization(&mut s, &headers).unwrap_or_else(|| s.delta.clone())
     };
     reply(r).await
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(data).unwrap();
+    gz.finish().unwrap()
 }
 
 /// A rustls server configuration presenting `base/testdata/tls/{cert}.pem` with its key.
@@ -281,6 +304,7 @@ fn config(urls: Vec<String>) -> ClientConfig {
         token_file: None,
         interval: Duration::from_millis(50),
         request_timeout: Duration::from_millis(300),
+        max_answer: DEFAULT_MAX_ANSWER,
         max_backoff: Duration::from_millis(100),
         first_fetch_wait: Duration::from_secs(5),
         drop_guard: DropGuardConfig::default(),
@@ -526,50 +550,6 @@ fn backoff_doubles_from_its_base_up_to_its_bound() {
     let waits: Vec<_> = (1..=7).map(|n| backoff(n, s(1), s(30))).collect();
     assert_eq!(waits, [s(1), s(2), s(4), s(8), s(16), s(30), s(30)]);
     assert_eq!(backoff(1000, s(1), s(30)), s(30), "no overflow");
-}
-
-#[test]
-fn a_delta_applied_to_the_full_fixture_adds_modifies_and_deletes() {
-    let mut local = json::parse_document(&testdata("eureka-apps.json"))
-        .unwrap()
-        .applications;
-    let delta = json::parse_document(&testdata("eureka-delta.json"))
-        .unwrap()
-        .applications;
-    apply_delta(&mut local, &delta);
-    assert_eq!(Some(local.reconcile_hash_code()), delta.apps_hashcode);
-    let reg = local.to_registry().registry;
-    assert!(has(&reg, "hello-4"));
-    assert!(!has(&reg, "greeter-2"));
-    let hello3 = reg
-        .instances()
-        .find(|i| i.instance_id == "hello-3.internal:hello:8080")
-        .unwrap();
-    assert_eq!(hello3.status, Status::Up, "was DOWN before the delta");
-    let hello4 = local
-        .application
-        .iter()
-        .flat_map(|a| &a.instance)
-        .find(|i| i.id() == Some("hello-4"))
-        .unwrap();
-    assert_eq!(
-        hello4.action_type, None,
-        "the local copy keeps no delta action"
-    );
-}
-
-#[test]
-fn a_delta_for_an_unknown_app_adds_it_and_deleting_its_last_instance_drops_it() {
-    let mut local = Applications::default();
-    let added = json::parse_document(&testdata("eureka-delta-missed-change.json"))
-        .unwrap()
-        .applications;
-    apply_delta(&mut local, &added);
-    assert_eq!(local.application.len(), 1);
-    let mut deleted = added.clone();
-    deleted.application[0].instance[0].action_type = Some(ActionType::Deleted);
-    apply_delta(&mut local, &deleted);
-    assert!(local.application.is_empty());
 }
 
 #[tokio::test]
@@ -1114,4 +1094,149 @@ async fn before_its_first_fetch_the_source_is_still_loading_and_complete_after()
     let (_mock, url) = Mock::start(Reply::Body(apps_document(1)), Reply::Status(404)).await;
     let (source, _) = follow(vec![url]).await;
     assert!(wait_registry(&source, |r| r.len() == 1).await.is_complete());
+}
+
+#[tokio::test]
+async fn the_follower_asks_for_gzip_and_reads_a_gzip_answer_and_a_plain_one() {
+    let (mock, url) = Mock::start(
+        Reply::Gzip(testdata("eureka-apps.json")),
+        Reply::Status(404),
+    )
+    .await;
+    let (source, metrics) = follow(vec![url]).await;
+    assert_eq!(source.registry.borrow().len(), 9);
+    assert_eq!(mock.0.lock().unwrap().accept_encoding[0], "gzip");
+    // The same server answering plain now, with one instance fewer.
+    let doc = apps_document(8);
+    mock.set(Some(Reply::Body(doc)), None);
+    wait_registry(&source, |r| r.len() == 8).await;
+    mock.set(Some(Reply::Gzip(apps_document(7))), None);
+    wait_registry(&source, |r| r.len() == 7).await;
+    assert_eq!(count(&metrics.client.eureka_fetch_errors_total), 0);
+}
+
+#[tokio::test]
+async fn a_delta_answered_in_gzip_is_applied() {
+    let (mock, url) = Mock::start(
+        Reply::Body(testdata("eureka-apps.json")),
+        Reply::Gzip(testdata("eureka-delta.json")),
+    )
+    .await;
+    let (source, metrics) = follow(vec![url]).await;
+    let reg = wait_registry(&source, |r| has(r, "hello-4")).await;
+    assert!(!has(&reg, "greeter-2"));
+    assert_eq!(count(&metrics.client.eureka_hash_mismatches_total), 0);
+    assert_eq!(mock.hits().0, 1, "no full fetch after the first");
+}
+
+#[tokio::test]
+async fn an_answer_over_the_limit_is_refused_counted_and_the_last_good_registry_kept() {
+    let small = apps_document(12);
+    let large = apps_document(40);
+    let (mock, url) = Mock::start(Reply::Body(small.clone()), Reply::Status(404)).await;
+    let metrics = Counters::default();
+    let cfg = ClientConfig {
+        max_answer: small.len() as u64 + 100,
+        ..config(vec![url])
+    };
+    let source = metrics.start(cfg).await.unwrap();
+    assert_eq!(source.registry.borrow().len(), 12);
+
+    // Plain, and gzip: small as transferred, over the limit once decoded.
+    for over in [Reply::Body(large.clone()), Reply::Gzip(large.clone())] {
+        let before = count(&metrics.client.eureka_answers_too_large_total);
+        mock.set(Some(over), None);
+        wait_until(|| count(&metrics.client.eureka_answers_too_large_total) > before).await;
+        let error = wait_error(&source).await;
+        assert!(error.contains("larger than --eureka-max-answer"), "{error}");
+        assert_eq!(source.registry.borrow().len(), 12, "the last good registry");
+    }
+    assert!(count(&metrics.client.eureka_fetch_errors_total) >= 2);
+    mock.set(Some(Reply::Body(apps_document(11))), None);
+    wait_registry(&source, |r| r.len() == 11).await;
+}
+
+/// A registry of `n` instances, 10 per app, each a small instance document.
+fn generated_document(n: usize, status: impl Fn(usize) -> &'static str) -> (Vec<u8>, String) {
+    use std::fmt::Write;
+    let mut s = String::from(r#"{"applications":{"versions__delta":"1","application":["#);
+    for app in 0..n.div_ceil(10) {
+        if app > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, r#"{{"name":"SVC-{app}","instance":["#);
+        for i in app * 10..(app * 10 + 10).min(n) {
+            if i > app * 10 {
+                s.push(',');
+            }
+            let _ = write!(
+                s,
+                r#"{{"instanceId":"i-{i}","app":"SVC-{app}","ipAddr":"10.{}.{}.{}","status":"{}","port":{{"$":8080,"@enabled":"true"}},"vipAddress":"svc-{app}","actionType":"MODIFIED"}}"#,
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255,
+                status(i)
+            );
+        }
+        s.push_str("]}");
+    }
+    s.push_str("]}}");
+    let down = (0..n).filter(|&i| status(i) == "DOWN").count();
+    let code = reconcile_hash_code_of_counts([(Status::Down, down), (Status::Up, n - down)]);
+    let s = s.replacen(
+        r#""versions__delta":"1""#,
+        &format!(r#""versions__delta":"1","apps__hashcode":"{code}""#),
+        1,
+    );
+    (s.into_bytes(), code)
+}
+
+#[tokio::test]
+async fn a_registry_of_a_hundred_thousand_instances_is_followed_in_full_and_by_deltas() {
+    const N: usize = 100_000;
+    let (full, _) = generated_document(N, |_| "UP");
+    let (mock, url) = Mock::start(Reply::Gzip(full), Reply::Status(404)).await;
+    let metrics = Counters::default();
+    let cfg = ClientConfig {
+        request_timeout: Duration::from_secs(10),
+        interval: Duration::from_millis(200),
+        ..config(vec![url])
+    };
+    let source = metrics.start(cfg).await.unwrap();
+    let reg = wait_registry(&source, |r| r.len() == N).await;
+    assert_eq!(
+        reg.instances().filter(|i| i.status == Status::Up).count(),
+        N
+    );
+
+    // A delta: one instance in a hundred goes DOWN; its hash code is the whole registry's.
+    let down = |i: usize| if i.is_multiple_of(100) { "DOWN" } else { "UP" };
+    let (changed, _) = generated_document(N, down);
+    let changed = String::from_utf8(changed).unwrap();
+    // Only the changed instances go in the delta.
+    let delta = only_instances(&changed, |i| i.is_multiple_of(100));
+    mock.set(None, Some(Reply::Gzip(delta.into_bytes())));
+    let reg = wait_registry(&source, |r| {
+        r.instances().filter(|i| i.status == Status::Down).count() == N / 100
+    })
+    .await;
+    assert_eq!(reg.len(), N);
+    assert_eq!(count(&metrics.client.eureka_hash_mismatches_total), 0);
+    assert_eq!(mock.hits().0, 1, "followed by deltas alone");
+    assert_eq!(count(&metrics.client.eureka_fetch_errors_total), 0);
+}
+
+/// `doc` (of [`generated_document`]) with only the instances `keep` says.
+fn only_instances(doc: &str, keep: impl Fn(usize) -> bool) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(doc).unwrap();
+    let apps = v["applications"]["application"].as_array_mut().unwrap();
+    for app in apps.iter_mut() {
+        let list = app["instance"].as_array_mut().unwrap();
+        list.retain(|inst| {
+            let id = inst["instanceId"].as_str().unwrap();
+            keep(id[2..].parse().unwrap())
+        });
+    }
+    apps.retain(|a| !a["instance"].as_array().unwrap().is_empty());
+    v.to_string()
 }

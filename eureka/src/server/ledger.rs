@@ -341,14 +341,14 @@ struct PublishedShard {
 pub const SHARDS: usize = 1024;
 
 /// The shard of `app`: FNV-1a, so that it is the same in every run.
-fn shard_of(app: &str) -> usize {
+pub(crate) fn shard_of(app: &str) -> usize {
     let hash = (app.bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     (hash % SHARDS as u64) as usize
 }
 
-const STATUSES: [Status; 5] = [
+pub(crate) const STATUSES: [Status; 5] = [
     Status::Up,
     Status::Down,
     Status::Starting,

@@ -29,7 +29,11 @@
 //!   meanwhile expire with their lease.
 //! - **A starting node** fills itself from the first peer that answers `GET /apps`. It is
 //!   complete at once, without the warm-up. If no peer answers, it warms up as a lone
-//!   registry does, and the peers' heartbeats fill it within one renewal interval.
+//!   registry does, and the peers' heartbeats fill it within one renewal interval. The answer
+//!   is asked for gzip and read as it arrives, each instance taken as it is read (so a fill
+//!   never holds the peer's whole document), within `max_answer` bytes and with at most
+//!   `timeout` between two parts of it; a fill that fails half-way keeps what it took, and
+//!   the node stays warming up.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -41,7 +45,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -57,8 +61,10 @@ use super::auth::Caller;
 use super::ledger::{Lease, Now, RenewRefused};
 use super::{EurekaRegistry, InvalidRequest, PeerCopy};
 use crate::client::access::Access;
-use crate::client::{ClientConfig, InvalidEurekaConfig, ServerUrl, backoff};
-use crate::wire::json::{self, InstanceInfo, lenient};
+use crate::client::answer::{self, Bounds, Unread};
+use crate::client::{ClientConfig, DEFAULT_MAX_ANSWER, InvalidEurekaConfig, ServerUrl, backoff};
+use crate::wire::json::{self, InstanceInfo, InvalidDocument, lenient};
+use crate::wire::read;
 
 /// The header that marks a write as a peer's: applied, never forwarded.
 pub const REPLICATION_HEADER: &str = "x-netflix-discovery-replication";
@@ -88,7 +94,7 @@ pub(super) fn node_name() -> String {
 /// Writes in one batch (Eureka's default).
 const BATCH: usize = 250;
 
-/// The largest answer read from a peer (its `/apps` at a start).
+/// The largest answer to a batch read from a peer.
 const MAX_BODY: usize = 256 * 1024 * 1024;
 
 /// The peers, and how to reach them.
@@ -102,6 +108,8 @@ pub struct PeerConfig {
     pub timeout: Duration,
     /// Writes kept for one peer that does not answer; beyond, the oldest are dropped.
     pub max_pending: usize,
+    /// The largest `/apps` answer a fill reads, in bytes, decoded (and as transferred).
+    pub max_answer: u64,
 }
 
 impl std::fmt::Debug for PeerConfig {
@@ -110,6 +118,7 @@ impl std::fmt::Debug for PeerConfig {
             .field("urls", &self.urls)
             .field("timeout", &self.timeout)
             .field("max_pending", &self.max_pending)
+            .field("max_answer", &self.max_answer)
             .finish_non_exhaustive()
     }
 }
@@ -131,6 +140,7 @@ impl PeerConfig {
             tls: access.tls,
             timeout: Duration::from_secs(5),
             max_pending: 100_000,
+            max_answer: DEFAULT_MAX_ANSWER,
         })
     }
 
@@ -142,6 +152,7 @@ impl PeerConfig {
                 .expect("the default TLS client configuration"),
             timeout: Duration::from_secs(5),
             max_pending: 100_000,
+            max_answer: DEFAULT_MAX_ANSWER,
         }
     }
 
@@ -485,6 +496,13 @@ enum CallError {
     },
     #[error("{url}: {reason}")]
     Undecodable { url: String, reason: String },
+    #[error("{url}: the answer is larger than --peer-max-answer ({limit} bytes)")]
+    TooLarge { url: String, limit: u64 },
+    #[error("{url}: {source}")]
+    Document {
+        url: String,
+        source: InvalidDocument,
+    },
 }
 
 impl CallError {
@@ -495,7 +513,9 @@ impl CallError {
         match self {
             CallError::Transport { .. } | CallError::Timeout { .. } => true,
             CallError::Status { status, .. } => *status == 503,
-            CallError::Undecodable { .. } => false,
+            CallError::Undecodable { .. }
+            | CallError::TooLarge { .. }
+            | CallError::Document { .. } => false,
         }
     }
 }
@@ -813,42 +833,17 @@ impl EurekaRegistry {
         let http = http_client(config);
         for peer in &peers.peers {
             let url = &peer.url;
-            let answer = call(
-                &self.shared.node,
-                &http,
-                url,
-                hyper::Method::GET,
-                "/apps",
-                None,
-                config.timeout,
-            )
-            .await;
-            if let Ok(Answer { node, .. }) = &answer
-                && self.is_me(peer, node.as_deref())
-            {
-                continue;
-            }
-            let parsed = answer.map_err(|e| e.to_string()).and_then(|answer| {
-                let parsed =
-                    json::parse_document(&answer.body).map_err(|e| format!("{url}/apps: {e}"));
-                parsed.map(|p| (answer.complete, p))
-            });
-            let (complete, applications) = match parsed {
-                Ok((complete, parsed)) => (complete, parsed.applications),
+            let (complete, filled) = match self.fill_from(&http, peer).await {
+                Ok(Some(filled)) => filled,
+                Ok(None) => continue,
                 Err(e) => {
+                    if matches!(e, CallError::TooLarge { .. }) {
+                        inc(&self.shared.metrics.eureka_peer_fills_too_large_total);
+                    }
                     tracing::warn!(error = %e, "eureka: could not fill from this peer; trying the next");
                     continue;
                 }
             };
-            let mut filled = 0;
-            for app in applications.application {
-                for info in app.instance {
-                    let copy = Replicated::held(&app.name, info);
-                    if self.apply_replicated(copy).status_code < 300 {
-                        filled += 1;
-                    }
-                }
-            }
             inc(&self.shared.metrics.eureka_peer_fills_total);
             if !complete {
                 tracing::info!(peer = %url, instances = filled, "eureka: filled from a peer that is warming up itself; trying the next");
@@ -864,6 +859,84 @@ impl EurekaRegistry {
         );
         self.publish();
         false
+    }
+
+    /// Fills this registry from `peer`'s `GET /apps`, each instance taken as it is read:
+    /// whether the peer is complete (not warming up itself), and how many instances were
+    /// taken; `None` when the peer is this node.
+    async fn fill_from(
+        &self,
+        http: &HttpClient,
+        peer: &Peer,
+    ) -> Result<Option<(bool, usize)>, CallError> {
+        let config = &self.shared.peers.config;
+        let url = format!("{}/apps", peer.url);
+        let transport = |reason: String| CallError::Transport {
+            url: url.clone(),
+            reason,
+        };
+        let mut request = hyper::Request::get(format!("{}/apps", peer.url.base()))
+            .header(ACCEPT, "application/json")
+            .header(ACCEPT_ENCODING, answer::ACCEPT_GZIP)
+            .header(REPLICATION_HEADER, "true")
+            .header(NODE_HEADER, &self.shared.node);
+        if let Some(authorization) = peer.url.authorization() {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| transport(e.to_string()))?;
+        let response = tokio::time::timeout(config.timeout, http.request(request))
+            .await
+            .map_err(|_| CallError::Timeout {
+                url: url.clone(),
+                after: config.timeout,
+            })?
+            .map_err(|e| {
+                transport(
+                    std::error::Error::source(&e)
+                        .map_or_else(|| e.to_string(), |s| format!("{e}: {s}")),
+                )
+            })?;
+        let complete = !response.headers().contains_key(WARMING_UP_HEADER);
+        let node = (response.headers().get(NODE_HEADER)).and_then(|v| v.to_str().ok());
+        if self.is_me(peer, node) {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(CallError::Status {
+                url,
+                status: response.status().as_u16(),
+                body: String::new(),
+            });
+        }
+        let bounds = Bounds {
+            max_bytes: config.max_answer,
+            idle: config.timeout,
+        };
+        let registry = self.clone();
+        let read = answer::read(response, bounds, move |reader| {
+            let mut filled = 0;
+            read::read_document(reader, &mut |app, _, info| {
+                let Ok(info) = info else { return };
+                if registry
+                    .apply_replicated(Replicated::held(app, info))
+                    .status_code
+                    < 300
+                {
+                    filled += 1;
+                }
+            })
+            .map(|_| filled)
+        })
+        .await;
+        match read {
+            Ok(Ok(filled)) => Ok(Some((complete, filled))),
+            Ok(Err(source)) => Err(CallError::Document { url, source }),
+            Err(Unread::TooLarge(limit)) => Err(CallError::TooLarge { url, limit }),
+            Err(Unread::Idle(after)) => Err(CallError::Timeout { url, after }),
+            Err(e) => Err(transport(e.to_string())),
+        }
     }
 }
 
@@ -885,8 +958,6 @@ fn http_client(config: &PeerConfig) -> HttpClient {
 
 /// A peer's answer.
 struct Answer {
-    /// Not warming up.
-    complete: bool,
     /// The answering node's name ([`NODE_HEADER`]).
     node: Option<String>,
     body: Bytes,
@@ -931,13 +1002,11 @@ async fn call(
             transport(reason)
         })?;
         let status = response.status();
-        let complete = !response.headers().contains_key(WARMING_UP_HEADER);
         let node = (response.headers().get(NODE_HEADER))
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         if node.as_deref() == Some(own) {
             return Ok(Answer {
-                complete,
                 node,
                 body: Bytes::new(),
             });
@@ -954,11 +1023,7 @@ async fn call(
                 body: clip(&String::from_utf8_lossy(&body)).to_string(),
             });
         }
-        Ok(Answer {
-            complete,
-            node,
-            body,
-        })
+        Ok(Answer { node, body })
     };
     tokio::time::timeout(timeout, exchange)
         .await
@@ -968,5 +1033,7 @@ async fn call(
         })?
 }
 
+#[cfg(test)]
+mod fill_tests;
 #[cfg(test)]
 mod tests;

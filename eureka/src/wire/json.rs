@@ -490,6 +490,12 @@ pub enum InvalidDocument {
     Json(#[from] serde_json::Error),
     #[error("not a Eureka applications document: {0}")]
     Shape(String),
+    /// Not valid JSON, as a streamed read finds it (`wire::read`).
+    #[error("not valid JSON: {0}")]
+    Syntax(String),
+    /// The document's bytes could not be read (a gzip answer that does not decode).
+    #[error("the answer could not be read")]
+    Unreadable(#[source] std::io::Error),
 }
 
 /// A Eureka document as read, with the instances that had to be skipped.
@@ -757,6 +763,8 @@ impl InstanceInfo {
                         }
                     }
                 }
+                // Pushed one at a time, a list of one VIP has room for four.
+                vips.shrink_to_fit();
                 (port, vips)
             };
         let (port, vips) = side(self.plain_port(), "port", &self.vip_address, "vipAddress");
