@@ -203,6 +203,15 @@ impl ControlPlane {
         self.restart_until(env, label, "/readyz", &[]);
     }
 
+    /// [`ControlPlane::restart`] on another `source`, on the same xDS and admin addresses (e.g.
+    /// a `--eureka` URL with new credentials, as an operator restarts it with a corrected
+    /// configuration); a [`Source::ServeEureka`] gets a new free port. Later restarts keep it.
+    pub fn restart_on(&mut self, env: &TestEnv, label: &str, source: Source) {
+        self.eureka = source.eureka_addr();
+        self.source = source;
+        self.restart(env, label);
+    }
+
     /// [`ControlPlane::restart`], but waiting only until the admin serves (`/healthz`), not
     /// until the registry is loaded: for a restart while the registry source is down.
     pub fn restart_unready(&mut self, env: &TestEnv, label: &str) {

@@ -69,6 +69,9 @@ pub struct LoadConfig {
     /// A response header whose value each [`Record`] keeps (e.g. `x-echo-upstream`: which
     /// instance answered).
     pub record_header: Option<String>,
+    /// Each [`Record`] keeps the start of its body, a 2xx's too (an upstream that names itself
+    /// only in its body, e.g. a Eureka client driver's `hello from <id>`).
+    pub record_body: bool,
 }
 
 impl LoadConfig {
@@ -81,6 +84,7 @@ impl LoadConfig {
             timeout: Duration::from_secs(2),
             keep_alive: false,
             record_header: None,
+            record_body: false,
         }
     }
 
@@ -105,6 +109,12 @@ impl LoadConfig {
     /// Keeps the value of response header `name` in each [`Record`].
     pub fn record_header(mut self, name: &str) -> LoadConfig {
         self.record_header = Some(name.to_owned());
+        self
+    }
+
+    /// Keeps the start of every response's body in its [`Record`], not only a failure's.
+    pub fn record_body(mut self) -> LoadConfig {
+        self.record_body = true;
         self
     }
 }
@@ -153,7 +163,8 @@ pub struct Record {
     pub latency: Duration,
     /// The status, or the transport error.
     pub outcome: Outcome,
-    /// For a non-2xx response, the first [`BODY_PREFIX`] bytes of its body (lossy UTF-8).
+    /// For a non-2xx response (for any, with [`LoadConfig::record_body`]), the first
+    /// [`BODY_PREFIX`] bytes of its body (lossy UTF-8).
     pub body: Option<String>,
     /// The value of [`LoadConfig::record_header`] in the response, if it had one.
     pub header: Option<String>,
@@ -455,7 +466,7 @@ fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>, addr: SocketAddr, config: 
             None => send_raw_within(addr, &job.request.to_bytes(), config.timeout),
         };
         let latency = started.elapsed();
-        let record = record(job, sent, latency, result, config.record_header.as_deref());
+        let record = record(job, sent, latency, result, config);
         if !record.outcome.is_success() {
             shared.failed.fetch_add(1, Ordering::SeqCst);
         }
@@ -472,16 +483,16 @@ fn record(
     sent: Duration,
     latency: Duration,
     result: io::Result<Response>,
-    header: Option<&str>,
+    config: &LoadConfig,
 ) -> Record {
-    let kept = match (&result, header) {
+    let kept = match (&result, config.record_header.as_deref()) {
         (Ok(response), Some(name)) => response.header(name).map(str::to_owned),
         _ => None,
     };
     let (outcome, body) = match result {
         Ok(response) => {
             let outcome = Outcome::Status(response.status);
-            let body = (!outcome.is_success()).then(|| {
+            let body = (config.record_body || !outcome.is_success()).then(|| {
                 let end = response.body.len().min(BODY_PREFIX);
                 String::from_utf8_lossy(&response.body[..end]).into_owned()
             });
@@ -936,6 +947,27 @@ mod tests {
             "{}",
             report.summary()
         );
+    }
+
+    #[test]
+    fn a_load_that_records_bodies_keeps_each_answers_body_and_otherwise_only_a_failures() {
+        let echo = EchoUpstream::start("named");
+        let config = LoadConfig::rate(100).record_body();
+        let load = Load::hosts(echo.addr(), &["a"], config);
+        load.wait_completed(3, Duration::from_secs(10));
+        let report = load.stop();
+        report.assert_no_failures(&["a"]);
+        for r in &report.records {
+            let body = r
+                .body
+                .as_deref()
+                .unwrap_or_else(|| panic!("no body kept: {r:?}"));
+            assert!(body.contains("\"upstream\""), "{body}");
+        }
+        let load = Load::hosts(echo.addr(), &["a"], LoadConfig::rate(100));
+        load.wait_completed(3, Duration::from_secs(10));
+        let report = load.stop();
+        assert!(report.records.iter().all(|r| r.body.is_none()), "{report}");
     }
 
     #[test]
