@@ -831,3 +831,60 @@ identities:
     assert_eq!(http(c.addr(), "DELETE", renew, &[hello], "").await.0, 200);
     assert_eq!(c.port_of("h1"), None);
 }
+
+#[tokio::test]
+async fn an_owner_survives_a_409s_document_and_keeps_its_instance() {
+    let tokens = r#"
+identities:
+  - {name: hello, token: "hello-token-0123456789", vips: [hello]}
+  - {name: other, token: "other-token-0123456789", vips: [other]}
+  - {name: ops, token: "ops-token-0123456789", operator: true}
+"#;
+    let auth = Arc::new(Authenticator::parse("tokens.yaml", tokens.as_bytes()).expect("tokens"));
+    let hello = "authorization: Bearer hello-token-0123456789";
+    let other = "authorization: Bearer other-token-0123456789";
+    let b = Node::start_with(free_addr(), &[], |c| c.auth = Some(auth.clone())).await;
+    let a = Node::start_with(free_addr(), &[], |c| {
+        let url = format!("http://ops:ops-token-0123456789@{}/eureka", b.addr());
+        c.peers = Some(PeerConfig::new(&[url], None).expect("peer URL"));
+        c.auth = Some(auth.clone());
+    })
+    .await;
+    let mut old = instance("h1", 8080);
+    old["instance"]["lastDirtyTimestamp"] = json!(1_000);
+    let (status, answer) = http(
+        a.addr(),
+        "POST",
+        "/eureka/apps/HELLO",
+        &[hello],
+        &old.to_string(),
+    )
+    .await;
+    assert_eq!(status, 204, "{answer}");
+    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    // Its owner registers a newer document on B (its client failed over there).
+    let mut newer = instance("h1", 9090);
+    newer["instance"]["lastDirtyTimestamp"] = json!(2_000);
+    let (status, answer) = http(
+        b.addr(),
+        "POST",
+        "/eureka/apps/HELLO",
+        &[hello],
+        &newer.to_string(),
+    )
+    .await;
+    assert_eq!(status, 204, "{answer}");
+    // A heartbeat on A goes to B, which answers 409 with its document; A takes it, owner
+    // included: the owner keeps its instance on A, and no other identity gets it.
+    let renew = "/eureka/apps/HELLO/h1";
+    assert_eq!(http(a.addr(), "PUT", renew, &[hello], "").await.0, 200);
+    eventually("A takes B's newer document", || {
+        a.port_of("h1") == Some(9090)
+    })
+    .await;
+    assert_eq!(http(a.addr(), "PUT", renew, &[other], "").await.0, 403);
+    assert_eq!(http(a.addr(), "PUT", renew, &[hello], "").await.0, 200);
+    let drain = "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE";
+    assert_eq!(http(a.addr(), "PUT", drain, &[other], "").await.0, 403);
+    assert_eq!(http(a.addr(), "PUT", drain, &[hello], "").await.0, 200);
+}
