@@ -129,7 +129,7 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
     let evicted = eureka.evict_expired();
     let eviction_round = t0.elapsed();
     let t0 = Instant::now();
-    eureka.applications_answer(true);
+    eureka.applications_answer(true, false);
     let apps_json = t0.elapsed();
     let t0 = Instant::now();
     eureka.delta();

@@ -164,15 +164,9 @@ impl<R: Read> Read for Bounded<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::gzip;
     use http_body_util::Full;
     use hyper::body::Frame;
-    use std::io::Write;
-
-    fn gzip(data: &[u8]) -> Vec<u8> {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(data).unwrap();
-        gz.finish().unwrap()
-    }
 
     fn answer(body: Vec<u8>, encoding: Option<&str>) -> hyper::Response<Full<Bytes>> {
         let mut r = hyper::Response::builder();

@@ -18,6 +18,7 @@ use tower::ServiceExt;
 
 use crate::testdata::path as testdata_path;
 use crate::testdata::tls as tls_path;
+use crate::wire::gzip;
 use crate::wire::json::reconcile_hash_code_of_counts;
 use odmesh_registry::Status;
 
@@ -224,13 +225,6 @@ async fn delta_handler(State(m): State<Mock>, headers: HeaderMap) -> Response {
         check_authorization(&mut s, &headers).unwrap_or_else(|| s.delta.clone())
     };
     reply(r).await
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(data).unwrap();
-    gz.finish().unwrap()
 }
 
 /// A rustls server configuration presenting `base/testdata/tls/{cert}.pem` with its key.

@@ -75,12 +75,60 @@ fn xml_response(body: String) -> Response {
     ([(header::CONTENT_TYPE, "application/xml")], body).into_response()
 }
 
-fn answer_applications(headers: &HeaderMap, applications: Applications) -> Response {
-    if wants_json(headers) {
-        json_response(&ApplicationsDocument { applications })
-    } else {
-        xml_response(xml::applications(&applications))
+/// Whether the client takes a gzip answer: `Accept-Encoding` lists `gzip` (or `*`) without
+/// `q=0`. Eureka's Java clients ask for it; its server compresses `/apps` and `/apps/delta`.
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    let values = headers.get_all(header::ACCEPT_ENCODING).iter();
+    values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or_default();
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
+}
+
+/// A registry answer (`/apps`, `/apps/delta`): `body` in `content_type`, already compressed
+/// when `gzip`. Caches between must keep the two encodings apart (`Vary`).
+fn registry_answer(content_type: &'static str, gzip: bool, body: axum::body::Bytes) -> Response {
+    let mut answer = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    let headers = answer.headers_mut();
+    let vary = HeaderValue::from_static("Accept-Encoding");
+    headers.insert(header::VARY, vary);
+    if gzip {
+        let encoding = HeaderValue::from_static("gzip");
+        headers.insert(header::CONTENT_ENCODING, encoding);
     }
+    answer
+}
+
+fn content_type(json: bool) -> &'static str {
+    if json {
+        "application/json"
+    } else {
+        "application/xml"
+    }
+}
+
+fn answer_applications(headers: &HeaderMap, applications: Applications) -> Response {
+    let json = wants_json(headers);
+    let body = if json {
+        match serde_json::to_vec(&ApplicationsDocument { applications }) {
+            Ok(body) => body,
+            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        }
+    } else {
+        xml::applications(&applications).into_bytes()
+    };
+    let gzip = accepts_gzip(headers);
+    let body = if gzip { crate::wire::gzip(&body) } else { body };
+    registry_answer(content_type(json), gzip, body.into())
 }
 
 fn answer_instance(headers: &HeaderMap, instance: InstanceInfo) -> Response {
@@ -107,14 +155,9 @@ async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
     if let Some(refused) = warming_up_for(&eureka, &headers) {
         return refused;
     }
-    let json = wants_json(&headers);
-    let content_type = if json {
-        "application/json"
-    } else {
-        "application/xml"
-    };
-    let body = eureka.applications_answer(json);
-    let mut answer = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    let (json, gzip) = (wants_json(&headers), accepts_gzip(&headers));
+    let body = eureka.applications_answer(json, gzip);
+    let mut answer = registry_answer(content_type(json), gzip, body);
     if eureka.is_warming_up() {
         let warming = HeaderValue::from_static("true");
         answer

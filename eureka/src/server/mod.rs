@@ -193,7 +193,7 @@ struct Shared {
     /// The count of changes published so far.
     published: watch::Sender<u64>,
     /// `GET /apps` as last written, in JSON and in XML: readers share one copy.
-    apps_answers: Mutex<[Option<CachedAnswer>; 2]>,
+    apps_answers: Mutex<[Option<CachedAnswer>; 4]>,
     peers: Peers,
     /// Filled from a peer at start: complete, no warm-up.
     filled: AtomicBool,
@@ -299,7 +299,7 @@ impl EurekaRegistry {
                 metrics,
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
-                apps_answers: Mutex::new([None, None]),
+                apps_answers: Mutex::new([None, None, None, None]),
                 peers,
                 filled: AtomicBool::new(false),
                 node: peers::node_name(),
@@ -787,29 +787,40 @@ impl EurekaRegistry {
         view.applications()
     }
 
-    /// `GET /apps` written as JSON or XML. Written once per registry version (and at most
-    /// every 30 s), and shared by every reader meanwhile: a thousand clients reading the
-    /// registry, slowly or not, cost one copy of it and one conversion. The lock is held
-    /// only to take one pointer per instance.
-    pub fn applications_answer(&self, json: bool) -> axum::body::Bytes {
+    /// `GET /apps` written as JSON or XML, gzip-compressed or not. Written once per registry
+    /// version (and at most every 30 s), and shared by every reader meanwhile: a thousand
+    /// clients reading the registry, slowly or not, cost one copy of it and one conversion
+    /// (and one compression). The lock is held only to take one pointer per instance.
+    pub fn applications_answer(&self, json: bool, gzip: bool) -> axum::body::Bytes {
+        self.cached_answer(json, gzip).1
+    }
+
+    /// The registry version and the answer of [`Self::applications_answer`].
+    fn cached_answer(&self, json: bool, gzip: bool) -> (u64, axum::body::Bytes) {
         let version = self.lock().version();
-        let slot = usize::from(json);
+        let slot = usize::from(json) + 2 * usize::from(gzip);
         let answers = || (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = &answers()[slot]
             && hit.version == version
             && hit.written.elapsed() < ANSWER_MAX_AGE
         {
-            return hit.body.clone();
+            return (hit.version, hit.body.clone());
         }
-        let view = self.lock().applications();
-        let (version, applications) = (view.version, view.applications());
-        drop(view);
-        let body: axum::body::Bytes = if json {
-            serde_json::to_vec(&ApplicationsDocument { applications })
-                .unwrap_or_default()
-                .into()
+        let (version, body) = if gzip {
+            let (version, plain) = self.cached_answer(json, false);
+            (version, crate::wire::gzip(&plain).into())
         } else {
-            xml::applications(&applications).into()
+            let view = self.lock().applications();
+            let (version, applications) = (view.version, view.applications());
+            drop(view);
+            let body: axum::body::Bytes = if json {
+                serde_json::to_vec(&ApplicationsDocument { applications })
+                    .unwrap_or_default()
+                    .into()
+            } else {
+                xml::applications(&applications).into()
+            };
+            (version, body)
         };
         let answer = CachedAnswer {
             version,
@@ -817,7 +828,7 @@ impl EurekaRegistry {
             body: body.clone(),
         };
         answers()[slot] = Some(answer);
-        body
+        (version, body)
     }
 
     /// One application (`name` uppercase), as `GET /apps/{APP}` answers.

@@ -1688,15 +1688,15 @@ async fn readers_of_the_whole_registry_share_one_written_copy_until_it_changes()
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
         .await;
     let (a, b) = (
-        f.eureka.applications_answer(true),
-        f.eureka.applications_answer(true),
+        f.eureka.applications_answer(true, false),
+        f.eureka.applications_answer(true, false),
     );
     assert_eq!(a.as_ptr(), b.as_ptr(), "one copy for both readers");
-    let xml = f.eureka.applications_answer(false);
+    let xml = f.eureka.applications_answer(false, false);
     assert!(xml.starts_with(b"<?xml"));
     f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
         .await;
-    let c = f.eureka.applications_answer(true);
+    let c = f.eureka.applications_answer(true, false);
     assert_ne!(a.as_ptr(), c.as_ptr());
     let doc: Value = serde_json::from_slice(&c).unwrap();
     assert_eq!(
@@ -1708,4 +1708,96 @@ async fn readers_of_the_whole_registry_share_one_written_copy_until_it_changes()
     );
     // And what the REST API answers is that copy.
     assert_eq!(f.get_json("/eureka/apps").await.body.as_bytes(), &c[..]);
+}
+
+/// `GET uri` with `Accept: application/json` and `accept_encoding`: the answer's
+/// `Content-Encoding` and `Vary`, and its body as sent.
+async fn get_encoded(f: &Fixture, uri: &str, accept_encoding: &str) -> (String, String, Vec<u8>) {
+    let mut req = Request::builder()
+        .uri(uri)
+        .header(header::ACCEPT, "application/json");
+    if !accept_encoding.is_empty() {
+        req = req.header(header::ACCEPT_ENCODING, accept_encoding);
+    }
+    let resp = f
+        .eureka
+        .router()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let header =
+        |name| (resp.headers().get(name)).map_or(String::new(), |v| v.to_str().unwrap().to_owned());
+    let (encoding, vary) = (header(header::CONTENT_ENCODING), header(header::VARY));
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (encoding, vary, body)
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut plain = Vec::new();
+    let mut decoder = flate2::read::GzDecoder::new(bytes);
+    decoder.read_to_end(&mut plain).expect("a gzip answer");
+    plain
+}
+
+#[tokio::test]
+async fn the_registry_and_its_delta_are_gzip_compressed_for_a_client_that_asks() {
+    let f = fixture();
+    for i in 0..50 {
+        let id = format!("h{i}");
+        f.register("HELLO", instance(&id, "HELLO", "hello", 8000 + i))
+            .await;
+    }
+    for uri in ["/eureka/apps", "/eureka/apps/delta"] {
+        let (encoding, vary, plain) = get_encoded(&f, uri, "").await;
+        assert_eq!(
+            (encoding.as_str(), vary.as_str()),
+            ("", "Accept-Encoding"),
+            "{uri}"
+        );
+        // What Eureka's Java clients send, and other spellings.
+        for asked in ["gzip", "gzip, deflate", "deflate, GZIP;q=0.5", "*"] {
+            let (encoding, vary, zipped) = get_encoded(&f, uri, asked).await;
+            assert_eq!(
+                (encoding.as_str(), vary.as_str()),
+                ("gzip", "Accept-Encoding"),
+                "{uri} {asked}"
+            );
+            assert!(
+                zipped.len() * 4 < plain.len(),
+                "{uri}: {} of {} bytes",
+                zipped.len(),
+                plain.len()
+            );
+            let doc: Value = serde_json::from_slice(&gunzip(&zipped)).unwrap();
+            assert_eq!(
+                doc,
+                serde_json::from_slice::<Value>(&plain).unwrap(),
+                "{uri} {asked}"
+            );
+        }
+        for refused in ["deflate", "gzip;q=0", "identity"] {
+            let (encoding, _, body) = get_encoded(&f, uri, refused).await;
+            assert_eq!(encoding, "", "{uri} {refused}");
+            assert_eq!(body, plain, "{uri} {refused}");
+        }
+    }
+    // Readers share one compressed copy of the registry, and a change writes a new one.
+    let a = f.eureka.applications_answer(true, true);
+    assert_eq!(
+        a.as_ptr(),
+        f.eureka.applications_answer(true, true).as_ptr()
+    );
+    f.register("HELLO", instance("h-new", "HELLO", "hello", 9000))
+        .await;
+    let b = f.eureka.applications_answer(true, true);
+    assert_ne!(gunzip(&a), gunzip(&b));
+    assert_eq!(gunzip(&b), &f.eureka.applications_answer(true, false)[..]);
 }

@@ -2,7 +2,6 @@
 //! registry is over `--peer-max-answer`: peers played by a small HTTP server on loopback.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -39,9 +38,7 @@ fn apps(n: usize) -> Vec<u8> {
 /// A peer answering `/eureka/apps` with `doc`, gzip when asked; the `Accept-Encoding` it
 /// was sent goes to `seen`.
 async fn peer(doc: Vec<u8>, seen: Arc<Mutex<Vec<String>>>) -> SocketAddr {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&doc).unwrap();
-    let zipped = gz.finish().unwrap();
+    let zipped = crate::wire::gzip(&doc);
     let handler = move |headers: HeaderMap| async move {
         let asked = (headers.get("accept-encoding"))
             .map(|v| v.to_str().unwrap_or_default().to_owned())
