@@ -120,6 +120,7 @@ bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/lates
 	$(MAKE) bench-shells
 	$(MAKE) bench-failover
 	$(MAKE) bench-flood
+	$(MAKE) bench-eureka-follow
 
 # The two filter shells against a static route, alternating rounds (docs/benchmarks.md, "6. Two
 # shells"); SHELLS_ROUNDS rounds of SHELLS_SECONDS seconds each. Beside them, the wasm filter as
@@ -150,6 +151,17 @@ FLOOD_VIPS ?= 400
 .PHONY: bench-flood
 bench-flood: bench-build ## first requests while a raw client floods the control plane with a million names: docs/bench/flood.json
 	python3 bench/flood.py --vips $(FLOOD_VIPS) --out docs/bench/flood.json
+
+# A real Eureka server followed by odmesh (docs/benchmarks.md, "11. Following a real Eureka
+# server"): registration → route and cancel → refused, EUREKA_ROUNDS rounds with a 1 s poll,
+# EUREKA_SLOW_ROUNDS with Eureka's and odmesh's 30 s defaults.
+EUREKA_ROUNDS ?= 10
+EUREKA_SLOW_ROUNDS ?= 4
+
+.PHONY: bench-eureka-follow
+bench-eureka-follow: bench-build ## a real Eureka server's changes to Envoy, by its response cache and odmesh's poll: docs/bench/eureka-follow.json
+	@scripts/install-eureka-java.sh
+	python3 bench/eureka_follow.py --rounds $(EUREKA_ROUNDS) --slow-rounds $(EUREKA_SLOW_ROUNDS) --out docs/bench/eureka-follow.json
 
 .PHONY: clean
 clean: ## remove build output (keeps the installed Envoy)

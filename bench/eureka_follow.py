@@ -16,7 +16,9 @@ server and control plane:
     and odmesh polling the delta every 30 s (SLOW_ROUNDS rounds);
   - odmesh polling every second, the server's cache as it is (ROUNDS rounds);
   - odmesh polling every second, the server's cache refreshed every second
-    (`eureka.server.response-cache-update-interval-ms=1000`) (ROUNDS rounds).
+    (`eureka.server.response-cache-update-interval-ms=1000`) (ROUNDS rounds);
+  - odmesh polling every second, the server reading from its read-write cache, which a write
+    empties (`eureka.server.use-read-only-response-cache=false`) (ROUNDS rounds).
 
 Writes the times (seconds) per round and their summary. Needs target/release/odmesh-control,
 dist/odmesh_filter.wasm, Envoy, nginx and the Eureka server jar (`make bench-build`). Standard
@@ -130,6 +132,8 @@ def main():
             "poll_1s": setting(workdir, procs, "poll1", up, args.rounds, "1", []),
             "poll_1s_cache_1s": setting(workdir, procs, "cache1", up, args.rounds, "1",
                                         ["--eureka.server.response-cache-update-interval-ms=1000"]),
+            "poll_1s_no_read_only_cache": setting(workdir, procs, "rwcache", up, args.rounds, "1",
+                                                  ["--eureka.server.use-read-only-response-cache=false"]),
         }
     finally:
         procs.stop_all()
@@ -138,8 +142,8 @@ def main():
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     for name, s in results["settings"].items():
         r, c = s["registered_to_routed_s"], s["cancelled_to_refused_s"]
-        print(f"{name:>17}: registered -> routed p50 {r['p50']:.2f} s, max {r['max']:.2f} s; "
-              f"cancelled -> refused p50 {c['p50']:.2f} s, max {c['max']:.2f} s ({r['n']} rounds)")
+        print(f"{name:>26}: registered -> routed p50 {r['p50']:.2f} s, p99 {r['p99']:.2f} s; "
+              f"cancelled -> refused p50 {c['p50']:.2f} s, p99 {c['p99']:.2f} s ({r['n']} rounds)")
     print(f"wrote {args.out}")
 
 
