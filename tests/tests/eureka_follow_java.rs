@@ -207,6 +207,14 @@ fn assert_routed_as_shown(steps: &[Step], report: &LoadReport) {
     }
 }
 
+/// The service of `driver` sets its own OUT_OF_SERVICE override (Spring's service registry),
+/// and the server takes it.
+fn drain_itself(driver: &mut ClientDriver) {
+    driver.command("out_of_service");
+    let answer = driver.wait_report("override ", COMMAND_TIMEOUT);
+    assert_eq!(answer, "override OUT_OF_SERVICE 200");
+}
+
 /// The mark for "Envoy shows `what`".
 fn shown(what: &str) -> String {
     format!("Envoy shows «{what}»")
@@ -272,11 +280,7 @@ fn spring_services_on_a_real_eureka_server_drained_undrained_overridden_drained_
         "churn-rest: its client sets OUT_OF_SERVICE",
         &[jersey],
         FOLLOW_DEADLINE,
-        || {
-            rest_driver.command("out_of_service");
-            let answer = rest_driver.wait_report("override ", COMMAND_TIMEOUT);
-            assert_eq!(answer, "override OUT_OF_SERVICE 200");
-        },
+        || drain_itself(&mut rest_driver),
     );
     churn.step(
         "churn-rest: its client removes the override",
@@ -327,11 +331,7 @@ fn spring_services_on_a_real_eureka_server_drained_undrained_overridden_drained_
         "churn-rest: its client sets OUT_OF_SERVICE before it stops",
         &[jersey],
         FOLLOW_DEADLINE,
-        || {
-            rest_driver.command("out_of_service");
-            let answer = rest_driver.wait_report("override ", COMMAND_TIMEOUT);
-            assert_eq!(answer, "override OUT_OF_SERVICE 200");
-        },
+        || drain_itself(&mut rest_driver),
     );
     churn.step("churn-rest: stopped", &[jersey], STOP_DEADLINE, || {
         rest_driver.command("stop")

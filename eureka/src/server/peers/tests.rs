@@ -799,8 +799,10 @@ async fn a_real_eureka_servers_batch_to_the_path_with_its_trailing_slash_is_take
     assert_eq!(b.port_of("h1"), Some(8080));
 }
 
-#[tokio::test]
-async fn an_owner_survives_a_starting_nodes_fill_and_keeps_its_instance_there() {
+/// Identities for the owner tests: `hello` owns VIP hello, `other` VIP other, `ops` is an
+/// operator (peers send its credentials). Returns the authenticator and the `authorization`
+/// headers of `hello` and `other`.
+fn owners() -> (Arc<Authenticator>, &'static str, &'static str) {
     let tokens = r#"
 identities:
   - {name: hello, token: "hello-token-0123456789", vips: [hello]}
@@ -810,6 +812,12 @@ identities:
     let auth = Arc::new(Authenticator::parse("tokens.yaml", tokens.as_bytes()).expect("tokens"));
     let hello = "authorization: Bearer hello-token-0123456789";
     let other = "authorization: Bearer other-token-0123456789";
+    (auth, hello, other)
+}
+
+#[tokio::test]
+async fn an_owner_survives_a_starting_nodes_fill_and_keeps_its_instance_there() {
+    let (auth, hello, other) = owners();
     let a = Node::start_with(free_addr(), &[], |c| c.auth = Some(auth.clone())).await;
     let body = instance("h1", 8080).to_string();
     let (status, answer) = http(a.addr(), "POST", "/eureka/apps/HELLO", &[hello], &body).await;
@@ -834,15 +842,7 @@ identities:
 
 #[tokio::test]
 async fn an_owner_survives_a_409s_document_and_keeps_its_instance() {
-    let tokens = r#"
-identities:
-  - {name: hello, token: "hello-token-0123456789", vips: [hello]}
-  - {name: other, token: "other-token-0123456789", vips: [other]}
-  - {name: ops, token: "ops-token-0123456789", operator: true}
-"#;
-    let auth = Arc::new(Authenticator::parse("tokens.yaml", tokens.as_bytes()).expect("tokens"));
-    let hello = "authorization: Bearer hello-token-0123456789";
-    let other = "authorization: Bearer other-token-0123456789";
+    let (auth, hello, other) = owners();
     let b = Node::start_with(free_addr(), &[], |c| c.auth = Some(auth.clone())).await;
     let a = Node::start_with(free_addr(), &[], |c| {
         let url = format!("http://ops:ops-token-0123456789@{}/eureka", b.addr());
