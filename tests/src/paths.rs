@@ -43,15 +43,52 @@ pub fn envoy_binary() -> PathBuf {
     path
 }
 
-/// A loopback TCP port that was free a moment ago (the OS picked it).
+/// A loopback TCP port that was free a moment ago, for a server in another process.
 ///
-/// Another process may take it before it is used; where a server can bind port 0 itself and
-/// report its port (the echo upstream, Envoy's listeners and admin), prefer that.
+/// Taken below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), where the OS
+/// would pick it: there, the source port of any outgoing connection on the machine (Envoy's,
+/// a JVM's, the load's) can take it between this check and the server's bind, and the server
+/// fails with "address already in use" (seen in a suite run). Below the range only another
+/// test's pick can, and each test process starts at its own place in it and never hands a
+/// port out twice. Where a server can bind port 0 itself and report its port (the echo
+/// upstream, Envoy's listeners and admin), prefer that.
 pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot get a free loopback port from the OS: {e}"))
+    reserve_ports(1)[0]
+}
+
+/// `n` distinct ports as [`free_port`] picks them.
+pub fn reserve_ports(n: usize) -> Vec<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // Where the picks go: [FIRST_PORT, the ephemeral range's start).
+    const FIRST_PORT: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let end = ephemeral_start().max(FIRST_PORT + 1_000);
+    let span = end - FIRST_PORT;
+    // Each test process starts at its own place: two suites on one machine rarely meet.
+    let start = (std::process::id().wrapping_mul(2_654_435_761)) % span;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..span {
+        if held.len() == n {
+            break;
+        }
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(FIRST_PORT + offset).expect("below the ephemeral range");
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            held.push(listener);
+        }
+    }
+    assert_eq!(held.len(), n, "no {n} free loopback ports below {end}");
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound listener's address").port())
+        .collect()
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default 32768 if unreadable).
+fn ephemeral_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// The control plane binary: `$ODMESH_CONTROL` if set, else `target/debug/odmesh-control`

@@ -8,7 +8,7 @@
 //! [`TcpProxy`]: crate::tcp_proxy::TcpProxy
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -25,20 +25,11 @@ use crate::wait::{POLL_INTERVAL, wait_until_since};
 /// How long Envoy may take to open its xDS stream to one of the nodes.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `n` loopback addresses on ports that were free a moment ago, all distinct (each port is
-/// held until all are found).
+/// `n` loopback addresses on ports that were free a moment ago, all distinct
+/// ([`crate::paths::reserve_ports`]).
 pub fn reserve_addrs(n: usize) -> Vec<SocketAddr> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .unwrap_or_else(|e| panic!("cannot get a free loopback port from the OS: {e}"))
-        })
-        .collect();
-    held.iter()
-        .map(|l| {
-            l.local_addr()
-                .unwrap_or_else(|e| panic!("a bound listener has no address: {e}"))
-        })
+    (crate::paths::reserve_ports(n).into_iter())
+        .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
         .collect()
 }
 
