@@ -1,9 +1,11 @@
 //! Eureka both ways, through real Envoy: real, unmodified Eureka client libraries (npm
-//! `eureka-js-client`, PyPI `py-eureka-client`) register with odmesh's embedded registry and
+//! `eureka-js-client`, PyPI `py-eureka-client`, and a Spring Boot service on Spring Cloud's
+//! Eureka client, on each of its transports) register with odmesh's embedded registry and
 //! their VIP routes, drains and expires; and odmesh follows a Eureka server in another
 //! process (another `odmesh-control --serve-eureka`) through changes, an outage and a
 //! failover. Needs `make envoy`, `make wasm`, `cargo build -p odmesh-control`, and the
-//! clients from `scripts/install-eureka-clients.sh` (the client tests fail without them).
+//! clients from `scripts/install-eureka-clients.sh` and `scripts/install-eureka-java.sh` (the
+//! client tests fail without them).
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -14,8 +16,6 @@ use odmesh_e2e::{
 };
 use serde_json::Value;
 
-/// How long a driver may take to start its runtime, serve and register.
-const DRIVER_TIMEOUT: Duration = Duration::from_secs(20);
 /// How soon a registry change must route through Envoy (SPEC.md).
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The lease the embedded registry and the real clients use: short, so expiry fits a test.
@@ -125,8 +125,8 @@ fn a_real_client_registers_routes_drains_and_expires(client: EurekaClient, test:
     let eureka = mesh.control.eureka_addr();
     let spawned = Instant::now();
     let mut driver = ClientDriver::start(&env, "driver", client, eureka, &registration);
-    let port = driver.wait_listening(DRIVER_TIMEOUT);
-    driver.wait_report("registered", DRIVER_TIMEOUT);
+    let port = driver.wait_listening(client.start_timeout());
+    driver.wait_report("registered", client.start_timeout());
     let registered = Instant::now();
     let to_routed = wait_until_since(
         registered,
@@ -196,6 +196,21 @@ fn npm_eureka_js_client_registers_with_odmesh_and_its_vip_routes_drains_and_expi
 fn pypi_py_eureka_client_registers_with_odmesh_and_its_vip_routes_drains_and_expires_through_envoy()
 {
     a_real_client_registers_routes_drains_and_expires(EurekaClient::Python, "eureka_py_client");
+}
+
+#[test]
+fn a_spring_service_on_rest_client_registers_with_odmesh_and_its_vip_routes_drains_and_expires_through_envoy()
+ {
+    a_real_client_registers_routes_drains_and_expires(EurekaClient::Java, "eureka_java_client");
+}
+
+#[test]
+fn a_spring_service_on_jersey_3_registers_with_odmesh_and_its_vip_routes_drains_and_expires_through_envoy()
+ {
+    a_real_client_registers_routes_drains_and_expires(
+        EurekaClient::JavaJersey,
+        "eureka_jersey_client",
+    );
 }
 
 #[test]
