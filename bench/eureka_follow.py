@@ -9,7 +9,11 @@ server (`.tools/eureka-java/eureka-server.jar`, from scripts/install-eureka-java
 `odmesh-control --eureka URL` following it, and one Envoy from envoy/odmesh.yaml as shipped. Each
 round registers a new instance of a new VIP on the Eureka server as a Eureka client does
 (`POST /eureka/apps/{APP}`), and asks Envoy for that VIP every 20 ms until it routes (200); then
-cancels it (`DELETE`) and asks until it is refused (503). Three settings, each on a fresh Eureka
+cancels it (`DELETE`) and asks until it is refused (503). Each change is made after a random
+wait below the setting's longest timer (a seeded draw), so that it lands at any point of the
+server's cache refresh and of odmesh's poll, as a service's change does: a round started as
+soon as the last change showed would land just after a refresh every time, and measure only
+the worst case. Three settings, each on a fresh Eureka
 server and control plane:
 
   - Eureka's and odmesh's defaults: the server's read-only response cache, refreshed every 30 s,
@@ -27,6 +31,7 @@ library only; the helpers are bench/run.py's.
 
 import argparse
 import json
+import random
 import sys
 import time
 import urllib.request
@@ -88,7 +93,7 @@ def until(envoy, vip, want, limit):
     raise RuntimeError(f"{vip} never answered {want} within {limit} s")
 
 
-def setting(workdir, procs, label, up, rounds, interval, server_extra):
+def setting(workdir, procs, label, up, rounds, interval, server_extra, phase, rng):
     eureka = start_eureka(procs, f"eureka-{label}", server_extra)
     admin, xds = run.free_port(), run.free_port()
     control = procs.start(f"control-{label}", [
@@ -103,8 +108,10 @@ def setting(workdir, procs, label, up, rounds, interval, server_extra):
     for i in range(rounds):
         vip = f"{label}-{i:02d}"
         assert status_through(envoy, vip) == 503, "a VIP not registered yet"
+        time.sleep(rng.uniform(0, phase))
         assert eureka_call(eureka.port, "POST", f"/apps/{vip.upper()}", registration(vip, up)) == 204
         routed = until(envoy, vip, 200, 120)
+        time.sleep(rng.uniform(0, phase))
         assert eureka_call(eureka.port, "DELETE", f"/apps/{vip.upper()}/{vip}-1") == 200
         refused = until(envoy, vip, 503, 120)
         rows.append({"vip": vip, "registered_to_routed_s": round(routed, 3), "cancelled_to_refused_s": round(refused, 3)})
@@ -112,6 +119,7 @@ def setting(workdir, procs, label, up, rounds, interval, server_extra):
     for p in (envoy, control, eureka):
         procs.stop(p)
     return {"rounds": rows, "odmesh_interval_s": float(interval), "server": server_extra,
+            "random_wait_below_s": phase,
             "registered_to_routed_s": run.summary([r["registered_to_routed_s"] for r in rows]),
             "cancelled_to_refused_s": run.summary([r["cancelled_to_refused_s"] for r in rows])}
 
@@ -121,19 +129,24 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--slow-rounds", type=int, default=4)
     ap.add_argument("--out", type=Path, default=run.OUT / "eureka-follow.json")
+    ap.add_argument("--seed", type=int, default=26)
     args = ap.parse_args()
     workdir, results = run.begin("eureka-follow", [run.CONTROL, run.WASM, SERVER_JAR])
     results["eureka_server_jar_sha256"] = run.sha256(SERVER_JAR)
     procs = run.Procs(workdir)
+    rng = random.Random(args.seed)
+    results["seed"] = args.seed
     try:
         up = run.start_nginx(procs, workdir)
         results["settings"] = {
-            "defaults": setting(workdir, procs, "defaults", up, args.slow_rounds, "30", []),
-            "poll_1s": setting(workdir, procs, "poll1", up, args.rounds, "1", []),
+            "defaults": setting(workdir, procs, "defaults", up, args.slow_rounds, "30", [], 30, rng),
+            "poll_1s": setting(workdir, procs, "poll1", up, args.rounds, "1", [], 30, rng),
             "poll_1s_cache_1s": setting(workdir, procs, "cache1", up, args.rounds, "1",
-                                        ["--eureka.server.response-cache-update-interval-ms=1000"]),
+                                        ["--eureka.server.response-cache-update-interval-ms=1000"], 1, rng),
             "poll_1s_no_read_only_cache": setting(workdir, procs, "rwcache", up, args.rounds, "1",
-                                                  ["--eureka.server.use-read-only-response-cache=false"]),
+                                                  ["--eureka.server.use-read-only-response-cache=false",
+                                                   "--eureka.server.response-cache-auto-expiration-in-seconds=5"],
+                                                  1, rng),
         }
     finally:
         procs.stop_all()

@@ -305,15 +305,15 @@ fn a_hostile_client_gets_a_clear_answer_from_the_registry_and_changes_nothing() 
             "`app`",
         ),
         (
-            "an eternal lease",
+            "an instance id that is a path",
             "application/json",
             {
                 let mut body = registration("x", "x-1", "10.0.0.1", 80);
-                body["instance"]["leaseInfo"]["durationInSecs"] = json!(4_000_000_000u64);
+                body["instance"]["instanceId"] = json!("a b/../c");
                 body.to_string()
             },
             400,
-            "durationInSecs",
+            "instanceId",
         ),
         (
             "not JSON",
