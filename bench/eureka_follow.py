@@ -131,7 +131,7 @@ def main():
     ap.add_argument("--out", type=Path, default=run.OUT / "eureka-follow.json")
     ap.add_argument("--seed", type=int, default=26)
     args = ap.parse_args()
-    workdir, results = run.begin("eureka-follow", [run.CONTROL, run.WASM, SERVER_JAR])
+    workdir, results = run.begin("eureka_follow", [run.CONTROL, run.WASM, SERVER_JAR])
     results["eureka_server_jar_sha256"] = run.sha256(SERVER_JAR)
     procs = run.Procs(workdir)
     rng = random.Random(args.seed)
