@@ -1,4 +1,4 @@
-//! The short YAML registry form for hand-written registries (SPEC.md, "Registry formats").
+//! The short YAML registry form for hand-written registries (docs/registry-formats.md).
 //!
 //! ```yaml
 //! instances:
