@@ -16,7 +16,7 @@ use serde_json::Value;
 
 /// How long a driver may take to start its runtime, serve and register.
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(20);
-/// How soon a registry change must route through Envoy (SPEC.md).
+/// How soon a registry change must route through Envoy (README, "How it works").
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The lease the embedded registry and the real clients use: short, so expiry fits a test.
 const LEASE_SECS: u64 = 3;
