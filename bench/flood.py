@@ -142,7 +142,7 @@ def main():
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 
-    print(f"control {results['control_sha256'][:12]} ({run.CONTROL}); {n} VIPs a phase")
+    print(f"control {results['control_sha256'][:12]} ({results['control']}); {n} VIPs a phase")
     for name, phase in results["phases"].items():
         d = phase["first_us_summary"]
         line = (f"{name:>15}: first request p50 {d['p50'] / 1000:.2f} ms, p90 {d['p90'] / 1000:.2f} ms, "

@@ -43,13 +43,23 @@ def envoy_binary():
     env = os.environ.get("ENVOY")
     if env and Path(env).is_file():
         return env
-    for p in [ROOT / ".tools/envoy-1.40.0/envoy/_bin/envoy", Path("/work/main/.tools/envoy-1.40.0/envoy/_bin/envoy")]:
-        if p.is_file():
-            return str(p)
+    p = ROOT / ".tools/envoy-1.40.0/envoy/_bin/envoy"
+    if p.is_file():
+        return str(p)
     found = shutil.which("envoy")
     if found:
         return found
     sys.exit("no Envoy: run `make envoy` or set ENVOY")
+
+
+def recorded(path):
+    """`path` as a report records it: relative to the repository root when it is inside it,
+    else only its file name, so that no report names a folder of one machine."""
+    p = Path(os.path.abspath(path))  # links not followed: .tools/ may link elsewhere
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return f"(outside the repository) {p.name}"
 
 
 def log(msg):
@@ -468,7 +478,7 @@ def bench_overhead(cfg, workdir, results):
                 a["cpu_us_per_req"] / b["cpu_us_per_req"] for a, b in zip(rows["static"], rows["wasm"])),
             "wasm_share_of_odmesh_cpu": (med["wasm"]["cpu_us_per_req"] - base["cpu_us_per_req"])
             / med["odmesh"]["cpu_us_per_req"],
-            "wasm": {"path": str(WASM), "bytes": WASM.stat().st_size,
+            "wasm": {"path": recorded(WASM), "bytes": WASM.stat().st_size,
                      "sha256": hashlib.sha256(WASM.read_bytes()).hexdigest()},
         }
         o = results["overhead"]
@@ -743,8 +753,10 @@ def machine():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
     envoy_v = subprocess.run([ENVOY, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    # Envoy's version line is "<its path>  version: ..."; the report names the path as `recorded`.
+    envoy = f"{recorded(ENVOY)}  version: {envoy_v[-1].split(' version: ', 1)[-1]}" if envoy_v else "?"
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**20, 1),
-            "kernel": platform.release(), "envoy": envoy_v[-1] if envoy_v else "?",
+            "kernel": platform.release(), "envoy": envoy,
             "loadavg_start": open("/proc/loadavg").read().strip()}
 
 
@@ -777,7 +789,7 @@ def begin(script, needs):
     log(f"work folder (logs): {workdir}")
     results = {"machine": machine(), "command": " ".join([f"bench/{script}.py", *sys.argv[1:]]),
                "recorded_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-               "control": str(CONTROL), "control_sha256": sha256(CONTROL), "wasm_sha256": sha256(WASM)}
+               "control": recorded(CONTROL), "control_sha256": sha256(CONTROL), "wasm_sha256": sha256(WASM)}
     return workdir, results
 
 
@@ -1001,7 +1013,7 @@ def write_report(cfg, results, argv):
             ("xDS fan-out p99 (ms)", [s["fanout_from_applied_ms"]["p99"] for s in results["scale"]]),
             ("parsed→proxies p99 (ms)", [s["fanout_from_loaded_ms"]["p99"] for s in results["scale"]]),
         ], "odmesh-control as the registry grows (10 instances per VIP)", "VIPs in the registry")
-    log(f"wrote {OUT / 'latest.md'}")
+    log(f"wrote {recorded(OUT / 'latest.md')}")
 
 
 QUICK = {"quick": True, "first_vips": 200, "first_reps": 1, "overhead_rounds": 3, "overhead_seconds": 5,

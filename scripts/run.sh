@@ -2,7 +2,7 @@
 # `make run`: odmesh for real on this machine. Starts odmesh-control with its embedded
 # Eureka-compatible registry, demo upstreams that register with it as Eureka clients do, and
 # Envoy with the filter; prints curl lines to try, and stops everything on Ctrl-C. Uses the
-# default addresses of SPEC.md (Envoy on :15001, the registry on :8761).
+# default addresses (README, "Default addresses": Envoy on :15001, the registry on :8761).
 #
 # NODES=3 (`make run NODES=3`) starts three odmesh-control nodes instead, each with its own
 # embedded registry (8761, 8762, 8763), xDS (18000, 18002, 18004) and admin (18001, 18003,
@@ -21,7 +21,7 @@ if ! [[ "$NODES" =~ ^[1-9]$ ]]; then
   echo "NODES=$NODES: expected 1 to 9 control-plane nodes" >&2
   exit 1
 fi
-# Node n (from 1): registry 8760+n, xDS 17998+2n, admin 17999+2n (node 1: SPEC.md's defaults).
+# Node n (from 1): registry 8760+n, xDS 17998+2n, admin 17999+2n (node 1: the defaults, README "Default addresses").
 nodes=$(seq 1 "$NODES")
 registry_port() { echo $((8760 + $1)); }
 xds_port() { echo $((17998 + 2 * $1)); }

@@ -8,7 +8,7 @@
 //! A name the registry does not know is still answered with a normal cluster, marked
 //! `registered: false` in its metadata, and an empty load assignment: Envoy then fails every
 //! request for it fast with `503 UH`, and starts routing as soon as a later push brings
-//! endpoints (see SPEC.md, "The Envoy chain").
+//! endpoints (docs/envoy.md, "On-demand discovery").
 //!
 //! Each cluster also says which HTTP it speaks upstream (see [`Protocol`]): by default what
 //! the caller spoke (`.vip`) or what TLS ALPN settles (`.svip`), so HTTP/1.1, h2c, gRPC and

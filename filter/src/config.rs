@@ -1,7 +1,7 @@
 //! The filter's plugin configuration: parsed and validated once, in `on_configure`.
 //!
 //! The configuration is a JSON object; every field is optional and an empty configuration
-//! means the defaults (SPEC.md, "Filter"):
+//! means the defaults (README, "The filter's configuration"):
 //!
 //! | field            | default            |
 //! |------------------|--------------------|

@@ -1,4 +1,5 @@
-//! The per-request mapping from a Host value to an odmesh cluster name (SPEC.md, "Filter").
+//! The per-request mapping from a Host value to an odmesh cluster name (README, "The filter's
+//! configuration").
 //!
 //! In order: lowercase; strip the port (`name:port`, `[v6]:port`) and one trailing dot;
 //! strip one configured suffix (the longest that matches); a name that already ends in `.vip`

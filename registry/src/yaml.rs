@@ -1,18 +1,5 @@
-//! The short YAML registry form for hand-written registries (SPEC.md, "Registry formats").
-//!
-//! ```yaml
-//! instances:
-//!   - app: hello            # required
-//!     ip: 127.0.0.1         # required
-//!     port: 8080            # the VIP side; omit for none
-//!     secure_port: 8443     # the SVIP side; omit for none
-//!     vip: hello            # default: app; comma-separated list allowed
-//!     svip: hello           # default: vip, when secure_port is set
-//!     status: UP            # default UP
-//!     zone: us-east-1a      # optional
-//!     id: hello-1           # optional; default derived from app, ip and ports
-//!     protocol: http2       # optional: auto (default), http1 or http2 (see `Protocol`)
-//! ```
+//! The short YAML registry form for hand-written registries (its fields and defaults:
+//! docs/registry-formats.md, "The short YAML form").
 //!
 //! Strict, because a person wrote it: an unknown field, a missing or ill-typed value, an
 //! invalid VIP, or two instances with the same id fail the whole file, and the error says the

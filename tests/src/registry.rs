@@ -1,4 +1,4 @@
-//! The control plane's registry file, in the short YAML form (SPEC.md, "Registry formats"),
+//! The control plane's registry file, in the short YAML form (docs/registry-formats.md),
 //! written by a test: atomically (a temporary file renamed over it) or in place.
 
 use std::fmt::Write as _;

@@ -13,7 +13,7 @@ use odmesh_e2e::{
     wait_until_since,
 };
 
-/// How soon a registry change must reach Envoy (SPEC.md).
+/// How soon a registry change must reach Envoy (README, "How it works").
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The load: requests per second on the VIP.
 const RATE: u32 = 100;

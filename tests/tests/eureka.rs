@@ -16,7 +16,7 @@ use odmesh_e2e::{
 };
 use serde_json::Value;
 
-/// How soon a registry change must route through Envoy (SPEC.md).
+/// How soon a registry change must route through Envoy (README, "How it works").
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The lease the embedded registry and the real clients use: short, so expiry fits a test.
 const LEASE_SECS: u64 = 3;

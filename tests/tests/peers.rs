@@ -27,7 +27,7 @@ const LEASE_HOLD: Duration = Duration::from_secs(LEASE_SECS + 2);
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(20);
 /// How soon a write on one node must be listed by its peers (replication is asynchronous).
 const REPLICATION_DEADLINE: Duration = Duration::from_secs(3);
-/// How soon a registry change must route through Envoy (SPEC.md: 2 s), plus the
+/// How soon a registry change must route through Envoy (2 s, README "How it works"), plus the
 /// replication to the node Envoy is connected to.
 const ROUTE_DEADLINE: Duration = Duration::from_secs(4);
 /// How soon Envoy must hold an xDS stream to another node once its node died.

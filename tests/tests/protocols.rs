@@ -15,7 +15,7 @@ use odmesh_e2e::{
 };
 use tonic::Code;
 
-/// How soon a registry change must reach Envoy (SPEC.md).
+/// How soon a registry change must reach Envoy (README, "How it works").
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The bound on one message of a stream through the mesh.
 const STEP: Duration = Duration::from_secs(5);

@@ -10,7 +10,7 @@ use odmesh_e2e::{
 };
 use serde_json::Value;
 
-/// How soon a registry change must reach Envoy (SPEC.md, issue 3).
+/// How soon a registry change must reach Envoy (README, "How it works").
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The bootstrap's on-demand discovery timeout (`odcds.timeout` in envoy/odmesh.yaml).
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(1);

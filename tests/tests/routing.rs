@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use odmesh_e2e::{EchoUpstream, Instance, Mesh, Request, TestEnv, wait_until_since};
 
-/// How soon a registry change must reach Envoy (SPEC.md, issue 3).
+/// How soon a registry change must reach Envoy (README, "How it works").
 const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// With strict round robin, an instance shows up once in every `n` requests to `n`
 /// instances; this many in a row without it means it is out of the rotation.

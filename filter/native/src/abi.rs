@@ -3,8 +3,8 @@
 //!
 //! Written against `source/extensions/dynamic_modules/abi/abi.h` (ABI version `v0.2.0`, the
 //! version Envoy 1.40.0 expects) and checked against the shipped binary: every callback named
-//! here is in `nm -D --defined-only envoy`, every hook in its `strings` (SPEC.md, "Native
-//! dynamic module"). Buffers are `{ptr, length}` structs passed by value; C enums are `u32`.
+//! here is in `nm -D --defined-only envoy`, every hook in its `strings` (docs/envoy.md, "The
+//! dynamic-module ABI"). Buffers are `{ptr, length}` structs passed by value; C enums are `u32`.
 //!
 //! Above this module the filter sees only safe handles: [`Config`] while its configuration is
 //! built (define counters, log) and [`Filter`] during a request (read and write request
