@@ -12,6 +12,7 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use odmesh_base::flags;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::metrics::{inc, set};
 use odmesh_base::tls::ServerIdentity;
@@ -39,6 +40,8 @@ use odmesh_registry::{Registry, SourceHealth, file};
 /// the registry and keeps the endpoints current as the registry changes. A VIP that is not
 /// registered is answered too, with a cluster that has no endpoints, so requests for it fail
 /// fast (503) until it appears.
+///
+/// Durations take a unit (`300ms`, `2s`, `5m`, `2h`, `7d`) or are seconds (`0.5`).
 #[derive(Debug, Parser)]
 #[command(name = "odmesh-control", version, verbatim_doc_comment)]
 #[command(group(clap::ArgGroup::new("source").args(["registry", "eureka", "serve_eureka"])))]
@@ -69,44 +72,44 @@ struct Args {
     #[arg(long, value_name = "FILE", requires = "eureka")]
     eureka_token_file: Option<PathBuf>,
 
-    /// Seconds between two polls of Eureka's delta (as Eureka's own clients do).
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
-    eureka_interval: f64,
+    /// Time between two polls of Eureka's delta (as Eureka's own clients do).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    eureka_interval: Duration,
 
-    /// Seconds a call to a Eureka server may wait, to connect and for the answer's headers,
+    /// How long a call to a Eureka server may wait, to connect and for the answer's headers,
     /// then for each next part of its body, before the next server is tried; a hanging
     /// server costs no more than this. (A large registry may take longer to arrive; it only
     /// may not stall.)
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    eureka_request_timeout: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    eureka_request_timeout: Duration,
 
     /// The largest answer read from a Eureka server (`/apps`, `/apps/delta`), in bytes once
     /// decoded from gzip (and as transferred). A larger one fails the fetch
     /// (odmesh_eureka_answers_too_large_total) and the last good registry stays. The default,
     /// 4 GiB, is about 3 million instances as Spring's Eureka server writes them; answers are
     /// read as they arrive, so this bounds time and traffic, not memory.
-    #[arg(long, value_name = "BYTES", default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    #[arg(long, value_name = "BYTES", value_parser = flags::at_least_one::<u64>, default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
     eureka_max_answer: u64,
 
-    /// Seconds the control plane waits at start for Eureka's first answer before it serves
+    /// How long the control plane waits at start for Eureka's first answer before it serves
     /// xDS anyway (with a registry still loading: proxies keep what they hold).
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    eureka_first_fetch_wait: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "5s")]
+    eureka_first_fetch_wait: Duration,
 
-    /// Seconds a client may take to complete a TLS handshake with the xDS server or the
+    /// How long a client may take to complete a TLS handshake with the xDS server or the
     /// embedded registry's HTTPS.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    tls_handshake_timeout: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    tls_handshake_timeout: Duration,
 
     /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
     /// Eureka clients register with. This is the default when no source is given.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
     serve_eureka: Option<SocketAddr>,
 
-    /// Seconds an instance of the embedded registry lives without a heartbeat, unless its
+    /// How long an instance of the embedded registry lives without a heartbeat, unless its
     /// registration says otherwise (`leaseInfo.durationInSecs`).
-    #[arg(long, value_name = "SECS", default_value_t = 90.0)]
-    lease_duration: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "90s")]
+    lease_duration: Duration,
 
     /// Address of the xDS gRPC server (delta ADS, and delta CDS/EDS).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18000")]
@@ -168,25 +171,25 @@ struct PrewarmArgs {
 
     /// Clusters kept per calling service (the most recently used); also the most one
     /// connecting proxy is sent ahead.
-    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000)]
     prewarm_max_clusters: usize,
 
-    /// Seconds after which a cluster nobody used is forgotten (default: 7 days).
-    #[arg(long, value_name = "SECS", default_value_t = 604_800.0)]
-    prewarm_max_age: f64,
+    /// Time after which a cluster nobody used is forgotten (default: 7 days).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "7d")]
+    prewarm_max_age: Duration,
 
-    /// Seconds between two load reports from each proxy (Envoy's LRS), which tell which
+    /// Time between two load reports from each proxy (Envoy's LRS), which tell which
     /// clusters carried requests: a cluster sent ahead is never asked for again, so this is how
     /// the history learns that it is still in use.
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
-    load_report_interval: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    load_report_interval: Duration,
 
-    /// Seconds after which a cluster sent ahead that carried no request (by the proxy's load
+    /// Time after which a cluster sent ahead that carried no request (by the proxy's load
     /// reports) is removed from the proxy, which asks for it again by name when a request
     /// needs it; 0: never. Clusters a proxy asked for itself are never removed (Envoy would
     /// not ask for them again).
-    #[arg(long, value_name = "SECS", default_value_t = 3600.0)]
-    idle_cluster_timeout: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "1h")]
+    idle_cluster_timeout: Duration,
 }
 
 /// Guards against a source that loses most of the registry at once.
@@ -197,24 +200,24 @@ struct GuardArgs {
     /// Eureka may lose at once and still be followed at once. A read that loses more (an
     /// empty Eureka after its restart, a truncated file) is held until the source still says
     /// so --registry-drop-confirm later. 1 turns the guard off.
-    #[arg(long, value_name = "SHARE", default_value_t = 0.5)]
+    #[arg(long, value_name = "SHARE", value_parser = flags::share, default_value_t = 0.5)]
     max_registry_drop: f64,
 
-    /// Seconds a drop held by --max-registry-drop must persist before it is followed (for
+    /// How long a drop held by --max-registry-drop must persist before it is followed (for
     /// Eureka, at the first fetch at least this long after the one that showed it).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    registry_drop_confirm: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    registry_drop_confirm: Duration,
 }
 
 /// The embedded registry's guards and bounds.
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Embedded registry (--serve-eureka)")]
 struct EmbeddedArgs {
-    /// Seconds after a start during which the registry counts as still loading, while its
+    /// Time after a start during which the registry counts as still loading, while its
     /// clients register again (their heartbeats get 404 after a restart): proxies keep the
     /// clusters they hold meanwhile. One renewal interval (30 s) and a margin.
-    #[arg(long, value_name = "SECS", default_value_t = 35.0)]
-    registry_warmup: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "35s")]
+    registry_warmup: Duration,
 
     /// During the warm-up, answer a client's GET /apps and /apps/delta 403, as Netflix's
     /// Eureka server does, so that Java Eureka clients keep the registry they hold instead
@@ -226,12 +229,12 @@ struct EmbeddedArgs {
     /// Self-preservation: lease eviction stops while the renewals of the last
     /// --self-preservation-window fall below this share of those expected, and one eviction
     /// round takes at most the rest (15 %). 0 turns it off.
-    #[arg(long, value_name = "SHARE", default_value_t = 0.85)]
+    #[arg(long, value_name = "SHARE", value_parser = flags::share, default_value_t = 0.85)]
     self_preservation_threshold: f64,
 
-    /// Seconds over which renewals are counted for self-preservation.
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
-    self_preservation_window: f64,
+    /// The time over which renewals are counted for self-preservation.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "1m")]
+    self_preservation_window: Duration,
 
     /// Self-preservation applies from this many registered instances (below, one dying
     /// instance cannot be told from a partition).
@@ -240,8 +243,8 @@ struct EmbeddedArgs {
 
     /// The longest lease a registration may ask for (`leaseInfo.durationInSecs`); a longer
     /// one is refused with 400.
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
-    max_lease_duration: u64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "5m")]
+    max_lease_duration: Duration,
 
     /// Accept instances at loopback addresses (127.0.0.0/8, ::1): for a registry whose
     /// services and proxies all run on one machine (`make run`, tests). Never in production:
@@ -274,22 +277,22 @@ struct EmbeddedArgs {
     #[arg(long, value_name = "FILE")]
     peer_ca: Option<PathBuf>,
 
-    /// Seconds one call to a peer (a batch of writes, a fill) may take before it counts as
+    /// How long one call to a peer (a batch of writes, a fill) may take before it counts as
     /// failed and is tried again; a fill, which reads the peer's whole registry, may take
     /// longer as long as no part of it waits longer than this.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    peer_timeout: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "5s")]
+    peer_timeout: Duration,
 
     /// The largest registry a starting node reads from a peer (its `/apps`), in bytes once
     /// decoded from gzip (and as transferred); a larger one is refused
     /// (odmesh_eureka_peer_fills_too_large_total) and the next peer tried. Read as it
     /// arrives, so this bounds time and traffic, not memory.
-    #[arg(long, value_name = "BYTES", default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    #[arg(long, value_name = "BYTES", value_parser = flags::at_least_one::<u64>, default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
     peer_max_answer: u64,
 
     /// Writes kept for one peer that does not take them; beyond, the oldest are dropped
     /// (odmesh_eureka_peer_dropped_total) and its heartbeats bring the registrations back.
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 100_000)]
     peer_max_pending: usize,
 
     /// Serve the registry over HTTPS with this certificate chain (PEM); needs
@@ -302,7 +305,7 @@ struct EmbeddedArgs {
     eureka_tls_key: Option<PathBuf>,
 
     /// Instances the registry holds at most; registering a new one beyond gets 503.
-    #[arg(long, value_name = "N", default_value_t = 2_000_000)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 2_000_000)]
     eureka_max_instances: usize,
 
     /// Metadata entries one instance may carry.
@@ -317,22 +320,22 @@ struct EmbeddedArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 16384)]
     eureka_max_body: usize,
 
-    /// Seconds a request body may take to arrive; a slower one gets 408.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    eureka_body_timeout: f64,
+    /// How long a request body may take to arrive; a slower one gets 408.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    eureka_body_timeout: Duration,
 
-    /// Seconds a client may take to send a request's headers, counted from when the server
+    /// How long a client may take to send a request's headers, counted from when the server
     /// waits for them (so also how long a kept-alive connection may sit idle).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    eureka_header_timeout: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    eureka_header_timeout: Duration,
 
-    /// Seconds an answer may wait for a client that reads none of it; then the connection
+    /// How long an answer may wait for a client that reads none of it; then the connection
     /// is closed (a stalled reader holds no answer and no slot for longer).
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
-    eureka_write_timeout: f64,
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    eureka_write_timeout: Duration,
 
     /// Connections served at once; more are closed on arrival.
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1024)]
     eureka_max_connections: usize,
 }
 
@@ -354,7 +357,7 @@ struct XdsArgs {
     xds_client_ca: Option<PathBuf>,
 
     /// Connections served at once; more are closed on arrival.
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
     xds_max_connections: usize,
 
     /// HTTP/2 streams one connection may open at once (Envoy opens one, for ADS).
@@ -362,14 +365,14 @@ struct XdsArgs {
     xds_max_streams_per_connection: u32,
 
     /// Names one stream may subscribe to, per type; more are answered with a removal.
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
     xds_max_names: usize,
 
     /// Cluster names subscribed over all streams (each with its load assignment): about
     /// 1.5 KB each at most, so this bounds the control plane's memory whatever the number
     /// of streams. Names beyond wait for room (answered with a removal, pushed once there
     /// is room). Raise it for more proxies per control plane.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000_000)]
     xds_max_subscriptions: usize,
 
     /// Names not registered when asked for that one stream is served as clusters (each is
@@ -391,8 +394,8 @@ struct Source {
 /// Starts the source the flags name (the embedded registry when none is named).
 async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Source> {
     let guard = DropGuardConfig {
-        max_drop: share("--max-registry-drop", args.guards.max_registry_drop)?,
-        confirm_after: seconds("--registry-drop-confirm", args.guards.registry_drop_confirm)?,
+        max_drop: args.guards.max_registry_drop,
+        confirm_after: args.guards.registry_drop_confirm,
     };
     if !args.embedded.peer.is_empty() && (args.registry.is_some() || !args.eureka.is_empty()) {
         anyhow::bail!(
@@ -418,17 +421,14 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         });
     }
     if !args.eureka.is_empty() {
-        let interval = seconds("--eureka-interval", args.eureka_interval)?;
+        let interval = args.eureka_interval;
         let config = eureka_client::ClientConfig {
             ca_file: args.eureka_ca.clone(),
             token_file: args.eureka_token_file.clone(),
             drop_guard: guard,
-            request_timeout: seconds("--eureka-request-timeout", args.eureka_request_timeout)?,
-            max_answer: at_least_one("--eureka-max-answer", args.eureka_max_answer)?,
-            first_fetch_wait: seconds_or_zero(
-                "--eureka-first-fetch-wait",
-                args.eureka_first_fetch_wait,
-            )?,
+            request_timeout: args.eureka_request_timeout,
+            max_answer: args.eureka_max_answer,
+            first_fetch_wait: args.eureka_first_fetch_wait,
             ..eureka_client::ClientConfig::new(args.eureka.clone(), interval)
         };
         // The error names the flag and the problem; its chain says the cause.
@@ -454,9 +454,9 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
     let peers = match e.peer.as_slice() {
         [] => None,
         urls => Some(PeerConfig {
-            timeout: seconds("--peer-timeout", e.peer_timeout)?,
-            max_pending: at_least_one("--peer-max-pending", e.peer_max_pending)?,
-            max_answer: at_least_one("--peer-max-answer", e.peer_max_answer)?,
+            timeout: e.peer_timeout,
+            max_pending: e.peer_max_pending,
+            max_answer: e.peer_max_answer,
             ..PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?
         }),
     };
@@ -481,20 +481,17 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         );
     }
     let config = eureka_server::ServerConfig {
-        lease_duration: seconds("--lease-duration", args.lease_duration)?,
-        warmup: seconds_or_zero("--registry-warmup", e.registry_warmup)?,
+        lease_duration: args.lease_duration,
+        warmup: e.registry_warmup,
         refuse_reads_while_warming: e.eureka_refuse_reads_while_warming,
         preservation: PreservationConfig {
-            threshold: share(
-                "--self-preservation-threshold",
-                e.self_preservation_threshold,
-            )?,
-            window: seconds("--self-preservation-window", e.self_preservation_window)?,
+            threshold: e.self_preservation_threshold,
+            window: e.self_preservation_window,
             min_instances: e.self_preservation_min_instances,
         },
         limits: RegistrationLimits {
-            max_instances: at_least_one("--eureka-max-instances", e.eureka_max_instances)?,
-            max_lease: seconds("--max-lease-duration", e.max_lease_duration as f64)?,
+            max_instances: e.eureka_max_instances,
+            max_lease: e.max_lease_duration,
             max_metadata_entries: e.eureka_max_metadata_entries,
             max_metadata_bytes: e.eureka_max_metadata_bytes,
             networks: NetworkPolicy {
@@ -503,13 +500,13 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
             },
         },
         http: HttpLimits {
-            max_connections: at_least_one("--eureka-max-connections", e.eureka_max_connections)?,
-            header_timeout: seconds("--eureka-header-timeout", e.eureka_header_timeout)?,
-            tls_handshake_timeout: seconds("--tls-handshake-timeout", args.tls_handshake_timeout)?,
-            write_timeout: seconds("--eureka-write-timeout", e.eureka_write_timeout)?,
+            max_connections: e.eureka_max_connections,
+            header_timeout: e.eureka_header_timeout,
+            tls_handshake_timeout: args.tls_handshake_timeout,
+            write_timeout: e.eureka_write_timeout,
         },
         max_body: e.eureka_max_body,
-        body_timeout: seconds("--eureka-body-timeout", e.eureka_body_timeout)?,
+        body_timeout: e.eureka_body_timeout,
         auth,
         peers,
         ..Default::default()
@@ -554,21 +551,17 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
     }
     Ok(XdsConfig {
         subscriptions: SubscriptionLimits {
-            max_names: at_least_one("--xds-max-names", x.xds_max_names)?,
+            max_names: x.xds_max_names,
             max_unregistered: x.xds_max_unregistered,
         },
-        max_connections: at_least_one("--xds-max-connections", x.xds_max_connections)?,
+        max_connections: x.xds_max_connections,
         max_streams_per_connection: x.xds_max_streams_per_connection.max(1),
-        max_subscriptions: at_least_one("--xds-max-subscriptions", x.xds_max_subscriptions)?,
-        tls_handshake_timeout: seconds("--tls-handshake-timeout", args.tls_handshake_timeout)?,
+        max_subscriptions: x.xds_max_subscriptions,
+        tls_handshake_timeout: args.tls_handshake_timeout,
         tls,
         prewarm: start_prewarm(&args.prewarm)?,
-        load_report_interval: seconds("--load-report-interval", args.prewarm.load_report_interval)?,
-        idle_cluster_timeout: Some(seconds_or_zero(
-            "--idle-cluster-timeout",
-            args.prewarm.idle_cluster_timeout,
-        )?)
-        .filter(|t| !t.is_zero()),
+        load_report_interval: args.prewarm.load_report_interval,
+        idle_cluster_timeout: Some(args.prewarm.idle_cluster_timeout).filter(|t| !t.is_zero()),
     })
 }
 
@@ -579,8 +572,8 @@ fn start_prewarm(args: &PrewarmArgs) -> anyhow::Result<Option<Arc<Prewarm>>> {
         return Ok(None);
     }
     let limits = prewarm::Limits {
-        max_per_service: at_least_one("--prewarm-max-clusters", args.prewarm_max_clusters)?,
-        max_age: seconds("--prewarm-max-age", args.prewarm_max_age)?,
+        max_per_service: args.prewarm_max_clusters,
+        max_age: args.prewarm_max_age,
     };
     let path = &args.prewarm_history;
     // Prewarm is an optimisation: a history that cannot be read never stops the control plane.
@@ -648,42 +641,6 @@ async fn keep_prewarm_history(
         }
     }
     save(prewarm, metrics).await;
-}
-
-/// A share from 0 to 1 from flag `flag`.
-fn share(flag: &str, value: f64) -> anyhow::Result<f64> {
-    if (0.0..=1.0).contains(&value) {
-        Ok(value)
-    } else {
-        bail!("{flag} {value}: not a share from 0 to 1")
-    }
-}
-
-/// A finite, non-negative number of seconds from flag `flag` (0 allowed).
-fn seconds_or_zero(flag: &str, value: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| *d <= MAX_SECONDS)
-        .with_context(|| format!("{flag} {value}: not a number of seconds up to a year"))
-}
-
-/// A positive, finite number of seconds from flag `flag`.
-fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| !d.is_zero() && *d <= MAX_SECONDS)
-        .with_context(|| format!("{flag} {value}: not a positive number of seconds up to a year"))
-}
-
-/// The longest any duration flag may be: past it, adding it to a time could overflow.
-const MAX_SECONDS: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// A count of at least one from flag `flag`.
-fn at_least_one<N: PartialEq + From<u8>>(flag: &str, value: N) -> anyhow::Result<N> {
-    if value == N::from(0) {
-        bail!("{flag} 0: must be at least 1");
-    }
-    Ok(value)
 }
 
 #[tokio::main]
