@@ -258,6 +258,62 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// How clusters are built (`--upstream-ca`, `--no-upstream-san-check`); a CA bundle Envoy
+/// could not use is refused here.
+fn xds_options(args: &Args) -> anyhow::Result<XdsOptions> {
+    let mut options = XdsOptions::new(args.upstream_ca.clone());
+    options.verify_upstream_san = !args.no_upstream_san_check;
+    if let Some(ca) = &args.upstream_ca {
+        check_ca_bundle(ca)?;
+    } else if !options.upstream_ca.is_file() {
+        tracing::warn!(
+            path = %options.upstream_ca.display(),
+            "no system CA bundle found: Envoy will reject .svip clusters until --upstream-ca names one"
+        );
+    }
+    Ok(options)
+}
+
+/// The policy file (`--policy`), in force in `cache` before the xDS server starts (no proxy
+/// gets a cluster without it), and followed as it changes.
+fn start_policy(
+    args: &Args,
+    cache: &Arc<Cache>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<std::sync::Mutex<PolicyStatus>>> {
+    let Some(path) = &args.policy else {
+        return Ok(Arc::default());
+    };
+    let source = policy::watch::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
+        .with_context(|| "--policy: the policy file is not valid".to_string())?;
+    cache.set_policy(source.policy.borrow().clone());
+    let cache = cache.clone();
+    let policies = source.policy.clone();
+    tokio::spawn(async move { cache.follow_policy(policies).await });
+    Ok(source.status)
+}
+
+/// A listener on the address of `flag`.
+async fn listen(flag: &str, addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
+    (TcpListener::bind(addr).await).with_context(|| format!("{flag} {addr}: cannot listen"))
+}
+
+/// The admin endpoint over `view`, until `stop` resolves.
+async fn serve_admin(
+    listener: TcpListener,
+    view: View,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let metrics = view.metrics.control.clone();
+    let refused = move |event| {
+        if event == HttpEvent::ConnectionRefused {
+            inc(&metrics.admin_connections_refused_total);
+        }
+    };
+    let router = admin::router(Arc::new(view));
+    http_server::serve(listener, router, HttpLimits::default(), None, refused, stop).await
+}
+
 async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -270,17 +326,7 @@ async fn run() -> anyhow::Result<()> {
     let all_metrics = AllMetrics::default();
     let metrics = all_metrics.control.clone();
 
-    let mut options = XdsOptions::new(args.upstream_ca.clone());
-    options.verify_upstream_san = !args.no_upstream_san_check;
-    if let Some(ca) = &args.upstream_ca {
-        check_ca_bundle(ca)?;
-    } else if !options.upstream_ca.is_file() {
-        tracing::warn!(
-            path = %options.upstream_ca.display(),
-            "no system CA bundle found: Envoy will reject .svip clusters until --upstream-ca names one"
-        );
-    }
-
+    let options = xds_options(&args)?;
     let source = start_source(&args, &all_metrics).await?;
 
     let (snapshots, _pipeline) =
@@ -290,30 +336,13 @@ async fn run() -> anyhow::Result<()> {
         let cache = cache.clone();
         async move { cache.follow(snapshots).await }
     });
-    let policy_status = match &args.policy {
-        None => Arc::default(),
-        Some(path) => {
-            let source =
-                policy::watch::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
-                    .with_context(|| "--policy: the policy file is not valid".to_string())?;
-            // In force before the xDS server starts: no proxy gets a cluster without it.
-            cache.set_policy(source.policy.borrow().clone());
-            let cache = cache.clone();
-            let policies = source.policy.clone();
-            tokio::spawn(async move { cache.follow_policy(policies).await });
-            source.status
-        }
-    };
+    let policy_status = start_policy(&args, &cache, &metrics)?;
     let xds_config = xds_config(&args)?;
     let prewarm = xds_config.prewarm.clone();
     let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config);
 
-    let xds_listener = TcpListener::bind(args.xds)
-        .await
-        .with_context(|| format!("--xds {}: cannot listen", args.xds))?;
-    let admin_listener = TcpListener::bind(args.admin)
-        .await
-        .with_context(|| format!("--admin {}: cannot listen", args.admin))?;
+    let xds_listener = listen("--xds", args.xds).await?;
+    let admin_listener = listen("--admin", args.admin).await?;
     if !args.admin.ip().is_loopback() {
         tracing::warn!(
             admin = %args.admin,
@@ -329,7 +358,7 @@ async fn run() -> anyhow::Result<()> {
         }
     };
 
-    let view = Arc::new(View {
+    let view = View {
         metrics: all_metrics,
         health: source.health.clone(),
         registry: source.registry.clone(),
@@ -337,20 +366,8 @@ async fn run() -> anyhow::Result<()> {
         cache,
         policy: policy_status,
         prewarm: prewarm.clone(),
-    });
-    let admin_metrics = metrics.clone();
-    let mut admin_task = tokio::spawn(http_server::serve(
-        admin_listener,
-        admin::router(view),
-        HttpLimits::default(),
-        None,
-        move |event| {
-            if event == HttpEvent::ConnectionRefused {
-                inc(&admin_metrics.admin_connections_refused_total);
-            }
-        },
-        stopped(),
-    ));
+    };
+    let mut admin_task = tokio::spawn(serve_admin(admin_listener, view, stopped()));
     let mut xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
     let prewarm_task = (prewarm.clone())
         .map(|p| tokio::spawn(keep_prewarm_history(p, metrics.clone(), stopped())));
