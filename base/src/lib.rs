@@ -4,6 +4,7 @@
 //! counters each crate owns.
 #![forbid(unsafe_code)]
 
+pub mod flags;
 pub mod http_server;
 pub mod listen;
 pub mod logs;

@@ -51,3 +51,28 @@ fn an_upstream_ca_without_a_certificate_is_refused_at_start() {
         "{log}"
     );
 }
+
+#[test]
+fn a_duration_share_or_count_that_is_not_one_is_refused_at_start_naming_the_flag_and_why() {
+    let env = TestEnv::new("cli_bad_values");
+    let reg = env.write_file("registry.yaml", "instances: []\n");
+    let reg = reg.to_string_lossy().into_owned();
+    for (i, (flag, value, says)) in [
+        ("--eureka-interval", "0", "must be more than 0"),
+        ("--load-report-interval", "2y", "unknown unit \"y\""),
+        ("--registry-drop-confirm", "soon", "is not a duration"),
+        ("--max-registry-drop", "1.5", "not a share from 0 to 1"),
+        ("--xds-max-names", "0", "must be at least 1"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let label = format!("control-{i}");
+        let (ok, log) = start_expecting_exit(&env, &label, &["--registry", &reg, flag, value]);
+        assert!(!ok, "odmesh-control started with {flag} {value}: {log}");
+        assert!(
+            log.contains(&format!("'{value}' for '{flag}")) && log.contains(says),
+            "{flag} {value}: {log}"
+        );
+    }
+}

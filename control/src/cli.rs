@@ -1,0 +1,473 @@
+//! The command line: every flag of `odmesh-control`, parsed into typed values
+//! ([`odmesh_base::flags`]), and the configuration of each part built from them beside its
+//! flags. `main.rs` only wires the parts together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+use odmesh_base::flags;
+use odmesh_base::http_server::HttpLimits;
+use odmesh_control::cache::SubscriptionLimits;
+use odmesh_eureka::server::auth::Authenticator;
+use odmesh_eureka::server::peers::PeerConfig;
+use odmesh_eureka::server::policy::{Cidr, NetworkPolicy, RegistrationLimits};
+use odmesh_eureka::server::preservation::PreservationConfig;
+use odmesh_eureka::{client as eureka_client, server as eureka_server};
+use odmesh_registry::guard::DropGuardConfig;
+
+/// The odmesh control plane: serves Envoy the clusters `<vip>.vip` and `<svip>.svip` on
+/// demand over delta xDS (ADS), with endpoints from a Eureka-style registry.
+///
+/// Envoy asks for a cluster the first time a request needs it; odmesh-control answers from
+/// the registry and keeps the endpoints current as the registry changes. A VIP that is not
+/// registered is answered too, with a cluster that has no endpoints, so requests for it fail
+/// fast (503) until it appears.
+///
+/// Durations take a unit (`300ms`, `2s`, `5m`, `2h`, `7d`) or are seconds (`0.5`).
+#[derive(Debug, Parser)]
+#[command(name = "odmesh-control", version, verbatim_doc_comment)]
+#[command(group(clap::ArgGroup::new("source").args(["registry", "eureka", "serve_eureka"])))]
+pub(crate) struct Args {
+    /// Registry file: Eureka's `GET /eureka/apps` JSON, or the YAML form (`instances:
+    /// [{app, ip, port, secure_port, vip, svip, status, zone, id, protocol}]`). Watched: a
+    /// change, including an atomic rename over it, takes effect within a second; a file that
+    /// fails to parse is reported and the last good registry stays in use.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) registry: Option<PathBuf>,
+
+    /// Follow a Eureka server, e.g. `http://eureka:8761/eureka`: a full fetch of `/apps`,
+    /// then `/apps/delta` every --eureka-interval, reconciled by Eureka's hash code. Repeat
+    /// the flag for several servers, tried in turn. While none answers, the last good
+    /// registry stays in use. `https://` URLs are verified against --eureka-ca;
+    /// `https://user:password@eureka/eureka` (percent-encoded) sends Basic authentication,
+    /// but other users of this host can read a password here in the process list.
+    #[arg(long, value_name = "URL")]
+    pub(crate) eureka: Vec<String>,
+
+    /// CA bundle (PEM) that signs the certificates of the `https://` Eureka servers, which
+    /// must also name the URL's host. Default: the system CA bundle.
+    #[arg(long, value_name = "FILE", requires = "eureka")]
+    pub(crate) eureka_ca: Option<PathBuf>,
+
+    /// File whose content (trimmed) is sent to the Eureka servers as `Authorization: Bearer`;
+    /// a URL with its own `user:password@` sends that instead. Read once, at start.
+    #[arg(long, value_name = "FILE", requires = "eureka")]
+    pub(crate) eureka_token_file: Option<PathBuf>,
+
+    /// Time between two polls of Eureka's delta (as Eureka's own clients do).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    pub(crate) eureka_interval: Duration,
+
+    /// How long a call to a Eureka server may wait, to connect and for the answer's headers,
+    /// then for each next part of its body, before the next server is tried; a hanging
+    /// server costs no more than this. (A large registry may take longer to arrive; it only
+    /// may not stall.)
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) eureka_request_timeout: Duration,
+
+    /// The largest answer read from a Eureka server (`/apps`, `/apps/delta`), in bytes once
+    /// decoded from gzip (and as transferred). A larger one fails the fetch
+    /// (odmesh_eureka_answers_too_large_total) and the last good registry stays. The default,
+    /// 4 GiB, is about 3 million instances as Spring's Eureka server writes them; answers are
+    /// read as they arrive, so this bounds time and traffic, not memory.
+    #[arg(long, value_name = "BYTES", value_parser = flags::at_least_one::<u64>, default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    pub(crate) eureka_max_answer: u64,
+
+    /// How long the control plane waits at start for Eureka's first answer before it serves
+    /// xDS anyway (with a registry still loading: proxies keep what they hold).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "5s")]
+    pub(crate) eureka_first_fetch_wait: Duration,
+
+    /// How long a client may take to complete a TLS handshake with the xDS server or the
+    /// embedded registry's HTTPS.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) tls_handshake_timeout: Duration,
+
+    /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
+    /// Eureka clients register with. This is the default when no source is given.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
+    pub(crate) serve_eureka: Option<SocketAddr>,
+
+    /// How long an instance of the embedded registry lives without a heartbeat, unless its
+    /// registration says otherwise (`leaseInfo.durationInSecs`).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "90s")]
+    pub(crate) lease_duration: Duration,
+
+    /// Address of the xDS gRPC server (delta ADS, and delta CDS/EDS).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18000")]
+    pub(crate) xds: SocketAddr,
+
+    /// Address of the admin HTTP server: /healthz, /readyz, /metrics, /debug/registry,
+    /// /debug/proxies.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18001")]
+    pub(crate) admin: SocketAddr,
+
+    /// Policy file (YAML): per-destination timeouts, retries, circuit breakers, outlier
+    /// detection, load balancing and protocol, with defaults, per-VIP/SVIP entries and
+    /// per-calling-service overrides (README, "Per-destination policy"). Watched: a change
+    /// reaches the proxies holding the affected clusters within a second (the file is read
+    /// five times a second); a file that fails to parse is reported (log, metric,
+    /// /debug/policy) and the last good policy stays.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) policy: Option<PathBuf>,
+
+    /// CA bundle (PEM) with which Envoy verifies `.svip` upstreams. The path is Envoy's: it
+    /// must exist where Envoy runs. Default: the system CA bundle.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) upstream_ca: Option<PathBuf>,
+
+    /// Accept any `.svip` upstream certificate that chains to the CA, without checking that
+    /// it names the SVIP (DNS subject alternative name).
+    #[arg(long)]
+    pub(crate) no_upstream_san_check: bool,
+
+    #[command(flatten)]
+    pub(crate) guards: GuardArgs,
+
+    #[command(flatten)]
+    pub(crate) embedded: EmbeddedArgs,
+
+    #[command(flatten)]
+    pub(crate) xds_limits: XdsArgs,
+
+    #[command(flatten)]
+    pub(crate) prewarm: PrewarmArgs,
+}
+
+/// Prewarm: a connecting proxy is sent the clusters its service used before.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PrewarmArgs {
+    /// Where the request history is kept (JSON, written atomically every few seconds and at
+    /// exit): per calling service (Envoy's `node.cluster`), the clusters its proxies used and
+    /// when. A proxy that connects with a wildcard cluster subscription (`cds_config` in its
+    /// bootstrap, as envoy/odmesh.yaml has) is sent those that are still registered before
+    /// any request needs them. Replicas may share one file (each merges the others' writes).
+    /// A file that is not a history is set aside as FILE.unreadable.<time> and a new one
+    /// started; one that cannot be read at all is left alone (prewarm starts empty).
+    #[arg(long, value_name = "FILE", default_value = "odmesh-prewarm.json")]
+    pub(crate) prewarm_history: PathBuf,
+
+    /// Turn prewarm off: no history is kept or read, proxies get only what they ask for.
+    #[arg(long, conflicts_with_all = ["prewarm_history", "prewarm_max_clusters", "prewarm_max_age"])]
+    pub(crate) no_prewarm: bool,
+
+    /// Clusters kept per calling service (the most recently used); also the most one
+    /// connecting proxy is sent ahead.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000)]
+    pub(crate) prewarm_max_clusters: usize,
+
+    /// Time after which a cluster nobody used is forgotten (default: 7 days).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "7d")]
+    pub(crate) prewarm_max_age: Duration,
+
+    /// Time between two load reports from each proxy (Envoy's LRS), which tell which
+    /// clusters carried requests: a cluster sent ahead is never asked for again, so this is how
+    /// the history learns that it is still in use.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    pub(crate) load_report_interval: Duration,
+
+    /// Time after which a cluster sent ahead that carried no request (by the proxy's load
+    /// reports) is removed from the proxy, which asks for it again by name when a request
+    /// needs it; 0: never. Clusters a proxy asked for itself are never removed (Envoy would
+    /// not ask for them again).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "1h")]
+    pub(crate) idle_cluster_timeout: Duration,
+}
+
+/// Guards against a source that loses most of the registry at once.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Registry source guards (--registry, --eureka)")]
+pub(crate) struct GuardArgs {
+    /// Share of the registry in use (from 10 instances up) that a new read of the file or of
+    /// Eureka may lose at once and still be followed at once. A read that loses more (an
+    /// empty Eureka after its restart, a truncated file) is held until the source still says
+    /// so --registry-drop-confirm later. 1 turns the guard off.
+    #[arg(long, value_name = "SHARE", value_parser = flags::share, default_value_t = 0.5)]
+    pub(crate) max_registry_drop: f64,
+
+    /// How long a drop held by --max-registry-drop must persist before it is followed (for
+    /// Eureka, at the first fetch at least this long after the one that showed it).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) registry_drop_confirm: Duration,
+}
+
+/// The embedded registry's guards and bounds.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Embedded registry (--serve-eureka)")]
+pub(crate) struct EmbeddedArgs {
+    /// Time after a start during which the registry counts as still loading, while its
+    /// clients register again (their heartbeats get 404 after a restart): proxies keep the
+    /// clusters they hold meanwhile. One renewal interval (30 s) and a margin.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "35s")]
+    pub(crate) registry_warmup: Duration,
+
+    /// During the warm-up, answer a client's GET /apps and /apps/delta 403, as Netflix's
+    /// Eureka server does, so that Java Eureka clients keep the registry they hold instead
+    /// of taking a partial one; the npm and PyPI clients cannot start meanwhile. Off: they
+    /// are answered with what the registry holds so far, as Spring Cloud's server does.
+    #[arg(long)]
+    pub(crate) eureka_refuse_reads_while_warming: bool,
+
+    /// Self-preservation: lease eviction stops while the renewals of the last
+    /// --self-preservation-window fall below this share of those expected, and one eviction
+    /// round takes at most the rest (15 %). 0 turns it off.
+    #[arg(long, value_name = "SHARE", value_parser = flags::share, default_value_t = 0.85)]
+    pub(crate) self_preservation_threshold: f64,
+
+    /// The time over which renewals are counted for self-preservation.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "1m")]
+    pub(crate) self_preservation_window: Duration,
+
+    /// Self-preservation applies from this many registered instances (below, one dying
+    /// instance cannot be told from a partition).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub(crate) self_preservation_min_instances: usize,
+
+    /// The longest lease a registration may ask for (`leaseInfo.durationInSecs`); a longer
+    /// one is refused with 400.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "5m")]
+    pub(crate) max_lease_duration: Duration,
+
+    /// Accept instances at loopback addresses (127.0.0.0/8, ::1): for a registry whose
+    /// services and proxies all run on one machine (`make run`, tests). Never in production:
+    /// a registration would send the mesh's traffic to each proxy's own host.
+    #[arg(long)]
+    pub(crate) allow_loopback_instances: bool,
+
+    /// Accept instances only at addresses in this network (CIDR, e.g. 10.0.0.0/8); repeat
+    /// for several. Default: any address but loopback, link-local, unspecified, multicast.
+    #[arg(long, value_name = "CIDR")]
+    pub(crate) eureka_allow_network: Vec<Cidr>,
+
+    /// Tokens file (YAML) of the identities that may use the registry; with it, every
+    /// request needs `Authorization: Bearer <token>` or Basic name:token, and an identity
+    /// may change only the instances it registered and register only its VIPs. See
+    /// docs/production.md.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) eureka_auth: Option<PathBuf>,
+
+    /// Another embedded registry (its base URL, e.g. `http://10.0.0.2:8761/eureka`) to
+    /// replicate with, as Eureka's servers do: writes made here are sent to it, and a
+    /// starting node fills itself from the first peer that answers. Repeatable; a URL naming
+    /// this node is skipped, so every node can get the same list. With --eureka-auth on the
+    /// peers, give an operator's `name:token@` in the URL.
+    #[arg(long, value_name = "URL")]
+    pub(crate) peer: Vec<String>,
+
+    /// CA bundle (PEM) that signs the `https://` peers' certificates. Default: the system CA
+    /// bundle.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) peer_ca: Option<PathBuf>,
+
+    /// How long one call to a peer (a batch of writes, a fill) may take before it counts as
+    /// failed and is tried again; a fill, which reads the peer's whole registry, may take
+    /// longer as long as no part of it waits longer than this.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "5s")]
+    pub(crate) peer_timeout: Duration,
+
+    /// The largest registry a starting node reads from a peer (its `/apps`), in bytes once
+    /// decoded from gzip (and as transferred); a larger one is refused
+    /// (odmesh_eureka_peer_fills_too_large_total) and the next peer tried. Read as it
+    /// arrives, so this bounds time and traffic, not memory.
+    #[arg(long, value_name = "BYTES", value_parser = flags::at_least_one::<u64>, default_value_t = eureka_client::DEFAULT_MAX_ANSWER)]
+    pub(crate) peer_max_answer: u64,
+
+    /// Writes kept for one peer that does not take them; beyond, the oldest are dropped
+    /// (odmesh_eureka_peer_dropped_total) and its heartbeats bring the registrations back.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 100_000)]
+    pub(crate) peer_max_pending: usize,
+
+    /// Serve the registry over HTTPS with this certificate chain (PEM); needs
+    /// --eureka-tls-key.
+    #[arg(long, value_name = "FILE", requires = "eureka_tls_key")]
+    pub(crate) eureka_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --eureka-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "eureka_tls_cert")]
+    pub(crate) eureka_tls_key: Option<PathBuf>,
+
+    /// Instances the registry holds at most; registering a new one beyond gets 503.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 2_000_000)]
+    pub(crate) eureka_max_instances: usize,
+
+    /// Metadata entries one instance may carry.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) eureka_max_metadata_entries: usize,
+
+    /// Bytes of metadata (keys and values) one instance may carry.
+    #[arg(long, value_name = "BYTES", default_value_t = 8192)]
+    pub(crate) eureka_max_metadata_bytes: usize,
+
+    /// The largest request body accepted; a larger one gets 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 16384)]
+    pub(crate) eureka_max_body: usize,
+
+    /// How long a request body may take to arrive; a slower one gets 408.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) eureka_body_timeout: Duration,
+
+    /// How long a client may take to send a request's headers, counted from when the server
+    /// waits for them (so also how long a kept-alive connection may sit idle).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) eureka_header_timeout: Duration,
+
+    /// How long an answer may wait for a client that reads none of it; then the connection
+    /// is closed (a stalled reader holds no answer and no slot for longer).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    pub(crate) eureka_write_timeout: Duration,
+
+    /// Connections served at once; more are closed on arrival.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1024)]
+    pub(crate) eureka_max_connections: usize,
+}
+
+/// The xDS server's security and bounds.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "xDS server")]
+pub(crate) struct XdsArgs {
+    /// Serve xDS over TLS with this certificate chain (PEM); needs --xds-tls-key.
+    #[arg(long, value_name = "FILE", requires = "xds_tls_key")]
+    pub(crate) xds_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --xds-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "xds_tls_cert")]
+    pub(crate) xds_tls_key: Option<PathBuf>,
+
+    /// Require proxies to present a client certificate signed by this CA (mTLS); needs
+    /// --xds-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "xds_tls_cert")]
+    pub(crate) xds_client_ca: Option<PathBuf>,
+
+    /// Connections served at once; more are closed on arrival.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
+    pub(crate) xds_max_connections: usize,
+
+    /// HTTP/2 streams one connection may open at once (Envoy opens one, for ADS).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub(crate) xds_max_streams_per_connection: u32,
+
+    /// Names one stream may subscribe to, per type; more are answered with a removal.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
+    pub(crate) xds_max_names: usize,
+
+    /// Cluster names subscribed over all streams (each with its load assignment): about
+    /// 1.5 KB each at most, so this bounds the control plane's memory whatever the number
+    /// of streams. Names beyond wait for room (answered with a removal, pushed once there
+    /// is room). Raise it for more proxies per control plane.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000_000)]
+    pub(crate) xds_max_subscriptions: usize,
+
+    /// Names not registered when asked for that one stream is served as clusters (each is
+    /// a cluster in that Envoy's memory); more are answered with a removal until they are
+    /// registered. A flood of random Hosts through one Envoy stops here.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) xds_max_unregistered: usize,
+}
+
+impl Args {
+    /// Checks what clap cannot check alone: `--peer` takes the embedded registry only.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        if !self.embedded.peer.is_empty() && (self.registry.is_some() || !self.eureka.is_empty()) {
+            anyhow::bail!(
+                "--peer: peers are embedded registries; it takes --serve-eureka, not --registry or --eureka"
+            );
+        }
+        Ok(())
+    }
+
+    /// The Eureka follower's configuration (`--eureka` and its flags).
+    pub(crate) fn eureka_client(&self) -> eureka_client::ClientConfig {
+        eureka_client::ClientConfig {
+            ca_file: self.eureka_ca.clone(),
+            token_file: self.eureka_token_file.clone(),
+            drop_guard: self.guards.drop_guard(),
+            request_timeout: self.eureka_request_timeout,
+            max_answer: self.eureka_max_answer,
+            first_fetch_wait: self.eureka_first_fetch_wait,
+            ..eureka_client::ClientConfig::new(self.eureka.clone(), self.eureka_interval)
+        }
+    }
+
+    /// Where the embedded registry listens: `--serve-eureka`, or its default address.
+    pub(crate) fn serve_eureka_addr(&self) -> SocketAddr {
+        self.serve_eureka.unwrap_or_else(|| {
+            (eureka_server::DEFAULT_ADDR.parse()).expect("the default address parses")
+        })
+    }
+
+    /// The embedded registry's configuration; reads the tokens file (`--eureka-auth`).
+    pub(crate) fn eureka_server(&self) -> anyhow::Result<eureka_server::ServerConfig> {
+        let e = &self.embedded;
+        let peers = match e.peer.as_slice() {
+            [] => None,
+            urls => Some(PeerConfig {
+                timeout: e.peer_timeout,
+                max_pending: e.peer_max_pending,
+                max_answer: e.peer_max_answer,
+                ..PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?
+            }),
+        };
+        let auth = match &e.eureka_auth {
+            Some(path) => Some(Arc::new(
+                Authenticator::load(path).context("--eureka-auth")?,
+            )),
+            None => None,
+        };
+        Ok(eureka_server::ServerConfig {
+            lease_duration: self.lease_duration,
+            warmup: e.registry_warmup,
+            refuse_reads_while_warming: e.eureka_refuse_reads_while_warming,
+            preservation: PreservationConfig {
+                threshold: e.self_preservation_threshold,
+                window: e.self_preservation_window,
+                min_instances: e.self_preservation_min_instances,
+            },
+            limits: RegistrationLimits {
+                max_instances: e.eureka_max_instances,
+                max_lease: e.max_lease_duration,
+                max_metadata_entries: e.eureka_max_metadata_entries,
+                max_metadata_bytes: e.eureka_max_metadata_bytes,
+                networks: NetworkPolicy {
+                    allow_loopback: e.allow_loopback_instances,
+                    allowed: e.eureka_allow_network.clone(),
+                },
+            },
+            http: HttpLimits {
+                max_connections: e.eureka_max_connections,
+                header_timeout: e.eureka_header_timeout,
+                tls_handshake_timeout: self.tls_handshake_timeout,
+                write_timeout: e.eureka_write_timeout,
+            },
+            max_body: e.eureka_max_body,
+            body_timeout: e.eureka_body_timeout,
+            auth,
+            peers,
+            ..Default::default()
+        })
+    }
+}
+
+impl GuardArgs {
+    /// The guard of the file and Eureka sources against a read that loses most of the registry.
+    pub(crate) fn drop_guard(&self) -> DropGuardConfig {
+        DropGuardConfig {
+            max_drop: self.max_registry_drop,
+            confirm_after: self.registry_drop_confirm,
+        }
+    }
+}
+
+impl XdsArgs {
+    /// Bounds on what the proxies' streams may hold.
+    pub(crate) fn subscriptions(&self) -> SubscriptionLimits {
+        SubscriptionLimits {
+            max_names: self.xds_max_names,
+            max_unregistered: self.xds_max_unregistered,
+        }
+    }
+}
