@@ -6,6 +6,9 @@ use std::time::{Duration, Instant};
 /// How long [`wait_until`] and [`wait_for`] sleep between two polls.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
+/// How soon a registry change must reach Envoy and route (README, "How it works": within 2 s).
+pub const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Polls `condition` until it holds, for at most `timeout`; panics naming `what` otherwise.
 ///
 /// `what` completes the sentence "timed out after 5s waiting for ...".

@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use odmesh_e2e::{EchoUpstream, Instance, Mesh, TestEnv, timed, wait_until_since};
+use odmesh_e2e::{CHANGE_DEADLINE, EchoUpstream, Instance, Mesh, TestEnv, timed, wait_until_since};
 use serde_json::Value;
 
 /// The bound on a first request that includes discovery: well under the bootstrap's 1 s
@@ -17,8 +17,6 @@ const FAST_FIRST: Duration = Duration::from_millis(500);
 /// The bound on a 503 from a cluster Envoy already holds ("well under 100 ms", README, "How it
 /// works"; it takes about a millisecond, so the bound leaves ample room on a loaded machine).
 const FAST: Duration = Duration::from_millis(100);
-/// How soon a registry change must reach Envoy (README, "How it works").
-const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// How long counters may take to settle after a request (Envoy's ACKs are on their way).
 const SETTLE: Duration = Duration::from_secs(5);
 

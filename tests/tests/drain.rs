@@ -9,12 +9,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    EchoUpstream, Instance, Load, LoadConfig, Mesh, RssSampler, TestEnv, wait_until,
-    wait_until_since,
+    CHANGE_DEADLINE, EchoUpstream, Instance, Load, LoadConfig, Mesh, RssSampler, TestEnv,
+    wait_until, wait_until_since,
 };
 
-/// How soon a registry change must reach Envoy (README, "How it works").
-const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The load: requests per second on the VIP.
 const RATE: u32 = 100;
 /// The longest a request may take: the mesh answers in about a millisecond, so only a

@@ -11,13 +11,11 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    ClientDriver, ControlPlane, EchoUpstream, EurekaApi, EurekaClient, Mesh, Registration, Source,
-    TestEnv, free_port, wait_for, wait_until, wait_until_since,
+    CHANGE_DEADLINE, ClientDriver, ControlPlane, EchoUpstream, EurekaApi, EurekaClient, Mesh,
+    Registration, Source, TestEnv, free_port, wait_for, wait_until, wait_until_since,
 };
 use serde_json::Value;
 
-/// How soon a registry change must route through Envoy (README, "How it works").
-const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The lease the embedded registry and the real clients use: short, so expiry fits a test.
 const LEASE_SECS: u64 = 3;
 /// A killed client's instance must be gone by then: its lease, the eviction sweep (1 s),

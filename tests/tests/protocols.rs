@@ -10,13 +10,11 @@ use std::time::{Duration, Instant};
 
 use odmesh_demo::{EchoClient, EchoRequest, SENT_TRAILER, SERVER_TRAILER};
 use odmesh_e2e::{
-    GrpcUpstream, HttpUpstream, Instance, Mesh, Request, TestCa, TestEnv, Versions,
-    WebSocketClient, block_on_within, grpc_call, h2c_get, wait_until,
+    CHANGE_DEADLINE, GrpcUpstream, HttpUpstream, Instance, Mesh, Request, TestCa, TestEnv,
+    Versions, WebSocketClient, block_on_within, grpc_call, h2c_get, wait_until,
 };
 use tonic::Code;
 
-/// How soon a registry change must reach Envoy (README, "How it works").
-const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The bound on one message of a stream through the mesh.
 const STEP: Duration = Duration::from_secs(5);
 /// The bound on all the calls of one test (but the 60 s stream's).

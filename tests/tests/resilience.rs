@@ -6,12 +6,11 @@
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    EchoUpstream, Instance, Mesh, TestEnv, hold_for, timed, wait_for, wait_until, wait_until_since,
+    CHANGE_DEADLINE, EchoUpstream, Instance, Mesh, TestEnv, hold_for, timed, wait_for, wait_until,
+    wait_until_since,
 };
 use serde_json::Value;
 
-/// How soon a registry change must reach Envoy (README, "How it works").
-const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// The bootstrap's on-demand discovery timeout (`odcds.timeout` in envoy/odmesh.yaml).
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long Envoy may take to rejoin a restarted control plane (its retry backoff is

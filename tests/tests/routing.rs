@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use odmesh_e2e::{EchoUpstream, Instance, Mesh, Request, TestEnv, wait_until_since};
+use odmesh_e2e::{
+    CHANGE_DEADLINE, EchoUpstream, Instance, Mesh, Request, TestEnv, wait_until_since,
+};
 
-/// How soon a registry change must reach Envoy (README, "How it works").
-const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
 /// With strict round robin, an instance shows up once in every `n` requests to `n`
 /// instances; this many in a row without it means it is out of the rotation.
 const OUT_OF_ROTATION: usize = 6;

@@ -10,6 +10,7 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+use super::tests::{count, eventually};
 use super::*;
 use crate::ServerMetrics;
 use crate::server::{EmbeddedSource, ServerConfig, start};
@@ -82,21 +83,6 @@ async fn node(peers: &[SocketAddr], max_answer: u64) -> (EmbeddedSource, Arc<Ser
     .await
     .unwrap();
     (source, metrics)
-}
-
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within 10 s: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
-    metric.load(Ordering::Relaxed)
 }
 
 #[tokio::test]

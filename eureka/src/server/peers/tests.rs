@@ -77,7 +77,7 @@ impl Node {
     }
 }
 
-fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
+pub(super) fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
     metric.load(std::sync::atomic::Ordering::Relaxed)
 }
 
@@ -129,7 +129,7 @@ async fn register(node: &Node, id: &str, port: u16) {
 }
 
 /// Waits up to 10 s for `done`.
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !done() {
         assert!(
