@@ -23,5 +23,3 @@ pub mod server;
 pub mod session;
 pub mod xds;
 
-#[cfg(test)]
-mod testdata;

@@ -850,7 +850,7 @@ mod tests {
     use super::*;
     use crate::model::Snapshot;
     use crate::prewarm::{History, Limits};
-    use crate::testdata;
+    use odmesh_registry::testing as testdata;
     use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
     use odmesh_registry::Registry;
 

@@ -677,15 +677,13 @@ mod tests {
     }
 }
 
-/// Fixtures for the tests: the files under `registry/testdata/`, and a plain instance.
-#[cfg(test)]
-pub(crate) mod testdata {
-    use std::path::PathBuf;
-
+/// Fixtures for other crates' tests (the `testing` feature) and this crate's.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use super::{Instance, Protocol, Status};
 
     /// An UP instance `id` of app `VIP` (the VIP upper-cased) serving `vip` on `ip:8080`.
-    pub(crate) fn instance(vip: &str, id: &str, ip: &str) -> Instance {
+    pub fn instance(vip: &str, id: &str, ip: &str) -> Instance {
         Instance {
             app: vip.to_ascii_uppercase(),
             instance_id: id.into(),
@@ -699,6 +697,15 @@ pub(crate) mod testdata {
             protocol: Protocol::Auto,
         }
     }
+}
+
+/// Fixtures for the tests: the files under `registry/testdata/`, and a plain instance.
+#[cfg(test)]
+pub(crate) mod testdata {
+    use std::path::PathBuf;
+
+
+    pub(crate) use crate::testing::instance;
 
     /// The path of fixture `name`.
     pub(crate) fn path(name: &str) -> PathBuf {
