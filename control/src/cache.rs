@@ -1175,9 +1175,9 @@ fn cluster_versions(entry: &Entry) -> Vec<(Option<Arc<str>>, Option<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odmesh_registry::testing as testdata;
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use odmesh_registry::testing as testdata;
     use odmesh_registry::{Instance, Registry, Status};
     use prost::Message;
 

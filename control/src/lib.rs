@@ -22,4 +22,3 @@ pub mod prewarm;
 pub mod server;
 pub mod session;
 pub mod xds;
-

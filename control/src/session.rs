@@ -850,9 +850,9 @@ mod tests {
     use super::*;
     use crate::model::Snapshot;
     use crate::prewarm::{History, Limits};
-    use odmesh_registry::testing as testdata;
     use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
     use odmesh_registry::Registry;
+    use odmesh_registry::testing as testdata;
 
     /// An ADS session on a cache where `hello` has one instance.
     struct Ads {

@@ -704,7 +704,6 @@ pub mod testing {
 pub(crate) mod testdata {
     use std::path::PathBuf;
 
-
     pub(crate) use crate::testing::instance;
 
     /// The path of fixture `name`.

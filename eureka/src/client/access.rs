@@ -237,3 +237,32 @@ impl Access {
         Ok(Access { urls, tls, trust })
     }
 }
+
+/// The HTTP client to Eureka servers, for the follower and the peers alike: `http://` or
+/// `https://` (verified by `tls`), HTTP/1.1, Nagle off, a connection bounded by
+/// `connect_timeout`, idle connections kept a minute.
+pub(crate) fn http_client<B>(
+    tls: rustls::ClientConfig,
+    connect_timeout: std::time::Duration,
+) -> hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    B,
+>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+    tcp.set_connect_timeout(Some(connect_timeout));
+    tcp.set_nodelay(true);
+    tcp.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(tcp);
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(60))
+        .build(connector)
+}

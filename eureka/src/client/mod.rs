@@ -47,10 +47,9 @@ use std::time::{Duration, SystemTime};
 use http_body_util::Empty;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -366,18 +365,7 @@ impl Follower {
         health: SourceHealth,
         loaded: &Arc<Notify>,
     ) -> Follower {
-        let mut tcp = HttpConnector::new();
-        tcp.set_connect_timeout(Some(config.request_timeout));
-        tcp.set_nodelay(true);
-        tcp.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(access.tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp);
-        let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let http = access::http_client(access.tls, config.request_timeout);
         let drop_guard = config.drop_guard;
         Follower {
             http,

@@ -46,10 +46,8 @@ use axum::http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
-use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -940,20 +938,9 @@ impl EurekaRegistry {
     }
 }
 
-/// The HTTP client to the peers: http or https, connections kept a minute.
+/// The HTTP client to the peers (the follower's, [`crate::client::access::http_client`]).
 fn http_client(config: &PeerConfig) -> HttpClient {
-    let mut tcp = HttpConnector::new();
-    tcp.set_connect_timeout(Some(config.timeout));
-    tcp.set_nodelay(true);
-    tcp.enforce_http(false);
-    let connector = HttpsConnectorBuilder::new()
-        .with_tls_config(config.tls.clone())
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(tcp);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build(connector)
+    crate::client::access::http_client(config.tls.clone(), config.timeout)
 }
 
 /// A peer's answer.
