@@ -14,8 +14,8 @@
 //! the caller spoke (`.vip`) or what TLS ALPN settles (`.svip`), so HTTP/1.1, h2c, gRPC and
 //! WebSocket callers all work with no configuration; an instance's declaration overrides it.
 //!
-//! Versions are hashes of the inputs, not of the encoded bytes: prost writes map fields (the
-//! metadata `Struct`) in `HashMap` order, so identical resources can encode differently.
+//! A resource's version is a hash of the resource itself, maps taken in key order: see
+//! [`version`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -64,6 +64,8 @@ use prost::Message;
 use crate::model::{ClusterInfo, Endpoint, Snapshot};
 use crate::policy::{Effective, LoadBalancing, Policy};
 use odmesh_registry::Protocol;
+
+mod version;
 
 /// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -245,20 +247,22 @@ pub fn build_for(
 ) -> Result<ClusterResources, InvalidClusterName> {
     let target = Target::new(name, lookup, policy, caller)?;
     let cluster = target.cluster(opts);
-    let cluster_version = target.cluster_version(opts, &cluster);
-    let endpoints_version = target.endpoints_version(cluster_version);
+    let cluster_resource = any(CLUSTER_TYPE_URL, &cluster);
+    let cluster_version = version::cluster(cluster);
+    let endpoints_resource = any(ENDPOINTS_TYPE_URL, &target.load_assignment());
+    let endpoints_version = version::load_assignment(cluster_version, &endpoints_resource.value);
     let registered = target.state == State::Registered;
     Ok(ClusterResources {
         cluster: Versioned {
             name: name.to_owned(),
             version: format!("{cluster_version:016x}"),
-            resource: any(CLUSTER_TYPE_URL, &cluster),
+            resource: cluster_resource,
             registered,
         },
         endpoints: Versioned {
             name: name.to_owned(),
             version: format!("{endpoints_version:016x}"),
-            resource: any(ENDPOINTS_TYPE_URL, &target.load_assignment()),
+            resource: endpoints_resource,
             registered,
         },
     })
@@ -294,13 +298,12 @@ pub fn load_assignment(
 /// [`Lookup`] without the cluster, as it shapes a resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    Unregistered = 0,
-    Registered = 1,
-    NotYetKnown = 2,
+    Unregistered,
+    Registered,
+    NotYetKnown,
 }
 
-/// Everything a resource is made of, checked once. The version hashes read exactly these
-/// fields, so two equal targets always get equal versions.
+/// Everything a resource is made of, checked once.
 struct Target<'a> {
     name: &'a str,
     vip: &'a str,
@@ -338,66 +341,6 @@ impl<'a> Target<'a> {
 
     fn protocol(&self) -> Protocol {
         self.policy.protocol.value
-    }
-
-    /// Version of the cluster: everything but the endpoints, so an endpoint change never
-    /// re-warms the cluster (which would drain its connection pools). The policy's part is
-    /// read from `cluster` as encoded: those messages have no map fields, so they encode the
-    /// same way every time.
-    fn cluster_version(&self, opts: &XdsOptions, cluster: &Cluster) -> u64 {
-        let mut h = Fnv64::default();
-        h.str(TEMPLATE);
-        h.str(self.name);
-        h.str(self.vip);
-        h.str(self.kind.as_str());
-        h.bytes(&[self.state as u8]);
-        h.str(self.protocol().as_str());
-        // Length-prefixed (`str` does), so no two messages can shift into each other.
-        let mut message = |bytes: Vec<u8>| {
-            h.bytes(&(bytes.len() as u64).to_le_bytes());
-            h.bytes(&bytes);
-        };
-        message(self.http_protocol_options().encode_to_vec());
-        message(
-            cluster
-                .circuit_breakers
-                .as_ref()
-                .map(Message::encode_to_vec)
-                .unwrap_or_default(),
-        );
-        message(
-            cluster
-                .outlier_detection
-                .as_ref()
-                .map(Message::encode_to_vec)
-                .unwrap_or_default(),
-        );
-        h.bytes(&self.policy.connect_timeout.value.as_nanos().to_le_bytes());
-        h.bytes(&cluster.lb_policy.to_le_bytes());
-        for timeout in [&self.policy.request_timeout, &self.policy.per_try_timeout] {
-            h.bytes(&timeout.value.as_nanos().to_le_bytes());
-        }
-        if self.kind == Kind::Svip {
-            // TLS settings shape `.svip` clusters only; a new CA must not re-warm plain ones.
-            h.str(&opts.upstream_ca.to_string_lossy());
-            h.bytes(&[u8::from(opts.verify_upstream_san)]);
-        }
-        h.finish()
-    }
-
-    /// Version of the load assignment: the endpoints and the cluster's version. A changed
-    /// cluster thus always comes with a changed load assignment, which the cache pushes right
-    /// after it: a re-warming cluster never waits for endpoints Envoy already has.
-    fn endpoints_version(&self, cluster_version: u64) -> u64 {
-        let mut h = Fnv64::default();
-        h.bytes(&cluster_version.to_le_bytes());
-        for ep in self.endpoints {
-            h.str(ep.zone.as_deref().unwrap_or(""));
-            h.bytes(&[u8::from(ep.zone.is_some())]);
-            h.str(&ep.ip.to_string());
-            h.bytes(&ep.port.to_le_bytes());
-        }
-        h.finish()
     }
 
     fn cluster(&self, opts: &XdsOptions) -> Cluster {
@@ -743,41 +686,6 @@ fn any(type_url: &str, msg: &impl Message) -> Any {
     }
 }
 
-/// The revision of what [`Target::cluster`] and [`Target::load_assignment`] build from the
-/// model. It is part of every version, so a control plane whose resources are built differently
-/// (after an upgrade) re-sends them to reconnecting proxies instead of matching their old
-/// versions. Bump it with every change to the resources' shape or defaults.
-const TEMPLATE: &str = "odmesh-resources-2";
-
-/// FNV-1a, 64 bits: stable across runs and builds, so a restarted control plane gives the
-/// same versions and a reconnecting Envoy is not sent what it already has. Every variable-size
-/// field is length-prefixed, so field boundaries cannot shift.
-struct Fnv64(u64);
-
-impl Default for Fnv64 {
-    fn default() -> Fnv64 {
-        Fnv64(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv64 {
-    fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn str(&mut self, s: &str) {
-        self.bytes(&(s.len() as u64).to_le_bytes());
-        self.bytes(s.as_bytes());
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1116,6 +1024,30 @@ mod tests {
         assert!(round_robin.hash_policy.is_empty());
     }
 
+    /// One change of each policy value, away from its default.
+    const POLICY_KNOBS: [&str; 20] = [
+        "connect_timeout: 2s",
+        "request_timeout: 1s",
+        "per_try_timeout: 1s",
+        "idle_timeout: 1m",
+        "protocol: http2",
+        "load_balancing: least_request",
+        "load_balancing: maglev",
+        "retries: {on: [5xx]}",
+        "retries: {count: 1}",
+        "retries: {backoff: {base: 1s}}",
+        "retries: {backoff: {base: 25ms, max: 7s}}",
+        "retries: {budget_percent: 10}",
+        "circuit_breakers: {max_connections: 1}",
+        "circuit_breakers: {max_pending_requests: 1}",
+        "circuit_breakers: {max_requests: 1}",
+        "circuit_breakers: {max_retries: 1}",
+        "outlier_detection: {consecutive_5xx: 1}",
+        "outlier_detection: {interval: 1s}",
+        "outlier_detection: {base_ejection_time: 1s}",
+        "outlier_detection: {max_ejection_percent: 1}",
+    ];
+
     #[test]
     fn every_policy_knob_changes_the_cluster_version() {
         let hello = info("hello", Kind::Vip, vec![ep(None, "10.0.0.1", 8080)]);
@@ -1133,27 +1065,7 @@ mod tests {
             .version
         };
         let base = version("");
-        let knobs = [
-            "connect_timeout: 2s",
-            "request_timeout: 1s",
-            "per_try_timeout: 1s",
-            "idle_timeout: 1m",
-            "protocol: http2",
-            "load_balancing: least_request",
-            "retries: {on: [5xx]}",
-            "retries: {count: 1}",
-            "retries: {backoff: {base: 1s}}",
-            "retries: {budget_percent: 10}",
-            "circuit_breakers: {max_connections: 1}",
-            "circuit_breakers: {max_pending_requests: 1}",
-            "circuit_breakers: {max_requests: 1}",
-            "circuit_breakers: {max_retries: 1}",
-            "outlier_detection: {consecutive_5xx: 1}",
-            "outlier_detection: {interval: 1s}",
-            "outlier_detection: {base_ejection_time: 1s}",
-            "outlier_detection: {max_ejection_percent: 1}",
-        ];
-        for knob in knobs {
+        for knob in POLICY_KNOBS {
             let changed = version(&format!("vips: {{hello: {{{knob}}}}}"));
             assert_ne!(changed, base, "{knob} did not change the version");
         }
@@ -1304,5 +1216,132 @@ mod tests {
             Some(ResourceType::Endpoints)
         );
         assert_eq!(ResourceType::from_type_url("type.googleapis.com/x"), None);
+    }
+
+    /// A resource of every shape the builder makes, each one thing away from another: the
+    /// endpoints (none, a port, an address, a zone, one added), the protocol, the registry's
+    /// answer, the VIP, TLS (`.svip`, the CA, the SAN check), a hash header and every policy
+    /// value.
+    fn catalogue() -> Vec<(String, ClusterResources)> {
+        let endpoint_sets = [
+            vec![],
+            vec![ep(Some("a"), "10.0.0.1", 8080)],
+            vec![ep(Some("a"), "10.0.0.1", 8081)],
+            vec![ep(Some("a"), "10.0.0.2", 8080)],
+            vec![ep(Some("b"), "10.0.0.1", 8080)],
+            vec![ep(None, "10.0.0.1", 8080)],
+            vec![
+                ep(Some("a"), "10.0.0.1", 8080),
+                ep(Some("a"), "10.0.0.2", 8080),
+            ],
+        ];
+        let no_san = XdsOptions {
+            verify_upstream_san: false,
+            ..opts()
+        };
+        let other_ca = XdsOptions::new(Some("/other.pem".into()));
+        let mut out = Vec::new();
+        for kind in [Kind::Vip, Kind::Svip] {
+            let name = odmesh_names::cluster_name("hello", kind);
+            let mut add = |what: String, lookup: Lookup<'_>, opts: &XdsOptions, yaml: &str| {
+                let policy = Policy::parse(yaml.as_bytes()).unwrap();
+                let built = build_for(&name, lookup, opts, &policy, None).unwrap();
+                out.push((format!("{name}: {what}"), built));
+            };
+            for (i, endpoints) in endpoint_sets.iter().enumerate() {
+                let hello = info("hello", kind, endpoints.clone());
+                add(
+                    format!("endpoints {i}"),
+                    Lookup::Registered(&hello),
+                    &opts(),
+                    "",
+                );
+            }
+            let one = info("hello", kind, endpoint_sets[1].clone());
+            // HTTP/2 comes from the policy's knobs below.
+            let http1 = ClusterInfo {
+                protocol: Protocol::Http1,
+                ..one.clone()
+            };
+            add("HTTP/1.1".into(), Lookup::Registered(&http1), &opts(), "");
+            add("unregistered".into(), Lookup::Unregistered, &opts(), "");
+            add("not yet known".into(), Lookup::NotYetKnown, &opts(), "");
+            let other = info("other", kind, endpoint_sets[1].clone());
+            add(
+                "another VIP".into(),
+                Lookup::Registered(&other),
+                &opts(),
+                "",
+            );
+            let registered = Lookup::Registered(&one);
+            if kind == Kind::Svip {
+                add("no SAN check".into(), registered, &no_san, "");
+                add("another CA".into(), registered, &other_ca, "");
+            }
+            let section = format!("{}s", kind.as_str());
+            for knob in POLICY_KNOBS
+                .iter()
+                .chain(&["load_balancing: ring_hash, hash_header: a"])
+            {
+                let yaml = format!("{section}: {{hello: {{{knob}}}}}");
+                add(knob.to_string(), registered, &opts(), &yaml);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn versions_are_equal_exactly_when_the_resources_are() {
+        let built = catalogue();
+        let decoded: Vec<(Cluster, ClusterLoadAssignment)> = (built.iter())
+            .map(|(_, r)| {
+                let cluster = Cluster::decode(r.cluster.resource.value.as_slice()).unwrap();
+                let endpoints = r.endpoints.resource.value.as_slice();
+                (cluster, ClusterLoadAssignment::decode(endpoints).unwrap())
+            })
+            .collect();
+        for (i, (what, a)) in built.iter().enumerate() {
+            for (j, (other, b)) in built.iter().enumerate().skip(i + 1) {
+                let same_cluster = decoded[i].0 == decoded[j].0;
+                let same_endpoints = same_cluster && decoded[i].1 == decoded[j].1;
+                assert!(
+                    !same_endpoints,
+                    "{what} and {other} build the same resources"
+                );
+                assert_eq!(
+                    a.cluster.version == b.cluster.version,
+                    same_cluster,
+                    "cluster versions of {what} and {other}"
+                );
+                assert_ne!(
+                    a.endpoints.version, b.endpoints.version,
+                    "{what} and {other}"
+                );
+            }
+        }
+        // Built again, with fresh maps (each iterating in an order of its own): equal versions.
+        for ((what, a), (_, b)) in built.iter().zip(catalogue()) {
+            assert_eq!(a.cluster.version, b.cluster.version, "{what}");
+            assert_eq!(a.endpoints.version, b.endpoints.version, "{what}");
+        }
+    }
+
+    /// What this guards: stability across runs. A restarted control plane (or another
+    /// replica, or a later build) must give a resource the version it had, or every
+    /// reconnecting proxy is sent again all it holds; a version that came from anything but
+    /// the resource's bytes (a process's random seed, `DefaultHasher`) would fail here. The
+    /// values were computed from the encoding: when a change to the builder changes what
+    /// this cluster is, they change too, and are to be updated with it.
+    #[test]
+    fn a_known_resource_has_the_same_version_in_every_process() {
+        let hello = info("hello", Kind::Svip, vec![ep(Some("a"), "10.0.0.1", 8443)]);
+        let built = build("hello.svip", Lookup::Registered(&hello), &opts()).unwrap();
+        assert_eq!(
+            (
+                built.cluster.version.as_str(),
+                built.endpoints.version.as_str()
+            ),
+            ("b886c7b90f574fda", "ade5b3c3290fc45d")
+        );
     }
 }
