@@ -409,7 +409,7 @@ async fn start_source(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sourc
         )
         .await
         // The error names the file, the format and the problem in one line.
-        .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
+        .context("--registry")?;
         return Ok(Source {
             registry: src.registry,
             health: src.health,
