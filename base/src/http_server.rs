@@ -242,7 +242,7 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<
 }
 
 /// Why a request body was not read.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum InvalidBody {
     /// Larger than allowed: answer 413.
     #[error("the body is larger than the limit of {max} bytes")]
@@ -251,8 +251,11 @@ pub enum InvalidBody {
     #[error("the body did not arrive within {after:?}")]
     TooSlow { after: Duration },
     /// The connection failed while reading it.
-    #[error("reading the body failed: {reason}")]
-    Broken { reason: String },
+    #[error("reading the body failed")]
+    Broken {
+        #[source]
+        source: axum::Error,
+    },
 }
 
 impl InvalidBody {
@@ -293,9 +296,7 @@ pub async fn read_body(
     let read = tokio::time::timeout(timeout, async {
         use futures::StreamExt;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| InvalidBody::Broken {
-                reason: e.to_string(),
-            })?;
+            let chunk = chunk.map_err(|source| InvalidBody::Broken { source })?;
             if out.len() + chunk.len() > max {
                 return Err(InvalidBody::TooLarge { max });
             }
@@ -359,7 +360,7 @@ mod tests {
             post(|headers: HeaderMap, body: Body| async move {
                 match read_body(&headers, body, 1024, Duration::from_secs(1)).await {
                     Ok(bytes) => (StatusCode::OK, format!("{}", bytes.len())),
-                    Err(e) => (e.status(), e.to_string()),
+                    Err(e) => (e.status(), crate::error::Chain(&e).to_string()),
                 }
             }),
         );
@@ -562,5 +563,18 @@ mod tests {
         .await;
         assert!(answer.is_empty(), "{answer}");
         assert_eq!(events[0].load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_broken_body_shows_its_cause_once() {
+        use crate::error::{Chain, repeats_its_cause};
+        let cause = axum::Error::new(std::io::Error::other("connection reset"));
+        let e = InvalidBody::Broken { source: cause };
+        assert!(!repeats_its_cause(&e), "{e}");
+        // axum's error writes its own cause into its message; the chain shows it once.
+        assert_eq!(
+            Chain(&e).to_string(),
+            "reading the body failed: connection reset"
+        );
     }
 }

@@ -142,15 +142,20 @@ pub fn find_rustls_error<'a>(
 /// A TLS file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidTlsFile {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     #[error("{path}: {what}")]
-    Pem { path: PathBuf, what: String },
-    #[error("{cert} and {key} do not make a usable server identity: {source}")]
+    Pem {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: Option<pem::Error>,
+    },
+    #[error("{cert} and {key} do not make a usable server identity")]
     Identity {
         cert: PathBuf,
         key: PathBuf,
@@ -184,12 +189,14 @@ fn certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), 
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| InvalidTlsFile::Pem {
             path: path.to_owned(),
-            what: format!("not a PEM certificate file: {e}"),
+            what: "not a PEM certificate file",
+            source: Some(e),
         })?;
     if certs.is_empty() {
         return Err(InvalidTlsFile::Pem {
             path: path.to_owned(),
-            what: "no certificate in it (expected -----BEGIN CERTIFICATE-----)".into(),
+            what: "no certificate in it (expected -----BEGIN CERTIFICATE-----)",
+            source: None,
         });
     }
     Ok((pem, certs))
@@ -203,7 +210,8 @@ impl ServerIdentity {
         let key_pem = read(key)?;
         let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| InvalidTlsFile::Pem {
             path: key.to_owned(),
-            what: format!("no private key in it: {e}"),
+            what: "no private key in it",
+            source: Some(e),
         })?;
         let identity = ServerIdentity {
             cert_path: cert.to_owned(),
@@ -355,5 +363,26 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("no private key"), "{err}");
+    }
+
+    #[test]
+    fn an_error_shows_its_cause_once() {
+        use crate::error::{Chain, repeats_its_cause};
+        let missing = Path::new("/nonexistent/odmesh/cert.pem");
+        let cert_only = temp(
+            "cert-only-chain.pem",
+            "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n",
+        );
+        let errors: [Box<dyn std::error::Error>; 4] = [
+            Box::new(load_bundle(&testdata("tls/nosuch.pem")).unwrap_err()),
+            Box::new(load_bundle(&testdata("tls/broken-ca.pem")).unwrap_err()),
+            Box::new(ServerIdentity::load(missing, missing).unwrap_err()),
+            Box::new(ServerIdentity::load(&cert_only, &cert_only).unwrap_err()),
+        ];
+        for e in errors {
+            let e = e.as_ref();
+            assert!(e.source().is_some(), "{e}: its cause is kept");
+            assert!(!repeats_its_cause(e), "{}", Chain(e));
+        }
     }
 }

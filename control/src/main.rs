@@ -15,6 +15,7 @@ use cli::{Args, PrewarmArgs};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use odmesh_base::error::Chain;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::metrics::{inc, set};
 use odmesh_base::tls::ServerIdentity;
@@ -67,7 +68,7 @@ async fn start_file(
     )
     .await
     // The error names the file, the format and the problem in one line.
-    .map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
+    .context("--registry")?;
     Ok(Source {
         registry: src.registry,
         health: src.health,
@@ -188,17 +189,17 @@ fn start_prewarm(args: &PrewarmArgs) -> anyhow::Result<Option<Arc<Prewarm>>> {
             let aside = PathBuf::from(aside);
             match std::fs::rename(path, &aside) {
                 Ok(()) => {
-                    tracing::error!(error = %e, aside = %aside.display(), "the prewarm history was not readable: set aside, starting a new one")
+                    tracing::error!(error = %Chain(&e), aside = %aside.display(), "the prewarm history was not readable: set aside, starting a new one")
                 }
                 // Another replica set it aside first.
                 Err(rename) => {
-                    tracing::error!(error = %e, %rename, "the prewarm history was not readable, nor could it be set aside: starting a new one")
+                    tracing::error!(error = %Chain(&e), %rename, "the prewarm history was not readable, nor could it be set aside: starting a new one")
                 }
             }
             prewarm::History::default()
         }
         Err(e) => {
-            tracing::error!(error = %e, "cannot read the prewarm history: starting without it (writing it will be tried every 2 s)");
+            tracing::error!(error = %Chain(&e), "cannot read the prewarm history: starting without it (writing it will be tried every 2 s)");
             prewarm::History::default()
         }
     };
@@ -380,7 +381,7 @@ async fn run() -> anyhow::Result<()> {
         _ = shutdown_signal() => Ok(()),
         ended = &mut xds_task => Err(anyhow::anyhow!("the xDS server stopped: {}", ended_why(ended))),
         ended = &mut admin_task => Err(anyhow::anyhow!("the admin server stopped: {}", ended_why(ended))),
-        ended = &mut source_task => Err(anyhow::anyhow!("the registry source stopped: {}", ended_why(ended.map(Ok::<(), String>)))),
+        ended = &mut source_task => Err(anyhow::anyhow!("the registry source stopped: {}", ended_why(ended.map(Ok::<(), std::convert::Infallible>)))),
     };
     tracing::info!("stopping");
     let _ = stop_tx.send(true);
@@ -413,10 +414,12 @@ async fn stop_within<T>(name: &str, task: &mut tokio::task::JoinHandle<T>) {
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a task ended, in words.
-fn ended_why<E: std::fmt::Display>(ended: Result<Result<(), E>, tokio::task::JoinError>) -> String {
+fn ended_why<E: std::error::Error + 'static>(
+    ended: Result<Result<(), E>, tokio::task::JoinError>,
+) -> String {
     match ended {
         Ok(Ok(())) => "it ended".to_owned(),
-        Ok(Err(e)) => e.to_string(),
+        Ok(Err(e)) => Chain(&e).to_string(),
         Err(e) => e.to_string(),
     }
 }

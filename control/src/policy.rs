@@ -350,10 +350,21 @@ impl fmt::Display for Dur {
     }
 }
 
-/// Why a policy file was refused: the parser's message, with the line and column.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidPolicy(pub String);
+/// Why a policy was refused: the parser's error, which says what is wrong and at which line
+/// and column, after the field it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidPolicy {
+    /// A mistake in a field: which one, as in `vips.slow.retries.count`.
+    #[error("{field}")]
+    Field {
+        field: String,
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    /// A mistake in the document as a whole (not a mapping of fields).
+    #[error(transparent)]
+    Document(Box<serde_saphyr::Error>),
+}
 
 impl Policy {
     /// Parses and checks a policy file.
@@ -373,16 +384,12 @@ impl Policy {
                 e.into_inner()
             })
         })
-        .map_err(|e| {
-            let mut message = match path.filter(|p| p != ".") {
-                Some(path) => format!("{path}: {e}"),
-                None => e.to_string(),
-            };
-            // Say where, as for every other mistake, when the parser does not.
-            if e.location().is_none() {
-                message.push_str(" at line 1, column 1");
-            }
-            InvalidPolicy(message)
+        .map_err(|e| match path.filter(|p| p != ".") {
+            Some(field) => InvalidPolicy::Field {
+                field,
+                source: Box::new(e),
+            },
+            None => InvalidPolicy::Document(Box::new(e)),
         })
     }
 

@@ -189,10 +189,10 @@ const FORMAT: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// Reading it failed (other than its absence).
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: io::Error },
     /// It is not a history file of a format this control plane knows.
-    #[error("{path} is not an odmesh prewarm history (format {FORMAT}): {source}")]
+    #[error("{path} is not an odmesh prewarm history (format {FORMAT})")]
     Parse {
         path: PathBuf,
         source: serde_json::Error,
@@ -567,6 +567,7 @@ impl Prewarm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use odmesh_base::error::{Chain, repeats_its_cause};
 
     const DAY: u64 = 24 * 3600;
 
@@ -686,11 +687,17 @@ mod tests {
         assert!(leftovers.is_empty(), "{leftovers:?}");
 
         fs::write(&path, b"{\"services\": {}}").unwrap();
-        let err = load(&path).unwrap_err().to_string();
+        let err = Chain(&load(&path).unwrap_err()).to_string();
         assert!(err.contains("not an odmesh prewarm history"), "{err}");
         fs::write(&path, b"{\"odmesh_prewarm_history\": 2, \"services\": {}}").unwrap();
-        let err = load(&path).unwrap_err().to_string();
+        let err = load(&path).unwrap_err();
+        assert!(!repeats_its_cause(&err), "{}", Chain(&err));
+        let err = Chain(&err).to_string();
         assert!(err.contains("format 2 is not 1"), "{err}");
+        // A directory in its place cannot be read.
+        let err = load(&dir).unwrap_err();
+        assert!(matches!(err, LoadError::Read { .. }), "{err}");
+        assert!(!repeats_its_cause(&err), "{}", Chain(&err));
         fs::remove_dir_all(&dir).unwrap();
     }
 

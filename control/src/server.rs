@@ -116,7 +116,7 @@ impl Default for XdsConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The gRPC transport failed (accepting connections, HTTP/2).
-    #[error("xDS gRPC server failed: {0}")]
+    #[error("xDS gRPC server failed")]
     Transport(#[from] tonic::transport::Error),
 }
 

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use odmesh_base::error::Chain;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -63,14 +64,14 @@ pub type JsonError = Box<dyn std::error::Error + Send + Sync>;
 /// Why a registry file could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read registry file {path}: {source}")]
+    #[error("cannot read registry file {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("registry file {path} (Eureka JSON): {source}")]
+    #[error("registry file {path} (Eureka JSON)")]
     Eureka { path: PathBuf, source: JsonError },
-    #[error("registry file {path} (YAML): {source}")]
+    #[error("registry file {path} (YAML)")]
     Yaml {
         path: PathBuf,
         source: yaml::InvalidYaml,
@@ -260,7 +261,7 @@ impl Watcher {
                 );
             }
             Poll::Failed(e) => {
-                tracing::warn!(error = %e, "registry file not loaded; keeping the last good registry");
+                tracing::warn!(error = %Chain(e), "registry file not loaded; keeping the last good registry");
                 self.health.record_error(&self.metrics, e);
             }
         }
@@ -365,6 +366,7 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use odmesh_base::error::repeats_its_cause;
     use std::sync::atomic::Ordering;
 
     /// Generous: the poll interval bounds the real latency; this only bounds a slow CI.
@@ -469,17 +471,30 @@ mod tests {
     fn a_broken_file_is_an_error_that_names_the_file_and_format() {
         let err = parse(Path::new("broken.json"), b"{", json).unwrap_err();
         assert!(matches!(err, LoadError::Eureka { .. }));
+        let err = Chain(&err).to_string();
         assert!(
-            err.to_string()
-                .contains("broken.json (Eureka JSON): not valid JSON"),
+            err.contains("broken.json (Eureka JSON): not valid JSON"),
             "{err}"
         );
         let err = load(&testdata("registry-bad-ip.yaml"), json).unwrap_err();
+        let err = Chain(&err).to_string();
         assert!(
-            err.to_string()
-                .contains("(YAML): instance 2 (app \"greeter\")"),
+            err.contains("(YAML): instance 2 (app \"greeter\")"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_load_error_shows_its_cause_once() {
+        for err in [
+            load(Path::new("/nonexistent/odmesh/r.yaml"), json).unwrap_err(),
+            parse(Path::new("broken.json"), b"{", json).unwrap_err(),
+            load(&testdata("registry-bad-ip.yaml"), json).unwrap_err(),
+            parse(Path::new("r.yaml"), b"instances: 3\n", json).unwrap_err(),
+        ] {
+            assert!(std::error::Error::source(&err).is_some(), "{err}");
+            assert!(!repeats_its_cause(&err), "{}", Chain(&err));
+        }
     }
 
     #[tokio::test]

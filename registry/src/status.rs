@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use odmesh_base::error::Chain;
 use odmesh_base::metrics::{inc, set};
 
 use crate::{InvalidInstance, Registry, RegistryMetrics};
@@ -130,10 +131,14 @@ impl SourceHealth {
         set(&metrics.registry_instances, in_use as u64);
     }
 
-    /// Records a failed load: status, and the metric `registry_load_errors_total`.
-    /// The registry in use (and its metrics) stay as they were.
-    pub fn record_error(&self, metrics: &RegistryMetrics, error: &dyn std::fmt::Display) {
-        self.write().status.last_error = Some(error.to_string());
+    /// Records a failed load: status (the error with its causes), and the metric
+    /// `registry_load_errors_total`. The registry in use (and its metrics) stay as they were.
+    pub fn record_error(
+        &self,
+        metrics: &RegistryMetrics,
+        error: &(dyn std::error::Error + 'static),
+    ) {
+        self.write().status.last_error = Some(Chain(error).to_string());
         inc(&metrics.registry_load_errors_total);
     }
 
@@ -159,7 +164,7 @@ mod tests {
         assert!(!health.is_loaded());
 
         health.record_success(&metrics, &Registry::default(), &[]);
-        health.record_error(&metrics, &"bad file");
+        health.record_error(&metrics, &std::io::Error::other("bad file"));
 
         let st = health.snapshot();
         assert!(st.loaded);
@@ -217,7 +222,7 @@ mod tests {
         let second =
             health.record_success(&metrics, &Registry::default(), &[w1.clone(), w2.clone()]);
         assert_eq!(second, [w2.to_string()], "w1 was already there");
-        health.record_error(&metrics, &"unreachable");
+        health.record_error(&metrics, &std::io::Error::other("unreachable"));
         let third = health.record_success(&metrics, &Registry::default(), &[w0.clone(), w2]);
         assert_eq!(third, [w0.to_string()], "a failed load forgets nothing");
         assert!(
@@ -254,7 +259,7 @@ mod tests {
     fn a_good_load_clears_the_last_error() {
         let metrics = RegistryMetrics::default();
         let health = SourceHealth::new("file x");
-        health.record_error(&metrics, &"bad file");
+        health.record_error(&metrics, &std::io::Error::other("bad file"));
         health.record_success(&metrics, &Registry::default(), &[]);
         assert_eq!(health.snapshot().last_error, None);
     }

@@ -30,16 +30,16 @@ pub enum InvalidYaml {
     /// Not YAML, or not this form: broken syntax, an unknown field, a list or a mapping where
     /// a value belongs, no `instances`. The message ends with the line and column. Boxed, as
     /// is `Instance`: an error is rare and this keeps `Result`s small.
-    #[error("{0}")]
-    Syntax(#[source] Box<serde_saphyr::Error>),
+    #[error(transparent)]
+    Syntax(Box<serde_saphyr::Error>),
     /// The file is empty.
     #[error("{0}")]
     Shape(String),
     /// An instance that is not valid, and where: the field's value, or the instance when the
-    /// field is missing.
+    /// field is missing. The instance is what is wrong, not a cause beneath it: it is the
+    /// message, with the place after it (and not a `source`, which would show it twice).
     #[error("{instance} at line {line}, column {column}")]
     Instance {
-        #[source]
         instance: Box<InvalidInstance>,
         line: u64,
         column: u64,

@@ -1,4 +1,5 @@
 use super::*;
+use odmesh_base::error::{Chain, repeats_its_cause};
 
 const EXAMPLE: &str = r#"
 defaults:
@@ -127,9 +128,9 @@ fn an_empty_file_is_the_empty_policy() {
 
 /// The error for `yaml`, which must be refused.
 fn refused(yaml: &str) -> String {
-    Policy::parse(yaml.as_bytes())
-        .expect_err("the policy should be refused")
-        .to_string()
+    let error = Policy::parse(yaml.as_bytes()).expect_err("the policy should be refused");
+    assert!(!repeats_its_cause(&error), "{}", Chain(&error));
+    Chain(&error).to_string()
 }
 
 #[test]
@@ -276,4 +277,35 @@ fn an_unknown_field_names_its_path_line_and_column() {
         "{error}"
     );
     assert!(error.ends_with("at line 4, column 5"), "{error}");
+}
+
+#[test]
+fn a_policy_file_error_shows_its_cause_once() {
+    use super::watch::PolicyFileError;
+    let document = Policy::parse(b"hello").unwrap_err();
+    assert!(matches!(document, InvalidPolicy::Document(_)), "{document}");
+    assert_eq!(
+        Chain(&document).to_string(),
+        "expected mapping start at line 1, column 1"
+    );
+    let path = std::path::PathBuf::from("/etc/odmesh/policy.yaml");
+    let errors = [
+        PolicyFileError::Read {
+            path: path.clone(),
+            source: std::io::Error::other("permission denied"),
+        },
+        PolicyFileError::Invalid {
+            path,
+            source: Policy::parse(b"vips: {a: {retries: {count: many}}}").unwrap_err(),
+        },
+    ];
+    for e in errors {
+        assert!(!repeats_its_cause(&e), "{}", Chain(&e));
+        let shown = Chain(&e).to_string();
+        assert!(shown.contains("/etc/odmesh/policy.yaml: "), "{shown}");
+        assert!(
+            shown.ends_with("permission denied") || shown.contains("line 1"),
+            "{shown}"
+        );
+    }
 }

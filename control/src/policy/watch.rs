@@ -13,7 +13,41 @@ use tokio::task::JoinHandle;
 
 use super::{InvalidPolicy, Policy};
 use crate::metrics::Metrics;
+use odmesh_base::error::Chain;
 use odmesh_base::metrics::inc;
+
+/// Why the policy file is not in use.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: InvalidPolicy,
+    },
+}
+
+impl PolicyFileError {
+    fn read(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> PolicyFileError {
+        |source| PolicyFileError::Read {
+            path: path.to_owned(),
+            source,
+        }
+    }
+
+    fn invalid(path: &std::path::Path) -> impl FnOnce(InvalidPolicy) -> PolicyFileError {
+        |source| PolicyFileError::Invalid {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
 
 /// What the admin endpoint shows of the policy source.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -40,11 +74,9 @@ pub fn start(
     path: PathBuf,
     interval: Duration,
     metrics: Arc<Metrics>,
-) -> Result<PolicySource, InvalidPolicy> {
-    let content = std::fs::read(&path)
-        .map_err(|e| InvalidPolicy(format!("cannot read {}: {e}", path.display())))?;
-    let first =
-        Policy::parse(&content).map_err(|e| InvalidPolicy(format!("{}: {e}", path.display())))?;
+) -> Result<PolicySource, PolicyFileError> {
+    let content = std::fs::read(&path).map_err(PolicyFileError::read(&path))?;
+    let first = Policy::parse(&content).map_err(PolicyFileError::invalid(&path))?;
     inc(&metrics.policy_loads_total);
     let status = Arc::new(Mutex::new(PolicyStatus {
         path: Some(path.clone()),
@@ -82,14 +114,14 @@ async fn follow(
         let outcome = match read {
             Ok(content) if last.as_ref() == Some(&content) => continue,
             Ok(content) => {
-                let parsed = Policy::parse(&content);
+                let parsed = Policy::parse(&content).map_err(PolicyFileError::invalid(&path));
                 last = Some(content);
                 parsed
             }
             Err(_) if last.is_none() => continue,
             Err(e) => {
                 last = None;
-                Err(InvalidPolicy(format!("cannot read the file: {e}")))
+                Err(PolicyFileError::read(&path)(e))
             }
         };
         let mut st = status.lock().unwrap_or_else(PoisonError::into_inner);
@@ -105,9 +137,10 @@ async fn follow(
                 }
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "policy file not loaded; keeping the last good policy");
+                // The error names the file.
+                tracing::warn!(error = %Chain(&e), "policy file not loaded; keeping the last good policy");
                 inc(&metrics.policy_load_errors_total);
-                st.last_error = Some(e.to_string());
+                st.last_error = Some(Chain(&e).to_string());
             }
         }
     }

@@ -36,14 +36,16 @@ impl ServerUrl {
     /// (percent-encoded, as in Eureka's own `serviceUrl`), no query; a URL without a path
     /// means `/eureka`, and a trailing `/` is dropped.
     pub fn parse(url: &str) -> Result<ServerUrl, InvalidEurekaUrl> {
-        let invalid = |reason: &str| InvalidEurekaUrl {
+        let invalid = |reason: &'static str| InvalidEurekaUrl {
             url: redact_url(url),
-            reason: reason.to_owned(),
+            reason: Some(reason),
+            source: None,
         };
-        let uri: hyper::Uri = url
-            .trim()
-            .parse()
-            .map_err(|e: hyper::http::uri::InvalidUri| invalid(&e.to_string()))?;
+        let uri: hyper::Uri = url.trim().parse().map_err(|e| InvalidEurekaUrl {
+            url: redact_url(url),
+            reason: None,
+            source: Some(e),
+        })?;
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,

@@ -30,8 +30,12 @@ pub(crate) struct Bounds {
 /// Why an answer's body could not be read (what the parser made of it is its own result).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Unread {
-    #[error("reading the answer: {0}")]
-    Transport(String),
+    /// The body broke off: the connection's error.
+    #[error("reading the answer")]
+    Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The thread that parsed it failed.
+    #[error("reading the answer: the reader failed")]
+    Reader(#[source] tokio::task::JoinError),
     #[error("the answer stalled: no data for {0:?}")]
     Idle(Duration),
     #[error("the answer is larger than {0} bytes")]
@@ -48,7 +52,7 @@ pub(crate) async fn read<B, T>(
 ) -> Result<T, Unread>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     T: Send + 'static,
 {
     let headers = response.headers();
@@ -91,7 +95,7 @@ where
         let frame = match tokio::time::timeout(bounds.idle, body.frame()).await {
             Err(_) => break Err(Unread::Idle(bounds.idle)),
             Ok(None) => break Ok(()),
-            Ok(Some(Err(e))) => break Err(Unread::Transport(e.to_string())),
+            Ok(Some(Err(e))) => break Err(Unread::Transport(e.into())),
             Ok(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else {
@@ -110,9 +114,7 @@ where
         let _ = tx.send(Err(())).await;
     }
     drop(tx);
-    let parsed = parser
-        .await
-        .map_err(|e| Unread::Transport(format!("the reader failed: {e}")))?;
+    let parsed = parser.await.map_err(Unread::Reader)?;
     fed?;
     if over.load(Ordering::Relaxed) {
         return Err(Unread::TooLarge(bounds.max_bytes));
@@ -186,7 +188,7 @@ mod tests {
     async fn text<B>(response: hyper::Response<B>, max: u64) -> Result<String, Unread>
     where
         B: Body<Data = Bytes> + Unpin,
-        B::Error: std::fmt::Display,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         read(response, bounds(max), |r| {
             let mut s = String::new();

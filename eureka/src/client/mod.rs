@@ -53,6 +53,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use odmesh_base::error::Chain;
 use odmesh_base::metrics::inc;
 
 use crate::ClientMetrics;
@@ -145,12 +146,16 @@ impl std::fmt::Debug for ClientConfig {
 }
 
 /// A `--eureka` URL that cannot be followed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid Eureka URL {url:?}: {reason}")]
+#[derive(Debug, thiserror::Error)]
+#[error("invalid Eureka URL {url:?}{}", reason.map(|r| format!(": {r}")).unwrap_or_default())]
 pub struct InvalidEurekaUrl {
     /// The URL as given, with any password shown as `***` ([`redact_url`]).
     pub url: String,
-    pub reason: String,
+    /// What is wrong with it, when it is a URL.
+    pub reason: Option<&'static str>,
+    /// Why it is not a URL.
+    #[source]
+    pub source: Option<hyper::http::uri::InvalidUri>,
 }
 
 /// Why the Eureka source cannot start: a flag names something it cannot use.
@@ -181,8 +186,13 @@ pub enum InvalidEurekaConfig {
 /// Why one fetch from one Eureka server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("{url}: {reason}")]
-    Transport { url: String, reason: String },
+    /// The request could not be sent, or its answer broke off: the cause says why.
+    #[error("{url}")]
+    Transport {
+        url: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{url}: no answer within {after:?}")]
     Timeout { url: String, after: Duration },
     #[error("{url}: the answer is larger than --eureka-max-answer ({limit} bytes)")]
@@ -196,7 +206,7 @@ pub enum FetchError {
         /// Whether credentials were sent.
         credentials: bool,
     },
-    #[error("{url}: TLS handshake failed: {source} (trusted CAs: {trust})")]
+    #[error("{url}: TLS handshake failed (trusted CAs: {trust})")]
     Tls {
         url: String,
         /// Which CAs the client trusts: `--eureka-ca FILE` or the system bundle.
@@ -204,7 +214,7 @@ pub enum FetchError {
         #[source]
         source: rustls::Error,
     },
-    #[error("{url}: {source}")]
+    #[error("{url}")]
     Document {
         url: String,
         source: InvalidDocument,
@@ -405,7 +415,7 @@ impl Follower {
                     self.health.record_error(&self.registry_metrics, &e);
                     let wait = backoff(self.failures, base, self.config.max_backoff);
                     tracing::warn!(
-                        error = %e,
+                        error = %Chain(&e),
                         failures = self.failures,
                         retry_in = ?wait,
                         "no Eureka server gave a usable registry; keeping the last good registry"
@@ -438,7 +448,7 @@ impl Follower {
         let (head, changes) = match delta {
             Ok(delta) => delta,
             Err(e) => {
-                tracing::info!(error = %e, "Eureka delta not usable; fetching the full registry");
+                tracing::info!(error = %Chain(&e), "Eureka delta not usable; fetching the full registry");
                 return self.fetch_full(e.is_unreachable()).await;
             }
         };
@@ -491,7 +501,7 @@ impl Follower {
                 }
                 Err(e) => {
                     if n > 1 {
-                        tracing::warn!(error = %e, "Eureka server failed; trying the next");
+                        tracing::warn!(error = %Chain(&e), "Eureka server failed; trying the next");
                     }
                     last_error = Some(e);
                 }
@@ -499,7 +509,7 @@ impl Follower {
         }
         Err(last_error.unwrap_or_else(|| FetchError::Transport {
             url: String::new(),
-            reason: "no URL".into(),
+            source: "no URL".into(),
         }))
     }
 
@@ -535,10 +545,12 @@ impl Follower {
                     url: url.clone(),
                     limit,
                 },
-                Unread::Transport(_) | Unread::Encoding(_) => FetchError::Transport {
-                    url: url.clone(),
-                    reason: e.to_string(),
-                },
+                Unread::Transport(_) | Unread::Reader(_) | Unread::Encoding(_) => {
+                    FetchError::Transport {
+                        url: url.clone(),
+                        source: e.into(),
+                    }
+                }
             })?
             .map_err(|source| FetchError::Document { url, source })?;
         inc(&self.metrics.eureka_fetches_total);
@@ -578,9 +590,9 @@ async fn get(
     trust: &str,
 ) -> Result<hyper::Response<Incoming>, FetchError> {
     let url = format!("{server}{path}");
-    let transport = |reason: String| FetchError::Transport {
+    let transport = |source: Box<dyn std::error::Error + Send + Sync>| FetchError::Transport {
         url: url.clone(),
-        reason,
+        source,
     };
     let mut request = hyper::Request::get(format!("{}{path}", server.base()))
         .header(ACCEPT, "application/json")
@@ -590,7 +602,7 @@ async fn get(
     }
     let request = request
         .body(Empty::new())
-        .map_err(|e| transport(e.to_string()))?;
+        .map_err(|e| transport(e.into()))?;
     let response = http.request(request).await.map_err(|e| {
         if let Some(source) = tls::find_rustls_error(&e) {
             return FetchError::Tls {
@@ -599,10 +611,8 @@ async fn get(
                 source: source.clone(),
             };
         }
-        // The legacy client's error says little; its source says what happened.
-        let reason =
-            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
-        transport(reason)
+        // The legacy client's error says little; its causes say what happened.
+        transport(e.into())
     })?;
     let status = response.status();
     if matches!(status.as_u16(), 401 | 403) {

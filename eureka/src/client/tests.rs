@@ -253,14 +253,8 @@ fn tls_config(urls: Vec<String>) -> ClientConfig {
 }
 
 /// An error and its sources, as `main` shows them.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    odmesh_base::error::Chain(e).to_string()
 }
 
 /// The source's last error, once there is one.
@@ -1233,4 +1227,56 @@ fn only_instances(doc: &str, keep: impl Fn(usize) -> bool) -> String {
     }
     apps.retain(|a| !a["instance"].as_array().unwrap().is_empty());
     v.to_string()
+}
+
+#[test]
+fn each_fetch_error_shows_its_cause_once() {
+    use odmesh_base::error::repeats_its_cause;
+    let url = || "http://eureka/eureka/apps".to_owned();
+    let not_json = || serde_json::from_slice::<serde_json::Value>(b"{").unwrap_err();
+    let no_ca = ClientConfig {
+        ca_file: Some("/nonexistent/odmesh/ca.pem".into()),
+        ..config(vec![url()])
+    };
+    let errors: [Box<dyn std::error::Error>; 7] = [
+        Box::new(FetchError::Transport {
+            url: url(),
+            source: std::io::Error::other("connection reset").into(),
+        }),
+        Box::new(FetchError::Tls {
+            url: url(),
+            trust: "--eureka-ca ca.pem".into(),
+            source: rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        }),
+        Box::new(FetchError::Document {
+            url: url(),
+            source: InvalidDocument::Json(not_json()),
+        }),
+        Box::new(InvalidDocument::Json(not_json())),
+        Box::new(Unread::Transport(std::io::Error::other("reset").into())),
+        Box::new(ServerUrl::parse("http://eu reka/").unwrap_err()),
+        Box::new(Access::new(&no_ca, &[]).map(drop).unwrap_err()),
+    ];
+    for e in errors {
+        let e = e.as_ref();
+        assert!(e.source().is_some(), "{e}: its cause is kept");
+        assert!(!repeats_its_cause(e), "{}", chain(e));
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_reported_with_each_cause_once() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (source, _) = follow_unloaded(config(vec![format!("http://{closed}/eureka")])).await;
+    let err = wait_error(&source).await;
+    assert!(
+        err.starts_with(&format!(
+            "http://{closed}/eureka/apps: client error (Connect): "
+        )),
+        "{err}"
+    );
+    assert_eq!(err.matches("refused").count(), 1, "{err}");
 }

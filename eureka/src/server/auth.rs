@@ -32,7 +32,7 @@ pub const MIN_TOKEN: usize = 16;
 /// A tokens file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidAuthFile {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: String,
         #[source]
@@ -41,7 +41,7 @@ pub enum InvalidAuthFile {
     /// Not YAML, or not this form; `field` is where in the file (`identities[0].role`), and
     /// the message ends with the line and column. Boxed: an error is rare, and this keeps
     /// `Result`s small.
-    #[error("{path}: {}{source}", field.as_ref().map_or(String::new(), |f| format!("{f}: ")))]
+    #[error("{path}{}", field.as_ref().map_or(String::new(), |f| format!(": {f}")))]
     Yaml {
         path: String,
         field: Option<String>,
@@ -377,6 +377,7 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use odmesh_base::error::{Chain, repeats_its_cause};
 
     const FILE: &str = "identities:\n  - name: hello\n    token: hello-token-0123456789\n  - name: both\n    token: both-token-0123456789\n    vips: [hello, Other]\n  - name: ops\n    token: ops-token-0123456789ab\n    operator: true\n";
 
@@ -505,23 +506,31 @@ mod tests {
     #[test]
     fn a_wrong_field_in_the_tokens_file_names_its_line_and_not_the_tokens() {
         let file = "identities:\n  - name: a\n    token: secret-token-0123456789\n    operator: maybe\n    role: admin\n";
-        let err = Authenticator::parse("t.yaml", file.as_bytes())
-            .unwrap_err()
-            .to_string();
+        let err = Authenticator::parse("t.yaml", file.as_bytes()).unwrap_err();
+        let err = Chain(&err).to_string();
         assert_eq!(
             err,
             "t.yaml: identities[0].operator: invalid boolean at line 4, column 15"
         );
         let unknown = file.replace("operator: maybe", "operator: true");
-        let err = Authenticator::parse("t.yaml", unknown.as_bytes())
-            .unwrap_err()
-            .to_string();
+        let err = Authenticator::parse("t.yaml", unknown.as_bytes()).unwrap_err();
+        let err = Chain(&err).to_string();
         assert!(
             err.starts_with("t.yaml: identities[0].role: unknown field `role`"),
             "{err}"
         );
         assert!(err.ends_with("at line 5, column 5"), "{err}");
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn a_tokens_file_error_shows_its_cause_once() {
+        let missing = Authenticator::load(Path::new("/nonexistent/odmesh/tokens.yaml"));
+        let not_a_list = Authenticator::parse("t.yaml", b"identities: 3\n");
+        for err in [missing.err().unwrap(), not_a_list.err().unwrap()] {
+            assert!(std::error::Error::source(&err).is_some(), "{err}");
+            assert!(!repeats_its_cause(&err), "{}", Chain(&err));
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 
+use odmesh_base::error::Chain;
 use odmesh_base::http_server;
 use odmesh_base::logs::{self, clip};
 use odmesh_base::metrics::inc;
@@ -341,7 +342,7 @@ async fn register(
         match http_server::read_body(&headers, body, config.max_body, config.body_timeout).await {
             Ok(body) => body,
             Err(e) => {
-                let e = InvalidRequest::new(e.status(), format!("registration: {e}"));
+                let e = InvalidRequest::new(e.status(), format!("registration: {}", Chain(&e)));
                 return refuse(&eureka, "registration", &app, e);
             }
         };
@@ -427,7 +428,7 @@ async fn replication_batch(
     let body = match http_server::read_body(&headers, body, limit, config.body_timeout).await {
         Ok(body) => body,
         Err(e) => {
-            let e = InvalidRequest::new(e.status(), format!("peer batch: {e}"));
+            let e = InvalidRequest::new(e.status(), format!("peer batch: {}", Chain(&e)));
             return refuse(&eureka, "peer batch", "", e);
         }
     };

@@ -51,6 +51,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use odmesh_base::error::Chain;
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 use odmesh_registry::Status;
@@ -482,8 +483,13 @@ type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes
 /// Why a call to a peer failed.
 #[derive(Debug, thiserror::Error)]
 enum CallError {
-    #[error("{url}: {reason}")]
-    Transport { url: String, reason: String },
+    /// The request could not be sent, or its answer broke off: the cause says why.
+    #[error("{url}")]
+    Transport {
+        url: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{url}: no answer within {after:?}")]
     Timeout { url: String, after: Duration },
     #[error("{url}: HTTP {status}: {body}")]
@@ -492,11 +498,15 @@ enum CallError {
         status: u16,
         body: String,
     },
-    #[error("{url}: {reason}")]
-    Undecodable { url: String, reason: String },
+    #[error("{url}: not a replication answer")]
+    Undecodable {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("{url}: the answer is larger than --peer-max-answer ({limit} bytes)")]
     TooLarge { url: String, limit: u64 },
-    #[error("{url}: {source}")]
+    #[error("{url}")]
     Document {
         url: String,
         source: InvalidDocument,
@@ -699,7 +709,7 @@ impl EurekaRegistry {
                     discarded.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     odmesh_base::limited!(
                         warn,
-                        error = %e,
+                        error = %Chain(&e),
                         writes = batch.len(),
                         "eureka: a peer refused a batch of writes; dropped (its heartbeats bring the registrations back once it takes them)"
                     );
@@ -710,7 +720,7 @@ impl EurekaRegistry {
                     let wait = backoff(failures, Duration::from_millis(50), Duration::from_secs(1));
                     odmesh_base::limited!(
                         warn,
-                        error = %e,
+                        error = %Chain(&e),
                         pending = peer.queue().len() + batch.len(),
                         "eureka: a peer did not take its writes; they stay queued"
                     );
@@ -782,9 +792,9 @@ impl EurekaRegistry {
             return Ok(None);
         }
         let replies: Replies =
-            serde_json::from_slice(&answer.body).map_err(|e| CallError::Undecodable {
+            serde_json::from_slice(&answer.body).map_err(|source| CallError::Undecodable {
                 url: format!("{}/peerreplication/batch", peer.url),
-                reason: format!("not a replication answer: {e}"),
+                source,
             })?;
         if replies.response_list.len() != batch.len() {
             // Eureka's servers take such a batch as sent, without looking at the answers.
@@ -838,7 +848,7 @@ impl EurekaRegistry {
                     if matches!(e, CallError::TooLarge { .. }) {
                         inc(&self.shared.metrics.eureka_peer_fills_too_large_total);
                     }
-                    tracing::warn!(error = %e, "eureka: could not fill from this peer; trying the next");
+                    tracing::warn!(error = %Chain(&e), "eureka: could not fill from this peer; trying the next");
                     continue;
                 }
             };
@@ -869,9 +879,9 @@ impl EurekaRegistry {
     ) -> Result<Option<(bool, usize)>, CallError> {
         let config = &self.shared.peers.config;
         let url = format!("{}/apps", peer.url);
-        let transport = |reason: String| CallError::Transport {
+        let transport = |source: Box<dyn std::error::Error + Send + Sync>| CallError::Transport {
             url: url.clone(),
-            reason,
+            source,
         };
         let mut request = hyper::Request::get(format!("{}/apps", peer.url.base()))
             .header(ACCEPT, "application/json")
@@ -883,19 +893,14 @@ impl EurekaRegistry {
         }
         let request = request
             .body(Full::new(Bytes::new()))
-            .map_err(|e| transport(e.to_string()))?;
+            .map_err(|e| transport(e.into()))?;
         let response = tokio::time::timeout(config.timeout, http.request(request))
             .await
             .map_err(|_| CallError::Timeout {
                 url: url.clone(),
                 after: config.timeout,
             })?
-            .map_err(|e| {
-                transport(
-                    std::error::Error::source(&e)
-                        .map_or_else(|| e.to_string(), |s| format!("{e}: {s}")),
-                )
-            })?;
+            .map_err(|e| transport(e.into()))?;
         let complete = !response.headers().contains_key(WARMING_UP_HEADER);
         let node = (response.headers().get(NODE_HEADER)).and_then(|v| v.to_str().ok());
         if self.is_me(peer, node) {
@@ -933,7 +938,7 @@ impl EurekaRegistry {
             Ok(Err(source)) => Err(CallError::Document { url, source }),
             Err(Unread::TooLarge(limit)) => Err(CallError::TooLarge { url, limit }),
             Err(Unread::Idle(after)) => Err(CallError::Timeout { url, after }),
-            Err(e) => Err(transport(e.to_string())),
+            Err(e) => Err(transport(e.into())),
         }
     }
 }
@@ -963,9 +968,9 @@ async fn call(
     timeout: Duration,
 ) -> Result<Answer, CallError> {
     let url = format!("{peer}{path}");
-    let transport = |reason: String| CallError::Transport {
+    let transport = |source: Box<dyn std::error::Error + Send + Sync>| CallError::Transport {
         url: url.clone(),
-        reason,
+        source,
     };
     let mut request = hyper::Request::builder()
         .method(method)
@@ -981,13 +986,9 @@ async fn call(
     }
     let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
-        .map_err(|e| transport(e.to_string()))?;
+        .map_err(|e| transport(e.into()))?;
     let exchange = async {
-        let response = http.request(request).await.map_err(|e| {
-            let reason = std::error::Error::source(&e)
-                .map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
-            transport(reason)
-        })?;
+        let response = (http.request(request).await).map_err(|e| transport(e.into()))?;
         let status = response.status();
         let node = (response.headers().get(NODE_HEADER))
             .and_then(|v| v.to_str().ok())
@@ -1001,7 +1002,7 @@ async fn call(
         let body = Limited::new(response.into_body(), MAX_BODY)
             .collect()
             .await
-            .map_err(|e| transport(format!("reading the answer: {e}")))?
+            .map_err(|e| transport(Unread::Transport(e).into()))?
             .to_bytes();
         if !status.is_success() {
             return Err(CallError::Status {

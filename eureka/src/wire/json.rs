@@ -486,7 +486,7 @@ pub struct LeaseInfo {
 /// Why a Eureka JSON document could not be read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidDocument {
-    #[error("not valid JSON: {0}")]
+    #[error("not valid JSON")]
     Json(#[from] serde_json::Error),
     #[error("not a Eureka applications document: {0}")]
     Shape(String),
@@ -1004,9 +1004,9 @@ mod tests {
         assert_eq!(parsed.registry.len(), 9);
         let err = file::load(&testdata_path("broken.json"), read_registry_file).unwrap_err();
         assert!(matches!(err, LoadError::Eureka { .. }));
+        let err = odmesh_base::error::Chain(&err).to_string();
         assert!(
-            err.to_string()
-                .contains("broken.json (Eureka JSON): not valid JSON"),
+            err.contains("broken.json (Eureka JSON): not valid JSON"),
             "{err}"
         );
     }

@@ -888,3 +888,31 @@ async fn an_owner_survives_a_409s_document_and_keeps_its_instance() {
     assert_eq!(http(a.addr(), "PUT", drain, &[other], "").await.0, 403);
     assert_eq!(http(a.addr(), "PUT", drain, &[hello], "").await.0, 200);
 }
+
+#[test]
+fn each_call_error_shows_its_cause_once() {
+    use odmesh_base::error::{Chain, repeats_its_cause};
+    let url = || "http://peer/eureka/peerreplication/batch".to_owned();
+    let not_json = || serde_json::from_slice::<Value>(b"{").unwrap_err();
+    for e in [
+        CallError::Transport {
+            url: url(),
+            source: std::io::Error::other("connection reset").into(),
+        },
+        CallError::Transport {
+            url: url(),
+            source: Unread::Transport(std::io::Error::other("reset").into()).into(),
+        },
+        CallError::Undecodable {
+            url: url(),
+            source: not_json(),
+        },
+        CallError::Document {
+            url: url(),
+            source: InvalidDocument::Json(not_json()),
+        },
+    ] {
+        assert!(!repeats_its_cause(&e), "{}", Chain(&e));
+        assert!(Chain(&e).to_string().starts_with(&format!("{}: ", url())));
+    }
+}
