@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use odmesh_control::cache::{Cache, SubscriptionLimits};
+use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
+use odmesh_control::session::SubscriptionLimits;
 use odmesh_control::session::{Context, Service, Session};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, XdsOptions};
 use odmesh_registry::{Instance, Protocol, Registry, Status};

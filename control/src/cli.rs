@@ -12,7 +12,7 @@ use clap::Parser;
 
 use odmesh_base::flags;
 use odmesh_base::http_server::HttpLimits;
-use odmesh_control::cache::SubscriptionLimits;
+use odmesh_control::session::SubscriptionLimits;
 use odmesh_eureka::server::auth::Authenticator;
 use odmesh_eureka::server::peers::PeerConfig;
 use odmesh_eureka::server::policy::{Cidr, NetworkPolicy, RegistrationLimits};

@@ -39,10 +39,11 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
 
-use crate::cache::{Cache, Changes, Inbox, SubscriptionLimits};
+use crate::cache::{Cache, Changes, Inbox};
 use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
+use crate::session::SubscriptionLimits;
 use crate::session::{Context, Eviction, Service, Session};
 use odmesh_base::listen::ConnectionLimit;
 use odmesh_base::logs::clip;

@@ -81,11 +81,11 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
-use odmesh_control::cache::{Cache, Inbox, SubscriptionLimits};
+use odmesh_control::cache::{Cache, Inbox};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
 use odmesh_control::policy::Policy;
-use odmesh_control::session::{Context, Service, Session};
+use odmesh_control::session::{Context, Service, Session, SubscriptionLimits};
 use odmesh_control::xds::{self, Lookup, ResourceType, XdsOptions};
 use odmesh_names::parse_cluster_name;
 use odmesh_registry::{Instance, Protocol, Registry, Status};

@@ -1,0 +1,417 @@
+use super::*;
+use crate::model::Snapshot;
+use crate::prewarm::{History, Limits};
+use crate::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
+use odmesh_registry::Registry;
+use odmesh_registry::testing as testdata;
+
+/// An ADS session on a cache where `hello` has one instance.
+struct Ads {
+    cache: Cache,
+    metrics: Metrics,
+    session: Session,
+}
+
+impl Ads {
+    fn on_request(&mut self, req: DeltaDiscoveryRequest) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let cx = context(&self.cache, &self.metrics, None);
+        self.session.on_request(&cx, req)
+    }
+}
+
+fn ads_stream() -> Ads {
+    let hello = testdata::instance("hello", "hello-1", "10.0.0.1");
+    let snapshot = Snapshot::from_registry(&Registry::from_iter([hello]));
+    let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), snapshot.into());
+    Ads {
+        cache,
+        metrics: Metrics::default(),
+        session: Session::new(1, Service::Ads, SubscriptionLimits::default()),
+    }
+}
+
+fn request(type_url: &str, subscribe: &[&str], unsubscribe: &[&str]) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: subscribe.iter().map(|s| s.to_string()).collect(),
+        resource_names_unsubscribe: unsubscribe.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn sent(response: &Option<DeltaDiscoveryResponse>) -> Vec<&str> {
+    (response.iter())
+        .flat_map(|r| &r.resources)
+        .map(|r| r.name.as_str())
+        .collect()
+}
+
+#[test]
+fn a_cluster_dropped_before_envoy_asked_for_its_endpoints_gets_them_when_asked_for_again() {
+    let mut stream = ads_stream();
+    // Envoy asks for hello.vip and drops it before the answer arrives: it ignores the
+    // cluster, and the load assignment sent behind it.
+    let [cluster, endpoints] = stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    assert_eq!(
+        (sent(&cluster), sent(&endpoints)),
+        (vec!["hello.vip"], vec!["hello.vip"])
+    );
+    stream.on_request(request(CLUSTER_TYPE_URL, &[], &["hello.vip"]));
+    assert!(
+        stream.session.status().endpoints.is_empty(),
+        "Envoy will never subscribe to it now"
+    );
+
+    // It asks again, gets the cluster, and subscribes to the load assignment: it has it.
+    let [cluster, endpoints] = stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    assert_eq!(
+        (sent(&cluster), sent(&endpoints)),
+        (vec!["hello.vip"], vec!["hello.vip"])
+    );
+    let [again, _] = stream.on_request(request(ENDPOINTS_TYPE_URL, &["hello.vip"], &[]));
+    assert!(again.is_none(), "what was just sent is not sent again");
+}
+
+#[test]
+fn a_name_that_is_not_an_odmesh_cluster_gets_no_load_assignment_on_envoys_behalf() {
+    let mut stream = ads_stream();
+    let [cluster, endpoints] = stream.on_request(request(CLUSTER_TYPE_URL, &["xds_cluster"], &[]));
+    assert_eq!(
+        cluster.map(|r| r.removed_resources),
+        Some(vec!["xds_cluster".to_owned()])
+    );
+    assert!(endpoints.is_none());
+    assert!(stream.session.status().endpoints.is_empty());
+}
+
+#[test]
+fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
+    let mut stream = ads_stream();
+    let cx = Context {
+        cache: &stream.cache,
+        metrics: &stream.metrics,
+        max_subscriptions: 1,
+        prewarm: None,
+        eviction: None,
+    };
+    // One name fits; the second waits: a removal now, and not counted.
+    let [cluster, endpoints] = stream.session.on_request(
+        &cx,
+        request(CLUSTER_TYPE_URL, &["hello.vip", "other.vip"], &[]),
+    );
+    assert_eq!(sent(&cluster), ["hello.vip"]);
+    assert_eq!(
+        cluster.as_ref().map(|r| r.removed_resources.clone()),
+        Some(vec!["other.vip".to_owned()])
+    );
+    assert_eq!(sent(&endpoints), ["hello.vip"]);
+    let metrics = &stream.metrics;
+    assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
+    assert_eq!(metrics.xds_names_waiting_total.load(Ordering::Relaxed), 1);
+    assert!(stream.session.is_waiting());
+    assert!(
+        (stream.session)
+            .on_change(&cx, Changes::default())
+            .iter()
+            .all(Option::is_none),
+        "no room yet"
+    );
+
+    // Room: hello.vip is unsubscribed. The waiting name is pushed, with its endpoints.
+    stream
+        .session
+        .on_request(&cx, request(CLUSTER_TYPE_URL, &[], &["hello.vip"]));
+    let [cluster, endpoints] = stream.session.on_change(&cx, Changes::default());
+    assert_eq!(sent(&cluster), ["other.vip"]);
+    assert_eq!(sent(&endpoints), ["other.vip"]);
+    assert!(!stream.session.is_waiting());
+    assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
+
+    // Closing gives back exactly what was counted.
+    stream.session.close(&cx);
+    assert_eq!(
+        (
+            metrics.xds_cluster_subscriptions.load(Ordering::Relaxed),
+            metrics.xds_subscriptions.load(Ordering::Relaxed),
+            stream.cache.watched(),
+        ),
+        (0, 0, 0)
+    );
+}
+
+/// A session of a proxy of service `billing` on a cache where `hello` and `world` are
+/// registered (complete, unless `loading`), with a history in which `billing` used
+/// `hello.vip`, `world.vip` and `gone.vip` (no longer registered).
+struct Prewarmed {
+    cache: Cache,
+    metrics: Metrics,
+    prewarm: Prewarm,
+    session: Session,
+    inbox: std::sync::Arc<crate::cache::Inbox>,
+}
+
+impl Prewarmed {
+    fn new(loading: bool) -> Prewarmed {
+        let registry = Registry::from_iter([
+            testdata::instance("hello", "hello-1", "10.0.0.1"),
+            testdata::instance("world", "world-1", "10.0.0.2"),
+        ])
+        .still_loading(loading);
+        let cache = Cache::with_snapshot(
+            XdsOptions::new(Some("/ca.pem".into())),
+            Snapshot::from_registry(&registry).into(),
+        );
+        let prewarm = Prewarm::new(Limits::default(), None, History::default());
+        prewarm.asked("billing", ["hello.vip", "world.vip", "gone.vip"]);
+        Prewarmed {
+            inbox: cache.open_stream(1),
+            cache,
+            metrics: Metrics::default(),
+            prewarm,
+            session: Session::new(1, Service::Ads, SubscriptionLimits::default()),
+        }
+    }
+
+    fn on_request(&mut self, req: DeltaDiscoveryRequest) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
+        self.session.on_request(&cx, req)
+    }
+
+    fn on_change(&mut self) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
+        self.session.on_change(&cx, self.inbox.take())
+    }
+
+    fn close(&self) {
+        let cx = context(&self.cache, &self.metrics, Some(&self.prewarm));
+        self.session.close(&cx);
+    }
+}
+
+/// A context without a shared bound and without eviction.
+fn context<'a>(
+    cache: &'a Cache,
+    metrics: &'a Metrics,
+    prewarm: Option<&'a Prewarm>,
+) -> Context<'a> {
+    Context {
+        cache,
+        metrics,
+        max_subscriptions: usize::MAX,
+        prewarm,
+        eviction: None,
+    }
+}
+
+/// Envoy's first cluster request with a `cds_config`: no names (the wildcard), and the node.
+fn wildcard_request(service: &str) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        node: Some(envoy_types::pb::envoy::config::core::v3::Node {
+            id: "proxy-1".into(),
+            cluster: service.into(),
+            ..Default::default()
+        }),
+        ..request(CLUSTER_TYPE_URL, &[], &[])
+    }
+}
+
+#[test]
+fn a_wildcard_stream_is_sent_its_services_registered_history_with_the_load_assignments() {
+    let mut stream = Prewarmed::new(false);
+    let [clusters, endpoints] = stream.on_request(wildcard_request("billing"));
+    assert_eq!(
+        sent(&clusters),
+        ["hello.vip", "world.vip"],
+        "gone.vip is not registered"
+    );
+    assert_eq!(sent(&endpoints), ["hello.vip", "world.vip"]);
+    let status = stream.session.status();
+    assert!(status.wildcard);
+    assert_eq!(status.prewarmed, 2);
+    assert_eq!(
+        stream.metrics.prewarm_pushed_total.load(Ordering::Relaxed),
+        2
+    );
+    assert_eq!(
+        stream
+            .metrics
+            .xds_cluster_subscriptions
+            .load(Ordering::Relaxed),
+        2
+    );
+    // Envoy subscribes to the load assignments it was sent: not sent again.
+    let [again, _] = stream.on_request(request(
+        ENDPOINTS_TYPE_URL,
+        &["hello.vip", "world.vip"],
+        &[],
+    ));
+    assert!(again.is_none());
+    // An on-demand name besides the wildcard is served as ever.
+    let [clusters, _] = stream.on_request(request(CLUSTER_TYPE_URL, &["other.vip"], &[]));
+    assert_eq!(sent(&clusters), ["other.vip"]);
+    stream.close();
+    assert_eq!(
+        stream.cache.watched(),
+        0,
+        "closing gives back what prewarm counted"
+    );
+}
+
+#[test]
+fn a_wildcard_with_nothing_to_send_is_answered_at_once_with_an_empty_response() {
+    let mut stream = Prewarmed::new(false);
+    let [clusters, endpoints] = stream.on_request(wildcard_request("search"));
+    let clusters = clusters.expect("Envoy holds its listeners until this answer");
+    assert!(clusters.resources.is_empty() && clusters.removed_resources.is_empty());
+    assert!(endpoints.is_none());
+    // Its ACK is not answered again.
+    let ack = DeltaDiscoveryRequest {
+        response_nonce: clusters.nonce,
+        ..request(CLUSTER_TYPE_URL, &[], &[])
+    };
+    assert!(stream.on_request(ack).iter().all(Option::is_none));
+}
+
+#[test]
+fn while_the_registry_loads_nothing_is_sent_ahead_and_once_complete_the_history_goes() {
+    let mut stream = Prewarmed::new(true);
+    let [clusters, _] = stream.on_request(wildcard_request("billing"));
+    assert!(
+        sent(&clusters).is_empty(),
+        "which VIPs are gone is not known yet"
+    );
+    assert!(clusters.is_some(), "but the wildcard is answered");
+    let complete = Registry::from_iter([testdata::instance("hello", "hello-1", "10.0.0.1")]);
+    stream
+        .cache
+        .set_snapshot(Snapshot::from_registry(&complete).into());
+    let [clusters, endpoints] = stream.on_change();
+    assert_eq!(sent(&clusters), ["hello.vip"], "world.vip went meanwhile");
+    assert_eq!(sent(&endpoints), ["hello.vip"]);
+    assert!(stream.on_change().iter().all(Option::is_none), "once only");
+}
+
+#[test]
+fn a_reconnecting_wildcard_proxy_keeps_what_it_holds_and_gets_only_what_it_lacks() {
+    let mut stream = Prewarmed::new(false);
+    // Envoy held hello.vip (sent ahead before) and other.vip (asked on demand); on the
+    // new stream it names the wildcard and its on-demand name, and lists both as kept.
+    let versions = stream.cache.snapshot();
+    assert!(versions.get("hello.vip").is_some());
+    let mut first = wildcard_request("billing");
+    first.resource_names_subscribe = vec!["*".into(), "other.vip".into()];
+    let [clusters, _] = stream.on_request(DeltaDiscoveryRequest {
+        initial_resource_versions: [
+            ("hello.vip".to_owned(), "stale".to_owned()),
+            ("other.vip".to_owned(), "stale".to_owned()),
+        ]
+        .into(),
+        ..first
+    });
+    // hello.vip is brought up to date (its version differs), world.vip is sent ahead,
+    // other.vip too (changed); nothing is sent twice.
+    assert_eq!(sent(&clusters), ["hello.vip", "other.vip", "world.vip"]);
+    let status = stream.session.status();
+    assert_eq!(status.clusters, ["hello.vip", "other.vip", "world.vip"]);
+    assert_eq!(status.prewarmed, 1);
+}
+
+#[test]
+fn on_demand_asks_are_recorded_for_the_service_and_prewarm_off_records_nothing() {
+    let mut stream = Prewarmed::new(false);
+    let mut first = request(CLUSTER_TYPE_URL, &["hello.vip", "nobody.vip"], &[]);
+    first.node = wildcard_request("search").node;
+    stream.on_request(first);
+    assert_eq!(
+        stream.prewarm.predict("search", |_| true),
+        ["hello.vip"],
+        "only registered VIPs"
+    );
+    assert!(
+        !stream.session.status().wildcard,
+        "names in a first request: no wildcard"
+    );
+    assert_eq!(
+        stream.metrics.prewarm_asked_total.load(Ordering::Relaxed),
+        1
+    );
+
+    let mut off = ads_stream();
+    let mut first = request(CLUSTER_TYPE_URL, &[], &[]);
+    first.node = wildcard_request("search").node;
+    let [clusters, _] = off.on_request(first);
+    assert!(
+        clusters.is_some(),
+        "a wildcard is answered even with prewarm off"
+    );
+    assert!(sent(&clusters).is_empty());
+}
+
+#[test]
+fn a_request_weighs_the_names_it_lists_and_a_wildcard_start_what_may_go_ahead() {
+    let stream = Prewarmed::new(false);
+    let cx = context(&stream.cache, &stream.metrics, Some(&stream.prewarm));
+    let session = &stream.session;
+    let listed = request(CLUSTER_TYPE_URL, &["a.vip", "b.vip"], &["c.vip"]);
+    assert_eq!(session.request_weight(&cx, &listed), 3);
+    // The first cluster request without names starts the wildcard: the service's history
+    // may go ahead, 1,000 clusters at most.
+    let limit = Limits::default().max_per_service;
+    assert_eq!(
+        session.request_weight(&cx, &wildcard_request("billing")),
+        limit
+    );
+    let explicit = request(CLUSTER_TYPE_URL, &["*", "a.vip"], &[]);
+    assert_eq!(session.request_weight(&cx, &explicit), 2 + limit);
+    // Not on load assignments, and not without prewarm.
+    let endpoints = request(ENDPOINTS_TYPE_URL, &[], &[]);
+    assert_eq!(session.request_weight(&cx, &endpoints), 0);
+    let off = context(&stream.cache, &stream.metrics, None);
+    assert_eq!(
+        session.request_weight(&off, &wildcard_request("billing")),
+        0
+    );
+}
+
+#[test]
+fn a_change_weighs_the_names_it_changed_and_a_full_diff_every_subscribed_one() {
+    let mut stream = ads_stream();
+    stream.on_request(request(CLUSTER_TYPE_URL, &["hello.vip", "other.vip"], &[]));
+    let cx = context(&stream.cache, &stream.metrics, None);
+    // Two clusters, and their load assignments sent along.
+    assert_eq!(stream.session.subscribed(), 4);
+    let all = Changes {
+        all: true,
+        ..Changes::default()
+    };
+    assert_eq!(stream.session.change_weight(&cx, &all), 4);
+    let one = Changes {
+        all: false,
+        names: ["hello.vip".to_owned()].into(),
+    };
+    assert_eq!(stream.session.change_weight(&cx, &one), 1);
+    assert_eq!(stream.session.tick_weight(), 0);
+}
+
+#[test]
+fn each_service_serves_only_its_own_types() {
+    assert_eq!(
+        Service::Ads.resource_type(CLUSTER_TYPE_URL),
+        Some(ResourceType::Cluster)
+    );
+    assert_eq!(
+        Service::Ads.resource_type(ENDPOINTS_TYPE_URL),
+        Some(ResourceType::Endpoints)
+    );
+    assert_eq!(Service::Ads.resource_type(""), None);
+    assert_eq!(Service::Cds.resource_type(""), Some(ResourceType::Cluster));
+    assert_eq!(Service::Cds.resource_type(ENDPOINTS_TYPE_URL), None);
+    assert_eq!(
+        Service::Eds.resource_type(""),
+        Some(ResourceType::Endpoints)
+    );
+    assert_eq!(
+        Service::Ads.resource_type("type.googleapis.com/envoy.config.listener.v3.Listener"),
+        None
+    );
+}
