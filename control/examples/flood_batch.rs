@@ -19,7 +19,7 @@ use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
 use odmesh_control::session::SubscriptionLimits;
-use odmesh_control::session::{Context, Service, Session};
+use odmesh_control::session::{Admission, Context, Service, Session};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, XdsOptions};
 use odmesh_registry::{Instance, Protocol, Registry, Status};
 
@@ -61,10 +61,11 @@ fn main() {
         Snapshot::from_registry(&registry).into(),
     );
     let metrics = Metrics::default();
+    let admission = Admission::new(1_000_000);
     let cx = Context {
         cache: &cache,
         metrics: &metrics,
-        max_subscriptions: 1_000_000,
+        admission: &admission,
         prewarm: None,
         eviction: None,
     };

@@ -342,7 +342,7 @@ impl Prewarm {
     }
 
     /// `names` were sent to the proxy `node` of `service` ahead of any request.
-    pub fn pushed(&self, node: &str, service: &str, names: &[String]) {
+    pub fn pushed(&self, node: &str, service: &str, names: &[&str]) {
         let mut state = self.lock();
         if !state.counts.contains_key(service) && state.counts.len() >= MAX_SERVICES {
             return;
@@ -354,7 +354,7 @@ impl Prewarm {
             }
             *state
                 .pending
-                .entry((node.to_owned(), name.clone()))
+                .entry((node.to_owned(), (*name).to_owned()))
                 .or_default() += 1;
         }
     }
@@ -708,7 +708,7 @@ mod tests {
         // Two proxies of billing were sent users.vip and ledger.vip; proxy-1 used users.vip
         // (in two reports) and other.vip; proxy-2 nothing.
         for node in ["proxy-1", "proxy-2"] {
-            p.pushed(node, "billing", &["users.vip".into(), "ledger.vip".into()]);
+            p.pushed(node, "billing", &["users.vip", "ledger.vip"]);
         }
         p.report("proxy-1", "billing", &["users.vip", "other.vip"], interval);
         p.report("proxy-1", "billing", &["users.vip"], interval);

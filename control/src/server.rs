@@ -44,7 +44,7 @@ use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::session::SubscriptionLimits;
-use crate::session::{Context, Eviction, Service, Session};
+use crate::session::{Admission, Context, Eviction, Service, Session};
 use odmesh_base::listen::ConnectionLimit;
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::inc;
@@ -133,6 +133,8 @@ struct Shared {
     cache: Arc<Cache>,
     metrics: Arc<Metrics>,
     config: XdsConfig,
+    /// The bound over all streams, `config.max_subscriptions`.
+    admission: Admission,
     streams: Mutex<BTreeMap<u64, Arc<Mutex<Session>>>>,
     next_stream_id: AtomicU64,
     /// The heavy lane: a permit per heavy job running at once (see [`INLINE_NAMES`]).
@@ -178,7 +180,7 @@ impl Shared {
         Context {
             cache: &self.cache,
             metrics: &self.metrics,
-            max_subscriptions: self.config.max_subscriptions,
+            admission: &self.admission,
             prewarm: self.config.prewarm.as_deref(),
             eviction: (self.config.idle_cluster_timeout).map(|idle| Eviction {
                 idle,
@@ -202,6 +204,7 @@ impl XdsServer {
             shared: Arc::new(Shared {
                 cache,
                 metrics,
+                admission: Admission::new(config.max_subscriptions),
                 config,
                 streams: Mutex::new(BTreeMap::new()),
                 next_stream_id: AtomicU64::new(1),

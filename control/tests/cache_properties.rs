@@ -85,7 +85,7 @@ use odmesh_control::cache::{Cache, Inbox};
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::{Snapshot, SnapshotBuilder};
 use odmesh_control::policy::Policy;
-use odmesh_control::session::{Context, Service, Session, SubscriptionLimits};
+use odmesh_control::session::{Admission, Context, Service, Session, SubscriptionLimits};
 use odmesh_control::xds::{self, Lookup, ResourceType, XdsOptions};
 use odmesh_names::parse_cluster_name;
 use odmesh_registry::{Instance, Protocol, Registry, Status};
@@ -723,6 +723,7 @@ struct ControlPlane {
     cache: Cache,
     builder: SnapshotBuilder,
     metrics: Metrics,
+    admission: Admission,
     max_subscriptions: usize,
     next_stream: u64,
 }
@@ -735,6 +736,7 @@ impl ControlPlane {
             cache: Cache::with_snapshot(options, snapshot),
             builder,
             metrics: Metrics::default(),
+            admission: Admission::new(max_subscriptions),
             max_subscriptions,
             next_stream: 1,
         }
@@ -744,7 +746,7 @@ impl ControlPlane {
         Context {
             cache: &self.cache,
             metrics: &self.metrics,
-            max_subscriptions: self.max_subscriptions,
+            admission: &self.admission,
             prewarm: None,
             eviction: None,
         }

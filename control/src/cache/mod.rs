@@ -16,7 +16,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::model::Snapshot;
 use crate::policy::{Effective, Policy};
-use crate::xds::{self, ResourceType, Versioned, XdsOptions};
+use crate::xds::{self, ResourceName, ResourceType, Versioned, XdsOptions};
 
 /// Names the cache handles under one hold of its lock, for calls that take many; also the
 /// most names the server handles for one stream on an async worker (see
@@ -117,7 +117,7 @@ impl Inbox {
 struct Watcher {
     /// The caller of the stream's first watch (a stream's `node.cluster` never changes).
     caller: Option<Arc<str>>,
-    names: HashSet<String>,
+    names: HashSet<ResourceName>,
     inbox: Arc<Inbox>,
 }
 
@@ -126,12 +126,12 @@ struct Watcher {
 fn build(
     snapshot: &Snapshot,
     policy: &Policy,
-    name: &str,
+    name: &ResourceName,
     variant: Option<&str>,
     options: &XdsOptions,
 ) -> Option<Built> {
-    let lookup = xds::Lookup::in_snapshot(snapshot, name);
-    let r = xds::build_for(name, lookup, options, policy, variant).ok()?;
+    let lookup = xds::Lookup::in_snapshot(snapshot, name.as_str());
+    let r = xds::build_named(name, lookup, options, policy, variant)?;
     Some(Built {
         cluster: Arc::new(r.cluster),
         endpoints: Arc::new(r.endpoints),
@@ -139,7 +139,7 @@ fn build(
 }
 
 /// One name's variant and its resources, built outside the lock.
-type Building<'a> = (&'a str, Option<Arc<str>>, Option<Built>);
+type Building<'a> = (&'a ResourceName, Option<Arc<str>>, Option<Built>);
 
 /// The names and variants a watch found unbuilt, with what building them reads: built
 /// outside the cache's lock ([`Unbuilt::build`]), then kept under it ([`State::keep`]).
@@ -149,7 +149,7 @@ struct Unbuilt<'a> {
     snapshot: Arc<Snapshot>,
     policy: Arc<Policy>,
     caller: Arc<str>,
-    names: Vec<(&'a String, Option<Arc<str>>)>,
+    names: Vec<(&'a ResourceName, Option<Arc<str>>)>,
 }
 
 impl<'a> Unbuilt<'a> {
@@ -163,7 +163,7 @@ impl<'a> Unbuilt<'a> {
                     variant.as_deref(),
                     options,
                 );
-                (name.as_str(), variant, resources)
+                (name, variant, resources)
             })
             .collect();
         (self.generation, self.caller, built)
@@ -175,26 +175,36 @@ struct State {
     snapshot: Arc<Snapshot>,
     policy: Arc<Policy>,
     generation: u64,
-    entries: HashMap<String, Entry>,
+    entries: HashMap<ResourceName, Entry>,
     streams: HashMap<StreamId, Watcher>,
 }
 
 impl State {
     /// The variant of `name` that proxies of `caller` get.
-    fn variant(&self, name: &str, caller: &Arc<str>) -> Option<Arc<str>> {
-        let (vip, kind) = odmesh_names::parse_cluster_name(name).ok()?;
+    fn variant(&self, name: &ResourceName, caller: &Arc<str>) -> Option<Arc<str>> {
+        let (vip, kind) = name.cluster()?;
         (self.policy)
             .has_caller_override(kind, vip, caller)
             .then(|| caller.clone())
     }
 
-    fn build(&self, name: &str, variant: Option<&str>, options: &XdsOptions) -> Option<Built> {
+    fn build(
+        &self,
+        name: &ResourceName,
+        variant: Option<&str>,
+        options: &XdsOptions,
+    ) -> Option<Built> {
         build(&self.snapshot, &self.policy, name, variant, options)
     }
 
     /// Counts a subscription by `stream` (of a proxy of `caller`) to each of `names`, and
     /// returns what nobody had subscribed to yet, for the caller to build outside the lock.
-    fn count<'a>(&mut self, stream: StreamId, caller: &str, names: &'a [String]) -> Unbuilt<'a> {
+    fn count<'a>(
+        &mut self,
+        stream: StreamId,
+        caller: &str,
+        names: &'a [ResourceName],
+    ) -> Unbuilt<'a> {
         let watcher = self.streams.entry(stream).or_default();
         let caller = watcher
             .caller
@@ -247,7 +257,7 @@ impl State {
 
     /// Whether `name`, as proxies of `caller` get it, is known to be unregistered: an odmesh
     /// cluster name that the registry, complete, does not list.
-    fn is_unregistered(&self, caller: &Arc<str>, name: &str) -> bool {
+    fn is_unregistered(&self, caller: &Arc<str>, name: &ResourceName) -> bool {
         let variant = self.variant(name, caller);
         self.snapshot.is_complete()
             && (self.entries.get(name))
@@ -267,7 +277,7 @@ impl State {
         }
         let mut per_stream: HashMap<StreamId, Vec<String>> = HashMap::new();
         for name in names {
-            if let Some(entry) = self.entries.get(name) {
+            if let Some(entry) = self.entries.get(name.as_str()) {
                 for stream in entry.streams.keys() {
                     per_stream.entry(*stream).or_default().push(name.clone());
                 }
@@ -280,24 +290,25 @@ impl State {
 
     /// Rebuilds every variant of `name` that its watchers need, and only those.
     fn rebuild(&mut self, name: &str, options: &XdsOptions) {
-        let Some(entry) = self.entries.get(name) else {
+        let Some((name, entry)) = self.entries.get_key_value(name) else {
             return;
         };
+        let name = name.clone();
         let mut variants: Vec<Option<Arc<str>>> = entry
             .watchers
             .keys()
-            .map(|c| self.variant(name, c))
+            .map(|c| self.variant(&name, c))
             .collect();
         variants.sort();
         variants.dedup();
         let built = variants
             .into_iter()
             .map(|v| {
-                let b = self.build(name, v.as_deref(), options);
+                let b = self.build(&name, v.as_deref(), options);
                 (v, b)
             })
             .collect();
-        if let Some(entry) = self.entries.get_mut(name) {
+        if let Some(entry) = self.entries.get_mut(&name) {
             entry.built = built;
         }
     }
@@ -335,8 +346,9 @@ impl State {
         }
         // A variant no remaining watcher gets (the caller's own, or the shared one when
         // only callers with an override are left) goes.
-        let needed: Vec<Option<Arc<str>>> = (self.entries[name].watchers.keys())
-            .map(|c| self.variant(name, c))
+        let (key, entry) = self.entries.get_key_value(name)?;
+        let needed: Vec<Option<Arc<str>>> = (entry.watchers.keys())
+            .map(|c| self.variant(key, c))
             .collect();
         if let Some(entry) = self.entries.get_mut(name) {
             entry.built.retain(|variant, _| needed.contains(variant));
@@ -351,7 +363,7 @@ impl State {
         options: &XdsOptions,
         caller: &Arc<str>,
         ty: ResourceType,
-        name: &str,
+        name: &ResourceName,
     ) -> Option<Arc<Versioned>> {
         let variant = self.variant(name, caller);
         match self.entries.get(name).and_then(|e| e.built.get(&variant)) {
@@ -441,7 +453,7 @@ impl Cache {
         let Some(caller) = watcher.caller else {
             return;
         };
-        let names: Vec<String> = watcher.names.into_iter().collect();
+        let names: Vec<ResourceName> = watcher.names.into_iter().collect();
         for (i, slice) in names.chunks(SLICE).enumerate() {
             if i > 0 {
                 pause_between_slices();
@@ -453,7 +465,7 @@ impl Cache {
                         .and_then(|e| e.streams.get(&id))
                         .copied()
                         .unwrap_or(0);
-                    state.forget(id, &caller, name, count)
+                    state.forget(id, &caller, name.as_str(), count)
                 })
                 .collect();
             drop(state);
@@ -482,7 +494,7 @@ impl Cache {
             let finished: Vec<String> = if finishing {
                 (state.entries.iter())
                     .filter(|(_, e)| (e.built.values().flatten()).any(|b| !b.cluster.registered))
-                    .map(|(name, _)| name.clone())
+                    .map(|(name, _)| name.to_string())
                     .collect()
             } else {
                 Vec::new()
@@ -522,16 +534,16 @@ impl Cache {
             let old = std::mem::replace(&mut state.policy, policy);
             // Only the names whose entry (or the defaults) changed.
             let names: Vec<String> = (state.entries.keys())
-                .filter(|name| match odmesh_names::parse_cluster_name(name) {
-                    Ok((vip, kind)) => old.changes_for(&state.policy, kind, vip),
-                    Err(_) => false,
+                .filter(|name| match name.cluster() {
+                    Some((vip, kind)) => old.changes_for(&state.policy, kind, vip),
+                    None => false,
                 })
-                .cloned()
+                .map(ResourceName::to_string)
                 .collect();
             for name in &names {
-                let before = cluster_versions(&state.entries[name]);
+                let before = cluster_versions(&state.entries[name.as_str()]);
                 state.rebuild(name, &self.options);
-                if cluster_versions(&state.entries[name]) != before {
+                if cluster_versions(&state.entries[name.as_str()]) != before {
                     changed.push(name.clone());
                 }
             }
@@ -578,7 +590,12 @@ impl Cache {
     /// `names` known to be unregistered: odmesh cluster names that the registry, complete,
     /// does not list (while it is still loading, a name it does not list yet is not known to
     /// be unregistered). A stream's caller is the one of its first watch.
-    pub fn watch<'a>(&self, stream: StreamId, caller: &str, names: &'a [String]) -> Vec<&'a str> {
+    pub fn watch<'a>(
+        &self,
+        stream: StreamId,
+        caller: &str,
+        names: &'a [ResourceName],
+    ) -> Vec<&'a ResourceName> {
         let mut unregistered = Vec::new();
         // A slice at a time, building outside the lock: whatever one stream subscribes, the
         // others wait at most one slice's counting behind it (docs/benchmarks.md, section 9).
@@ -594,11 +611,7 @@ impl Cache {
             }
             let mut state = self.lock();
             state.keep(generation, &caller, built, &self.options);
-            unregistered.extend(
-                (slice.iter())
-                    .filter(|name| state.is_unregistered(&caller, name))
-                    .map(String::as_str),
-            );
+            unregistered.extend((slice.iter()).filter(|name| state.is_unregistered(&caller, name)));
         }
         unregistered
     }
@@ -641,15 +654,16 @@ impl Cache {
         ty: ResourceType,
         name: &str,
     ) -> Option<Arc<Versioned>> {
+        let name = ResourceName::new(name);
         let state = self.lock();
-        state.lookup(&self.options, &Arc::from(caller), ty, name)
+        state.lookup(&self.options, &Arc::from(caller), ty, &name)
     }
 
     /// The effective policy of `name` for proxies of `caller`, with where each value came
     /// from; `None` if `name` is not an odmesh cluster name.
     pub fn effective_policy(&self, name: &str, caller: &str) -> Option<Effective> {
         let state = self.lock();
-        let variant = state.variant(name, &Arc::from(caller));
+        let variant = state.variant(&ResourceName::new(name), &Arc::from(caller));
         let lookup = xds::Lookup::in_snapshot(&state.snapshot, name);
         xds::effective_policy(name, lookup, &state.policy, variant.as_deref()).ok()
     }
@@ -661,7 +675,7 @@ impl Cache {
         &self,
         caller: &str,
         ty: ResourceType,
-    ) -> impl FnMut(&str) -> Option<Arc<Versioned>> + '_ {
+    ) -> impl FnMut(&ResourceName) -> Option<Arc<Versioned>> + '_ {
         let caller: Arc<str> = Arc::from(caller);
         move |name| self.lock().lookup(&self.options, &caller, ty, name)
     }

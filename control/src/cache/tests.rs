@@ -25,6 +25,10 @@ fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+fn parsed(list: &[&str]) -> Vec<ResourceName> {
+    list.iter().copied().map(ResourceName::new).collect()
+}
+
 /// Subscribes like a stream does: update the state, then count the new names.
 /// Subscribes `list`; returns the names of it known to be unregistered.
 fn subscribe(cache: &Cache, subs: &mut Subscriptions, list: &[&str]) -> Vec<String> {
@@ -45,7 +49,10 @@ fn subscribe_as(
 ) -> Vec<String> {
     let change = subs.update(&names(list), &[], &HashMap::new());
     let unregistered = cache.watch(stream_of(caller), caller, &change.added);
-    unregistered.into_iter().map(str::to_owned).collect()
+    unregistered
+        .into_iter()
+        .map(ResourceName::to_string)
+        .collect()
 }
 
 /// The stream the tests' proxies of `caller` use: one per calling service.
@@ -86,7 +93,7 @@ fn endpoint_count(r: &Versioned) -> usize {
 fn a_presubscribed_name_is_not_resent_when_the_clients_own_subscribe_arrives() {
     let cache = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
     let mut subs = Subscriptions::default();
-    let added = subs.presubscribe(&names(&["hello.vip"]));
+    let added = subs.presubscribe(&parsed(&["hello.vip"]));
     assert_eq!(added, ["hello.vip"]);
     cache.watch(0, "", &added);
     let pushed = send(&cache, ResourceType::Endpoints, &mut subs);
@@ -109,12 +116,12 @@ fn a_presubscription_the_client_never_took_up_is_withdrawn_and_a_later_subscribe
     let cache = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
     let mut eds = Subscriptions::default();
     subscribe(&cache, &mut eds, &["taken.vip"]);
-    let added = eds.presubscribe(&names(&["hello.vip", "taken.vip"]));
+    let added = eds.presubscribe(&parsed(&["hello.vip", "taken.vip"]));
     assert_eq!(added, ["hello.vip"]);
     send(&cache, ResourceType::Endpoints, &mut eds);
 
     // The client dropped hello.vip before it subscribed to its load assignment.
-    let withdrawn = eds.withdraw_presubscribed(&names(&["hello.vip", "taken.vip"]));
+    let withdrawn = eds.withdraw_presubscribed(&parsed(&["hello.vip", "taken.vip"]));
     assert_eq!(
         withdrawn,
         ["hello.vip"],
@@ -215,7 +222,7 @@ fn an_unsubscribed_name_gets_no_more_updates_and_no_removal() {
     send(&cache, ResourceType::Endpoints, &mut subs);
     let change = subs.update(&[], &names(&["hello.vip"]), &HashMap::new());
     assert_eq!(change.removed, ["hello.vip"]);
-    cache.unwatch(0, change.removed.iter().map(String::as_str));
+    cache.unwatch(0, change.removed.iter().map(ResourceName::as_str));
     assert_eq!(
         cache.watched(),
         0,
@@ -463,8 +470,8 @@ fn an_unchanged_snapshot_sends_nothing() {
 #[test]
 fn resources_stay_built_while_any_stream_subscribes() {
     let cache = cache(vec![]);
-    cache.watch(1, "", &names(&["x.vip"]));
-    cache.watch(2, "", &names(&["x.vip"]));
+    cache.watch(1, "", &parsed(&["x.vip"]));
+    cache.watch(2, "", &parsed(&["x.vip"]));
     cache.unwatch(1, ["x.vip"]);
     assert_eq!(cache.watched(), 1);
     cache.unwatch(2, ["x.vip"]);
@@ -476,7 +483,7 @@ fn a_watch_whose_build_raced_a_registry_change_keeps_what_the_registry_says_now(
     // A watch counts hello.vip, then builds it outside the lock from the registry of that
     // moment, which is still loading: "not known yet"...
     let cache = Cache::with_snapshot(XdsOptions::new(None), loading(vec![]));
-    let subscribed = names(&["hello.vip", "other.vip"]);
+    let subscribed = parsed(&["hello.vip", "other.vip"]);
     let unbuilt = cache.lock().count(1, "billing", &subscribed);
     let (generation, caller, built) = unbuilt.build(&cache.options);
     // ...while the registry finishes loading, with hello registered.
@@ -497,7 +504,11 @@ fn a_watch_whose_build_raced_a_registry_change_keeps_what_the_registry_says_now(
         "{}",
         reason(&other)
     );
-    assert!(cache.lock().is_unregistered(&caller, "other.vip"));
+    assert!(
+        cache
+            .lock()
+            .is_unregistered(&caller, &ResourceName::new("other.vip"))
+    );
     assert_eq!(cache.watched(), 2);
 }
 
@@ -505,15 +516,15 @@ fn a_watch_whose_build_raced_a_registry_change_keeps_what_the_registry_says_now(
 fn a_watch_of_many_names_counts_and_builds_every_one() {
     // More names than one hold of the lock takes: each slice is counted and built.
     let cache = cache(vec![inst("hello", "10.0.0.1", Status::Up)]);
-    let mut many: Vec<String> = (0..SLICE * 2 + 7)
-        .map(|i| format!("nobody-{i}.vip"))
+    let mut many: Vec<ResourceName> = (0..SLICE * 2 + 7)
+        .map(|i| ResourceName::new(format!("nobody-{i}.vip")))
         .collect();
-    many.push("hello.vip".to_owned());
+    many.push(ResourceName::new("hello.vip"));
     let unregistered = cache.watch(1, "billing", &many);
     assert_eq!(unregistered.len(), many.len() - 1);
-    assert!(!unregistered.contains(&"hello.vip"));
+    assert!(!unregistered.iter().any(|name| *name == "hello.vip"));
     assert_eq!(cache.watched(), many.len());
-    cache.unwatch(1, many.iter().map(String::as_str));
+    cache.unwatch(1, many.iter().map(ResourceName::as_str));
     assert_eq!(cache.watched(), 0);
     cache.watch(2, "billing", &many);
     cache.close_stream(2);
@@ -751,7 +762,7 @@ fn a_name_the_client_kept_is_always_admitted_it_holds_it_already() {
 async fn follow_applies_each_snapshot_and_wakes_subscribers() {
     let cache = Arc::new(cache(vec![]));
     let inbox = cache.open_stream(1);
-    cache.watch(1, "", &names(&["hello.vip"]));
+    cache.watch(1, "", &parsed(&["hello.vip"]));
     let (tx, rx) = watch::channel(snapshot(vec![]));
     let follower = tokio::spawn({
         let cache = cache.clone();
@@ -774,9 +785,9 @@ async fn follow_applies_each_snapshot_and_wakes_subscribers() {
 /// Three streams: 1 and 2 watch `a.vip`, 3 watches `b.vip`.
 fn three_streams(cache: &Cache) -> [Arc<Inbox>; 3] {
     let inboxes = [1, 2, 3].map(|id| cache.open_stream(id));
-    cache.watch(1, "", &names(&["a.vip"]));
-    cache.watch(2, "", &names(&["a.vip"]));
-    cache.watch(3, "", &names(&["b.vip"]));
+    cache.watch(1, "", &parsed(&["a.vip"]));
+    cache.watch(2, "", &parsed(&["a.vip"]));
+    cache.watch(3, "", &parsed(&["b.vip"]));
     inboxes
 }
 
@@ -819,7 +830,7 @@ fn a_stream_that_unsubscribes_is_no_longer_woken() {
 fn a_closed_stream_leaves_no_counts_behind_and_is_not_woken() {
     let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
     let [one, two, three] = three_streams(&cache);
-    cache.watch(2, "", &names(&["b.vip", "a.vip"]));
+    cache.watch(2, "", &parsed(&["b.vip", "a.vip"]));
     cache.close_stream(2);
     assert_eq!(
         cache.watched(),

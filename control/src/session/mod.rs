@@ -13,18 +13,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
-use odmesh_names::parse_cluster_name;
 use serde::Serialize;
 use tracing::debug;
 
 use crate::cache::{Cache, Changes};
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
-use crate::xds::ResourceType;
+use crate::xds::{ResourceName, ResourceType};
 use odmesh_base::logs::{self, clip};
 use odmesh_base::metrics::inc;
 
+mod admission;
+mod clusters;
 mod subscriptions;
+pub use admission::Admission;
 pub use subscriptions::{
     Delta, Known, SubscriptionChange, SubscriptionLimits, Subscriptions, WILDCARD, diff,
     diff_pending,
@@ -42,8 +44,8 @@ const MAX_NACK_MESSAGE: usize = 4096;
 pub struct Context<'a> {
     pub cache: &'a Cache,
     pub metrics: &'a Metrics,
-    /// Cluster names subscribed over all streams at most (`--xds-max-subscriptions`).
-    pub max_subscriptions: usize,
+    /// Cluster names subscribed over all streams (`--xds-max-subscriptions`).
+    pub admission: &'a Admission,
     pub prewarm: Option<&'a Prewarm>,
     /// Evicting idle clusters sent ahead (`None`: off).
     pub eviction: Option<Eviction>,
@@ -312,204 +314,193 @@ impl Session {
     /// wait for room: answered with a removal (the first request fails fast), and pushed
     /// once there is room ([`Session::on_change`]; Envoy stays subscribed to a removed name
     /// and takes the resource then). The stream's other clusters are served all along.
+    ///
+    /// The walk, step by step (docs/architecture.md, "A first request"):
     pub fn on_request(
         &mut self,
         cx: &Context<'_>,
         req: DeltaDiscoveryRequest,
     ) -> [Option<DeltaDiscoveryResponse>; 2] {
-        let Some((ty, added)) = self.apply_request(cx, req) else {
+        inc(&cx.metrics.xds_requests_total);
+        // 1. Who the proxy is, from its first request.
+        self.note_node(&req);
+        trace_request(self.id, &req);
+        // 2. Which type it asks for; another service's types are ignored.
+        let Some(ty) = self.service.resource_type(&req.type_url) else {
+            debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
             return [None, None];
         };
-        self.answer(cx, ty, added, Diff::Pending)
+        // 3. What it says of the last response: accepted or rejected.
+        self.note_ack(cx, ty, &req);
+        // 4. Clusters only: the wildcard, and what the proxy kept under it.
+        let held = match ty {
+            ResourceType::Cluster => self.apply_wildcard(cx, &req),
+            ResourceType::Endpoints => Vec::new(),
+        };
+        // 5. The subscriptions: each new name parsed once, counted, admitted or refused.
+        let Some(added) = self.subscribe(cx, ty, &req, held) else {
+            // No subscription changed: only a wildcard's first answer can be due.
+            let due = ty == ResourceType::Cluster && self.wildcard_answer_due;
+            let ahead = if due {
+                self.take_prewarm(cx)
+            } else {
+                Vec::new()
+            };
+            return match due {
+                true => self.answer_clusters(cx, ahead, Diff::Pending),
+                false => [None, None],
+            };
+        };
+        // 6. The answer: what changed for the proxy, and the load assignments of new clusters.
+        match ty {
+            ResourceType::Cluster => self.answer_clusters(cx, added, Diff::Pending),
+            ResourceType::Endpoints => [self.respond(cx, ty, Diff::Pending), None],
+        }
     }
 
-    /// The response for `ty`, and, for clusters `added` on ADS, their load assignments.
-    fn answer(
+    /// Keeps the node of the stream's first request that carries one: the subscriptions are
+    /// counted under its `cluster` (the calling service), which must not change. A first
+    /// request without a node leaves the caller empty for the stream's life.
+    fn note_node(&mut self, req: &DeltaDiscoveryRequest) {
+        let first = !std::mem::replace(&mut self.node_seen, true);
+        let Some(node) = req.node.as_ref().filter(|_| first) else {
+            return;
+        };
+        // Kept for the admin: bounded, whatever the client sent.
+        self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
+        self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
+        odmesh_base::limited!(
+            info,
+            stream = self.id,
+            node = %clip(&node.id),
+            service = self.service.as_str(),
+            "proxy connected",
+        );
+    }
+
+    /// Rule: a request that carries the `response_nonce` of a response acknowledges it; with
+    /// `error_detail` set it rejects it (NACK), and the client keeps what it had.
+    fn note_ack(&mut self, cx: &Context<'_>, ty: ResourceType, req: &DeltaDiscoveryRequest) {
+        if req.response_nonce.is_empty() {
+            return;
+        }
+        let Some(error) = &req.error_detail else {
+            self.acks += 1;
+            inc(&cx.metrics.xds_acks_total);
+            return;
+        };
+        self.nacks += 1;
+        inc(&cx.metrics.xds_nacks_total);
+        odmesh_base::limited!(
+            warn,
+            stream = self.id,
+            node = %clip(&self.node_id),
+            resource_type = ty.as_str(),
+            nonce = %clip(&req.response_nonce),
+            error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
+            "proxy rejected an xDS response (NACK); it is sent again only when it changes"
+        );
+        self.last_nack = Some(NackStatus {
+            resource_type: ty.as_str(),
+            nonce: logs::truncated(&req.response_nonce, MAX_NODE_FIELD),
+            message: logs::truncated(&error.message, MAX_NACK_MESSAGE),
+            at_unix: unix_seconds(SystemTime::now()),
+        });
+    }
+
+    /// Applies the request's subscribes and unsubscribes (and `held`, the names kept under the
+    /// wildcard) to the stream's `ty` subscriptions, within the room left under
+    /// `--xds-max-subscriptions`: what leaves is given back, what arrives is counted, and
+    /// unregistered clusters are admitted or refused. Returns the names newly subscribed that
+    /// the proxy has no version of (for clusters, with those sent ahead now), or `None` if the
+    /// request changes no subscription.
+    fn subscribe(
         &mut self,
         cx: &Context<'_>,
         ty: ResourceType,
-        added: Vec<String>,
-        diff: Diff,
-    ) -> [Option<DeltaDiscoveryResponse>; 2] {
-        let first = self.respond(cx, ty, diff);
-        // Envoy subscribes to an EDS cluster's load assignment only once it has accepted the
-        // cluster: one more round trip (request, answer) before the cluster is warm, which the
-        // first request to it waits for. On ADS, odmesh sends the load assignments of newly
-        // subscribed clusters right behind them, as if Envoy had already asked. Envoy handles
-        // the responses of one stream in order, so the cluster's EDS subscription exists when
-        // its load assignment arrives; Envoy's own subscribe, which follows, is not answered
-        // again (see `Subscriptions::presubscribe`).
-        if ty != ResourceType::Cluster || self.service != Service::Ads || added.is_empty() {
-            return [first, None];
-        }
-        // Only names answered with a cluster: Envoy never subscribes to the load assignment
-        // of a name answered with a removal (refused, or not an odmesh cluster name), so such
-        // a presubscription would never be taken up.
-        let added: Vec<String> = (added.into_iter())
-            .filter(|name| !self.clusters.is_refused(name) && parse_cluster_name(name).is_ok())
-            .collect();
-        let presubscribed = self.endpoints.presubscribe(&added);
-        (cx.metrics.xds_subscriptions).fetch_add(presubscribed.len() as u64, Ordering::Relaxed);
-        cx.cache.watch(self.id, &self.node_cluster, &presubscribed);
-        [first, self.respond(cx, ResourceType::Endpoints, diff)]
-    }
-
-    /// Applies one request to the stream's state: node, ACK/NACK, subscription changes. Returns
-    /// its type and the names it newly subscribed that the client has no version of, when the
-    /// subscriptions changed.
-    fn apply_request(
-        &mut self,
-        cx: &Context<'_>,
-        req: DeltaDiscoveryRequest,
-    ) -> Option<(ResourceType, Vec<String>)> {
-        let metrics = cx.metrics;
-        inc(&metrics.xds_requests_total);
-        // The node counts once, from the first request that carries one: the subscriptions
-        // are counted under its `cluster` (the calling service), which must not change.
-        // A first request without a node leaves the caller empty for the stream's life.
-        let first = !std::mem::replace(&mut self.node_seen, true);
-        if let Some(node) = &req.node
-            && first
-        {
-            // Kept for the admin: bounded, whatever the client sent.
-            self.node_id = logs::truncated(&node.id, MAX_NODE_FIELD);
-            self.node_cluster = logs::truncated(&node.cluster, MAX_NODE_FIELD);
-            odmesh_base::limited!(
-                info,
-                stream = self.id,
-                node = %clip(&node.id),
-                service = self.service.as_str(),
-                "proxy connected",
-            );
-        }
-        tracing::trace!(
-            stream = self.id,
-            type_url = %req.type_url,
-            subscribe = ?req.resource_names_subscribe,
-            unsubscribe = ?req.resource_names_unsubscribe,
-            initial = ?req.initial_resource_versions.keys().collect::<Vec<_>>(),
-            nonce = %req.response_nonce,
-            nack = req.error_detail.is_some(),
-            "request"
-        );
-        let Some(ty) = self.service.resource_type(&req.type_url) else {
-            debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
+        req: &DeltaDiscoveryRequest,
+        held: Vec<String>,
+    ) -> Option<Vec<ResourceName>> {
+        let unsubscribe = &req.resource_names_unsubscribe;
+        let mut subscribe = req.resource_names_subscribe.clone();
+        subscribe.extend(held.iter().cloned());
+        if subscribe.is_empty() && unsubscribe.is_empty() {
             return None;
-        };
-
-        // Rule: a request that carries the `response_nonce` of a response acknowledges it;
-        // with `error_detail` set it rejects it (NACK), and the client keeps what it had.
-        if !req.response_nonce.is_empty() {
-            match &req.error_detail {
-                None => {
-                    self.acks += 1;
-                    inc(&metrics.xds_acks_total);
-                }
-                Some(error) => {
-                    self.nacks += 1;
-                    inc(&metrics.xds_nacks_total);
-                    odmesh_base::limited!(
-                        warn,
-                        stream = self.id,
-                        node = %clip(&self.node_id),
-                        resource_type = ty.as_str(),
-                        nonce = %clip(&req.response_nonce),
-                        error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
-                        "proxy rejected an xDS response (NACK); it is sent again only when it changes"
-                    );
-                    self.last_nack = Some(NackStatus {
-                        resource_type: ty.as_str(),
-                        nonce: logs::truncated(&req.response_nonce, MAX_NODE_FIELD),
-                        message: logs::truncated(&error.message, MAX_NACK_MESSAGE),
-                        at_unix: unix_seconds(SystemTime::now()),
-                    });
-                }
-            }
-        }
-
-        // Rule: a client's first request of a type with no names subscribes to the wildcard
-        // (every resource, "legacy wildcard"), as does `*` in any request; it stays subscribed
-        // to the names it adds besides. Envoy does so for clusters when its bootstrap has a
-        // `cds_config`: odmesh then sends it, ahead of any request, the clusters its service
-        // used before (see `prewarm`), never the whole registry.
-        let first_of_type =
-            ty == ResourceType::Cluster && !std::mem::replace(&mut self.cluster_request_seen, true);
-        let legacy_wildcard = first_of_type
-            && req.resource_names_subscribe.is_empty()
-            && req.resource_names_unsubscribe.is_empty();
-        let explicit_wildcard = req.resource_names_subscribe.iter().any(|n| n == WILDCARD);
-        let mut subscribe = req.resource_names_subscribe;
-        if ty == ResourceType::Cluster
-            && self.wildcard
-            && req.resource_names_unsubscribe.iter().any(|n| n == WILDCARD)
-        {
-            // Rule: unsubscribing `*` ends the wildcard. What was sent ahead stays subscribed
-            // (and counted) as ordinary names; nothing more is sent ahead or evicted.
-            self.wildcard = false;
-            self.wildcard_answer_due = false;
-            self.prewarm_due = false;
-            self.ahead.clear();
-        }
-        if ty == ResourceType::Cluster && (legacy_wildcard || explicit_wildcard) && !self.wildcard {
-            self.wildcard = true;
-            self.wildcard_answer_due = true;
-            self.prewarm_due = cx.prewarm.is_some();
-        }
-        let mut held = Vec::new();
-        if ty == ResourceType::Cluster {
-            // Names the proxy subscribed itself are not under the wildcard only.
-            for name in subscribe.iter().chain(&req.resource_names_unsubscribe) {
-                self.ahead.remove(name);
-            }
-        }
-        if ty == ResourceType::Cluster && self.wildcard {
-            // Rule: on a new stream the client lists in `initial_resource_versions` every
-            // resource it kept, including those it had under the wildcard, which it does not
-            // name in `resource_names_subscribe`. They are this stream's too: kept, and brought
-            // up to date like any other.
-            held = (req.initial_resource_versions.keys())
-                .filter(|name| !subscribe.contains(name))
-                .cloned()
-                .collect();
-            subscribe.extend(held.iter().cloned());
-        }
-        if subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
-            let due = ty == ResourceType::Cluster && self.wildcard_answer_due;
-            return due.then(|| (ty, self.take_prewarm(cx)));
         }
         // The bound over all streams is on cluster names; each brings its load assignment.
         let room = match ty {
-            ResourceType::Cluster => cx
-                .max_subscriptions
-                .saturating_sub(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize),
+            ResourceType::Cluster => cx.admission.room(),
             ResourceType::Endpoints => usize::MAX,
         };
-        let change = self.subs(ty).update_within(
-            &subscribe,
-            &req.resource_names_unsubscribe,
-            &req.initial_resource_versions,
-            room,
-        );
-        let now = crate::prewarm::unix_now();
-        for name in held {
-            if self.clusters.contains(&name) {
-                self.ahead.insert(name, now);
-            }
-        }
-        let total = &metrics.xds_subscriptions;
-        total.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+        let initial = &req.initial_resource_versions;
+        let change = self
+            .subs(ty)
+            .update_within(&subscribe, unsubscribe, initial, room);
         if ty == ResourceType::Cluster {
-            let gauge = &metrics.xds_cluster_subscriptions;
-            gauge.fetch_sub(change.removed.len() as u64, Ordering::Relaxed);
+            self.hold_ahead(held);
         }
+        self.count_out(cx, ty, &change.removed);
+        let refused = change.over_limit + self.subscribe_counted(cx, ty, &change.added);
+        self.log_change(cx, ty, &change, refused, &subscribe, initial.len());
+        // Names the client says it has (on reconnect) are not new to it: their load
+        // assignments need no head start.
+        let mut fresh = change.added;
+        fresh.retain(|name| !initial.contains_key(name.as_str()));
+        if ty == ResourceType::Cluster {
+            self.record_asked(cx, &fresh);
+            fresh.extend(self.take_prewarm(cx));
+        }
+        Some(fresh)
+    }
+
+    /// Counts `names` of `ty`, newly subscribed ([`Context::count_in`]), and admits those not
+    /// registered within the stream's bound. Returns how many were refused.
+    fn subscribe_counted(
+        &mut self,
+        cx: &Context<'_>,
+        ty: ResourceType,
+        names: &[ResourceName],
+    ) -> usize {
+        let unregistered = cx.count_in(self.id, &self.node_cluster, ty, names);
+        if ty != ResourceType::Cluster {
+            return 0;
+        }
+        // Every unregistered name is a cluster in Envoy for the stream's life: a client
+        // sending random `Host`s must not grow that without bound.
+        (unregistered.into_iter())
+            .filter(|name| !self.clusters.admit_unregistered(name.as_str()))
+            .count()
+    }
+
+    /// Gives back `names` of `ty`, no longer subscribed ([`Context::count_out`]). A cluster
+    /// dropped before Envoy subscribed to its load assignment: that subscribe will never come,
+    /// so the one made on its behalf goes too.
+    fn count_out(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[ResourceName]) {
+        cx.count_out(self.id, ty, names);
+        if ty == ResourceType::Cluster {
+            let withdrawn = self.endpoints.withdraw_presubscribed(names);
+            cx.count_out(self.id, ResourceType::Endpoints, &withdrawn);
+        }
+    }
+
+    /// Counts and logs what a request's subscription change did beyond the plain case: names
+    /// waiting for room, names refused, kept names left alone while the registry loads.
+    fn log_change(
+        &mut self,
+        cx: &Context<'_>,
+        ty: ResourceType,
+        change: &SubscriptionChange,
+        refused: usize,
+        subscribe: &[String],
+        kept: usize,
+    ) {
+        let metrics = cx.metrics;
         if change.wildcard && ty == ResourceType::Endpoints {
             debug!(
                 stream = self.id,
                 "proxy asked for every load assignment (wildcard); it gets those of its clusters"
             );
         }
-        let cache = cx.cache;
-        cache.unwatch(self.id, change.removed.iter().map(String::as_str));
         if change.over_room > 0 {
             (metrics.xds_names_waiting_total).fetch_add(change.over_room as u64, Ordering::Relaxed);
             odmesh_base::limited!(
@@ -517,24 +508,13 @@ impl Session {
                 stream = self.id,
                 node = %clip(&self.node_id),
                 waiting = change.over_room,
-                max = cx.max_subscriptions,
+                max = cx.admission.max(),
                 "cluster names beyond --xds-max-subscriptions wait for room (answered with a removal meanwhile)"
             );
         }
-        let mut refused = change.over_limit;
-        if ty == ResourceType::Cluster {
-            // A cluster dropped before Envoy subscribed to its load assignment: that subscribe
-            // will never come, so the one made on its behalf goes too.
-            let withdrawn = self.endpoints.withdraw_presubscribed(&change.removed);
-            total.fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
-            cache.unwatch(self.id, withdrawn.iter().map(String::as_str));
-        }
-        refused += self.count_in(cx, ty, &change.added);
         if refused > 0 {
             self.refused += refused as u64;
-            metrics
-                .xds_names_refused_total
-                .fetch_add(refused as u64, Ordering::Relaxed);
+            (metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
             odmesh_base::limited!(
                 warn,
                 stream = self.id,
@@ -545,8 +525,7 @@ impl Session {
                 "names over the stream's bounds answered with a removal"
             );
         }
-        let kept = req.initial_resource_versions.len();
-        if kept > 0 && !cache.snapshot().is_complete() {
+        if kept > 0 && !cx.cache.snapshot().is_complete() {
             odmesh_base::limited!(
                 info,
                 stream = self.id,
@@ -560,101 +539,10 @@ impl Session {
             stream = self.id,
             resource_type = ty.as_str(),
             subscribed = subscribe.len(),
-            unsubscribed = req.resource_names_unsubscribe.len(),
+            unsubscribed = change.removed.len(),
             first = ?subscribe.first().map(|n| clip(n)),
             "subscriptions changed"
         );
-        // Names the client says it has (on reconnect) are not new to it: their load
-        // assignments need no head start.
-        let mut fresh = change.added;
-        fresh.retain(|name| !req.initial_resource_versions.contains_key(name));
-        if ty == ResourceType::Cluster {
-            self.record_asked(cx, &fresh);
-            fresh.extend(self.take_prewarm(cx));
-        }
-        Some((ty, fresh))
-    }
-
-    /// Records in the history the clusters the proxy just asked for on demand: registered
-    /// ones, each a need the history did not predict for this proxy.
-    fn record_asked(&self, cx: &Context<'_>, names: &[String]) {
-        let Some(prewarm) = cx.prewarm else {
-            return;
-        };
-        let snapshot = cx.cache.snapshot();
-        let asked: Vec<&str> = (names.iter())
-            .map(String::as_str)
-            .filter(|name| snapshot.get(name).is_some())
-            .collect();
-        if asked.is_empty() {
-            return;
-        }
-        (cx.metrics.prewarm_asked_total).fetch_add(asked.len() as u64, Ordering::Relaxed);
-        prewarm.asked(&self.node_cluster, asked);
-    }
-
-    /// Sends ahead, once per stream, the clusters the proxy's service used before (its wildcard
-    /// subscription takes them), as soon as the registry is complete (until then, which VIPs
-    /// are gone is not known). Only registered ones, within the stream's bound and the room
-    /// left under `--xds-max-subscriptions`. Returns the names added.
-    fn take_prewarm(&mut self, cx: &Context<'_>) -> Vec<String> {
-        let Some(prewarm) = cx.prewarm else {
-            return Vec::new();
-        };
-        let snapshot = cx.cache.snapshot();
-        if !self.prewarm_due || !snapshot.is_complete() {
-            return Vec::new();
-        }
-        self.prewarm_due = false;
-        let used = cx.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize;
-        // Half the room left under --xds-max-subscriptions at most: the rest stays for what
-        // proxies ask for themselves.
-        let room = cx.max_subscriptions.saturating_sub(used) / 2;
-        let mut predicted = prewarm.predict(&self.node_cluster, |name| {
-            snapshot.get(name).is_some() && parse_cluster_name(name).is_ok()
-        });
-        predicted.retain(|name| !self.clusters.contains(name));
-        predicted.truncate(room);
-        let added = self.clusters.push_ahead(&predicted);
-        if added.is_empty() {
-            return added;
-        }
-        // Only registered clusters are sent ahead; one that left the registry between the
-        // prediction and now is served as any unregistered name (admitted or refused).
-        self.count_in(cx, ResourceType::Cluster, &added);
-        self.prewarmed += added.len();
-        let now = crate::prewarm::unix_now();
-        self.ahead
-            .extend(added.iter().map(|name| (name.clone(), now)));
-        (cx.metrics.prewarm_pushed_total).fetch_add(added.len() as u64, Ordering::Relaxed);
-        prewarm.pushed(&self.node_id, &self.node_cluster, &added);
-        odmesh_base::limited!(
-            info,
-            stream = self.id,
-            node = %clip(&self.node_id),
-            service = %clip(&self.node_cluster),
-            clusters = added.len(),
-            "sending a connecting proxy its service's clusters ahead (prewarm)"
-        );
-        added
-    }
-
-    /// Counts newly subscribed `names` of type `ty` (the gauges, the cache's watch) and, for
-    /// clusters, admits unregistered ones within the stream's bound. Returns how many were
-    /// refused.
-    fn count_in(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[String]) -> usize {
-        let metrics = cx.metrics;
-        (metrics.xds_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
-        let unregistered = cx.cache.watch(self.id, &self.node_cluster, names);
-        if ty != ResourceType::Cluster {
-            return 0;
-        }
-        (metrics.xds_cluster_subscriptions).fetch_add(names.len() as u64, Ordering::Relaxed);
-        // Every unregistered name is a cluster in Envoy for the stream's life: a client
-        // sending random `Host`s must not grow that without bound.
-        (unregistered.into_iter())
-            .filter(|name| !self.clusters.admit_unregistered(name))
-            .count()
     }
 
     /// Pushes what `changes` says changed in the cache for this stream (taken from its
@@ -673,28 +561,20 @@ impl Session {
             self.endpoints.mark_changed(&changes.names);
             Diff::Pending
         };
-        // The registry became complete: what was to be sent ahead goes now.
-        let ahead = self.take_prewarm(cx);
-        if !ahead.is_empty() {
-            let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, ahead, diff);
+        // The registry became complete: what was to be sent ahead goes now. Or room freed up
+        // for clusters that waited for it.
+        let mut added = self.take_prewarm(cx);
+        if added.is_empty() && self.clusters.is_waiting() {
+            added = self.clusters.admit_waiting(cx.admission.room());
+            let refused = self.subscribe_counted(cx, ResourceType::Cluster, &added);
+            self.refused += refused as u64;
+            (cx.metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
+        }
+        if !added.is_empty() {
+            let [clusters, endpoints] = self.answer_clusters(cx, added, diff);
+            // Whatever else changed for the load assignments goes in the same round.
             let endpoints = endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, diff));
             return [clusters, endpoints];
-        }
-        if self.clusters.is_waiting() {
-            let used = cx.metrics.xds_cluster_subscriptions.load(Ordering::Relaxed) as usize;
-            let admitted = self
-                .clusters
-                .admit_waiting(cx.max_subscriptions.saturating_sub(used));
-            if !admitted.is_empty() {
-                let refused = self.count_in(cx, ResourceType::Cluster, &admitted);
-                self.refused += refused as u64;
-                (cx.metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
-                let [clusters, endpoints] = self.answer(cx, ResourceType::Cluster, admitted, diff);
-                // Whatever else changed for the load assignments goes in the same round.
-                let endpoints =
-                    endpoints.or_else(|| self.respond(cx, ResourceType::Endpoints, diff));
-                return [clusters, endpoints];
-            }
         }
         ResourceType::ALL.map(|ty| {
             self.service
@@ -708,71 +588,6 @@ impl Session {
     /// [`Session::on_change`] now and then, as room may free up without a registry change).
     pub fn is_waiting(&self) -> bool {
         self.clusters.is_waiting()
-    }
-
-    /// Whether this stream holds clusters that may become idle (the server then calls
-    /// [`Session::evict_idle`] now and then).
-    pub fn may_evict(&self, cx: &Context<'_>) -> bool {
-        cx.eviction.is_some() && cx.prewarm.is_some() && !self.ahead.is_empty()
-    }
-
-    /// Removes from the proxy the clusters it holds under its wildcard subscription that
-    /// carried no request for the eviction timeout, by its load reports: it drops them (and
-    /// their load assignments), and asks for any of them by name when a request needs it
-    /// again. Returns the removal to send, if any.
-    pub fn evict_idle(&mut self, cx: &Context<'_>) -> Option<DeltaDiscoveryResponse> {
-        let (Some(eviction), Some(prewarm)) = (cx.eviction, cx.prewarm) else {
-            return None;
-        };
-        // Once per load report interval at most: nothing can have changed in between.
-        let now = crate::prewarm::unix_now();
-        if now < self.next_idle_check {
-            return None;
-        }
-        self.next_idle_check = now + eviction.interval.as_secs().max(1);
-        let held = self.ahead.iter().map(|(name, got)| (name.as_str(), *got));
-        let idle = prewarm.idle(&self.node_id, held, eviction.idle, eviction.interval);
-        if idle.is_empty() {
-            return None;
-        }
-        for name in &idle {
-            self.ahead.remove(name);
-        }
-        let change = self.clusters.update(&[], &idle, &Default::default());
-        let removed = change.removed;
-        let metrics = cx.metrics;
-        (metrics.xds_subscriptions).fetch_sub(removed.len() as u64, Ordering::Relaxed);
-        (metrics.xds_cluster_subscriptions).fetch_sub(removed.len() as u64, Ordering::Relaxed);
-        (metrics.idle_clusters_evicted_total).fetch_add(removed.len() as u64, Ordering::Relaxed);
-        cx.cache
-            .unwatch(self.id, removed.iter().map(String::as_str));
-        // A load assignment sent ahead that Envoy has not subscribed to yet: it never will.
-        let withdrawn = self.endpoints.withdraw_presubscribed(&removed);
-        (metrics.xds_subscriptions).fetch_sub(withdrawn.len() as u64, Ordering::Relaxed);
-        cx.cache
-            .unwatch(self.id, withdrawn.iter().map(String::as_str));
-        self.evicted += removed.len();
-        odmesh_base::limited!(
-            info,
-            stream = self.id,
-            node = %clip(&self.node_id),
-            clusters = removed.len(),
-            first = %clip(removed.first().map_or("", String::as_str)),
-            "removing clusters the proxy did not use (it asks for them again when needed)"
-        );
-        let nonce = self.next_nonce;
-        self.next_nonce += 1;
-        inc(&metrics.xds_responses_total);
-        let delta = Delta {
-            send: Vec::new(),
-            remove: removed,
-        };
-        Some(response(
-            ResourceType::Cluster,
-            delta,
-            nonce,
-            cx.cache.generation(),
-        ))
     }
 
     /// The response bringing this stream's `ty` subscriptions up to date, if any is needed:
@@ -821,15 +636,23 @@ impl Session {
     /// The stream ended: its subscriptions no longer count.
     pub fn close(&self, cx: &Context<'_>) {
         cx.cache.close_stream(self.id);
-        let metrics = cx.metrics;
-        metrics
-            .xds_cluster_subscriptions
-            .fetch_sub(self.clusters.counted_len() as u64, Ordering::Relaxed);
-        metrics.xds_subscriptions.fetch_sub(
-            (self.clusters.counted_len() + self.endpoints.counted_len()) as u64,
-            Ordering::Relaxed,
-        );
+        cx.forget(ResourceType::Cluster, self.clusters.counted_len());
+        cx.forget(ResourceType::Endpoints, self.endpoints.counted_len());
     }
+}
+
+/// Logs a request in full, at trace level.
+fn trace_request(stream: u64, req: &DeltaDiscoveryRequest) {
+    tracing::trace!(
+        stream,
+        type_url = %req.type_url,
+        subscribe = ?req.resource_names_subscribe,
+        unsubscribe = ?req.resource_names_unsubscribe,
+        initial = ?req.initial_resource_versions.keys().collect::<Vec<_>>(),
+        nonce = %req.response_nonce,
+        nack = req.error_detail.is_some(),
+        "request"
+    );
 }
 
 fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> DeltaDiscoveryResponse {
@@ -846,6 +669,11 @@ fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> Delt
 /// The most names a wildcard subscription may be sent ahead.
 fn ahead_most(cx: &Context<'_>) -> usize {
     cx.prewarm.map_or(0, |p| p.limits().max_per_service)
+}
+
+/// The time now, in seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    unix_seconds(SystemTime::now())
 }
 
 fn unix_seconds(t: SystemTime) -> u64 {

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::xds::Versioned;
+use crate::xds::{ResourceName, Versioned};
 
 /// What a client has of one subscribed resource, as far as this stream knows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,41 +54,73 @@ impl Default for SubscriptionLimits {
     }
 }
 
-/// One stream's subscriptions for one resource type.
+/// One stream's subscriptions for one resource type: one entry per subscribed name, whose
+/// [`Standing`] says how it counts under the bounds.
 #[derive(Clone, Debug, Default)]
 pub struct Subscriptions {
-    names: BTreeMap<String, Known>,
-    /// Names the server added on the client's behalf (see [`Subscriptions::presubscribe`])
-    /// whose subscribe from the client has not arrived yet.
-    presubscribed: BTreeSet<String>,
+    names: BTreeMap<ResourceName, Subscription>,
     limits: SubscriptionLimits,
-    /// Subscribed names admitted while unregistered (at most `limits.max_unregistered`).
-    unregistered: BTreeSet<String>,
-    /// Subscribed names over `limits.max_unregistered`: answered with a removal until they
-    /// are registered.
-    refused: BTreeSet<String>,
-    /// Names over `limits.max_names`, not tracked: each is answered with a removal once.
-    overflow: Vec<String>,
-    /// Subscribed names beyond the room other streams left under a shared bound
-    /// ([`Subscriptions::update_within`]): answered with a removal, and sent once there is
-    /// room ([`Subscriptions::admit_waiting`]) — Envoy stays subscribed to a removed name, and
-    /// takes a resource pushed for it later. Neither watched in the cache nor counted under
-    /// the shared bound meanwhile.
-    waiting: BTreeSet<String>,
+    /// How many entries are [`Standing::Unregistered`] (at most `limits.max_unregistered`).
+    unregistered: usize,
+    /// The entries that are [`Standing::Waiting`], in name order: the first admitted when
+    /// room frees up.
+    waiting: BTreeSet<ResourceName>,
     /// Names whose answer may differ from what the client was last told: for a reason of this
     /// stream's own (subscribed or subscribed again, admitted, refused, sent ahead), or
     /// because the cache changed them ([`Subscriptions::mark_changed`]): what [`diff_pending`]
-    /// looks at.
-    pending: BTreeSet<String>,
+    /// looks at. Always subscribed names.
+    pending: BTreeSet<ResourceName>,
+    /// Names over `limits.max_names`, not tracked: each is answered with a removal once.
+    overflow: Vec<String>,
+}
+
+/// One subscribed name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Subscription {
+    known: Known,
+    standing: Standing,
+    /// The server subscribed it on the client's behalf (see [`Subscriptions::presubscribe`]),
+    /// and the client's own subscribe has not arrived yet.
+    presubscribed: bool,
+}
+
+/// How a subscribed name counts under the bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Standing {
+    /// Counted and watched in the cache, like any registered cluster.
+    Counted,
+    /// Counted and watched, admitted while not registered: one of the
+    /// [`SubscriptionLimits::max_unregistered`] such names of the stream, until it is
+    /// registered.
+    Unregistered,
+    /// Counted and watched, but over [`SubscriptionLimits::max_unregistered`]: answered with a
+    /// removal until it is registered.
+    Refused,
+    /// Beyond the room other streams left under a shared bound
+    /// ([`Subscriptions::update_within`]): answered with a removal, and sent once there is room
+    /// ([`Subscriptions::admit_waiting`]) — Envoy stays subscribed to a removed name, and takes
+    /// a resource pushed for it later. Neither watched in the cache nor counted under the
+    /// shared bound meanwhile.
+    Waiting,
+}
+
+impl Subscription {
+    fn new(known: Known, standing: Standing) -> Subscription {
+        Subscription {
+            known,
+            standing,
+            presubscribed: false,
+        }
+    }
 }
 
 /// How a request changed a [`Subscriptions`]: names new to it and names gone from it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubscriptionChange {
     /// Names that were not subscribed before.
-    pub added: Vec<String>,
+    pub added: Vec<ResourceName>,
     /// Names that were subscribed and are not any more.
-    pub removed: Vec<String>,
+    pub removed: Vec<ResourceName>,
     /// Names over [`SubscriptionLimits::max_names`]: not subscribed, answered with a removal.
     pub over_limit: usize,
     /// Names beyond the room left by other streams ([`Subscriptions::update_within`]):
@@ -109,7 +141,7 @@ impl Subscriptions {
     }
 
     /// Applies one request's `resource_names_subscribe`, `resource_names_unsubscribe` and
-    /// `initial_resource_versions`.
+    /// `initial_resource_versions`. Each name new to the stream is parsed here, once.
     ///
     /// Wildcard: odmesh never sends the whole registry, so `*` is not a name here; it is
     /// reported in [`SubscriptionChange::wildcard`], and the [`session`](crate::session) sends
@@ -141,76 +173,131 @@ impl Subscriptions {
                 change.wildcard = true;
                 continue;
             }
-            // Rule: the server must answer every name in `resource_names_subscribe`, even one
-            // it believes the client has at the latest version (the client may have dropped it
-            // and asked again before its unsubscribe went out). So a subscribe forgets what we
-            // thought the client had...
-            //
-            // Rule: ...unless the client says what it has. On a new stream, the first request
-            // of each type carries `initial_resource_versions`: the resources the client kept
-            // from the previous stream, with their versions. The server sends only those whose
-            // version differs, and everything the client does not list.
-            //
-            // odmesh's exception: a name the server subscribed on the client's behalf (and sent)
-            // just before the client's own subscribe arrived is not resent. That subscribe was
-            // already on its way; the client did not drop anything in between.
-            if self.presubscribed.remove(name) && !initial_versions.contains_key(name) {
-                continue;
-            }
-            let known = initial_versions
-                .get(name)
-                .map_or(Known::Nothing, |v| Known::Kept(v.clone()));
-            if !self.names.contains_key(name) {
-                // What the client kept from an earlier stream is in its memory already: it
-                // takes no room from other streams (taking it away could cost requests).
-                let kept = initial_versions.contains_key(name);
-                if self.names.len() >= self.limits.max_names {
-                    change.over_limit += 1;
-                    self.overflow.push(name.clone());
-                    continue;
-                }
-                if room == 0 && !kept {
-                    change.over_room += 1;
-                    self.names.insert(name.clone(), Known::Nothing);
-                    self.waiting.insert(name.clone());
-                    self.pending.insert(name.clone());
-                    continue;
-                }
-                if !kept {
-                    room -= 1;
-                }
-            }
-            self.pending.insert(name.clone());
-            if self.names.insert(name.clone(), known).is_none() {
-                change.added.push(name.clone());
-            }
+            self.subscribe(name, initial_versions.get(name), &mut room, &mut change);
         }
         // Rule: names in `resource_names_unsubscribe` leave the tracked set; the server sends
         // nothing for them, not even a removal.
         for name in unsubscribe {
-            self.presubscribed.remove(name);
-            self.pending.remove(name);
-            self.unregistered.remove(name);
-            self.refused.remove(name);
             // A name waiting for room was never counted nor watched: nothing to give back.
-            let waited = self.waiting.remove(name);
-            if self.names.remove(name).is_some() && !waited {
-                change.removed.push(name.clone());
+            if let Some((name, Standing::Counted | Standing::Unregistered | Standing::Refused)) =
+                self.remove(name)
+            {
+                change.removed.push(name);
             }
         }
         change
     }
 
+    /// Subscribes `name`, of which the client says it kept version `kept`, taking room from
+    /// `room` if it is new and not kept.
+    fn subscribe(
+        &mut self,
+        name: &str,
+        kept: Option<&String>,
+        room: &mut usize,
+        change: &mut SubscriptionChange,
+    ) {
+        // Rule: the server must answer every name in `resource_names_subscribe`, even one it
+        // believes the client has at the latest version (the client may have dropped it and
+        // asked again before its unsubscribe went out). So a subscribe forgets what we thought
+        // the client had...
+        //
+        // Rule: ...unless the client says what it has. On a new stream, the first request of
+        // each type carries `initial_resource_versions`: the resources the client kept from
+        // the previous stream, with their versions. The server sends only those whose version
+        // differs, and everything the client does not list.
+        let known = kept.map_or(Known::Nothing, |v| Known::Kept(v.clone()));
+        if let Some(sub) = self.names.get_mut(name) {
+            // odmesh's exception: a name the server subscribed on the client's behalf (and
+            // sent) just before the client's own subscribe arrived is not resent. That
+            // subscribe was already on its way; the client did not drop anything in between.
+            if std::mem::take(&mut sub.presubscribed) && kept.is_none() {
+                return;
+            }
+            if sub.standing != Standing::Waiting {
+                sub.known = known;
+            }
+            let name = self.key(name);
+            self.pending.insert(name);
+            return;
+        }
+        if self.names.len() >= self.limits.max_names {
+            change.over_limit += 1;
+            self.overflow.push(name.to_owned());
+            return;
+        }
+        let name = ResourceName::new(name);
+        // What the client kept from an earlier stream is in its memory already: it takes no
+        // room from other streams (taking it away could cost requests).
+        if *room == 0 && kept.is_none() {
+            change.over_room += 1;
+            self.waiting.insert(name.clone());
+            self.pending.insert(name.clone());
+            self.names
+                .insert(name, Subscription::new(Known::Nothing, Standing::Waiting));
+            return;
+        }
+        if kept.is_none() {
+            *room -= 1;
+        }
+        self.pending.insert(name.clone());
+        self.names
+            .insert(name.clone(), Subscription::new(known, Standing::Counted));
+        change.added.push(name);
+    }
+
+    /// The key of subscribed `name`, shared (a clone of the map's own).
+    fn key(&self, name: &str) -> ResourceName {
+        let (key, _) = self.names.get_key_value(name).expect("subscribed");
+        key.clone()
+    }
+
+    /// Forgets `name` wherever it is kept. Returns it and how it stood, if it was subscribed.
+    fn remove(&mut self, name: &str) -> Option<(ResourceName, Standing)> {
+        let (name, sub) = self.names.remove_entry(name)?;
+        self.pending.remove(&name);
+        match sub.standing {
+            Standing::Unregistered => self.unregistered -= 1,
+            Standing::Waiting => {
+                self.waiting.remove(&name);
+            }
+            Standing::Counted | Standing::Refused => {}
+        }
+        Some((name, sub.standing))
+    }
+
+    /// Changes how `name`, subscribed, stands, keeping the counts in step.
+    fn set_standing(&mut self, name: &ResourceName, standing: Standing) {
+        let Some(sub) = self.names.get_mut(name) else {
+            return;
+        };
+        let was = std::mem::replace(&mut sub.standing, standing);
+        match was {
+            Standing::Unregistered => self.unregistered -= 1,
+            Standing::Waiting => {
+                self.waiting.remove(name);
+            }
+            Standing::Counted | Standing::Refused => {}
+        }
+        match standing {
+            Standing::Unregistered => self.unregistered += 1,
+            Standing::Waiting => {
+                self.waiting.insert(name.clone());
+            }
+            Standing::Counted | Standing::Refused => {}
+        }
+    }
+
     /// Takes at most `room` of the names waiting for room: they are subscribed like any other
     /// from now on, and sent by the next diff. Returns them, for the caller to watch and
     /// count.
-    pub fn admit_waiting(&mut self, room: usize) -> Vec<String> {
-        let admitted: Vec<String> = self.waiting.iter().take(room).cloned().collect();
+    pub fn admit_waiting(&mut self, room: usize) -> Vec<ResourceName> {
+        let admitted: Vec<ResourceName> = self.waiting.iter().take(room).cloned().collect();
         for name in &admitted {
-            self.waiting.remove(name);
+            self.set_standing(name, Standing::Counted);
             self.pending.insert(name.clone());
-            if let Some(known) = self.names.get_mut(name) {
-                *known = Known::Nothing;
+            if let Some(sub) = self.names.get_mut(name) {
+                sub.known = Known::Nothing;
             }
         }
         admitted
@@ -229,9 +316,9 @@ impl Subscriptions {
     /// The subscribed names that count (and are watched in the cache): every name but those
     /// waiting for room.
     pub fn counted_names(&self) -> impl Iterator<Item = &str> {
-        (self.names.keys())
-            .filter(|name| !self.waiting.contains(*name))
-            .map(String::as_str)
+        (self.names.iter())
+            .filter(|(_, sub)| sub.standing != Standing::Waiting)
+            .map(|(name, _)| name.as_str())
     }
 
     /// How many subscribed names count (see [`Subscriptions::counted_names`]).
@@ -244,36 +331,43 @@ impl Subscriptions {
     /// a removal until it is registered. Returns whether it was admitted. Names the client
     /// kept from an earlier stream are always admitted (it holds them already), and count.
     pub fn admit_unregistered(&mut self, name: &str) -> bool {
-        if self.unregistered.contains(name) {
+        let Some(sub) = self.names.get(name) else {
             return true;
+        };
+        match sub.standing {
+            Standing::Unregistered => return true,
+            Standing::Refused | Standing::Waiting => return false,
+            Standing::Counted => {}
         }
         // Counted, so that a reconnect cannot bring more in beside them.
-        if matches!(self.names.get(name), Some(Known::Kept(_))) {
-            self.unregistered.insert(name.to_owned());
-            return true;
-        }
-        if self.unregistered.len() < self.limits.max_unregistered {
-            self.unregistered.insert(name.to_owned());
+        let kept = matches!(sub.known, Known::Kept(_));
+        let name = self.key(name);
+        if kept || self.unregistered < self.limits.max_unregistered {
+            self.set_standing(&name, Standing::Unregistered);
             true
         } else {
-            self.refused.insert(name.to_owned());
-            self.pending.insert(name.to_owned());
+            self.set_standing(&name, Standing::Refused);
+            self.pending.insert(name);
             false
         }
     }
 
     /// Whether `name` is refused (see [`Subscriptions::admit_unregistered`]).
     pub fn is_refused(&self, name: &str) -> bool {
-        self.refused.contains(name)
+        (self.names.get(name)).is_some_and(|sub| sub.standing == Standing::Refused)
     }
 
     /// Subscribes `names` on the client's behalf, ahead of the client's own subscribe, which the
     /// server knows is coming (Envoy subscribes to an EDS cluster's load assignment once it
     /// has the cluster). Names already subscribed are left alone. When the client's subscribe
     /// arrives, it is not answered again with what was sent meanwhile. Returns the names added.
-    pub fn presubscribe(&mut self, names: &[String]) -> Vec<String> {
+    pub fn presubscribe(&mut self, names: &[ResourceName]) -> Vec<ResourceName> {
         let added = self.push_ahead(names);
-        self.presubscribed.extend(added.iter().cloned());
+        for name in &added {
+            if let Some(sub) = self.names.get_mut(name) {
+                sub.presubscribed = true;
+            }
+        }
         added
     }
 
@@ -281,7 +375,7 @@ impl Subscriptions {
     /// of any request (prewarm), which the client takes under its wildcard subscription and
     /// will not subscribe to by name. Names already subscribed are left alone, and none beyond
     /// [`SubscriptionLimits::max_names`] is added. Returns the names added.
-    pub fn push_ahead(&mut self, names: &[String]) -> Vec<String> {
+    pub fn push_ahead(&mut self, names: &[ResourceName]) -> Vec<ResourceName> {
         let mut added = Vec::new();
         for name in names {
             if name == WILDCARD
@@ -290,7 +384,8 @@ impl Subscriptions {
             {
                 continue;
             }
-            self.names.insert(name.clone(), Known::Nothing);
+            let sub = Subscription::new(Known::Nothing, Standing::Counted);
+            self.names.insert(name.clone(), sub);
             self.pending.insert(name.clone());
             added.push(name.clone());
         }
@@ -308,15 +403,11 @@ impl Subscriptions {
     /// name would take a place under the bounds for the stream's life, and a later subscribe
     /// from the client would be taken for the one already on its way and not answered.
     /// Returns the names removed.
-    pub fn withdraw_presubscribed(&mut self, names: &[String]) -> Vec<String> {
+    pub fn withdraw_presubscribed(&mut self, names: &[ResourceName]) -> Vec<ResourceName> {
         let mut removed = Vec::new();
         for name in names {
-            if self.presubscribed.remove(name) {
-                self.names.remove(name);
-                self.pending.remove(name);
-                self.unregistered.remove(name);
-                self.refused.remove(name);
-                removed.push(name.clone());
+            if (self.names.get(name)).is_some_and(|sub| sub.presubscribed) {
+                removed.extend(self.remove(name.as_str()).map(|(name, _)| name));
             }
         }
         removed
@@ -326,7 +417,7 @@ impl Subscriptions {
     /// cache, so the next [`diff_pending`] looks at them.
     pub fn mark_changed<'a>(&mut self, names: impl IntoIterator<Item = &'a String>) {
         for name in names {
-            if self.names.contains_key(name) {
+            if let Some((name, _)) = self.names.get_key_value(name.as_str()) {
                 self.pending.insert(name.clone());
             }
         }
@@ -340,19 +431,20 @@ impl Subscriptions {
     pub fn record(&mut self, delta: &Delta) {
         self.pending.clear();
         for r in &delta.send {
-            if let Some(known) = self.names.get_mut(&r.name) {
-                *known = Known::Version(r.version.clone());
-            }
+            let Some(sub) = self.names.get_mut(r.name.as_str()) else {
+                continue;
+            };
+            sub.known = Known::Version(r.version.clone());
             // A registered cluster is an ordinary subscription from now on, whatever it
             // becomes: it counts against no bound.
-            if r.registered {
-                self.unregistered.remove(&r.name);
-                self.refused.remove(&r.name);
+            if r.registered && matches!(sub.standing, Standing::Unregistered | Standing::Refused) {
+                let name = self.key(&r.name);
+                self.set_standing(&name, Standing::Counted);
             }
         }
         for name in &delta.remove {
-            if let Some(known) = self.names.get_mut(name) {
-                *known = Known::Removed;
+            if let Some(sub) = self.names.get_mut(name.as_str()) {
+                sub.known = Known::Removed;
             }
         }
         self.overflow.clear();
@@ -360,7 +452,7 @@ impl Subscriptions {
 
     /// The subscribed names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.names.keys().map(String::as_str)
+        self.names.keys().map(ResourceName::as_str)
     }
 
     /// How many names are subscribed.
@@ -417,7 +509,7 @@ impl Delta {
 pub fn diff(
     subs: &Subscriptions,
     loading: bool,
-    current: impl FnMut(&str) -> Option<Arc<Versioned>>,
+    current: impl FnMut(&ResourceName) -> Option<Arc<Versioned>>,
 ) -> Delta {
     diff_of(subs, subs.names.keys(), loading, current)
 }
@@ -431,7 +523,7 @@ pub fn diff(
 pub fn diff_pending(
     subs: &Subscriptions,
     loading: bool,
-    current: impl FnMut(&str) -> Option<Arc<Versioned>>,
+    current: impl FnMut(&ResourceName) -> Option<Arc<Versioned>>,
 ) -> Delta {
     diff_of(subs, subs.pending.iter(), loading, current)
 }
@@ -440,28 +532,28 @@ pub fn diff_pending(
 /// over the bounds.
 fn diff_of<'a>(
     subs: &Subscriptions,
-    names: impl Iterator<Item = &'a String>,
+    names: impl Iterator<Item = &'a ResourceName>,
     loading: bool,
-    mut current: impl FnMut(&str) -> Option<Arc<Versioned>>,
+    mut current: impl FnMut(&ResourceName) -> Option<Arc<Versioned>>,
 ) -> Delta {
     let mut delta = Delta::default();
     for name in names {
-        let Some(known) = subs.names.get(name) else {
+        let Some(sub) = subs.names.get(name) else {
             continue;
         };
-        if loading && matches!(known, Known::Kept(_)) {
+        if loading && matches!(sub.known, Known::Kept(_)) {
             continue;
         }
-        let now = if subs.waiting.contains(name) {
-            None
-        } else {
-            current(name).filter(|r| r.registered || !subs.refused.contains(name))
+        let now = match sub.standing {
+            Standing::Waiting => None,
+            Standing::Refused => current(name).filter(|r| r.registered),
+            Standing::Counted | Standing::Unregistered => current(name),
         };
-        match (known, now) {
+        match (&sub.known, now) {
             (Known::Version(have) | Known::Kept(have), Some(now)) if *have == now.version => {}
             (_, Some(now)) => delta.send.push(now),
             (Known::Removed, None) => {}
-            (_, None) => delta.remove.push(name.clone()),
+            (_, None) => delta.remove.push(name.to_string()),
         }
     }
     delta.remove.extend(subs.overflow.iter().cloned());

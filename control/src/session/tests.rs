@@ -87,10 +87,11 @@ fn a_name_that_is_not_an_odmesh_cluster_gets_no_load_assignment_on_envoys_behalf
 #[test]
 fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
     let mut stream = ads_stream();
+    let admission = Admission::new(1);
     let cx = Context {
         cache: &stream.cache,
         metrics: &stream.metrics,
-        max_subscriptions: 1,
+        admission: &admission,
         prewarm: None,
         eviction: None,
     };
@@ -194,10 +195,12 @@ fn context<'a>(
     metrics: &'a Metrics,
     prewarm: Option<&'a Prewarm>,
 ) -> Context<'a> {
+    // No bound: the count the tests share never leaves room short.
+    static UNBOUNDED: Admission = Admission::new(usize::MAX);
     Context {
         cache,
         metrics,
-        max_subscriptions: usize::MAX,
+        admission: &UNBOUNDED,
         prewarm,
         eviction: None,
     }

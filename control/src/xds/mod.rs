@@ -65,7 +65,10 @@ use crate::model::{ClusterInfo, Endpoint, Snapshot};
 use crate::policy::{Effective, LoadBalancing, Policy};
 use odmesh_registry::Protocol;
 
+mod name;
 mod version;
+
+pub use name::ResourceName;
 
 /// Type URL of `envoy.config.cluster.v3.Cluster` (CDS).
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -245,27 +248,20 @@ pub fn build_for(
     policy: &Policy,
     caller: Option<&str>,
 ) -> Result<ClusterResources, InvalidClusterName> {
-    let target = Target::new(name, lookup, policy, caller)?;
-    let cluster = target.cluster(opts);
-    let cluster_resource = any(CLUSTER_TYPE_URL, &cluster);
-    let cluster_version = version::cluster(cluster);
-    let endpoints_resource = any(ENDPOINTS_TYPE_URL, &target.load_assignment());
-    let endpoints_version = version::load_assignment(cluster_version, &endpoints_resource.value);
-    let registered = target.state == State::Registered;
-    Ok(ClusterResources {
-        cluster: Versioned {
-            name: name.to_owned(),
-            version: format!("{cluster_version:016x}"),
-            resource: cluster_resource,
-            registered,
-        },
-        endpoints: Versioned {
-            name: name.to_owned(),
-            version: format!("{endpoints_version:016x}"),
-            resource: endpoints_resource,
-            registered,
-        },
-    })
+    let (vip, kind) = parse_cluster_name(name)?;
+    Ok(Target::new(name, vip, kind, lookup, policy, caller).resources(opts))
+}
+
+/// [`build_for`] of a name parsed already; `None` if it is not an odmesh cluster name.
+pub fn build_named(
+    name: &ResourceName,
+    lookup: Lookup<'_>,
+    opts: &XdsOptions,
+    policy: &Policy,
+    caller: Option<&str>,
+) -> Option<ClusterResources> {
+    let (vip, kind) = name.cluster()?;
+    Some(Target::new(name.as_str(), vip, kind, lookup, policy, caller).resources(opts))
 }
 
 /// The `Cluster` for `name` with odmesh's default policy; see the module docs.
@@ -274,7 +270,7 @@ pub fn cluster(
     lookup: Lookup<'_>,
     opts: &XdsOptions,
 ) -> Result<Cluster, InvalidClusterName> {
-    Ok(Target::new(name, lookup, &Policy::default(), None)?.cluster(opts))
+    Ok(Target::parse(name, lookup, &Policy::default(), None)?.cluster(opts))
 }
 
 /// The policy `name` gets under `policy` for `caller`, with where each value came from.
@@ -284,7 +280,7 @@ pub fn effective_policy(
     policy: &Policy,
     caller: Option<&str>,
 ) -> Result<Effective, InvalidClusterName> {
-    Ok(Target::new(name, lookup, policy, caller)?.policy)
+    Ok(Target::parse(name, lookup, policy, caller)?.policy)
 }
 
 /// The `ClusterLoadAssignment` for `name`: UP endpoints grouped by zone (empty when unknown).
@@ -292,7 +288,7 @@ pub fn load_assignment(
     name: &str,
     lookup: Lookup<'_>,
 ) -> Result<ClusterLoadAssignment, InvalidClusterName> {
-    Ok(Target::new(name, lookup, &Policy::default(), None)?.load_assignment())
+    Ok(Target::parse(name, lookup, &Policy::default(), None)?.load_assignment())
 }
 
 /// [`Lookup`] without the cluster, as it shapes a resource.
@@ -315,13 +311,15 @@ struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
+    /// The target of cluster `name`, which must be `<vip>` of `kind`.
     fn new(
         name: &'a str,
+        vip: &'a str,
+        kind: Kind,
         lookup: Lookup<'a>,
         policy: &Policy,
         caller: Option<&str>,
-    ) -> Result<Target<'a>, InvalidClusterName> {
-        let (vip, kind) = parse_cluster_name(name)?;
+    ) -> Target<'a> {
         let (vip, state, endpoints, declared): (&str, _, &[Endpoint], _) = match lookup {
             Lookup::Registered(info) => {
                 (&info.vip, State::Registered, &info.endpoints, info.protocol)
@@ -329,14 +327,50 @@ impl<'a> Target<'a> {
             Lookup::Unregistered => (vip, State::Unregistered, &[], Protocol::Auto),
             Lookup::NotYetKnown => (vip, State::NotYetKnown, &[], Protocol::Auto),
         };
-        Ok(Target {
+        Target {
             name,
             vip,
             kind,
             state,
             endpoints,
             policy: policy.resolve(kind, vip, caller, declared),
-        })
+        }
+    }
+
+    /// [`Target::new`] of a name not parsed yet.
+    fn parse(
+        name: &'a str,
+        lookup: Lookup<'a>,
+        policy: &Policy,
+        caller: Option<&str>,
+    ) -> Result<Target<'a>, InvalidClusterName> {
+        let (vip, kind) = parse_cluster_name(name)?;
+        Ok(Target::new(name, vip, kind, lookup, policy, caller))
+    }
+
+    /// Both resources, versioned.
+    fn resources(&self, opts: &XdsOptions) -> ClusterResources {
+        let cluster = self.cluster(opts);
+        let cluster_resource = any(CLUSTER_TYPE_URL, &cluster);
+        let cluster_version = version::cluster(cluster);
+        let endpoints_resource = any(ENDPOINTS_TYPE_URL, &self.load_assignment());
+        let endpoints_version =
+            version::load_assignment(cluster_version, &endpoints_resource.value);
+        let registered = self.state == State::Registered;
+        ClusterResources {
+            cluster: Versioned {
+                name: self.name.to_owned(),
+                version: format!("{cluster_version:016x}"),
+                resource: cluster_resource,
+                registered,
+            },
+            endpoints: Versioned {
+                name: self.name.to_owned(),
+                version: format!("{endpoints_version:016x}"),
+                resource: endpoints_resource,
+                registered,
+            },
+        }
     }
 
     fn protocol(&self) -> Protocol {
