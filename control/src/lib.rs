@@ -3,13 +3,14 @@
 //! Layers, each using only the ones below it:
 //! the registry (`odmesh-registry`: the plain model of apps and instances and the file
 //! source; `odmesh-eureka`: the Eureka sources) → [`model`] (snapshot: cluster → endpoints)
-//! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`) → [`cache`]
-//! (versions, subscriptions, the delta diff) → [`session`] (one stream's protocol, without the
-//! transport) → [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each
-//! calling service used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that
-//! a connecting proxy is sent them ahead.
-//! [`admin`] and [`metrics`] watch from the side. What every odmesh server shares (bounded
-//! listeners and HTTP serving, log clipping, TLS files, the metrics macro) is in `odmesh-base`.
+//! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`, versioned) →
+//! [`cache`] (the resources every stream shares, and who is told of a change) → [`session`]
+//! (one stream's protocol without the transport: subscriptions, the delta diff, admission) →
+//! [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each calling service
+//! used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that a connecting
+//! proxy is sent them ahead. [`admin`] and [`metrics`] watch from the side. What every odmesh
+//! server shares (bounded listeners and HTTP serving, log clipping, TLS files, the metrics
+//! macro) is in `odmesh-base`. docs/architecture.md follows a first request through them.
 #![forbid(unsafe_code)]
 
 pub mod admin;

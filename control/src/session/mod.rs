@@ -3,8 +3,9 @@
 //! [`server`](crate::server) runs one [`Session`] per gRPC stream and only moves its messages;
 //! tests drive sessions directly, as simulated proxies would.
 //!
-//! See [`cache`](crate::cache) for the delta xDS rules (subscriptions, the diff, kept
-//! resources, bounds) that a session applies.
+//! The delta xDS rules (subscriptions, the diff, kept resources, bounds) are quoted beside
+//! the code that follows them in `subscriptions.rs`; `admission.rs` counts what a subscription
+//! costs outside its stream; `clusters.rs` holds what only `Cluster` requests do.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -315,7 +316,7 @@ impl Session {
     /// once there is room ([`Session::on_change`]; Envoy stays subscribed to a removed name
     /// and takes the resource then). The stream's other clusters are served all along.
     ///
-    /// The walk, step by step (docs/architecture.md, "A first request"):
+    /// The steps are numbered below; docs/architecture.md, "A first request", walks them.
     pub fn on_request(
         &mut self,
         cx: &Context<'_>,

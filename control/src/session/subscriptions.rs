@@ -55,7 +55,7 @@ impl Default for SubscriptionLimits {
 }
 
 /// One stream's subscriptions for one resource type: one entry per subscribed name, whose
-/// [`Standing`] says how it counts under the bounds.
+/// standing says how it counts under the bounds (counted, unregistered, refused, waiting).
 #[derive(Clone, Debug, Default)]
 pub struct Subscriptions {
     names: BTreeMap<ResourceName, Subscription>,
