@@ -214,75 +214,22 @@ impl SnapshotBuilder {
     pub fn update(&mut self, registry: Arc<Registry>) -> Update {
         let changes = registry.changes_since(&self.registry);
         self.registry = registry;
-        let mut touched = HashSet::new();
-        for inst in &changes.removed {
-            for (name, _, _) in clusters_of(inst) {
-                // Equal instances cannot be told apart, so any equal one goes: the members
-                // stay the multiset of instances that list the cluster.
-                if let Some(members) = self.members.get_mut(&name) {
-                    let list = &mut members.instances;
-                    if let Some(at) = list
-                        .iter()
-                        .position(|m| Arc::ptr_eq(m, inst) || **m == **inst)
-                    {
-                        list.swap_remove(at);
-                    }
-                }
-                touched.insert(name);
-            }
-        }
-        for inst in &changes.added {
-            for (name, vip, kind) in clusters_of(inst) {
-                self.members
-                    .entry(name.clone())
-                    .or_insert_with(|| Members {
-                        vip: vip.to_owned(),
-                        kind,
-                        instances: Vec::new(),
-                    })
-                    .instances
-                    .push(inst.clone());
-                touched.insert(name);
-            }
-        }
+        let touched = self.move_members(&changes.removed, &changes.added);
         // Clusters whose members changed but whose content did not (an instance moved, or
         // changed in a field Envoy does not see) keep their `Arc`, and if no cluster changed,
         // the snapshot is the previous one.
         let mut next: Option<Snapshot> = None;
         let mut clusters_rebuilt = 0;
         for name in &touched {
-            let info = match self.members.get(name) {
-                Some(m) if !m.instances.is_empty() => {
-                    Some(ClusterInfo::of(&m.vip, m.kind, &m.instances))
-                }
-                _ => {
-                    self.members.remove(name);
-                    None
-                }
-            };
+            let info = self.cluster_info(name);
             if self.snapshot.get(name).map(|old| &**old) == info.as_ref() {
                 continue;
             }
             clusters_rebuilt += 1;
             // The parts of the index are shared with the previous snapshot until one is
             // written to: `make_mut` copies that part then, once.
-            let next = next.get_or_insert_with(|| (*self.snapshot).clone());
-            let shard = Arc::make_mut(&mut next.shards[shard_of(name)]);
-            match info {
-                Some(info) => {
-                    if shard
-                        .insert(Arc::from(name.as_str()), Arc::new(info))
-                        .is_none()
-                    {
-                        next.len += 1;
-                    }
-                }
-                None => {
-                    if shard.remove(name.as_str()).is_some() {
-                        next.len -= 1;
-                    }
-                }
-            }
+            next.get_or_insert_with(|| (*self.snapshot).clone())
+                .set(name, info);
         }
         // A registry that finished loading (or, rarely, started again) is news even when
         // no cluster changed: the cache stops holding back what proxies kept.
@@ -298,6 +245,80 @@ impl SnapshotBuilder {
             snapshot: self.snapshot.clone(),
             instances_changed: changes.removed.len() + changes.added.len(),
             clusters_rebuilt,
+        }
+    }
+
+    /// Takes the `removed` instances out of the members of their clusters and puts the
+    /// `added` ones in. Returns the clusters touched.
+    fn move_members(
+        &mut self,
+        removed: &[Arc<Instance>],
+        added: &[Arc<Instance>],
+    ) -> HashSet<String> {
+        let mut touched = HashSet::new();
+        for inst in removed {
+            for (name, _, _) in clusters_of(inst) {
+                // Equal instances cannot be told apart, so any equal one goes: the members
+                // stay the multiset of instances that list the cluster.
+                if let Some(members) = self.members.get_mut(&name) {
+                    let list = &mut members.instances;
+                    if let Some(at) = list
+                        .iter()
+                        .position(|m| Arc::ptr_eq(m, inst) || **m == **inst)
+                    {
+                        list.swap_remove(at);
+                    }
+                }
+                touched.insert(name);
+            }
+        }
+        for inst in added {
+            for (name, vip, kind) in clusters_of(inst) {
+                self.members
+                    .entry(name.clone())
+                    .or_insert_with(|| Members {
+                        vip: vip.to_owned(),
+                        kind,
+                        instances: Vec::new(),
+                    })
+                    .instances
+                    .push(inst.clone());
+                touched.insert(name);
+            }
+        }
+        touched
+    }
+
+    /// Cluster `name` from its members now; `None` (and its members forgotten) when it has
+    /// none left.
+    fn cluster_info(&mut self, name: &str) -> Option<ClusterInfo> {
+        match self.members.get(name) {
+            Some(m) if !m.instances.is_empty() => {
+                Some(ClusterInfo::of(&m.vip, m.kind, &m.instances))
+            }
+            _ => {
+                self.members.remove(name);
+                None
+            }
+        }
+    }
+}
+
+impl Snapshot {
+    /// Sets cluster `name` to `info`, or removes it (`None`).
+    fn set(&mut self, name: &str, info: Option<ClusterInfo>) {
+        let shard = Arc::make_mut(&mut self.shards[shard_of(name)]);
+        match info {
+            Some(info) => {
+                if shard.insert(Arc::from(name), Arc::new(info)).is_none() {
+                    self.len += 1;
+                }
+            }
+            None => {
+                if shard.remove(name).is_some() {
+                    self.len -= 1;
+                }
+            }
         }
     }
 }
