@@ -261,69 +261,23 @@ fn convert(index: usize, raw: &Spanned<RawInstance>) -> Result<Instance, Invalid
     if app.is_empty() {
         return Err(fail("app", &r.app, "required".into()));
     }
-    let ip_text = ip_text.ok_or_else(|| fail("ip", &r.ip, "required".into()))?;
-    let ip: IpAddr = ip_text
-        .trim()
-        .parse()
-        .map_err(|_| fail("ip", &r.ip, format!("{ip_text:?} is not an IP address")))?;
-    for (field, number, place) in [
-        ("port", port_number, &r.port),
-        ("secure_port", secure_port, &r.secure_port),
-    ] {
-        if number == Some(0) {
-            return Err(fail(field, place, "0 is not a usable port".into()));
-        }
-    }
-    if port_number.is_none() && secure_port.is_none() {
-        return Err(fail(
-            "port",
-            &r.port,
-            "an instance needs `port`, `secure_port` or both".into(),
-        ));
-    }
-    if svip.is_some() && secure_port.is_none() {
-        return Err(fail("svip", &r.svip, "set without `secure_port`".into()));
-    }
-
-    // A `vip` that is written is checked even where it is not used; the app's name, only
-    // where it names a VIP: an app that serves only an explicit `svip` may have any name.
-    let vip_list = |field: &str, place: &Field, list: &str| {
-        vip_list(list).map_err(|reason| fail(field, place, reason))
+    let ip = ip_address(ip_text, r, &fail)?;
+    let ports = Ports {
+        port: port_number,
+        secure_port,
     };
-    let app_names_vip = port_number.is_some() || (secure_port.is_some() && svip.is_none());
-    let vip_names = match vip {
-        Some(vip) => vip_list("vip", &r.vip, vip)?,
-        None if app_names_vip => vip_list("app", &r.app, &app)?,
-        None => Vec::new(),
-    };
-    let vips = if port_number.is_some() {
-        vip_names.clone()
-    } else {
-        Vec::new()
-    };
-    let svips = match (secure_port, svip) {
-        (None, _) => Vec::new(),
-        (Some(_), Some(svip)) => vip_list("svip", &r.svip, svip)?,
-        (Some(_), None) => vip_names,
-    };
-
+    ports.check(r, svip, &fail)?;
+    let (vips, svips) = ports.vip_lists(r, &app, vip, svip, &fail)?;
     let status = match status {
         None => Status::Up,
         Some(s) => Status::parse(s).ok_or_else(|| {
-            fail(
-                "status",
-                &r.status,
-                format!("{s:?} is not one of UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN"),
-            )
+            let reason = format!("{s:?} is not one of UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN");
+            fail("status", &r.status, reason)
         })?,
     };
-    let zone = match zone {
-        Some(z) if z.trim().is_empty() => return Err(fail("zone", &r.zone, "empty".into())),
-        z => z.map(|z| z.trim().to_owned()),
-    };
-    let instance_id = match id {
-        Some(id) if id.trim().is_empty() => return Err(fail("id", &r.id, "empty".into())),
-        Some(id) => id.trim().to_owned(),
+    let zone = not_blank("zone", zone, &r.zone, &fail)?;
+    let instance_id = match not_blank("id", id, &r.id, &fail)? {
+        Some(id) => id,
         None => derived_id(&app, ip, port_number, secure_port),
     };
     let protocol = match protocol {
@@ -346,6 +300,87 @@ fn convert(index: usize, raw: &Spanned<RawInstance>) -> Result<Instance, Invalid
 }
 
 type Fail<'a> = &'a dyn Fn(&str, &Field, String) -> InvalidYaml;
+
+/// The required `ip` field, an IP address.
+fn ip_address(text: Option<&str>, r: &RawInstance, fail: Fail) -> Result<IpAddr, InvalidYaml> {
+    let text = text.ok_or_else(|| fail("ip", &r.ip, "required".into()))?;
+    (text.trim().parse()).map_err(|_| fail("ip", &r.ip, format!("{text:?} is not an IP address")))
+}
+
+/// An optional text field, trimmed; written but blank is an error.
+fn not_blank(
+    field: &str,
+    text: Option<&str>,
+    place: &Field,
+    fail: Fail,
+) -> Result<Option<String>, InvalidYaml> {
+    match text.map(str::trim) {
+        Some("") => Err(fail(field, place, "empty".into())),
+        text => Ok(text.map(str::to_owned)),
+    }
+}
+
+/// An instance's two ports, as written.
+struct Ports {
+    port: Option<u16>,
+    secure_port: Option<u16>,
+}
+
+impl Ports {
+    /// Checks the ports together, and with `svip`.
+    fn check(&self, r: &RawInstance, svip: Option<&str>, fail: Fail) -> Result<(), InvalidYaml> {
+        for (field, number, place) in [
+            ("port", self.port, &r.port),
+            ("secure_port", self.secure_port, &r.secure_port),
+        ] {
+            if number == Some(0) {
+                return Err(fail(field, place, "0 is not a usable port".into()));
+            }
+        }
+        if self.port.is_none() && self.secure_port.is_none() {
+            let reason = "an instance needs `port`, `secure_port` or both".into();
+            return Err(fail("port", &r.port, reason));
+        }
+        if svip.is_some() && self.secure_port.is_none() {
+            return Err(fail("svip", &r.svip, "set without `secure_port`".into()));
+        }
+        Ok(())
+    }
+
+    /// The VIPs and SVIPs an instance of `app` with these ports serves, from its `vip` and
+    /// `svip` fields or the app's name.
+    fn vip_lists(
+        &self,
+        r: &RawInstance,
+        app: &str,
+        vip: Option<&str>,
+        svip: Option<&str>,
+        fail: Fail,
+    ) -> Result<(Vec<String>, Vec<String>), InvalidYaml> {
+        // A `vip` that is written is checked even where it is not used; the app's name, only
+        // where it names a VIP: an app that serves only an explicit `svip` may have any name.
+        let vip_list = |field: &str, place: &Field, list: &str| {
+            vip_list(list).map_err(|reason| fail(field, place, reason))
+        };
+        let app_names_vip = self.port.is_some() || (self.secure_port.is_some() && svip.is_none());
+        let vip_names = match vip {
+            Some(vip) => vip_list("vip", &r.vip, vip)?,
+            None if app_names_vip => vip_list("app", &r.app, app)?,
+            None => Vec::new(),
+        };
+        let vips = if self.port.is_some() {
+            vip_names.clone()
+        } else {
+            Vec::new()
+        };
+        let svips = match (self.secure_port, svip) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(svip)) => vip_list("svip", &r.svip, svip)?,
+            (Some(_), None) => vip_names,
+        };
+        Ok((vips, svips))
+    }
+}
 
 /// A field's text: `None` when it is left out, an error when it is empty.
 fn text<'a>(field: &str, place: &'a Field, fail: Fail) -> Result<Option<&'a str>, InvalidYaml> {
