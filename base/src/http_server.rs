@@ -104,24 +104,60 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let builder = builder.clone();
+        let connection = Connection {
+            service: TowerToHyperService::new(router.clone()),
+            builder: builder.clone(),
+            watcher: graceful.watcher(),
+            limits,
+        };
         let on_event = on_event.clone();
-        let watcher = graceful.watcher();
         let tls = tls.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let write_timeout = limits.write_timeout;
-            let result = match tls {
+            connection.serve(tcp, tls, &*on_event).await;
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(STOP_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("open HTTP connections dropped after the grace period");
+    }
+    Ok(())
+}
+
+/// What serving one accepted connection takes.
+struct Connection {
+    service: TowerToHyperService<Router>,
+    builder: hyper::server::conn::http1::Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+    limits: HttpLimits,
+}
+
+impl Connection {
+    /// Serves HTTP on `tcp` (after a TLS handshake with `tls`, if given) until the client
+    /// closes it, a timeout ends it, or the graceful stop does.
+    async fn serve(
+        self,
+        tcp: tokio::net::TcpStream,
+        tls: Option<TlsAcceptor>,
+        on_event: &(impl Fn(HttpEvent) + ?Sized),
+    ) {
+        let write_timeout = self.limits.write_timeout;
+        let result =
+            match tls {
                 None => {
                     let io = TokioIo::new(WriteDeadline::new(tcp, write_timeout));
-                    let conn = builder.serve_connection(io, service);
-                    watcher.watch(conn).await
+                    let conn = self.builder.serve_connection(io, self.service);
+                    self.watcher.watch(conn).await
                 }
                 Some(acceptor) => {
                     let handshake = acceptor.accept(tcp);
                     let stream =
-                        match tokio::time::timeout(limits.tls_handshake_timeout, handshake).await {
+                        match tokio::time::timeout(self.limits.tls_handshake_timeout, handshake)
+                            .await
+                        {
                             Ok(Ok(stream)) => stream,
                             Ok(Err(e)) => {
                                 on_event(HttpEvent::TlsFailed);
@@ -135,29 +171,20 @@ pub async fn serve(
                             }
                         };
                     let io = TokioIo::new(WriteDeadline::new(stream, write_timeout));
-                    let conn = builder.serve_connection(io, service);
-                    watcher.watch(conn).await
+                    let conn = self.builder.serve_connection(io, self.service);
+                    self.watcher.watch(conn).await
                 }
             };
-            if let Err(e) = result {
-                let stalled = std::error::Error::source(&e)
-                    .and_then(|s| s.downcast_ref::<std::io::Error>())
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
-                if e.is_timeout() || stalled {
-                    on_event(HttpEvent::Timeout);
-                }
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+        if let Err(e) = result {
+            let stalled = std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+            if e.is_timeout() || stalled {
+                on_event(HttpEvent::Timeout);
             }
-        });
+            tracing::debug!(error = %e, "HTTP connection ended with an error");
+        }
     }
-    drop(listener);
-    if tokio::time::timeout(STOP_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::debug!("open HTTP connections dropped after the grace period");
-    }
-    Ok(())
 }
 
 /// A connection whose writes fail (`TimedOut`) when its peer has read nothing for
