@@ -429,6 +429,19 @@ impl Cache {
         self.lock().snapshot.clone()
     }
 
+    /// Whether the registry finished loading: until then, a name it does not list may be
+    /// registered still.
+    pub fn is_complete(&self) -> bool {
+        self.lock().snapshot.is_complete()
+    }
+
+    /// Whether a name is a registered cluster, by the registry now (one snapshot, taken
+    /// once: for many names at a time).
+    pub fn registered(&self) -> impl Fn(&str) -> bool + use<> {
+        let snapshot = self.snapshot();
+        move |name| snapshot.get(name).is_some()
+    }
+
     /// The policy in use.
     pub fn policy(&self) -> Arc<Policy> {
         self.lock().policy.clone()

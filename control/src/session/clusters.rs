@@ -79,10 +79,10 @@ impl Session {
         let Some(prewarm) = cx.prewarm else {
             return;
         };
-        let snapshot = cx.cache.snapshot();
+        let registered = cx.cache.registered();
         let asked: Vec<&str> = (names.iter())
             .map(ResourceName::as_str)
-            .filter(|name| snapshot.get(name).is_some())
+            .filter(|name| registered(name))
             .collect();
         if asked.is_empty() {
             return;
@@ -99,8 +99,7 @@ impl Session {
         let Some(prewarm) = cx.prewarm else {
             return Vec::new();
         };
-        let snapshot = cx.cache.snapshot();
-        if !self.prewarm_due || !snapshot.is_complete() {
+        if !self.prewarm_due || !cx.cache.is_complete() {
             return Vec::new();
         }
         self.prewarm_due = false;
@@ -108,7 +107,7 @@ impl Session {
         // proxies ask for themselves.
         let room = cx.admission.room() / 2;
         let predicted: Vec<ResourceName> = (prewarm
-            .predict(&self.node_cluster, |name| snapshot.get(name).is_some()))
+            .predict(&self.node_cluster, cx.cache.registered()))
         .into_iter()
         .map(ResourceName::new)
         .filter(|name| name.is_cluster() && !self.clusters.contains(name.as_str()))

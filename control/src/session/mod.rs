@@ -526,7 +526,7 @@ impl Session {
                 "names over the stream's bounds answered with a removal"
             );
         }
-        if kept > 0 && !cx.cache.snapshot().is_complete() {
+        if kept > 0 && !cx.cache.is_complete() {
             odmesh_base::limited!(
                 info,
                 stream = self.id,
@@ -606,7 +606,7 @@ impl Session {
         let answer_due =
             ty == ResourceType::Cluster && std::mem::take(&mut self.wildcard_answer_due);
         let subs = self.subs(ty);
-        let loading = !cache.snapshot().is_complete();
+        let loading = !cache.is_complete();
         let delta = match diff {
             _ if subs.is_idle() => Delta::default(),
             Diff::All => subscriptions::diff(subs, loading, cache.current(&caller, ty)),
