@@ -20,8 +20,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -32,7 +31,7 @@ use crate::java::{self, JVM_START_TIMEOUT};
 use crate::paths::repo_root;
 use crate::process::{ChildGuard, TestEnv};
 use crate::registry::Instance;
-use crate::wait::wait_for;
+use crate::wait::{wait_for, wait_ok_every};
 
 /// Eureka's REST API at `http://<addr>/eureka`, as a client library calls it.
 #[derive(Clone, Debug)]
@@ -585,19 +584,14 @@ impl ClientDriver {
         what: &str,
         mut condition: impl FnMut(&Fetched) -> bool,
     ) -> Fetched {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let label = self.process.label().to_owned();
+        wait_ok_every(FETCH_POLL_INTERVAL, timeout, what, || {
             let fetched = self.fetch();
             if condition(&fetched) {
-                return fetched;
+                return Ok(fetched);
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for {what}; {} holds {fetched:#?}",
-                self.process.label()
-            );
-            thread::sleep(FETCH_POLL_INTERVAL);
-        }
+            Err(format!("{label} holds {fetched:#?}"))
+        })
     }
 
     /// `fetches`: how many full and delta fetches the client made, and how many deltas it

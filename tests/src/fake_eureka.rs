@@ -28,14 +28,13 @@ use std::io::{BufReader, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::registry::Instance;
 use crate::serve::{Acceptor, Received, read_request};
-use crate::wait::wait_for;
+use crate::wait::{wait_for, wait_ok};
 
 /// The full registry's path.
 pub const APPS_PATH: &str = "/eureka/apps";
@@ -365,16 +364,8 @@ impl Drop for FakeEureka {
 
 /// Binds `addr` again, retrying while the port is still held (bounded).
 fn rebind(addr: SocketAddr) -> TcpListener {
-    let deadline = Instant::now() + REBIND_TIMEOUT;
-    loop {
-        match TcpListener::bind(addr) {
-            Ok(listener) => return listener,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("fake Eureka: cannot listen on {addr} again: {e}")
-            }
-            Err(_) => thread::sleep(Duration::from_millis(20)),
-        }
-    }
+    let what = format!("fake Eureka to listen on {addr} again");
+    wait_ok(REBIND_TIMEOUT, &what, || TcpListener::bind(addr))
 }
 
 /// Serves `listener` until the acceptor is dropped.
@@ -568,6 +559,8 @@ mod tests {
     use super::*;
     use crate::http::Request;
     use std::io;
+    use std::thread;
+    use std::time::Instant;
 
     fn get(fake: &FakeEureka, path: &str) -> io::Result<crate::http::Response> {
         Request::get(path)

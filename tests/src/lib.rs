@@ -96,5 +96,8 @@ pub use registry::{Instance, RegistryFile};
 pub use shell::Shell;
 pub use tcp_proxy::TcpProxy;
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
-pub use wait::{CHANGE_DEADLINE, hold_for, timed, wait_for, wait_until, wait_until_since};
+pub use wait::{
+    CHANGE_DEADLINE, hold_for, timed, wait_for, wait_ok, wait_ok_every, wait_until,
+    wait_until_since,
+};
 pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};
