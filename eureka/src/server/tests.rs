@@ -8,6 +8,7 @@ use crate::server::preservation::PreservationConfig;
 use axum::body::Body;
 use axum::http::{Method, Request, header};
 use http_body_util::BodyExt;
+use odmesh_base::testing::wait_until;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -1582,11 +1583,12 @@ async fn an_eviction_round_that_runs_late_extends_every_lease_by_its_delay() {
     // The registry stalls for a minute (a paused process): no heartbeat could arrive.
     tokio::time::advance(Duration::from_secs(60)).await;
     tokio::task::yield_now().await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while count(&f.metrics.eureka_late_eviction_rounds_total) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no late round seen");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        Duration::from_secs(2),
+        "a late eviction round counted",
+        || count(&f.metrics.eureka_late_eviction_rounds_total) > 0,
+    )
+    .await;
     assert_eq!(
         f.published().await.len(),
         1,
