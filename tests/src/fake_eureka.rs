@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -206,11 +206,6 @@ impl FakeEureka {
     /// Starts a fake Eureka server serving `document` (Eureka's `{"applications": ...}`) as
     /// given.
     pub fn start_document(document: Value) -> FakeEureka {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("fake Eureka: cannot bind a loopback port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("fake Eureka: no local address: {e}"));
         let mut changes = BTreeMap::new();
         for (app, instance) in instances_of(&document) {
             let mut added = instance.clone();
@@ -230,9 +225,12 @@ impl FakeEureka {
             changed: Condvar::new(),
             garbage_seed: AtomicU64::new(0x5EED),
         });
-        let acceptor = accept(listener, shared.clone());
+        let acceptor = {
+            let shared = shared.clone();
+            Acceptor::loopback("fake eureka", move |conn| serve(&shared, conn))
+        };
         FakeEureka {
-            addr,
+            addr: acceptor.addr(),
             shared,
             acceptor: Mutex::new(Some(acceptor)),
         }

@@ -66,8 +66,6 @@ pub mod registry;
 mod serve;
 pub mod shell;
 pub mod tcp_proxy;
-#[cfg(test)]
-mod test_server;
 pub mod tls;
 pub mod wait;
 pub mod xds_flood;

@@ -875,7 +875,7 @@ mod tests {
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
     use crate::echo::EchoUpstream;
-    use crate::test_server::TestServer;
+    use crate::serve::Acceptor;
 
     fn panic_message(result: thread::Result<()>) -> String {
         let payload = result.expect_err("must panic");
@@ -1020,7 +1020,7 @@ mod tests {
 
     #[test]
     fn a_non_2xx_answer_is_a_failure_that_keeps_the_start_of_its_body() {
-        let server = TestServer::start(|mut conn| {
+        let server = Acceptor::loopback("test server", |mut conn| {
             let mut buf = [0u8; 1024];
             let _ = conn.read(&mut buf);
             let body = format!("no healthy upstream {}", "x".repeat(1000));
@@ -1045,7 +1045,9 @@ mod tests {
     #[test]
     fn a_stalled_upstream_shows_as_timeouts_and_late_answers_not_as_a_quiet_pass() {
         // Accepts and never answers: every request times out.
-        let server = TestServer::start(|_conn| {});
+        let server = Acceptor::loopback("test server", |mut conn| {
+            let _ = io::copy(&mut conn, &mut io::sink());
+        });
         let config = LoadConfig::rate(100)
             .max_in_flight(2)
             .timeout(Duration::from_millis(300));
@@ -1075,7 +1077,7 @@ mod tests {
     #[test]
     fn ticks_not_sent_while_every_thread_is_busy_are_reported_and_fail_nothing() {
         // Answers every request, 200 ms late: one thread cannot keep 100/s.
-        let server = TestServer::start(|mut conn| {
+        let server = Acceptor::loopback("test server", |mut conn| {
             let mut buf = [0u8; 1024];
             let _ = conn.read(&mut buf);
             thread::sleep(Duration::from_millis(200));

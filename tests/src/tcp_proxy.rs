@@ -229,7 +229,7 @@ mod tests {
     use std::io;
 
     use super::*;
-    use crate::test_server::TestServer;
+    use crate::serve::Acceptor;
 
     /// Bounds every read in these tests, so a proxy that hangs fails them.
     const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -253,8 +253,8 @@ mod tests {
     }
 
     /// A target that echoes what it reads, line by line.
-    fn echo_target() -> TestServer {
-        TestServer::start(|mut conn| {
+    fn echo_target() -> Acceptor {
+        Acceptor::loopback("test server", |mut conn| {
             let mut buf = [0u8; 1024];
             while let Ok(n) = conn.read(&mut buf) {
                 if n == 0 || conn.write_all(&buf[..n]).is_err() {
