@@ -27,11 +27,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::lock;
 use crate::registry::Instance;
 use crate::serve::{Acceptor, Received, read_request};
 use crate::wait::{wait_for, wait_ok};
@@ -184,10 +185,6 @@ struct Shared {
     /// Wakes hanging requests (mode changed, or stopped).
     changed: Condvar,
     garbage_seed: AtomicU64,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A fake Eureka server on a loopback port; stops (closing every connection) when dropped.

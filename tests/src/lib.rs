@@ -99,3 +99,22 @@ pub use wait::{
     wait_until_since,
 };
 pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};
+
+/// Locks `mutex`, also after a thread panicked holding it (a test's panic must not turn
+/// into another one in the harness's threads).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The message `f` panicked with, for the harness's own tests; panics if `f` returned.
+#[cfg(test)]
+pub(crate) fn panic_message<R>(f: impl FnOnce() -> R) -> String {
+    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+        panic!("it returned: it must panic");
+    };
+    (payload.downcast_ref::<String>().cloned())
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}

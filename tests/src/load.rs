@@ -41,11 +41,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::http::{Connection, Request, Response, send_raw_within};
+use crate::lock;
 use crate::wait::wait_for;
 
 /// How many bytes of a failed response's body a [`Record`] keeps.
@@ -233,10 +234,6 @@ struct Job {
     label: Arc<str>,
     scheduled: Duration,
     request: Request,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Load {
@@ -872,19 +869,10 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::{Ipv4Addr, TcpListener};
-    use std::panic::{AssertUnwindSafe, catch_unwind};
 
     use crate::echo::EchoUpstream;
+    use crate::panic_message;
     use crate::serve::Acceptor;
-
-    fn panic_message(result: thread::Result<()>) -> String {
-        let payload = result.expect_err("must panic");
-        payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default()
-    }
 
     #[test]
     fn a_load_keeps_its_schedule_sends_nothing_early_and_accounts_for_every_tick() {
@@ -1010,9 +998,9 @@ mod tests {
             "{:?}",
             failures[0]
         );
-        let message = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        let message = panic_message(|| {
             report.assert_no_failures(&["gone"]);
-        })));
+        });
         assert!(message.contains("failed"), "{message}");
         assert!(message.contains("after «nothing listens»"), "{message}");
         assert!(message.contains("ConnectionRefused"), "{message}");
@@ -1063,14 +1051,14 @@ mod tests {
             }
         )));
         assert!(report.max_latency() >= Duration::from_millis(300));
-        let message = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        let message = panic_message(|| {
             report.assert_no_failures(&["stuck"]);
-        })));
+        });
         assert!(message.contains("failed"), "{message}");
         assert!(message.contains("TimedOut"), "{message}");
-        let message = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        let message = panic_message(|| {
             report.assert_answered_within(Duration::from_millis(100));
-        })));
+        });
         assert!(message.contains("took longer than 100ms"), "{message}");
     }
 
@@ -1100,12 +1088,8 @@ mod tests {
         report.assert_no_failures(&["busy"]);
         // Each answer took the upstream's 200 ms: late for a bound below that.
         assert!(report.max_latency() >= Duration::from_millis(200));
-        assert!(
-            catch_unwind(AssertUnwindSafe(|| {
-                report.assert_answered_within(Duration::from_millis(100));
-            }))
-            .is_err()
-        );
+        let message = panic_message(|| report.assert_answered_within(Duration::from_millis(100)));
+        assert!(message.contains("took longer than 100ms"), "{message}");
     }
 
     /// A report of requests of label `x`, each `(sent, latency)` in milliseconds, answered
@@ -1166,9 +1150,9 @@ mod tests {
         );
         assert_eq!(report.slower_than(Duration::from_millis(2)).len(), 1);
         report.assert_answered_within(Duration::from_millis(700));
-        let message = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        let message = panic_message(|| {
             report.assert_answered_within(Duration::from_millis(500));
-        })));
+        });
         assert!(
             message.starts_with("1 requests took longer than 500ms:"),
             "{message}"
@@ -1187,9 +1171,9 @@ mod tests {
         let load = Load::hosts(echo.addr(), &["hello"], LoadConfig::rate(50));
         load.wait_completed(2, Duration::from_secs(10));
         let report = load.stop();
-        let message = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        let message = panic_message(|| {
             report.assert_no_failures(&["helo"]);
-        })));
+        });
         assert!(message.contains("helo"), "{message}");
     }
 

@@ -6,13 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::lock;
 
 /// Open connections by number, so that [`Acceptor::stop`] can close them.
 type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;

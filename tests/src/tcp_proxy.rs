@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
 
+use crate::lock;
 use crate::serve::Acceptor;
 
 /// How long the proxy waits to connect to its target before it closes the client's
@@ -106,7 +107,7 @@ impl TcpProxy {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Links> {
-        self.links.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.links)
     }
 }
 

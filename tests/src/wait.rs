@@ -103,6 +103,7 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::panic_message;
 
     #[test]
     fn wait_for_returns_the_first_value_the_poll_yields() {
@@ -117,34 +118,24 @@ mod tests {
     #[test]
     fn hold_for_panics_when_the_condition_stops_holding() {
         let mut calls = 0;
-        let result = std::panic::catch_unwind(move || {
+        let msg = panic_message(move || {
             hold_for(Duration::from_secs(5), "the first two calls", || {
                 calls += 1;
                 calls <= 2
             })
         });
-        let payload = result.expect_err("must panic on the third call");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
         assert!(msg.contains("the first two calls stopped holding"), "{msg}");
     }
 
     #[test]
     fn wait_ok_panics_naming_what_it_waited_for_and_what_it_saw_last() {
         let mut calls = 0;
-        let result = std::panic::catch_unwind(move || {
+        let msg = panic_message(move || {
             wait_ok(Duration::from_millis(50), "a zero", || {
                 calls += 1;
                 Err::<(), _>(format!("call {calls} saw one"))
             })
         });
-        let payload = result.expect_err("must time out");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
         assert!(
             msg.contains("waiting for a zero; last seen: call "),
             "{msg}"
@@ -154,18 +145,13 @@ mod tests {
 
     #[test]
     fn wait_until_panics_naming_what_it_waited_for() {
-        let result = std::panic::catch_unwind(|| {
+        let msg = panic_message(move || {
             wait_until(
                 Duration::from_millis(50),
                 "a condition that never holds",
                 || false,
             )
         });
-        let payload = result.expect_err("must time out");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
         assert!(
             msg.contains("waiting for a condition that never holds"),
             "{msg}"
