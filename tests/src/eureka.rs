@@ -26,6 +26,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
+use crate::fake_eureka::instances_of;
 use crate::http::{Request, Response};
 use crate::java::{self, JVM_START_TIMEOUT};
 use crate::paths::repo_root;
@@ -174,18 +175,8 @@ pub struct Listed {
 /// them, `application` and `instance` may each be one object or a list, and a port's `$` a
 /// number or a string.
 pub fn listed_instances(apps: &Value) -> BTreeMap<String, Listed> {
-    fn each(value: &Value) -> Vec<&Value> {
-        match value {
-            Value::Array(items) => items.iter().collect(),
-            Value::Null => Vec::new(),
-            one => vec![one],
-        }
-    }
-    let applications = &apps["applications"]["application"];
-    each(applications)
-        .into_iter()
-        .flat_map(|app| each(&app["instance"]))
-        .map(|instance| {
+    (instances_of(apps).into_iter())
+        .map(|(_, instance)| {
             let text = |v: &Value| match v {
                 Value::String(s) => Some(s.clone()),
                 Value::Number(n) => Some(n.to_string()),

@@ -135,7 +135,7 @@ pub fn hash_code(document: &Value) -> String {
 
 /// The instances of a document with their app names; `application` and `instance` may be
 /// a list or a single object, as Eureka servers write them.
-fn instances_of(document: &Value) -> Vec<(String, &Value)> {
+pub(crate) fn instances_of(document: &Value) -> Vec<(String, &Value)> {
     fn list(v: Option<&Value>) -> Vec<&Value> {
         match v {
             Some(Value::Array(items)) => items.iter().collect(),
