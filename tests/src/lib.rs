@@ -70,7 +70,7 @@ pub mod tls;
 pub mod wait;
 pub mod xds_flood;
 
-pub use control::{ControlPlane, Source};
+pub use control::{ControlPlane, EUREKA_INTERVAL, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
 pub use eureka::{
@@ -80,7 +80,7 @@ pub use eureka::{
 pub use fake_eureka::{FakeEureka, Garbage, Mode};
 pub use http::{Connection, Request, Response};
 pub use java::{JVM_START_TIMEOUT, JavaEureka, JavaEurekaBuilder};
-pub use load::{Load, LoadConfig, LoadReport, Outcome};
+pub use load::{Load, LoadConfig, LoadReport, MAX_LATENCY, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, free_port, repo_root};

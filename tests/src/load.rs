@@ -49,6 +49,13 @@ use crate::http::{Connection, Request, Response, send_raw_within};
 use crate::lock;
 use crate::wait::wait_for;
 
+/// The longest a request through the mesh may take while something breaks (a control plane,
+/// a replica, a registry server dies; an upstream drains): Envoy answers a VIP it holds in
+/// about a millisecond without asking the control plane or any registry, so only a request
+/// the mesh held takes this long, not one a busy machine slowed. The bound of
+/// [`LoadReport::assert_answered_within`] in the chaos tests; a test whose upstream or
+/// machine is slower states its own.
+pub const MAX_LATENCY: Duration = Duration::from_millis(500);
 /// How many bytes of a failed response's body a [`Record`] keeps.
 pub const BODY_PREFIX: usize = 300;
 /// How many requests a list in a report shows: the failures in [`LoadReport::describe`], the

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use odmesh_e2e::mesh::EGRESS_LISTENER;
 use odmesh_e2e::{
-    ControlPlane, EchoUpstream, Envoy, Instance, Load, LoadConfig, RegistryFile, Request, Response,
-    TestEnv, odmesh_bootstrap_replicas, wait_for, wait_ok,
+    ControlPlane, EchoUpstream, Envoy, Instance, Load, LoadConfig, MAX_LATENCY, RegistryFile,
+    Request, Response, TestEnv, odmesh_bootstrap_replicas, wait_for, wait_ok,
 };
 use serde_json::Value;
 
@@ -19,10 +19,6 @@ const REPLICAS: usize = 3;
 const RATE: u32 = 100;
 /// Requests the load completes in a second.
 const PHASE: u64 = RATE as u64;
-/// The longest a request to a VIP Envoy holds may take while a replica dies: Envoy answers
-/// it in about a millisecond without asking any replica, so only a request it held takes
-/// this long, not one a busy machine slowed.
-const MAX_LATENCY: Duration = Duration::from_millis(500);
 /// The bound on anything that is not the measured failover: starts, connects, the load.
 const DEADLINE: Duration = Duration::from_secs(10);
 /// Issue 17: a VIP first asked after the replica's death routes within this.
