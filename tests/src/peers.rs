@@ -16,13 +16,10 @@ use serde_json::Value;
 use crate::control::{ControlPlane, Source};
 use crate::envoy::Envoy;
 use crate::eureka::{EurekaApi, Listed};
-use crate::mesh::{EGRESS_LISTENER, odmesh_bootstrap_replicas};
+use crate::mesh::{CONNECT_TIMEOUT, EGRESS_LISTENER, odmesh_bootstrap_replicas};
 use crate::process::TestEnv;
 use crate::shell::Shell;
 use crate::wait::{timed, wait_ok, wait_until_since};
-
-/// How long Envoy may take to open its xDS stream to one of the nodes.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `n` loopback addresses on ports that were free a moment ago, all distinct
 /// ([`crate::paths::reserve_ports`]).
