@@ -3,8 +3,8 @@
 //! parts (URLs and credentials, backoff, delta application).
 
 use super::*;
+use crate::testdata::count;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
@@ -329,10 +329,6 @@ async fn wait_registry(
         .expect("registry condition within the deadline")
         .expect("source alive")
         .clone()
-}
-
-fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
 }
 
 fn base(url: &str) -> String {

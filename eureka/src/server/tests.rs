@@ -5,6 +5,7 @@ use super::*;
 use crate::server::auth::Authenticator;
 use crate::server::policy::RegistrationLimits;
 use crate::server::preservation::PreservationConfig;
+use crate::testdata::count;
 use axum::body::Body;
 use axum::http::{Method, Request, header};
 use http_body_util::BodyExt;
@@ -1034,10 +1035,6 @@ impl Fixture {
         }
         answer
     }
-}
-
-fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
-    metric.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[tokio::test]

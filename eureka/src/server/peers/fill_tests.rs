@@ -10,10 +10,11 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::tests::{WAIT, count};
+use super::tests::WAIT;
 use super::*;
 use crate::ServerMetrics;
 use crate::server::{EmbeddedSource, ServerConfig, start};
+use crate::testdata::count;
 use odmesh_base::testing::wait_until;
 use odmesh_registry::RegistryMetrics;
 

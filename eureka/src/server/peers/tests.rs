@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use super::*;
 use crate::server::auth::Authenticator;
 use crate::server::{EmbeddedSource, ServerConfig, start};
+use crate::testdata::count;
 use crate::{ServerMetrics, wire::json::Port};
 use odmesh_base::testing::wait_until;
 use odmesh_registry::RegistryMetrics;
@@ -76,10 +77,6 @@ impl Node {
     fn status_of(&self, id: &str) -> Option<String> {
         self.eureka().instance("HELLO", id)?.status
     }
-}
-
-pub(super) fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
-    metric.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// One HTTP/1.1 exchange on a new connection: the status and the body.
