@@ -365,6 +365,7 @@ fn drain(body: Body, timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::wait_until;
     use axum::routing::post;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -509,14 +510,10 @@ mod tests {
             "closed by the server, not the test"
         );
         assert!(!answer.contains("200"), "{answer}");
-        let deadline = std::time::Instant::now() + WAIT;
-        while events[1].load(Ordering::Relaxed) == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no header timeout counted"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until(WAIT, "a header timeout counted", || {
+            events[1].load(Ordering::Relaxed) > 0
+        })
+        .await;
     }
 
     #[tokio::test]
@@ -555,14 +552,10 @@ mod tests {
             .await
             .unwrap();
         // Never read: the server gives up on it.
-        let deadline = std::time::Instant::now() + WAIT;
-        while events.load(Ordering::Relaxed) == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the stalled reader was kept"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(WAIT, "the stalled reader cut off and counted", || {
+            events.load(Ordering::Relaxed) > 0
+        })
+        .await;
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //! clients can make a server hold, [`logs`] bounds what they can make it log, [`tls`] reads
 //! and checks TLS identities and CA bundles, and [`metrics`] declares and renders the
 //! counters each crate owns. [`error`] states the errors' one rule, and prints an error with
-//! its causes.
+//! its causes. `testing` (a feature) holds the tests' one bounded wait.
 #![forbid(unsafe_code)]
 
 pub mod error;
@@ -11,4 +11,7 @@ pub mod http_server;
 pub mod listen;
 pub mod logs;
 pub mod metrics;
+/// The tests' bounded waits, for other crates' tests (the `testing` feature) and this crate's.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;

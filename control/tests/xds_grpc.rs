@@ -19,6 +19,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use odmesh_base::testing::{wait_ok, wait_until};
 use odmesh_base::tls::ServerIdentity;
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
@@ -136,28 +137,15 @@ impl Harness {
 
     /// Polls the proxies view until `cond` holds for some stream of `node`.
     async fn until_proxy(&self, node: &str, cond: impl Fn(&ProxyStatus) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if self
-                .server
-                .proxies()
-                .iter()
-                .any(|p| p.node_id == node && cond(p))
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "proxy {node} never got there");
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let what = format!("a stream of proxy {node} to get there");
+        wait_until(WAIT, &what, || {
+            (self.server.proxies().iter()).any(|p| p.node_id == node && cond(p))
+        })
+        .await;
     }
 
     async fn until_metric(&self, what: &str, cond: impl Fn(&Metrics) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        while !cond(&self.metrics) {
-            assert!(Instant::now() < deadline, "metric never got there: {what}");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        wait_until(WAIT, what, || cond(&self.metrics)).await;
     }
 
     async fn stop(mut self) {
@@ -658,23 +646,18 @@ async fn a_name_beyond_the_servers_subscription_bound_waits_and_is_pushed_once_t
     // without a new subscribe from proxy-b (Envoy stays subscribed to a removed name); even
     // while proxy-b keeps talking (an empty request every 200 ms must not hold the retry off).
     drop(a);
-    let deadline = Instant::now() + WAIT;
-    let pushed = loop {
-        assert!(
-            Instant::now() < deadline,
-            "the waiting name was never pushed"
-        );
+    let pushed = wait_ok(WAIT, "the waiting name to be pushed", async || {
         b.send(DeltaDiscoveryRequest {
             type_url: CLUSTER_TYPE_URL.into(),
             ..Default::default()
         })
         .await;
-        if let Ok(message) =
-            tokio::time::timeout(Duration::from_millis(200), b.inbound.message()).await
-        {
-            break message.unwrap().unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), b.inbound.message()).await {
+            Ok(message) => Ok(message.unwrap().unwrap()),
+            Err(_) => Err("no answer within 200 ms"),
         }
-    };
+    })
+    .await;
     assert_eq!(names(&pushed), ["hello.vip"]);
     assert_eq!(names(&b.recv().await), ["hello.vip"]);
     h.until_proxy("proxy-b", |p| p.waiting == 0).await;

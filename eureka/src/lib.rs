@@ -13,8 +13,8 @@ pub mod wire;
 
 pub use metrics::{ClientMetrics, ServerMetrics};
 
-/// Fixtures for the tests: the files under `eureka/testdata/`, and the test certificates,
-/// which live with the TLS code in `base/testdata/tls/`.
+/// Fixtures for the tests: the files under `eureka/testdata/`, the test certificates, which
+/// live with the TLS code in `base/testdata/tls/`, and reading a counter.
 #[cfg(test)]
 pub(crate) mod testdata {
     use std::path::PathBuf;
@@ -37,5 +37,10 @@ pub(crate) mod testdata {
     pub(crate) fn read(name: &str) -> Vec<u8> {
         let path = path(name);
         std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// A counter's value.
+    pub(crate) fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
+        metric.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

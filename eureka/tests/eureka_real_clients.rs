@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use eureka_support::{DEADLINE, find, http, wait_registry};
+use odmesh_base::testing::wait_ok;
 use odmesh_eureka::ServerMetrics;
 use odmesh_eureka::server::{self, EmbeddedSource, ServerConfig};
 use odmesh_registry::Status;
@@ -281,16 +282,18 @@ async fn a_real_client_registers_heartbeats_drains_reregisters_stops_and_expires
     // a failed call under an asyncio lock shared between its heartbeat thread's event loop
     // and the application's, which can deadlock a call (here: stop) made in that window.
     let renewals = metrics.eureka_renewals_total.load(Ordering::Relaxed);
-    let deadline = Instant::now() + DEADLINE;
-    while metrics.eureka_renewals_total.load(Ordering::Relaxed) < renewals + 2 {
-        assert!(
-            Instant::now() < deadline,
-            "{}: no heartbeats after registering again:\n{}",
-            driver.name,
+    let what = format!("{}: two heartbeats after registering again", driver.name);
+    wait_ok(DEADLINE, &what, async || {
+        let renewed = metrics.eureka_renewals_total.load(Ordering::Relaxed) - renewals;
+        if renewed >= 2 {
+            return Ok(());
+        }
+        Err(format!(
+            "{renewed} heartbeats; its output:\n{}",
             driver.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ))
+    })
+    .await;
 
     // Stop: the client cancels its registration.
     driver.send("stop").await;

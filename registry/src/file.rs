@@ -367,6 +367,7 @@ impl Watcher {
 mod tests {
     use super::*;
     use odmesh_base::error::repeats_its_cause;
+    use odmesh_base::testing::{hold_for, wait_until};
     use std::sync::atomic::Ordering;
 
     /// Generous: the poll interval bounds the real latency; this only bounds a slow CI.
@@ -432,15 +433,6 @@ mod tests {
             "registry never had {n} instances; status {:?}",
             source.health.snapshot()
         );
-    }
-
-    /// Polls `cond` until it holds or the deadline passes.
-    async fn eventually(what: &str, cond: impl Fn() -> bool) {
-        let start = tokio::time::Instant::now();
-        while !cond() {
-            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 
     #[test]
@@ -599,7 +591,7 @@ mod tests {
 
         dir.replace_atomically(&path, BROKEN);
         let health = source.health.clone();
-        eventually("the error to be reported", || {
+        wait_until(DEADLINE, "the error to be reported", || {
             health.snapshot().last_error.is_some()
         })
         .await;
@@ -641,7 +633,7 @@ mod tests {
             &format!("{TWO}  - {{app: hello, ip: 127.0.0.3, prot: 8081}}\n"),
         );
         let health = source.health.clone();
-        eventually("the error to be reported", || {
+        wait_until(DEADLINE, "the error to be reported", || {
             health.snapshot().last_error.is_some()
         })
         .await;
@@ -669,7 +661,7 @@ mod tests {
 
         std::fs::remove_file(&path).unwrap();
         let health = source.health.clone();
-        eventually("the deletion to be reported", || {
+        wait_until(DEADLINE, "the deletion to be reported", || {
             health.snapshot().last_error.is_some()
         })
         .await;
@@ -799,7 +791,7 @@ mod tests {
         // A truncated file: 2 of 20 instances left.
         dir.replace_atomically(&path, &instances(2));
         let health = source.health.clone();
-        eventually("the drop to be held", || {
+        wait_until(DEADLINE, "the drop to be held", || {
             health.snapshot().holding.is_some()
         })
         .await;
@@ -827,21 +819,22 @@ mod tests {
         let (source, _metrics) = start_with_guard(&path, confirm).await;
         dir.replace_atomically(&path, &instances(2));
         let health = source.health.clone();
-        eventually("the drop to be held", || {
+        wait_until(DEADLINE, "the drop to be held", || {
             health.snapshot().holding.is_some()
         })
         .await;
         dir.replace_atomically(&path, BROKEN);
-        eventually("the broken file to be reported", || {
+        wait_until(DEADLINE, "the broken file to be reported", || {
             health.snapshot().last_error.is_some()
         })
         .await;
         // Well past the confirmation time, still the registry in use before the drop.
-        let deadline = Instant::now() + confirm * 3;
-        while Instant::now() < deadline {
-            assert_eq!(source.registry.borrow().len(), 20);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        hold_for(
+            confirm * 3,
+            "the registry in use before the drop (20 instances)",
+            || source.registry.borrow().len() == 20,
+        )
+        .await;
         assert!(health.snapshot().holding.is_some());
     }
 
@@ -853,7 +846,7 @@ mod tests {
         source.registry.mark_unchanged();
         dir.replace_atomically(&path, "instances: []\n");
         let health = source.health.clone();
-        eventually("the drop to be held", || {
+        wait_until(DEADLINE, "the drop to be held", || {
             health.snapshot().holding.is_some()
         })
         .await;

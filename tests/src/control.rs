@@ -88,6 +88,11 @@ impl Source {
     }
 }
 
+/// How often, in seconds, a follower ([`Source::Eureka`]) polls its Eureka servers unless
+/// a test says otherwise (`--eureka-interval`): a change reaches Envoy well within a test's
+/// bounds.
+pub const EUREKA_INTERVAL: &str = "0.5";
+
 /// A running `odmesh-control`, killed when dropped.
 pub struct ControlPlane {
     process: Option<ChildGuard>,
@@ -106,13 +111,14 @@ impl ControlPlane {
         ControlPlane::start_source(env, label, Source::File(registry.to_owned()), extra_args)
     }
 
-    /// Starts `odmesh-control` on `source` plus `extra_args` (e.g. `--eureka-interval 0.5`) on
+    /// Starts `odmesh-control` on `source` plus `extra_args` (e.g. `--registry-warmup 30`) on
     /// free loopback ports for xDS, admin and (for [`Source::ServeEureka`]) the embedded
     /// registry, and waits until `/readyz` answers 200. Its log is `<label>.log`.
     ///
     /// Unless `extra_args` say otherwise, its prewarm history is `<label>-prewarm.json` in the
-    /// test's folder (kept across [`ControlPlane::restart`]s; never the working folder), and
-    /// proxies report their load every second.
+    /// test's folder (kept across [`ControlPlane::restart`]s; never the working folder),
+    /// proxies report their load every second, and a follower ([`Source::Eureka`]) polls
+    /// every [`EUREKA_INTERVAL`] seconds.
     pub fn start_source(env: &TestEnv, label: &str, source: Source, extra_args: &[&str]) -> Self {
         let mut args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
         let given = |flag: &str| extra_args.contains(&flag);
@@ -122,6 +128,9 @@ impl ControlPlane {
         }
         if !given("--load-report-interval") {
             args.extend(["--load-report-interval".into(), "1".into()]);
+        }
+        if matches!(source, Source::Eureka(_)) && !given("--eureka-interval") {
+            args.extend(["--eureka-interval".into(), EUREKA_INTERVAL.into()]);
         }
         let mut last_log = String::new();
         for attempt in 1..=PORT_ATTEMPTS {

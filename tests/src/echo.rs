@@ -9,7 +9,7 @@
 //! Header names are lowercased; repeated headers are joined with `,`.
 
 use std::io::{BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,22 +30,15 @@ pub struct EchoUpstream {
 impl EchoUpstream {
     /// Starts an echo server that calls itself `name` in its answers.
     pub fn start(name: &str) -> EchoUpstream {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("echo upstream {name}: cannot bind a loopback port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("echo upstream {name}: no local address: {e}"));
         let requests = Arc::new(AtomicU64::new(0));
         let server = Server {
             name: Arc::from(name),
             requests: requests.clone(),
         };
-        let acceptor = Acceptor::start(listener, &format!("echo {name}"), move |conn| {
-            server.serve(conn)
-        });
+        let acceptor = Acceptor::loopback(&format!("echo {name}"), move |conn| server.serve(conn));
         EchoUpstream {
             name: name.to_owned(),
-            addr,
+            addr: acceptor.addr(),
             requests,
             acceptor,
         }

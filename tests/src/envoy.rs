@@ -52,20 +52,10 @@ impl Envoy {
     ///
     /// The bootstrap and the log go to the test's log folder as `<label>.yaml` and
     /// `<label>.log`. Envoy runs from the repository root with `--concurrency 1` and
-    /// `--disable-hot-restart`, plus `extra_args`. Panics with the log if Envoy exits first.
+    /// `--disable-hot-restart`. Panics with the log if Envoy exits first.
     pub fn start(env: &TestEnv, label: &str, bootstrap: &str) -> Envoy {
-        Envoy::start_with_args(env, label, bootstrap, &[])
-    }
-
-    /// [`Envoy::start`] with more command-line arguments (e.g. `--log-level debug`).
-    pub fn start_with_args(
-        env: &TestEnv,
-        label: &str,
-        bootstrap: &str,
-        extra_args: &[&str],
-    ) -> Envoy {
         let admin_path = env.log_dir().join(format!("{label}.admin-address"));
-        let mut process = spawn(env, label, bootstrap, extra_args, &admin_path);
+        let mut process = spawn(env, label, bootstrap, &admin_path);
         let what = format!("{label} to be ready (admin /ready says LIVE)");
         let admin = wait_for(START_TIMEOUT, &what, || {
             if let Some(status) = process.exit_status() {
@@ -96,7 +86,7 @@ impl Envoy {
         timeout: Duration,
     ) -> (ExitStatus, String) {
         let admin_path = env.log_dir().join(format!("{label}.admin-address"));
-        let mut process = spawn(env, label, bootstrap, &[], &admin_path);
+        let mut process = spawn(env, label, bootstrap, &admin_path);
         let what = format!("{label} to refuse its bootstrap and exit");
         let status = wait_for(timeout, &what, || {
             if let Some(status) = process.exit_status() {
@@ -218,13 +208,7 @@ impl Envoy {
     }
 }
 
-fn spawn(
-    env: &TestEnv,
-    label: &str,
-    bootstrap: &str,
-    extra_args: &[&str],
-    admin_path: &Path,
-) -> ChildGuard {
+fn spawn(env: &TestEnv, label: &str, bootstrap: &str, admin_path: &Path) -> ChildGuard {
     let config = env.write_file(&format!("{label}.yaml"), bootstrap);
     let mut command = Command::new(envoy_binary());
     command
@@ -233,8 +217,7 @@ fn spawn(
         .arg(&config)
         .args(["--concurrency", "1", "--disable-hot-restart"])
         .arg("--admin-address-path")
-        .arg(admin_path)
-        .args(extra_args);
+        .arg(admin_path);
     env.spawn(label, command)
 }
 
@@ -272,12 +255,7 @@ mod tests {
 
     #[test]
     fn render_refuses_a_template_with_a_placeholder_left() {
-        let result = std::panic::catch_unwind(|| render("a: ${A}\nb: ${B}\n", &[("A", "1")]));
-        let payload = result.expect_err("must refuse");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
+        let msg = crate::panic_message(|| render("a: ${A}\nb: ${B}\n", &[("A", "1")]));
         assert!(msg.contains("${B}"), "{msg}");
     }
 }

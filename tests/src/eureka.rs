@@ -20,19 +20,19 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
+use crate::fake_eureka::instances_of;
 use crate::http::{Request, Response};
 use crate::java::{self, JVM_START_TIMEOUT};
 use crate::paths::repo_root;
 use crate::process::{ChildGuard, TestEnv};
 use crate::registry::Instance;
-use crate::wait::wait_for;
+use crate::wait::{wait_for, wait_ok_every};
 
 /// Eureka's REST API at `http://<addr>/eureka`, as a client library calls it.
 #[derive(Clone, Debug)]
@@ -175,18 +175,8 @@ pub struct Listed {
 /// them, `application` and `instance` may each be one object or a list, and a port's `$` a
 /// number or a string.
 pub fn listed_instances(apps: &Value) -> BTreeMap<String, Listed> {
-    fn each(value: &Value) -> Vec<&Value> {
-        match value {
-            Value::Array(items) => items.iter().collect(),
-            Value::Null => Vec::new(),
-            one => vec![one],
-        }
-    }
-    let applications = &apps["applications"]["application"];
-    each(applications)
-        .into_iter()
-        .flat_map(|app| each(&app["instance"]))
-        .map(|instance| {
+    (instances_of(apps).into_iter())
+        .map(|(_, instance)| {
             let text = |v: &Value| match v {
                 Value::String(s) => Some(s.clone()),
                 Value::Number(n) => Some(n.to_string()),
@@ -585,19 +575,14 @@ impl ClientDriver {
         what: &str,
         mut condition: impl FnMut(&Fetched) -> bool,
     ) -> Fetched {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let label = self.process.label().to_owned();
+        wait_ok_every(FETCH_POLL_INTERVAL, timeout, what, || {
             let fetched = self.fetch();
             if condition(&fetched) {
-                return fetched;
+                return Ok(fetched);
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for {what}; {} holds {fetched:#?}",
-                self.process.label()
-            );
-            thread::sleep(FETCH_POLL_INTERVAL);
-        }
+            Err(format!("{label} holds {fetched:#?}"))
+        })
     }
 
     /// `fetches`: how many full and delta fetches the client made, and how many deltas it

@@ -25,17 +25,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::lock;
 use crate::registry::Instance;
 use crate::serve::{Acceptor, Received, read_request};
-use crate::wait::wait_for;
+use crate::wait::{wait_for, wait_ok};
 
 /// The full registry's path.
 pub const APPS_PATH: &str = "/eureka/apps";
@@ -135,7 +135,7 @@ pub fn hash_code(document: &Value) -> String {
 
 /// The instances of a document with their app names; `application` and `instance` may be
 /// a list or a single object, as Eureka servers write them.
-fn instances_of(document: &Value) -> Vec<(String, &Value)> {
+pub(crate) fn instances_of(document: &Value) -> Vec<(String, &Value)> {
     fn list(v: Option<&Value>) -> Vec<&Value> {
         match v {
             Some(Value::Array(items)) => items.iter().collect(),
@@ -187,10 +187,6 @@ struct Shared {
     garbage_seed: AtomicU64,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// A fake Eureka server on a loopback port; stops (closing every connection) when dropped.
 pub struct FakeEureka {
     addr: SocketAddr,
@@ -207,11 +203,6 @@ impl FakeEureka {
     /// Starts a fake Eureka server serving `document` (Eureka's `{"applications": ...}`) as
     /// given.
     pub fn start_document(document: Value) -> FakeEureka {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("fake Eureka: cannot bind a loopback port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("fake Eureka: no local address: {e}"));
         let mut changes = BTreeMap::new();
         for (app, instance) in instances_of(&document) {
             let mut added = instance.clone();
@@ -231,9 +222,12 @@ impl FakeEureka {
             changed: Condvar::new(),
             garbage_seed: AtomicU64::new(0x5EED),
         });
-        let acceptor = accept(listener, shared.clone());
+        let acceptor = {
+            let shared = shared.clone();
+            Acceptor::loopback("fake eureka", move |conn| serve(&shared, conn))
+        };
         FakeEureka {
-            addr,
+            addr: acceptor.addr(),
             shared,
             acceptor: Mutex::new(Some(acceptor)),
         }
@@ -365,16 +359,8 @@ impl Drop for FakeEureka {
 
 /// Binds `addr` again, retrying while the port is still held (bounded).
 fn rebind(addr: SocketAddr) -> TcpListener {
-    let deadline = Instant::now() + REBIND_TIMEOUT;
-    loop {
-        match TcpListener::bind(addr) {
-            Ok(listener) => return listener,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("fake Eureka: cannot listen on {addr} again: {e}")
-            }
-            Err(_) => thread::sleep(Duration::from_millis(20)),
-        }
-    }
+    let what = format!("fake Eureka to listen on {addr} again");
+    wait_ok(REBIND_TIMEOUT, &what, || TcpListener::bind(addr))
 }
 
 /// Serves `listener` until the acceptor is dropped.
@@ -568,6 +554,8 @@ mod tests {
     use super::*;
     use crate::http::Request;
     use std::io;
+    use std::thread;
+    use std::time::Instant;
 
     fn get(fake: &FakeEureka, path: &str) -> io::Result<crate::http::Response> {
         Request::get(path)

@@ -493,7 +493,7 @@ mod tests {
     use std::net::{Ipv4Addr, TcpListener};
 
     use crate::echo::EchoUpstream;
-    use crate::test_server::TestServer;
+    use crate::serve::Acceptor;
 
     #[test]
     fn a_response_with_content_length_is_complete_at_its_length() {
@@ -587,7 +587,7 @@ mod tests {
     #[test]
     fn a_reused_connection_the_server_closed_is_retried_once_on_a_new_one() {
         // Answers one request per connection with keep-alive, then closes it silently.
-        let server = TestServer::start(|mut conn| {
+        let server = Acceptor::loopback("test server", |mut conn| {
             let mut buf = [0u8; 1024];
             let _ = conn.read(&mut buf);
             let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");

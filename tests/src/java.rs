@@ -82,8 +82,6 @@ pub struct JavaEurekaBuilder {
     addr: Option<SocketAddr>,
     basic_auth: Option<(String, String)>,
     peers: Vec<String>,
-    read_cache: bool,
-    properties: Vec<(String, String)>,
 }
 
 impl JavaEurekaBuilder {
@@ -107,21 +105,6 @@ impl JavaEurekaBuilder {
     /// from them as a peered Eureka server does. A URL naming this server itself is skipped.
     pub fn peers(mut self, urls: &[String]) -> Self {
         self.peers.extend(urls.iter().cloned());
-        self
-    }
-
-    /// Keep Eureka's read-only response cache as Eureka ships it: readers see a change up to
-    /// 30 s late (`eureka.server.response-cache-update-interval-ms`), as in production. Tests
-    /// turn it off otherwise, so that a change is read at once.
-    pub fn eureka_read_cache(mut self) -> Self {
-        self.read_cache = true;
-        self
-    }
-
-    /// Sets a Spring property (`--name=value`), after the harness's own, so it overrides them
-    /// (e.g. `eureka.server.enable-self-preservation`, `true`).
-    pub fn property(mut self, name: &str, value: &str) -> Self {
-        self.properties.push((name.to_owned(), value.to_owned()));
         self
     }
 
@@ -154,7 +137,7 @@ impl JavaEurekaBuilder {
 /// A Spring Cloud Netflix Eureka server (Spring Boot 4.0, spring-cloud-netflix 5.0, Eureka
 /// 2.0) on a loopback port, killed when dropped. Started with test settings, each a Spring
 /// property (see [`JavaEureka::args`]): no self-preservation, eviction every second, no
-/// read-only response cache (unless [`JavaEurekaBuilder::eureka_read_cache`]), one start-up
+/// read-only response cache, one start-up
 /// copy of the peers' registry without retries, peers given 5 s to answer.
 pub struct JavaEureka {
     label: String,
@@ -180,20 +163,9 @@ impl JavaEureka {
     /// Starts `n` peered servers, `<label>-1` to `<label>-<n>`, on free ports, each replicating
     /// with all the others; they start side by side, and this returns once all serve.
     pub fn start_peered(env: &TestEnv, label: &str, n: usize) -> Vec<JavaEureka> {
-        JavaEureka::start_peered_with(env, label, n, &JavaEureka::builder())
-    }
-
-    /// [`JavaEureka::start_peered`] with the options of `builder` for every node (e.g. basic
-    /// auth, which the nodes then also send each other, or more peers).
-    pub fn start_peered_with(
-        env: &TestEnv,
-        label: &str,
-        n: usize,
-        builder: &JavaEurekaBuilder,
-    ) -> Vec<JavaEureka> {
         let addrs = reserve_addrs(n);
         let urls: Vec<String> = (addrs.iter())
-            .map(|addr| service_url(*addr, builder.basic_auth.as_ref()))
+            .map(|addr| service_url(*addr, None))
             .collect();
         let mut nodes: Vec<JavaEureka> = (addrs.iter().enumerate())
             .map(|(i, addr)| {
@@ -201,7 +173,7 @@ impl JavaEureka {
                     .filter(|(j, _)| *j != i)
                     .map(|(_, url)| url.clone())
                     .collect();
-                let node = builder.clone().addr(*addr).peers(&others);
+                let node = JavaEureka::builder().addr(*addr).peers(&others);
                 node.spawn(env, &format!("{label}-{}", i + 1))
             })
             .collect();
@@ -279,7 +251,7 @@ impl JavaEureka {
         self.stdin = Some(stdin);
     }
 
-    /// The server's command-line properties: the harness's test settings, then the builder's.
+    /// The server's command-line properties: the harness's test settings and the builder's.
     fn args(&self) -> Vec<String> {
         let peered = !self.config.peers.is_empty();
         let me = service_url(self.addr, self.config.basic_auth.as_ref());
@@ -305,21 +277,15 @@ impl JavaEureka {
             // run removes: 85% by default keeps some for the next runs; 10% lets one run
             // take almost all.
             ("eureka.server.renewal-percent-threshold", "0.1".into()),
-        ];
-        if !self.config.read_cache {
-            properties.extend([
-                // Reads come from the read-write cache, which every write invalidates...
-                ("eureka.server.use-read-only-response-cache", "false".into()),
-                // ...but a read built while a write lands can be cached after the write's
-                // invalidation (Guava's invalidate does not stop a load in flight), stale
-                // until it expires, 180 s by default: this bounds it.
-                (
-                    "eureka.server.response-cache-auto-expiration-in-seconds",
-                    "1".into(),
-                ),
-            ]);
-        }
-        properties.extend([
+            // Reads come from the read-write cache, which every write invalidates...
+            ("eureka.server.use-read-only-response-cache", "false".into()),
+            // ...but a read built while a write lands can be cached after the write's
+            // invalidation (Guava's invalidate does not stop a load in flight), stale
+            // until it expires, 180 s by default: this bounds it.
+            (
+                "eureka.server.response-cache-auto-expiration-in-seconds",
+                "1".into(),
+            ),
             // Peers: a (re)started node copies its peers' registry once, without the 30 s
             // waits between Spring's 5 tries that an empty copy costs (~2 min when all
             // start together); no wait either for an empty copy; and 5 s to answer a
@@ -330,7 +296,7 @@ impl JavaEureka {
             ("eureka.server.peer-node-connect-timeout-ms", "5000".into()),
             ("eureka.client.register-with-eureka", peered.to_string()),
             ("eureka.client.fetch-registry", peered.to_string()),
-        ]);
+        ];
         if peered {
             properties.push((
                 "eureka.client.service-url.defaultZone",
@@ -341,11 +307,6 @@ impl JavaEureka {
             properties.push(("odmesh.test.basic-auth", format!("{user}:{password}")));
         }
         (properties.iter())
-            .map(|(name, value)| (*name, value.as_str()))
-            .chain(
-                (self.config.properties.iter())
-                    .map(|(name, value)| (name.as_str(), value.as_str())),
-            )
             .map(|(name, value)| format!("--{name}={value}"))
             .collect()
     }

@@ -66,13 +66,11 @@ pub mod registry;
 mod serve;
 pub mod shell;
 pub mod tcp_proxy;
-#[cfg(test)]
-mod test_server;
 pub mod tls;
 pub mod wait;
 pub mod xds_flood;
 
-pub use control::{ControlPlane, Source};
+pub use control::{ControlPlane, EUREKA_INTERVAL, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};
 pub use eureka::{
@@ -82,7 +80,7 @@ pub use eureka::{
 pub use fake_eureka::{FakeEureka, Garbage, Mode};
 pub use http::{Connection, Request, Response};
 pub use java::{JVM_START_TIMEOUT, JavaEureka, JavaEurekaBuilder};
-pub use load::{Load, LoadConfig, LoadReport, Outcome};
+pub use load::{Load, LoadConfig, LoadReport, MAX_LATENCY, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
 pub use mesh::{Mesh, odmesh_bootstrap, odmesh_bootstrap_replicas, shipped_bootstrap};
 pub use paths::{control_binary, envoy_binary, free_port, repo_root};
@@ -96,5 +94,27 @@ pub use registry::{Instance, RegistryFile};
 pub use shell::Shell;
 pub use tcp_proxy::TcpProxy;
 pub use tls::{CertifiedKey, TestCa, TlsUpstream};
-pub use wait::{CHANGE_DEADLINE, hold_for, timed, wait_for, wait_until, wait_until_since};
+pub use wait::{
+    CHANGE_DEADLINE, hold_for, timed, wait_for, wait_ok, wait_ok_every, wait_until,
+    wait_until_since,
+};
 pub use xds_flood::{FloodOptions, FloodStats, XdsFlood};
+
+/// Locks `mutex`, also after a thread panicked holding it (a test's panic must not turn
+/// into another one in the harness's threads).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The message `f` panicked with, for the harness's own tests; panics if `f` returned.
+#[cfg(test)]
+pub(crate) fn panic_message<R>(f: impl FnOnce() -> R) -> String {
+    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+        panic!("it returned: it must panic");
+    };
+    (payload.downcast_ref::<String>().cloned())
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}

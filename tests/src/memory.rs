@@ -9,10 +9,11 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use crate::lock;
 use crate::process::ChildGuard;
 
 /// How often [`RssSampler::start`] samples unless told otherwise.
@@ -100,10 +101,7 @@ impl RssSampler {
                             return last;
                         };
                         last = Some(now);
-                        samples
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push((start.elapsed(), now.rss));
+                        lock(&samples).push((start.elapsed(), now.rss));
                         match stop_rx.recv_timeout(interval) {
                             Err(RecvTimeoutError::Timeout) => {}
                             Ok(()) | Err(RecvTimeoutError::Disconnected) => return last,
@@ -128,9 +126,7 @@ impl RssSampler {
 
     /// The largest sample so far, in bytes (0 before the first).
     pub fn peak_so_far(&self) -> u64 {
-        self.samples
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.samples)
             .iter()
             .map(|(_, rss)| *rss)
             .max()
@@ -141,8 +137,7 @@ impl RssSampler {
     /// got a sample (the process was gone from the start).
     pub fn stop(mut self) -> RssReport {
         let last = self.halt();
-        let samples =
-            std::mem::take(&mut *self.samples.lock().unwrap_or_else(PoisonError::into_inner));
+        let samples = std::mem::take(&mut *lock(&self.samples));
         let last_reading = rss_of(self.pid).or(last);
         assert!(
             !samples.is_empty(),

@@ -24,8 +24,9 @@ use crate::wait::wait_until_since;
 /// The egress listener's name in `envoy/odmesh.yaml`.
 pub const EGRESS_LISTENER: &str = "odmesh_egress";
 
-/// How long Envoy may take to open its xDS stream to a fresh control plane.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long Envoy may take to open its xDS stream to a fresh control plane (or to one of
+/// peered nodes).
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The xDS cluster's one endpoint in the shipped bootstrap: the control plane on 18000.
 const XDS_ENDPOINT: &str =

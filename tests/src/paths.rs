@@ -25,19 +25,35 @@ pub fn repo_root() -> PathBuf {
 ///
 /// Panics with what to do if it is missing: a test that needs Envoy must not pass without it.
 pub fn envoy_binary() -> PathBuf {
-    if let Some(path) = env::var_os("ENVOY").filter(|p| !p.is_empty()) {
+    binary(
+        "ENVOY",
+        "Envoy is not installed",
+        "run `make envoy`",
+        || repo_root().join(format!(".tools/envoy-{ENVOY_VERSION}/envoy/_bin/envoy")),
+    )
+}
+
+/// A program a test runs: `$var` if set, else `default()`. Panics if the file is missing:
+/// `what` says so and `how` what to do, e.g. which command builds it.
+pub(crate) fn binary(
+    var: &str,
+    what: &str,
+    how: &str,
+    default: impl FnOnce() -> PathBuf,
+) -> PathBuf {
+    if let Some(path) = env::var_os(var).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         assert!(
             path.is_file(),
-            "ENVOY={} does not exist; unset ENVOY to use the one `make envoy` installs",
+            "{var}={} does not exist; unset {var} to use the default",
             path.display()
         );
         return path;
     }
-    let path = repo_root().join(format!(".tools/envoy-{ENVOY_VERSION}/envoy/_bin/envoy"));
+    let path = default();
     assert!(
         path.is_file(),
-        "Envoy is not installed at {}: run `make envoy` (or set ENVOY=/path/to/envoy)",
+        "{what}: {} is missing; {how} (or set {var}=/path/to/it)",
         path.display()
     );
     path
@@ -94,24 +110,16 @@ fn ephemeral_start() -> u32 {
 /// The control plane binary: `$ODMESH_CONTROL` if set, else `target/debug/odmesh-control`
 /// (under `$CARGO_TARGET_DIR` if set). Panics with what to do if it is missing.
 pub fn control_binary() -> PathBuf {
-    if let Some(path) = env::var_os("ODMESH_CONTROL").filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "ODMESH_CONTROL={} does not exist; unset it to use target/debug/odmesh-control",
-            path.display()
-        );
-        return path;
-    }
-    let target = env::var_os("CARGO_TARGET_DIR")
-        .filter(|p| !p.is_empty())
-        .map_or_else(|| repo_root().join("target"), PathBuf::from);
-    let path = target.join("debug/odmesh-control");
-    assert!(
-        path.is_file(),
-        "the control plane is not built: {} is missing; run `cargo build -p odmesh-control` \
-         (or set ODMESH_CONTROL=/path/to/odmesh-control)",
-        path.display()
-    );
-    path
+    let how = "run `cargo build -p odmesh-control`";
+    binary(
+        "ODMESH_CONTROL",
+        "the control plane is not built",
+        how,
+        || {
+            let target = env::var_os("CARGO_TARGET_DIR")
+                .filter(|p| !p.is_empty())
+                .map_or_else(|| repo_root().join("target"), PathBuf::from);
+            target.join("debug/odmesh-control")
+        },
+    )
 }

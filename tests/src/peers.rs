@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,13 +16,10 @@ use serde_json::Value;
 use crate::control::{ControlPlane, Source};
 use crate::envoy::Envoy;
 use crate::eureka::{EurekaApi, Listed};
-use crate::mesh::{EGRESS_LISTENER, odmesh_bootstrap_replicas};
+use crate::mesh::{CONNECT_TIMEOUT, EGRESS_LISTENER, odmesh_bootstrap_replicas};
 use crate::process::TestEnv;
 use crate::shell::Shell;
-use crate::wait::{POLL_INTERVAL, wait_until_since};
-
-/// How long Envoy may take to open its xDS stream to one of the nodes.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::wait::{timed, wait_ok, wait_until_since};
 
 /// `n` loopback addresses on ports that were free a moment ago, all distinct
 /// ([`crate::paths::reserve_ports`]).
@@ -148,27 +144,21 @@ pub fn wait_converged(
     timeout: Duration,
     what: &str,
 ) -> (BTreeMap<String, Listed>, Duration) {
-    let start = Instant::now();
-    loop {
-        let views: Vec<BTreeMap<String, Listed>> = nodes
-            .iter()
-            .map(|node| EurekaApi::new(node.eureka_addr()).instances())
-            .collect();
-        if views.windows(2).all(|pair| pair[0] == pair[1]) {
-            let agreed = views.into_iter().next().unwrap_or_default();
-            return (agreed, start.elapsed());
-        }
-        if start.elapsed() >= timeout {
+    timed(|| {
+        wait_ok(timeout, what, || {
+            let views: Vec<BTreeMap<String, Listed>> = nodes
+                .iter()
+                .map(|node| EurekaApi::new(node.eureka_addr()).instances())
+                .collect();
+            if views.windows(2).all(|pair| pair[0] == pair[1]) {
+                return Ok(views.into_iter().next().unwrap_or_default());
+            }
             let shown: Vec<String> = (nodes.iter().zip(&views))
                 .map(|(node, view)| format!("{}: {view:?}", node.process().label()))
                 .collect();
-            panic!(
-                "timed out after {timeout:?} waiting for {what}: the nodes list\n{}",
-                shown.join("\n")
-            );
-        }
-        thread::sleep(POLL_INTERVAL);
-    }
+            Err(format!("the nodes list\n{}", shown.join("\n")))
+        })
+    })
 }
 
 #[cfg(test)]

@@ -1,17 +1,16 @@
-//! What the harness's loopback HTTP/1.1 servers (the echo upstream and the fake Eureka)
-//! share: an accept loop that stops as a stopped process would, and a request reader.
+//! What the harness's loopback servers (the echo upstream, the fake Eureka, and the
+//! harness's own tests' servers) share: an accept loop that stops as a stopped process
+//! would, and an HTTP/1.1 request reader.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::lock;
 
 /// Open connections by number, so that [`Acceptor::stop`] can close them.
 type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;
@@ -80,6 +79,21 @@ impl Acceptor {
             conns,
             conn_threads,
         }
+    }
+
+    /// [`Acceptor::start`] on a loopback port the OS picks.
+    pub(crate) fn loopback(
+        name: &str,
+        serve: impl Fn(TcpStream) + Send + Sync + 'static,
+    ) -> Acceptor {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap_or_else(|e| panic!("{name}: cannot bind a loopback port: {e}"));
+        Acceptor::start(listener, name, serve)
+    }
+
+    /// The address it listens on.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Stops as a stopped process would: when this returns, the port refuses connections

@@ -4,23 +4,26 @@
 //! [`TcpProxy::unblock`]. Put one between two processes that talk to each other's addresses
 //! and the test decides when they can.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
 use std::time::Duration;
+
+use crate::lock;
+use crate::serve::Acceptor;
 
 /// How long the proxy waits to connect to its target before it closes the client's
 /// connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A running proxy; its threads stop, and every connection through it is closed, when it is
-/// dropped.
+/// A running proxy; it stops accepting, and every connection through it is closed, when it
+/// is dropped (its [`Acceptor`] closes the clients' ends, which ends each link).
 pub struct TcpProxy {
-    addr: SocketAddr,
     shared: Arc<Shared>,
-    acceptor: Option<JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 struct Shared {
@@ -30,51 +33,38 @@ struct Shared {
     links: Mutex<Links>,
     /// Connections forwarded to the target.
     forwarded: AtomicU64,
-    /// Connections closed on arrival, or cut, because the proxy was blocked (or stopping).
+    /// Connections closed on arrival, or cut, because the proxy was blocked.
     dropped: AtomicU64,
-    stopping: AtomicBool,
 }
 
 #[derive(Default)]
 struct Links {
     blocked: bool,
     /// Both sockets of each open link (clones: shutting one down ends its pumps).
-    open: Vec<(u64, TcpStream, TcpStream)>,
+    open: HashMap<u64, (TcpStream, TcpStream)>,
     next_id: u64,
-    /// The two pump threads of each link, joined on drop.
-    pumps: Vec<JoinHandle<()>>,
 }
 
 impl TcpProxy {
     /// Listens on a free loopback port and forwards every connection to `target` (which
     /// need not be listening yet: a connection that finds it down is closed).
     pub fn start(target: SocketAddr) -> TcpProxy {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("the TCP proxy cannot bind a loopback port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("the TCP proxy has no local address: {e}"));
         let shared = Arc::new(Shared {
             target,
             links: Mutex::default(),
             forwarded: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
         });
         let acceptor = {
             let shared = shared.clone();
-            thread::spawn(move || accept(&listener, &shared))
+            Acceptor::loopback("tcp proxy", move |client| link(client, &shared))
         };
-        TcpProxy {
-            addr,
-            shared,
-            acceptor: Some(acceptor),
-        }
+        TcpProxy { shared, acceptor }
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.acceptor.addr()
     }
 
     /// The address it forwards to.
@@ -88,7 +78,7 @@ impl TcpProxy {
     pub fn block(&self) {
         let mut links = self.shared.lock();
         links.blocked = true;
-        for (_, client, upstream) in links.open.drain(..) {
+        for (_, (client, upstream)) in links.open.drain() {
             cut(&client, &upstream);
             self.shared.dropped.fetch_add(1, Ordering::SeqCst);
         }
@@ -115,108 +105,59 @@ impl TcpProxy {
     }
 }
 
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wakes the acceptor, which sees `stopping` and returns (dropping the listener).
-        let _ = TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT);
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        let pumps = {
-            let mut links = self.shared.lock();
-            for (_, client, upstream) in links.open.drain(..) {
-                cut(&client, &upstream);
-            }
-            std::mem::take(&mut links.pumps)
-        };
-        for pump in pumps {
-            let _ = pump.join();
-        }
-    }
-}
-
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Links> {
-        self.links.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.links)
     }
 }
 
-/// Accepts until the proxy stops; each connection is linked to the target on a thread of
-/// its own, so a slow connect holds no other.
-fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
-    for client in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(client) = client else { continue };
-        if shared.lock().blocked {
-            shared.dropped.fetch_add(1, Ordering::SeqCst);
-            let _ = client.shutdown(Shutdown::Both);
-            continue;
-        }
-        let linker = {
-            let shared = shared.clone();
-            thread::spawn(move || link(client, &shared))
-        };
-        let mut links = shared.lock();
-        links.pumps.retain(|pump| !pump.is_finished());
-        links.pumps.push(linker);
+/// Serves one accepted connection: links it to the target, unless the proxy is blocked,
+/// and copies both ways until either side ends or the link is cut.
+fn link(client: TcpStream, shared: &Shared) {
+    if shared.lock().blocked {
+        shared.dropped.fetch_add(1, Ordering::SeqCst);
+        let _ = client.shutdown(Shutdown::Both);
+        return;
     }
-}
-
-/// Connects to the target and starts the two pumps, unless the proxy was blocked or
-/// stopped meanwhile.
-fn link(client: TcpStream, shared: &Arc<Shared>) {
     let Ok(upstream) = TcpStream::connect_timeout(&shared.target, CONNECT_TIMEOUT) else {
         let _ = client.shutdown(Shutdown::Both);
         return;
     };
-    let (Ok(client_kept), Ok(upstream_kept)) = (client.try_clone(), upstream.try_clone()) else {
+    let clones = (client.try_clone(), upstream.try_clone());
+    let (Ok(client_out), Ok(upstream_out)) = clones else {
         cut(&client, &upstream);
         return;
     };
-    let (Ok(client_out), Ok(upstream_out)) = (client.try_clone(), upstream.try_clone()) else {
+    let clones = (client.try_clone(), upstream.try_clone());
+    let (Ok(client_kept), Ok(upstream_kept)) = clones else {
         cut(&client, &upstream);
         return;
     };
-    let mut links = shared.lock();
-    if links.blocked || shared.stopping.load(Ordering::SeqCst) {
-        drop(links);
-        shared.dropped.fetch_add(1, Ordering::SeqCst);
-        cut(&client, &upstream);
-        return;
-    }
-    let id = links.next_id;
-    links.next_id += 1;
-    links.open.push((id, client_kept, upstream_kept));
+    let id = {
+        let mut links = shared.lock();
+        if links.blocked {
+            drop(links);
+            shared.dropped.fetch_add(1, Ordering::SeqCst);
+            cut(&client, &upstream);
+            return;
+        }
+        let id = links.next_id;
+        links.next_id += 1;
+        links.open.insert(id, (client_kept, upstream_kept));
+        id
+    };
     shared.forwarded.fetch_add(1, Ordering::SeqCst);
-    let to_target = {
-        let shared = shared.clone();
-        thread::spawn(move || pump(client, upstream_out, id, &shared))
-    };
-    let to_client = {
-        let shared = shared.clone();
-        thread::spawn(move || pump(upstream, client_out, id, &shared))
-    };
-    links.pumps.extend([to_target, to_client]);
+    let to_client = thread::spawn(move || pump(upstream, client_out));
+    pump(client, upstream_out);
+    let _ = to_client.join();
+    shared.lock().open.remove(&id);
 }
 
 /// Copies `from` to `to` until either ends, then ends the link (both ways: a half-closed
 /// link is not what a partition test wants to reason about).
-fn pump(mut from: TcpStream, mut to: TcpStream, id: u64, shared: &Shared) {
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
+fn pump(mut from: TcpStream, mut to: TcpStream) {
+    let _ = io::copy(&mut from, &mut to);
     cut(&from, &to);
-    shared.lock().open.retain(|(open, _, _)| *open != id);
 }
 
 fn cut(a: &TcpStream, b: &TcpStream) {
@@ -226,10 +167,10 @@ fn cut(a: &TcpStream, b: &TcpStream) {
 
 #[cfg(test)]
 mod tests {
-    use std::io;
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, TcpListener};
 
     use super::*;
-    use crate::test_server::TestServer;
 
     /// Bounds every read in these tests, so a proxy that hangs fails them.
     const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -253,8 +194,8 @@ mod tests {
     }
 
     /// A target that echoes what it reads, line by line.
-    fn echo_target() -> TestServer {
-        TestServer::start(|mut conn| {
+    fn echo_target() -> Acceptor {
+        Acceptor::loopback("test server", |mut conn| {
             let mut buf = [0u8; 1024];
             while let Ok(n) = conn.read(&mut buf) {
                 if n == 0 || conn.write_all(&buf[..n]).is_err() {

@@ -1,9 +1,10 @@
 //! Bounded polling: the only way tests wait for something to happen.
 
+use std::fmt::Display;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// How long [`wait_until`] and [`wait_for`] sleep between two polls.
+/// How long [`wait_until`], [`wait_for`] and [`wait_ok`] sleep between two polls.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// How soon a registry change must reach Envoy and route (README, "How it works": within 2 s).
@@ -19,15 +20,40 @@ pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> 
 /// Polls `poll` until it returns `Some`, for at most `timeout`, and returns the value; panics
 /// naming `what` otherwise.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut poll: impl FnMut() -> Option<T>) -> T {
+    wait_ok_every(POLL_INTERVAL, timeout, what, || poll().ok_or(""))
+}
+
+/// Polls `poll` until it returns `Ok`, for at most `timeout`, and returns the value; panics
+/// naming `what` and the last `Err` (what it saw instead) otherwise.
+pub fn wait_ok<T, E: Display>(
+    timeout: Duration,
+    what: &str,
+    poll: impl FnMut() -> Result<T, E>,
+) -> T {
+    wait_ok_every(POLL_INTERVAL, timeout, what, poll)
+}
+
+/// [`wait_ok`] polling every `interval`: for a poll that costs its target something (e.g. a
+/// line in its log).
+pub fn wait_ok_every<T, E: Display>(
+    interval: Duration,
+    timeout: Duration,
+    what: &str,
+    mut poll: impl FnMut() -> Result<T, E>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(value) = poll() {
-            return value;
+        match poll() {
+            Ok(value) => return value,
+            Err(last) if Instant::now() >= deadline => {
+                let last = last.to_string();
+                if last.is_empty() {
+                    panic!("timed out after {timeout:?} waiting for {what}");
+                }
+                panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+            }
+            Err(_) => thread::sleep(interval),
         }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        thread::sleep(POLL_INTERVAL);
     }
 }
 
@@ -77,6 +103,7 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::panic_message;
 
     #[test]
     fn wait_for_returns_the_first_value_the_poll_yields() {
@@ -91,34 +118,40 @@ mod tests {
     #[test]
     fn hold_for_panics_when_the_condition_stops_holding() {
         let mut calls = 0;
-        let result = std::panic::catch_unwind(move || {
+        let msg = panic_message(move || {
             hold_for(Duration::from_secs(5), "the first two calls", || {
                 calls += 1;
                 calls <= 2
             })
         });
-        let payload = result.expect_err("must panic on the third call");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
         assert!(msg.contains("the first two calls stopped holding"), "{msg}");
     }
 
     #[test]
+    fn wait_ok_panics_naming_what_it_waited_for_and_what_it_saw_last() {
+        let mut calls = 0;
+        let msg = panic_message(move || {
+            wait_ok(Duration::from_millis(50), "a zero", || {
+                calls += 1;
+                Err::<(), _>(format!("call {calls} saw one"))
+            })
+        });
+        assert!(
+            msg.contains("waiting for a zero; last seen: call "),
+            "{msg}"
+        );
+        assert!(msg.ends_with("saw one"), "{msg}");
+    }
+
+    #[test]
     fn wait_until_panics_naming_what_it_waited_for() {
-        let result = std::panic::catch_unwind(|| {
+        let msg = panic_message(move || {
             wait_until(
                 Duration::from_millis(50),
                 "a condition that never holds",
                 || false,
             )
         });
-        let payload = result.expect_err("must time out");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
         assert!(
             msg.contains("waiting for a condition that never holds"),
             "{msg}"

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::paths::binary;
 use crate::process::{ChildGuard, TestEnv};
 use crate::wait::wait_for;
 
@@ -109,28 +110,22 @@ impl FloodStats {
 /// executable (`target/<profile>/`, where cargo puts the crate's binaries). Panics with what
 /// to do if it is missing.
 pub fn xds_flood_binary() -> PathBuf {
-    if let Some(path) = env::var_os("ODMESH_XDS_FLOOD").filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "ODMESH_XDS_FLOOD={} does not exist",
-            path.display()
-        );
-        return path;
-    }
-    let exe = env::current_exe().unwrap_or_else(|e| panic!("cannot find this executable: {e}"));
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let path = dir.join("odmesh-xds-flood");
-    assert!(
-        path.is_file(),
-        "the xDS flood client is not built: {} is missing; `cargo test -p odmesh-e2e` builds \
-         it (or `cargo build -p odmesh-e2e --bin odmesh-xds-flood`; or set ODMESH_XDS_FLOOD)",
-        path.display()
-    );
-    path
+    let how = "`cargo test -p odmesh-e2e` builds it (or `cargo build -p odmesh-e2e --bin \
+               odmesh-xds-flood`)";
+    binary(
+        "ODMESH_XDS_FLOOD",
+        "the xDS flood client is not built",
+        how,
+        || {
+            let exe =
+                env::current_exe().unwrap_or_else(|e| panic!("cannot find this executable: {e}"));
+            let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            dir.join("odmesh-xds-flood")
+        },
+    )
 }
 
 /// `odmesh-xds-flood` running against a control plane; killed when dropped.

@@ -14,8 +14,8 @@ use odmesh_e2e::fake_eureka::{ALL_GARBAGE, Mode};
 use odmesh_e2e::mesh::EGRESS_LISTENER;
 use odmesh_e2e::{
     ClientDriver, EchoUpstream, Envoy, EurekaClient, FakeEureka, FloodOptions, Instance, Load,
-    LoadConfig, LoadReport, Mesh, Registration, Request, RssSampler, Source, TestEnv, XdsFlood,
-    odmesh_bootstrap, wait_for, wait_until,
+    LoadConfig, LoadReport, MAX_LATENCY, Mesh, Registration, Request, RssSampler, Source, TestEnv,
+    XdsFlood, odmesh_bootstrap, wait_for, wait_until,
 };
 use serde_json::Value;
 
@@ -23,10 +23,6 @@ use serde_json::Value;
 const RATE: u32 = 50;
 /// Requests the load completes in a phase: one second's worth.
 const PHASE: u64 = RATE as u64;
-/// The longest a request through the mesh may take while something breaks: the mesh answers
-/// in about a millisecond (Envoy's clusters do not wait on the control plane or the
-/// registry), so only a request the mesh held takes this long, not one a busy machine slowed.
-const MAX_LATENCY: Duration = Duration::from_millis(500);
 /// The longest a first request to a new VIP may take while another client floods the control
 /// plane: about a millisecond when nothing else runs (docs/benchmarks.md, 1.), a few more
 /// beside a flood (9.); a request held behind the flood's batch waited 400-600 ms here.
@@ -144,11 +140,7 @@ fn restarting_the_control_plane_that_follows_eureka_fails_no_request_whether_eur
     let env = TestEnv::new("chaos_restart_eureka");
     let upstream = EchoUpstream::start("chaos-1");
     let eureka = FakeEureka::start(&[Instance::new("chaos", upstream.port())]);
-    let mut mesh = Mesh::start_source(
-        &env,
-        Source::Eureka(vec![eureka.url()]),
-        &["--eureka-interval", "0.5"],
-    );
+    let mut mesh = Mesh::start_source(&env, Source::Eureka(vec![eureka.url()]), &[]);
     assert_eq!(mesh.route("chaos"), "chaos-1");
     let load = load(&mesh, &["chaos"]);
 

@@ -9,15 +9,12 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    CHANGE_DEADLINE, EchoUpstream, Instance, Load, LoadConfig, Mesh, RssSampler, TestEnv,
-    wait_until, wait_until_since,
+    CHANGE_DEADLINE, EchoUpstream, Instance, Load, LoadConfig, MAX_LATENCY, Mesh, RssSampler,
+    TestEnv, wait_until, wait_until_since,
 };
 
 /// The load: requests per second on the VIP.
 const RATE: u32 = 100;
-/// The longest a request may take: the mesh answers in about a millisecond, so only a
-/// request it held takes this long, not one a slow, shared machine slowed.
-const MAX_LATENCY: Duration = Duration::from_millis(500);
 /// Requests the load completes in each phase (sent in it): one second's worth at [`RATE`].
 const PHASE: u64 = RATE as u64;
 

@@ -11,8 +11,9 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    CHANGE_DEADLINE, ClientDriver, ControlPlane, EchoUpstream, EurekaApi, EurekaClient, Mesh,
-    Registration, Source, TestEnv, free_port, wait_for, wait_until, wait_until_since,
+    CHANGE_DEADLINE, ClientDriver, ControlPlane, EUREKA_INTERVAL, EchoUpstream, EurekaApi,
+    EurekaClient, Mesh, Registration, Source, TestEnv, free_port, wait_for, wait_until,
+    wait_until_since,
 };
 use serde_json::Value;
 
@@ -21,8 +22,6 @@ const LEASE_SECS: u64 = 3;
 /// A killed client's instance must be gone by then: its lease, the eviction sweep (1 s),
 /// and the push to Envoy.
 const EXPIRY_DEADLINE: Duration = Duration::from_secs(LEASE_SECS + 5);
-/// How often the follower polls the other Eureka server.
-const EUREKA_INTERVAL: &str = "0.5";
 /// How soon a change in the other Eureka server must route through the follower: a poll,
 /// then the push.
 const FOLLOW_DEADLINE: Duration = Duration::from_secs(3);
@@ -217,11 +216,7 @@ fn odmesh_follows_a_eureka_server_in_another_process_through_changes_and_an_outa
     let follow = EchoUpstream::start("follow-1");
     let mut server = ControlPlane::start_source(&env, "eureka-server", Source::ServeEureka, &[]);
     let eureka = EurekaApi::new(server.eureka_addr());
-    let mesh = Mesh::start_source(
-        &env,
-        Source::Eureka(vec![server.eureka_url()]),
-        &["--eureka-interval", EUREKA_INTERVAL],
-    );
+    let mesh = Mesh::start_source(&env, Source::Eureka(vec![server.eureka_url()]), &[]);
     assert!(fails_with(&mesh, "follow", &not_registered("follow")));
 
     // A registration in the other process routes through the follower's Envoy.
@@ -331,11 +326,7 @@ fn odmesh_fails_over_to_the_next_eureka_server_when_the_first_is_down() {
     eureka.register("early", "early-1", early.port());
 
     let dead = format!("http://127.0.0.1:{}/eureka", free_port());
-    let mesh = Mesh::start_source(
-        &env,
-        Source::Eureka(vec![dead, server.eureka_url()]),
-        &["--eureka-interval", EUREKA_INTERVAL],
-    );
+    let mesh = Mesh::start_source(&env, Source::Eureka(vec![dead, server.eureka_url()]), &[]);
     // The first fetch failed over to the live server.
     wait_until(
         FOLLOW_DEADLINE,

@@ -20,8 +20,6 @@ use odmesh_e2e::{
     Registration, Request, Source, TestEnv, wait_until, wait_until_since,
 };
 
-/// How often the follower polls the Eureka server.
-const EUREKA_INTERVAL: &str = "0.5";
 /// The Java clients' heartbeats and fetches.
 const HEARTBEAT_SECS: u64 = 1;
 /// Their lease: long beside the heartbeat, so that a JVM a busy machine starves for a few
@@ -63,13 +61,10 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     JVMS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The mesh: `odmesh-control --eureka <url> ...` polling every [`EUREKA_INTERVAL`], and Envoy.
+/// The mesh: `odmesh-control --eureka <url> ...` polling every
+/// [`odmesh_e2e::EUREKA_INTERVAL`] seconds, and Envoy.
 fn follow(env: &TestEnv, urls: Vec<String>) -> Mesh<()> {
-    Mesh::start_source(
-        env,
-        Source::Eureka(urls),
-        &["--eureka-interval", EUREKA_INTERVAL],
-    )
+    Mesh::start_source(env, Source::Eureka(urls), &[])
 }
 
 /// Starts a Java client's driver registering instance `id` of `app` (also its VIP) with the

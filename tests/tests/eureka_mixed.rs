@@ -9,16 +9,13 @@
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    ClientDriver, EurekaClient, JavaEureka, Load, LoadConfig, Mesh, Registration, Source, TestEnv,
-    reserve_addrs, wait_until,
+    ClientDriver, EurekaClient, JavaEureka, Load, LoadConfig, MAX_LATENCY, Mesh, Registration,
+    Source, TestEnv, reserve_addrs, wait_until,
 };
 
 /// Bounds a change's way from the real server to Envoy: a batch to odmesh (the real server
 /// sends one within half a second), the push; far above it, for a busy machine.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest a request to a VIP that keeps an UP instance may take while a server dies:
-/// Envoy answers it in about a millisecond without asking any registry.
-const MAX_LATENCY: Duration = Duration::from_millis(500);
 
 /// Whether `GET /` with `Host: vip` through Envoy reaches the driver's server of `id`.
 fn routes_to<R>(mesh: &Mesh<R>, vip: &str, id: &str) -> bool {

@@ -11,8 +11,6 @@ use odmesh_e2e::{
     TestEnv, XdsFlood, mib, wait_for, wait_until,
 };
 
-/// How often the control plane polls the fake Eureka.
-const EUREKA_INTERVAL: &str = "0.5";
 /// Long enough for a few polls, their backoff after failures, and a slow machine.
 const POLLS: Duration = Duration::from_secs(10);
 
@@ -117,12 +115,8 @@ fn odmesh_control_follows_the_fake_eureka_by_its_delta_and_counts_every_bad_mode
     let env = TestEnv::new("harness_fake_eureka");
     let one = [Instance::new("hello", 8080).id("hello-1")];
     let fake = FakeEureka::start(&one);
-    let control = ControlPlane::start_source(
-        &env,
-        "control",
-        Source::Eureka(vec![fake.url()]),
-        &["--eureka-interval", EUREKA_INTERVAL],
-    );
+    let control =
+        ControlPlane::start_source(&env, "control", Source::Eureka(vec![fake.url()]), &[]);
     let metric = |name: &str| control.metric(name);
     assert_eq!(metric("odmesh_registry_instances"), 1);
 

@@ -3,8 +3,8 @@
 //! parts (URLs and credentials, backoff, delta application).
 
 use super::*;
+use crate::testdata::count;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
@@ -20,6 +20,7 @@ use crate::testdata::path as testdata_path;
 use crate::testdata::tls as tls_path;
 use crate::wire::gzip;
 use crate::wire::json::reconcile_hash_code_of_counts;
+use odmesh_base::testing::wait_until;
 use odmesh_registry::Status;
 
 /// What a source under test counts in: the registry's metrics and the Eureka client's.
@@ -170,7 +171,10 @@ impl Mock {
     /// Waits until the client has asked for the delta `n` more times than now.
     async fn wait_delta_hits(&self, n: usize) {
         let target = self.hits().1 + n;
-        wait_until(|| self.hits().1 >= target).await;
+        wait_until(DEADLINE, &format!("{n} more delta fetches"), || {
+            self.hits().1 >= target
+        })
+        .await;
     }
 }
 
@@ -259,7 +263,10 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// The source's last error, once there is one.
 async fn wait_error(source: &EurekaSource) -> String {
-    wait_until(|| source.health.snapshot().last_error.is_some()).await;
+    wait_until(DEADLINE, "the source to report an error", || {
+        source.health.snapshot().last_error.is_some()
+    })
+    .await;
     source.health.snapshot().last_error.unwrap()
 }
 
@@ -272,17 +279,6 @@ async fn follow_unloaded(cfg: ClientConfig) -> (EurekaSource, Counters) {
     };
     let source = metrics.start(cfg).await.unwrap();
     (source, metrics)
-}
-
-async fn wait_until(mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition not met within {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn config(urls: Vec<String>) -> ClientConfig {
@@ -333,10 +329,6 @@ async fn wait_registry(
         .expect("registry condition within the deadline")
         .expect("source alive")
         .clone()
-}
-
-fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
 }
 
 fn base(url: &str) -> String {
@@ -660,7 +652,10 @@ async fn an_outage_keeps_the_last_good_registry_and_recovery_resumes_following()
     ] {
         let errors = count(&metrics.client.eureka_fetch_errors_total);
         mock.set(Some(outage.clone()), Some(outage.clone()));
-        wait_until(|| count(&metrics.client.eureka_fetch_errors_total) >= errors + 2).await;
+        wait_until(DEADLINE, &format!("two fetch errors on {outage:?}"), || {
+            count(&metrics.client.eureka_fetch_errors_total) >= errors + 2
+        })
+        .await;
         assert_eq!(*source.registry.borrow(), good, "{outage:?}");
         let st = source.health.snapshot();
         assert!(st.loaded);
@@ -676,7 +671,10 @@ async fn an_outage_keeps_the_last_good_registry_and_recovery_resumes_following()
         Some(Reply::Status(404)),
     );
     wait_registry(&source, |r| has(r, "billing-2")).await;
-    wait_until(|| source.health.snapshot().last_error.is_none()).await;
+    wait_until(DEADLINE, "the source's error to clear", || {
+        source.health.snapshot().last_error.is_none()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -853,7 +851,12 @@ async fn a_certificate_from_another_ca_is_refused_clearly_and_the_last_good_regi
 
     mock.set_certificate("other-server");
     let errors = count(&metrics.client.eureka_fetch_errors_total);
-    wait_until(|| count(&metrics.client.eureka_fetch_errors_total) >= errors + 2).await;
+    wait_until(
+        DEADLINE,
+        "two fetch errors on the other certificate",
+        || count(&metrics.client.eureka_fetch_errors_total) >= errors + 2,
+    )
+    .await;
     let err = wait_error(&source).await;
     assert!(err.contains("TLS handshake failed"), "{err}");
     assert!(err.contains("UnknownIssuer"), "rustls's reason: {err}");
@@ -870,7 +873,10 @@ async fn a_certificate_from_another_ca_is_refused_clearly_and_the_last_good_regi
         None,
     );
     wait_registry(&source, |r| has(r, "billing-2")).await;
-    wait_until(|| source.health.snapshot().last_error.is_none()).await;
+    wait_until(DEADLINE, "the source's error to clear", || {
+        source.health.snapshot().last_error.is_none()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -1023,7 +1029,10 @@ async fn an_answer_that_loses_most_of_the_registry_is_held_until_a_later_fetch_c
 
     // Eureka restarted empty.
     mock.set(Some(Reply::Body(apps_document(0))), None);
-    wait_until(|| source.health.snapshot().holding.is_some()).await;
+    wait_until(DEADLINE, "the drop to be held", || {
+        source.health.snapshot().holding.is_some()
+    })
+    .await;
     let held_at = tokio::time::Instant::now();
     assert_eq!(
         source.registry.borrow().len(),
@@ -1057,9 +1066,15 @@ async fn a_server_that_recovers_before_its_drop_is_confirmed_is_followed_and_the
     rx.mark_unchanged();
 
     mock.set(Some(Reply::Body(apps_document(2))), None);
-    wait_until(|| source.health.snapshot().holding.is_some()).await;
+    wait_until(DEADLINE, "the drop to be held", || {
+        source.health.snapshot().holding.is_some()
+    })
+    .await;
     mock.set(Some(Reply::Body(apps_document(12))), None);
-    wait_until(|| source.health.snapshot().holding.is_none()).await;
+    wait_until(DEADLINE, "the held drop to be let go", || {
+        source.health.snapshot().holding.is_none()
+    })
+    .await;
     assert!(
         !rx.has_changed().unwrap(),
         "the 2-instance registry was never published"
@@ -1134,7 +1149,10 @@ async fn an_answer_over_the_limit_is_refused_counted_and_the_last_good_registry_
     for over in [Reply::Body(large.clone()), Reply::Gzip(large.clone())] {
         let before = count(&metrics.client.eureka_answers_too_large_total);
         mock.set(Some(over), None);
-        wait_until(|| count(&metrics.client.eureka_answers_too_large_total) > before).await;
+        wait_until(DEADLINE, "the answer counted too large", || {
+            count(&metrics.client.eureka_answers_too_large_total) > before
+        })
+        .await;
         let error = wait_error(&source).await;
         assert!(error.contains("larger than --eureka-max-answer"), "{error}");
         assert_eq!(source.registry.borrow().len(), 12, "the last good registry");

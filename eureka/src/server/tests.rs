@@ -5,9 +5,11 @@ use super::*;
 use crate::server::auth::Authenticator;
 use crate::server::policy::RegistrationLimits;
 use crate::server::preservation::PreservationConfig;
+use crate::testdata::count;
 use axum::body::Body;
 use axum::http::{Method, Request, header};
 use http_body_util::BodyExt;
+use odmesh_base::testing::wait_until;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -1035,10 +1037,6 @@ impl Fixture {
     }
 }
 
-fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
-    metric.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 #[tokio::test]
 async fn a_registration_that_is_not_json_is_refused_with_415_whatever_its_body() {
     let f = fixture();
@@ -1582,11 +1580,12 @@ async fn an_eviction_round_that_runs_late_extends_every_lease_by_its_delay() {
     // The registry stalls for a minute (a paused process): no heartbeat could arrive.
     tokio::time::advance(Duration::from_secs(60)).await;
     tokio::task::yield_now().await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while count(&f.metrics.eureka_late_eviction_rounds_total) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no late round seen");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        Duration::from_secs(2),
+        "a late eviction round counted",
+        || count(&f.metrics.eureka_late_eviction_rounds_total) > 0,
+    )
+    .await;
     assert_eq!(
         f.published().await.len(),
         1,

@@ -10,10 +10,12 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::tests::{count, eventually};
+use super::tests::WAIT;
 use super::*;
 use crate::ServerMetrics;
 use crate::server::{EmbeddedSource, ServerConfig, start};
+use crate::testdata::count;
+use odmesh_base::testing::wait_until;
 use odmesh_registry::RegistryMetrics;
 
 /// A registry of `n` UP instances of app HELLO, as `/apps` answers it.
@@ -90,11 +92,11 @@ async fn a_node_fills_from_a_peer_answering_in_gzip() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let a = peer(apps(3_000), seen.clone()).await;
     let (b, metrics) = node(&[a], DEFAULT_MAX_ANSWER).await;
-    eventually("B is filled", || {
+    wait_until(WAIT, "B is filled", || {
         count(&metrics.eureka_peer_fills_total) == 1
     })
     .await;
-    eventually("B holds all", || b.registry.borrow().len() == 3_000).await;
+    wait_until(WAIT, "B holds all", || b.registry.borrow().len() == 3_000).await;
     assert!(!b.eureka.is_warming_up());
     assert_eq!(seen.lock().unwrap()[0], "gzip");
     b.task.abort();
@@ -109,7 +111,7 @@ async fn a_peer_registry_over_the_limit_is_refused_counted_and_the_next_peer_fil
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (a, c) = (peer(big, seen.clone()).await, peer(small, seen).await);
     let (b, metrics) = node(&[a, c], limit).await;
-    eventually("B is filled", || {
+    wait_until(WAIT, "B is filled", || {
         count(&metrics.eureka_peer_fills_total) == 1
     })
     .await;
@@ -117,7 +119,7 @@ async fn a_peer_registry_over_the_limit_is_refused_counted_and_the_next_peer_fil
     // What was read of the big one before the limit stays (instances the peer holds); the
     // rest comes from the next.
     let held = |id: &str| b.eureka.instance("HELLO", id).is_some();
-    eventually("B holds the small peer's", || {
+    wait_until(WAIT, "B holds the small peer's", || {
         held("h0") && held("h1") && held("h2")
     })
     .await;

@@ -10,7 +10,9 @@ use tokio::net::TcpStream;
 use super::*;
 use crate::server::auth::Authenticator;
 use crate::server::{EmbeddedSource, ServerConfig, start};
+use crate::testdata::count;
 use crate::{ServerMetrics, wire::json::Port};
+use odmesh_base::testing::wait_until;
 use odmesh_registry::RegistryMetrics;
 
 /// A free loopback port, for a peer that must be named before it starts.
@@ -77,10 +79,6 @@ impl Node {
     }
 }
 
-pub(super) fn count(metric: &std::sync::atomic::AtomicU64) -> u64 {
-    metric.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// One HTTP/1.1 exchange on a new connection: the status and the body.
 async fn http(
     addr: SocketAddr,
@@ -128,17 +126,8 @@ async fn register(node: &Node, id: &str, port: u16) {
     assert_eq!(status, 204, "{answer}");
 }
 
-/// Waits up to 10 s for `done`.
-pub(super) async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within 10 s: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// How long the peer tests wait for a node to get somewhere.
+pub(super) const WAIT: Duration = Duration::from_secs(10);
 
 #[test]
 fn a_batch_is_written_with_eurekas_field_names_only_and_reads_back() {
@@ -234,16 +223,16 @@ async fn writes_reach_the_peer_and_are_not_sent_back() {
     let b_addr = free_addr();
     let a = Node::start(free_addr(), &[b_addr]).await;
     let b = Node::start(b_addr, &[a.addr()]).await;
-    eventually("B filled from A", || {
+    wait_until(WAIT, "B filled from A", || {
         count(&b.metrics.eureka_peer_fills_total) == 1
     })
     .await;
     register(&a, "h1", 8080).await;
-    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
 
     let drain = "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE";
     assert_eq!(http(a.addr(), "PUT", drain, &[], "").await.0, 200);
-    eventually("B drains h1", || {
+    wait_until(WAIT, "B drains h1", || {
         b.status_of("h1").as_deref() == Some("OUT_OF_SERVICE")
     })
     .await;
@@ -253,7 +242,7 @@ async fn writes_reach_the_peer_and_are_not_sent_back() {
             .0,
         200
     );
-    eventually("B restores h1", || {
+    wait_until(WAIT, "B restores h1", || {
         b.status_of("h1").as_deref() == Some("UP")
     })
     .await;
@@ -264,7 +253,10 @@ async fn writes_reach_the_peer_and_are_not_sent_back() {
             .instance("HELLO", "h1")
             .and_then(|i| i.metadata.get("zone").map(ToString::to_string))
     };
-    eventually("B has the metadata", || zone().as_deref() == Some("z1")).await;
+    wait_until(WAIT, "B has the metadata", || {
+        zone().as_deref() == Some("z1")
+    })
+    .await;
     assert_eq!(
         http(a.addr(), "PUT", "/eureka/apps/HELLO/h1", &[], "")
             .await
@@ -277,11 +269,11 @@ async fn writes_reach_the_peer_and_are_not_sent_back() {
             .0,
         200
     );
-    eventually("B cancels h1", || b.port_of("h1").is_none()).await;
+    wait_until(WAIT, "B cancels h1", || b.port_of("h1").is_none()).await;
 
     // Register, drain, restore, metadata, heartbeat, cancel: six writes, each applied once,
     // and none came back to A.
-    eventually("six writes taken", || {
+    wait_until(WAIT, "six writes taken", || {
         count(&a.metrics.eureka_peer_replicated_total) == 6
     })
     .await;
@@ -305,18 +297,18 @@ async fn a_peer_down_gets_its_queued_writes_in_order_when_it_is_back() {
         200
     );
     register(&a, "h1", 9090).await;
-    eventually("a failed batch", || {
+    wait_until(WAIT, "a failed batch", || {
         count(&a.metrics.eureka_peer_replication_failures_total) >= 1
     })
     .await;
     assert_eq!(count(&a.metrics.eureka_peer_pending), 4);
 
     let b = Node::start(b_addr, &[]).await;
-    eventually("B holds h1 as last registered", || {
+    wait_until(WAIT, "B holds h1 as last registered", || {
         b.port_of("h1") == Some(9090)
     })
     .await;
-    eventually("the queue is sent", || {
+    wait_until(WAIT, "the queue is sent", || {
         count(&a.metrics.eureka_peer_pending) == 0
     })
     .await;
@@ -332,7 +324,7 @@ async fn a_heartbeat_the_peer_does_not_know_brings_it_the_registration() {
     let b = Node::start(free_addr(), &[]).await;
     let a = Node::start(free_addr(), &[b.addr()]).await;
     register(&a, "h1", 8080).await;
-    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
     // B loses it (as after an eviction there, or its own restart without a fill).
     assert_eq!(
         http(b.addr(), "DELETE", "/eureka/apps/HELLO/h1", &[], "")
@@ -347,7 +339,7 @@ async fn a_heartbeat_the_peer_does_not_know_brings_it_the_registration() {
             .0,
         200
     );
-    eventually("B holds h1 again", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "B holds h1 again", || b.port_of("h1") == Some(8080)).await;
 }
 
 #[tokio::test]
@@ -365,7 +357,7 @@ async fn a_peer_holding_a_newer_document_answers_409_and_its_document_is_taken()
     )
     .await;
     assert_eq!(status, 204);
-    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
     // B learns a newer document (a client that failed over to B registered there).
     let mut newer = instance("h1", 9090);
     newer["instance"]["lastDirtyTimestamp"] = json!(2_000);
@@ -384,7 +376,7 @@ async fn a_peer_holding_a_newer_document_answers_409_and_its_document_is_taken()
             .0,
         200
     );
-    eventually("A takes B's newer document", || {
+    wait_until(WAIT, "A takes B's newer document", || {
         a.port_of("h1") == Some(9090)
     })
     .await;
@@ -413,11 +405,11 @@ async fn a_starting_node_fills_from_a_complete_peer_and_is_complete_at_once() {
         c.warmup = Duration::from_secs(600)
     })
     .await;
-    eventually("C is filled", || {
+    wait_until(WAIT, "C is filled", || {
         count(&c.metrics.eureka_peer_fills_total) == 1
     })
     .await;
-    eventually("C holds both", || {
+    wait_until(WAIT, "C holds both", || {
         c.port_of("h1") == Some(8080) && c.port_of("h2") == Some(8081)
     })
     .await;
@@ -439,7 +431,7 @@ async fn a_starting_node_fills_from_a_complete_peer_and_is_complete_at_once() {
         c.warmup = Duration::from_secs(600)
     })
     .await;
-    eventually("D took h3", || d.port_of("h3") == Some(8082)).await;
+    wait_until(WAIT, "D took h3", || d.port_of("h3") == Some(8082)).await;
     assert!(d.eureka().is_warming_up());
 }
 
@@ -483,7 +475,7 @@ identities:
     })
     .await;
     register(&a, "h1", 8080).await;
-    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
 }
 
 /// Forwards connections from a free loopback port to `to`, until dropped.
@@ -511,13 +503,13 @@ async fn a_node_listed_among_its_peers_under_another_address_sends_itself_nothin
     let b = Node::start(free_addr(), &[]).await;
     let a = Node::start(addr, &[alias, b.addr()]).await;
     // Its fill finds itself behind the alias, then fills from B.
-    eventually("A filled from B", || {
+    wait_until(WAIT, "A filled from B", || {
         count(&a.metrics.eureka_peer_fills_total) == 1
     })
     .await;
     register(&a, "h1", 8080).await;
-    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
-    eventually("nothing left queued", || {
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "nothing left queued", || {
         count(&a.metrics.eureka_peer_pending) == 0
     })
     .await;
@@ -539,18 +531,18 @@ async fn a_peer_down_too_long_loses_the_oldest_writes_beyond_the_bound() {
     for (i, id) in ["h1", "h2", "h3", "h4"].into_iter().enumerate() {
         register(&a, id, 8080 + i as u16).await;
     }
-    eventually("two dropped", || {
+    wait_until(WAIT, "two dropped", || {
         count(&a.metrics.eureka_peer_dropped_total) == 2
     })
     .await;
     assert_eq!(count(&a.metrics.eureka_peer_pending), 2);
     // The peer, back, gets the two newest.
     let b = Node::start(b_addr, &[]).await;
-    eventually("B holds h3 and h4", || {
+    wait_until(WAIT, "B holds h3 and h4", || {
         b.port_of("h3").is_some() && b.port_of("h4").is_some()
     })
     .await;
-    eventually("the queue is sent", || {
+    wait_until(WAIT, "the queue is sent", || {
         count(&a.metrics.eureka_peer_pending) == 0
     })
     .await;
@@ -577,7 +569,7 @@ async fn a_peer_that_never_answers_costs_one_timeout_per_try_and_keeps_the_write
     })
     .await;
     register(&a, "h1", 8080).await;
-    eventually("two timed-out batches", || {
+    wait_until(WAIT, "two timed-out batches", || {
         count(&a.metrics.eureka_peer_replication_failures_total) >= 2
     })
     .await;
@@ -722,7 +714,7 @@ async fn an_operators_override_goes_to_peers_as_eurekas_status_update_and_delete
         200
     );
     assert_eq!(http(a.addr(), "DELETE", path, &[], "").await.0, 200);
-    eventually("three writes sent", || peer.actions().len() == 3).await;
+    wait_until(WAIT, "three writes sent", || peer.actions().len() == 3).await;
     assert_eq!(
         peer.actions(),
         ["Register", "StatusUpdate", "DeleteStatusOverride"]
@@ -750,12 +742,12 @@ async fn a_batch_a_peer_refuses_is_dropped_and_counted_and_the_writes_after_it_g
     .await;
     let a = Node::start(free_addr(), &[peer.addr]).await;
     register(&a, "h1", 8080).await;
-    eventually("the refused batch dropped", || {
+    wait_until(WAIT, "the refused batch dropped", || {
         count(&a.metrics.eureka_peer_discarded_total) == 1
     })
     .await;
     register(&a, "h2", 8081).await;
-    eventually("h2 sent, again after the 503", || {
+    wait_until(WAIT, "h2 sent, again after the 503", || {
         count(&a.metrics.eureka_peer_replicated_total) == 1
     })
     .await;
@@ -829,7 +821,7 @@ async fn an_owner_survives_a_starting_nodes_fill_and_keeps_its_instance_there() 
         c.auth = Some(auth.clone());
     })
     .await;
-    eventually("C filled from A", || c.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "C filled from A", || c.port_of("h1") == Some(8080)).await;
     // The owner renews, drains and cancels its instance on C; no other identity may.
     let renew = "/eureka/apps/HELLO/h1";
     assert_eq!(http(c.addr(), "PUT", renew, &[other], "").await.0, 403);
@@ -861,7 +853,7 @@ async fn an_owner_survives_a_409s_document_and_keeps_its_instance() {
     )
     .await;
     assert_eq!(status, 204, "{answer}");
-    eventually("B holds h1", || b.port_of("h1") == Some(8080)).await;
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
     // Its owner registers a newer document on B (its client failed over there).
     let mut newer = instance("h1", 9090);
     newer["instance"]["lastDirtyTimestamp"] = json!(2_000);
@@ -878,7 +870,7 @@ async fn an_owner_survives_a_409s_document_and_keeps_its_instance() {
     // included: the owner keeps its instance on A, and no other identity gets it.
     let renew = "/eureka/apps/HELLO/h1";
     assert_eq!(http(a.addr(), "PUT", renew, &[hello], "").await.0, 200);
-    eventually("A takes B's newer document", || {
+    wait_until(WAIT, "A takes B's newer document", || {
         a.port_of("h1") == Some(9090)
     })
     .await;

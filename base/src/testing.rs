@@ -1,0 +1,138 @@
+//! Bounded polling for the crates' async tests (the `testing` feature, and this crate's own
+//! tests): the one way a unit or integration test waits for something to happen. The
+//! end-to-end harness has its blocking twin (`odmesh_e2e::wait`), with the same messages.
+//!
+//! In tokio's time: under a paused clock (`start_paused`) a wait takes no real time.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+/// How long the waits sleep between two polls.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Polls `condition` until it holds, for at most `timeout`; panics naming `what` otherwise.
+///
+/// `what` completes the sentence "timed out after 5s waiting for ...".
+pub async fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    wait_ok(timeout, what, async || condition().then_some(()).ok_or("")).await;
+}
+
+/// Polls `poll` until it returns `Ok`, for at most `timeout`, and returns the value; panics
+/// naming `what` and the last `Err` (what it saw instead) otherwise.
+pub async fn wait_ok<T, E: Display>(
+    timeout: Duration,
+    what: &str,
+    mut poll: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match poll().await {
+            Ok(value) => return value,
+            Err(last) if Instant::now() >= deadline => {
+                let last = last.to_string();
+                if last.is_empty() {
+                    panic!("timed out after {timeout:?} waiting for {what}");
+                }
+                panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+            }
+            Err(_) => sleep(POLL_INTERVAL).await,
+        }
+    }
+}
+
+/// Polls `condition` for the whole of `duration` and panics naming `what` the first time it
+/// does not hold: a bounded check that something stays true.
+///
+/// `what` completes the sentence "... stopped holding after 300ms".
+pub async fn hold_for(duration: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    loop {
+        assert!(
+            condition(),
+            "{what} stopped holding after {:?}",
+            start.elapsed()
+        );
+        if start.elapsed() >= duration {
+            return;
+        }
+        sleep(POLL_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// The message `wait` panicked with.
+    async fn panic_message(wait: impl Future<Output = ()>) -> String {
+        let payload = std::panic::AssertUnwindSafe(wait)
+            .catch_unwind()
+            .await
+            .expect_err("must panic");
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn wait_ok_returns_the_first_value_the_poll_yields() {
+        let mut calls = 0;
+        let v = wait_ok(Duration::from_secs(1), "the third call", async || {
+            calls += 1;
+            if calls == 3 { Ok(calls) } else { Err("") }
+        })
+        .await;
+        assert_eq!(v, 3);
+    }
+
+    #[tokio::test]
+    async fn wait_until_panics_naming_what_it_waited_for() {
+        let msg = panic_message(wait_until(
+            Duration::from_millis(50),
+            "a condition that never holds",
+            || false,
+        ))
+        .await;
+        assert_eq!(
+            msg,
+            "timed out after 50ms waiting for a condition that never holds"
+        );
+    }
+
+    #[tokio::test]
+    async fn wait_ok_panics_naming_what_it_saw_last() {
+        let msg = panic_message(async {
+            wait_ok(Duration::from_millis(50), "a zero", async || {
+                Err::<(), _>("a one")
+            })
+            .await;
+        })
+        .await;
+        assert_eq!(
+            msg,
+            "timed out after 50ms waiting for a zero; last seen: a one"
+        );
+    }
+
+    #[tokio::test]
+    async fn hold_for_panics_when_the_condition_stops_holding() {
+        let mut calls = 0;
+        let msg = panic_message(hold_for(
+            Duration::from_secs(5),
+            "the first two calls",
+            || {
+                calls += 1;
+                calls <= 2
+            },
+        ))
+        .await;
+        assert!(msg.contains("the first two calls stopped holding"), "{msg}");
+    }
+}
