@@ -16,8 +16,9 @@ use odmesh_e2e::{
     odmesh_bootstrap, wait_until,
 };
 
-/// How soon a policy change must reach Envoy (the file is read five times a second).
-const CHANGE_DEADLINE: Duration = Duration::from_secs(3);
+/// How soon a policy file change must reach Envoy (the file is read five times a second;
+/// a registry change has the harness's `CHANGE_DEADLINE`).
+const POLICY_DEADLINE: Duration = Duration::from_secs(3);
 /// The bound on any one request of these tests.
 const REQUEST_BOUND: Duration = Duration::from_secs(20);
 
@@ -272,7 +273,7 @@ fn a_bad_policy_file_keeps_the_last_good_policy_and_says_where_it_is_wrong() {
         &path,
         "vips:\n  slow:\n    request_timeout: 300ms\n    retries: {count: many}\n",
     );
-    wait_until(CHANGE_DEADLINE, "the bad file to be reported", || {
+    wait_until(POLICY_DEADLINE, "the bad file to be reported", || {
         mesh.control.metric("odmesh_policy_load_errors_total") >= 1
     });
     let status = mesh.control.admin_get("/debug/policy").json();
@@ -290,7 +291,7 @@ fn a_bad_policy_file_keeps_the_last_good_policy_and_says_where_it_is_wrong() {
 
     // A good file again: no timeout.
     write_policy(&path, "vips: {slow: {request_timeout: 0s}}");
-    wait_until(CHANGE_DEADLINE, "the good file to apply", || {
+    wait_until(POLICY_DEADLINE, "the good file to apply", || {
         timed_get(mesh.egress(), "slow", "/slow?ms=700").0.status == 200
     });
 }
@@ -328,7 +329,7 @@ fn a_policy_change_updates_only_the_proxies_holding_the_cluster_and_cuts_no_requ
         "vips: {alpha: {circuit_breakers: {max_requests: 50}}}",
     );
     wait_until(
-        CHANGE_DEADLINE,
+        POLICY_DEADLINE,
         "alpha's proxy to get the new cluster",
         || modified(&mesh.envoy) > alpha_before,
     );
