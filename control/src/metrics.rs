@@ -48,6 +48,9 @@ odmesh_base::metrics! {
         /// Names answered with a removal because a stream was over --xds-max-names or
         /// --xds-max-unregistered.
         xds_names_refused_total: "counter",
+        /// Names listed with kept versions after a stream's first request of their type:
+        /// ignored (only the first request of a type may list them).
+        xds_late_versions_ignored_total: "counter",
         /// Clusters sent to connecting proxies from their service's history, before any request.
         prewarm_pushed_total: "counter",
         /// Clusters asked for on demand that a proxy needed and was not sent ahead (misses).

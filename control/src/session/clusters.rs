@@ -14,7 +14,8 @@ use super::{Context, Delta, Diff, Service, Session, WILDCARD, response, unix_now
 use crate::xds::{ResourceName, ResourceType};
 
 impl Session {
-    /// Applies what a `Cluster` request says of the wildcard subscription. Returns the names
+    /// Applies what a `Cluster` request (the stream's `first` of that type, or not) says of
+    /// the wildcard subscription. Returns the names
     /// the proxy kept under it from an earlier stream, which `subscribe` must take too.
     ///
     /// Rule: a client's first request of a type with no names subscribes to the wildcard
@@ -25,9 +26,9 @@ impl Session {
     pub(super) fn apply_wildcard(
         &mut self,
         cx: &Context<'_>,
+        first: bool,
         req: &DeltaDiscoveryRequest,
     ) -> Vec<String> {
-        let first = !std::mem::replace(&mut self.cluster_request_seen, true);
         let legacy = first
             && req.resource_names_subscribe.is_empty()
             && req.resource_names_unsubscribe.is_empty();

@@ -178,8 +178,10 @@ pub struct Session {
     nacks: u64,
     last_nack: Option<NackStatus>,
     refused: u64,
-    /// Whether a `Cluster` request has arrived (the first, if empty, is a wildcard).
-    cluster_request_seen: bool,
+    /// Whether a request of each type has arrived ([`ResourceType::index`]): the first of a
+    /// type alone may list kept versions, and the first `Cluster` one, if empty, is a
+    /// wildcard.
+    seen: [bool; 2],
     /// The proxy subscribed to every cluster: it takes what is sent ahead.
     wildcard: bool,
     /// The wildcard subscription awaits its first answer (sent even if empty: Envoy holds its
@@ -218,7 +220,7 @@ impl Session {
             nacks: 0,
             last_nack: None,
             refused: 0,
-            cluster_request_seen: false,
+            seen: [false; 2],
             wildcard: false,
             wildcard_answer_due: false,
             prewarm_due: false,
@@ -246,9 +248,9 @@ impl Session {
         let listed = req.resource_names_subscribe.len()
             + req.resource_names_unsubscribe.len()
             + req.initial_resource_versions.len();
-        // The two ways a request starts a wildcard (see `apply_request`).
+        // The two ways a request starts a wildcard (see `apply_wildcard`).
         let clusters = self.service.resource_type(&req.type_url) == Some(ResourceType::Cluster);
-        let legacy = !self.cluster_request_seen
+        let legacy = !self.seen[ResourceType::Cluster.index()]
             && req.resource_names_subscribe.is_empty()
             && req.resource_names_unsubscribe.is_empty();
         let explicit = req.resource_names_subscribe.iter().any(|n| n == WILDCARD);
@@ -320,7 +322,7 @@ impl Session {
     pub fn on_request(
         &mut self,
         cx: &Context<'_>,
-        req: DeltaDiscoveryRequest,
+        mut req: DeltaDiscoveryRequest,
     ) -> [Option<DeltaDiscoveryResponse>; 2] {
         inc(&cx.metrics.xds_requests_total);
         // 1. Who the proxy is, from its first request.
@@ -333,9 +335,11 @@ impl Session {
         };
         // 3. What it says of the last response: accepted or rejected.
         self.note_ack(cx, ty, &req);
+        let first = !std::mem::replace(&mut self.seen[ty.index()], true);
+        self.keep_versions_if_first(cx, ty, first, &mut req);
         // 4. Clusters only: the wildcard, and what the proxy kept under it.
         let held = match ty {
-            ResourceType::Cluster => self.apply_wildcard(cx, &req),
+            ResourceType::Cluster => self.apply_wildcard(cx, first, &req),
             ResourceType::Endpoints => Vec::new(),
         };
         // 5. The subscriptions: each new name parsed once, counted, admitted or refused.
@@ -407,6 +411,32 @@ impl Session {
             message: logs::truncated(&error.message, MAX_NACK_MESSAGE),
             at_unix: unix_seconds(SystemTime::now()),
         });
+    }
+
+    /// Rule: a client lists the versions it kept (`initial_resource_versions`) only in a
+    /// stream's first request of a type; after that the server tracks what it has. A later
+    /// list is ignored, and counted: honoured, it would let a client claim names it was never
+    /// sent, which take no room under the bounds.
+    fn keep_versions_if_first(
+        &self,
+        cx: &Context<'_>,
+        ty: ResourceType,
+        first: bool,
+        req: &mut DeltaDiscoveryRequest,
+    ) {
+        if first || req.initial_resource_versions.is_empty() {
+            return;
+        }
+        let ignored = std::mem::take(&mut req.initial_resource_versions).len();
+        (cx.metrics.xds_late_versions_ignored_total).fetch_add(ignored as u64, Ordering::Relaxed);
+        odmesh_base::limited!(
+            warn,
+            stream = self.id,
+            node = %clip(&self.node_id),
+            resource_type = ty.as_str(),
+            ignored,
+            "kept versions after a stream's first request of a type are ignored"
+        );
     }
 
     /// Applies the request's subscribes and unsubscribes (and `held`, the names kept under the

@@ -140,6 +140,44 @@ fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
     );
 }
 
+#[test]
+fn kept_versions_after_a_streams_first_request_of_a_type_take_room_like_any_name() {
+    let mut stream = ads_stream();
+    let admission = Admission::new(1);
+    let cx = Context {
+        cache: &stream.cache,
+        metrics: &stream.metrics,
+        admission: &admission,
+        prewarm: None,
+        eviction: None,
+    };
+    stream
+        .session
+        .on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    // A later request claims to have kept other.vip: not its first request of the type, so
+    // the claim is ignored and other.vip needs room, of which there is none.
+    let late = DeltaDiscoveryRequest {
+        initial_resource_versions: [("other.vip".to_owned(), "v1".to_owned())].into(),
+        ..request(CLUSTER_TYPE_URL, &["other.vip"], &[])
+    };
+    let [cluster, _] = stream.session.on_request(&cx, late);
+    assert_eq!(
+        cluster.map(|r| r.removed_resources),
+        Some(vec!["other.vip".to_owned()]),
+        "it waits for room"
+    );
+    let metrics = &stream.metrics;
+    assert_eq!(metrics.xds_cluster_subscriptions.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        metrics
+            .xds_late_versions_ignored_total
+            .load(Ordering::Relaxed),
+        1
+    );
+    assert!(stream.session.is_waiting());
+    stream.session.close(&cx);
+}
+
 /// A session of a proxy of service `billing` on a cache where `hello` and `world` are
 /// registered (complete, unless `loading`), with a history in which `billing` used
 /// `hello.vip`, `world.vip` and `gone.vip` (no longer registered).

@@ -110,6 +110,14 @@ impl ResourceType {
     /// Both types, clusters first: a push sends a changed cluster before its endpoints.
     pub const ALL: [ResourceType; 2] = [ResourceType::Cluster, ResourceType::Endpoints];
 
+    /// The type's place in [`ResourceType::ALL`], for per-type arrays.
+    pub const fn index(self) -> usize {
+        match self {
+            ResourceType::Cluster => 0,
+            ResourceType::Endpoints => 1,
+        }
+    }
+
     /// The type URL on the wire.
     pub const fn type_url(self) -> &'static str {
         match self {
