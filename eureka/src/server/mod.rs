@@ -63,8 +63,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -222,27 +220,46 @@ struct CachedAnswer {
 /// (lease timestamps in it move on meanwhile): Eureka's response cache does the same.
 const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
-/// Why a request to the embedded registry was refused: the answer's status and text.
+/// Why a request to the embedded registry was refused: the kind of refusal, and the text
+/// for the client. The edge ([`http`]) answers each kind with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct InvalidRequest {
-    /// The HTTP status of the answer.
-    pub status: u16,
+    /// What kind of refusal.
+    pub refusal: Refusal,
     /// What was wrong, for the client.
     pub reason: String,
 }
 
+/// The kinds of refusal of the registry's operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a valid request: a body that is not a registration, a name, field or value the
+    /// [`policy`] refuses.
+    Invalid,
+    /// The caller may not do this ([`auth`]).
+    Forbidden,
+    /// No such app or instance.
+    NotFound,
+    /// A new instance, in a registry that holds as many as it may.
+    Full,
+}
+
 impl InvalidRequest {
-    fn new(status: StatusCode, reason: impl Into<String>) -> InvalidRequest {
+    fn new(refusal: Refusal, reason: impl Into<String>) -> InvalidRequest {
         InvalidRequest {
-            status: status.as_u16(),
+            refusal,
             reason: reason.into(),
         }
     }
 
+    fn invalid(reason: impl Into<String>) -> InvalidRequest {
+        InvalidRequest::new(Refusal::Invalid, reason)
+    }
+
     fn not_found(app: &str, id: &str) -> InvalidRequest {
         InvalidRequest::new(
-            StatusCode::NOT_FOUND,
+            Refusal::NotFound,
             format!(
                 "instance {} of app {} is not registered",
                 clip(id),
@@ -252,20 +269,13 @@ impl InvalidRequest {
     }
 
     fn forbidden(reason: String) -> InvalidRequest {
-        InvalidRequest::new(StatusCode::FORBIDDEN, reason)
+        InvalidRequest::new(Refusal::Forbidden, reason)
     }
 }
 
 impl From<policy::Refused> for InvalidRequest {
     fn from(refused: policy::Refused) -> InvalidRequest {
-        InvalidRequest::new(StatusCode::BAD_REQUEST, refused.to_string())
-    }
-}
-
-impl IntoResponse for InvalidRequest {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
-        (status, format!("{}\n", self.reason)).into_response()
+        InvalidRequest::invalid(refused.to_string())
     }
 }
 
@@ -339,8 +349,9 @@ impl EurekaRegistry {
 
     /// Registers (or registers again) an instance of `app` from its JSON registration body,
     /// for `caller`. Refused, leaving the registry as it was: a body that is not a Eureka
-    /// registration or breaks the [`policy`] (400), a VIP the caller may not claim or an
-    /// instance another identity registered (403), a new instance in a full registry (503).
+    /// registration or breaks the [`policy`] ([`Refusal::Invalid`]), a VIP the caller may not
+    /// claim or an instance another identity registered ([`Refusal::Forbidden`]), a new
+    /// instance in a full registry ([`Refusal::Full`]).
     pub fn register_as(
         &self,
         caller: &Caller,
@@ -353,21 +364,18 @@ impl EurekaRegistry {
             .may_register_app(&app)
             .map_err(InvalidRequest::forbidden)?;
         let info = if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
-            let text = std::str::from_utf8(body).map_err(|e| {
-                InvalidRequest::new(StatusCode::BAD_REQUEST, format!("not UTF-8 XML: {e}"))
-            })?;
+            let text = std::str::from_utf8(body)
+                .map_err(|e| InvalidRequest::invalid(format!("not UTF-8 XML: {e}")))?;
             xml::read_instance(text).map_err(|e| {
-                InvalidRequest::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("not a Eureka registration (<instance>...</instance>): {e}"),
-                )
+                InvalidRequest::invalid(format!(
+                    "not a Eureka registration (<instance>...</instance>): {e}"
+                ))
             })?
         } else {
             let doc: InstanceDocument = serde_json::from_slice(body).map_err(|e| {
-                InvalidRequest::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
-                )
+                InvalidRequest::invalid(format!(
+                    "not a Eureka registration ({{\"instance\": {{...}}}}): {e}"
+                ))
             })?;
             doc.instance
         };
@@ -385,18 +393,14 @@ impl EurekaRegistry {
     ) -> Result<(), InvalidRequest> {
         match info.app.as_deref().map(str::trim) {
             Some(named) if !named.is_empty() && !named.eq_ignore_ascii_case(&app) => {
-                return Err(InvalidRequest::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("mismatched app name: the path says {app:?}, the instance {named:?}"),
-                ));
+                return Err(InvalidRequest::invalid(format!(
+                    "mismatched app name: the path says {app:?}, the instance {named:?}"
+                )));
             }
             _ => info.app = Some(app.clone()),
         }
         let Some(ip) = info.ip_addr.clone().filter(|ip| !ip.trim().is_empty()) else {
-            return Err(InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                "missing ipAddr",
-            ));
+            return Err(InvalidRequest::invalid("missing ipAddr"));
         };
         if info
             .host_name
@@ -406,10 +410,7 @@ impl EurekaRegistry {
             info.host_name = Some(ip);
         }
         let Some(id) = info.id().map(str::to_owned) else {
-            return Err(InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                "missing instanceId",
-            ));
+            return Err(InvalidRequest::invalid("missing instanceId"));
         };
         info.instance_id = Some(id.clone());
         let limits = &self.shared.config.limits;
@@ -469,7 +470,7 @@ impl EurekaRegistry {
             None if state.len() >= limits.max_instances => {
                 inc(&self.shared.metrics.eureka_refused_full_total);
                 return Err(InvalidRequest::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                    Refusal::Full,
                     format!(
                         "the registry is full: it holds {} instances, the most it may (odmesh-control --eureka-max-instances)",
                         limits.max_instances
@@ -535,8 +536,8 @@ impl EurekaRegistry {
     }
 
     /// Renews the lease of an instance (a heartbeat), for `caller`. A `last_dirty_timestamp`
-    /// newer than the registered one answers 404, so that the client registers its newer
-    /// data.
+    /// newer than the registered one is refused as not found, so that the client registers
+    /// its newer data.
     pub fn renew(
         &self,
         caller: &Caller,
@@ -573,7 +574,7 @@ impl EurekaRegistry {
             }
             Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(&app, id)),
             Err(RenewRefused::Newer { theirs, ours }) => Err(InvalidRequest::new(
-                StatusCode::NOT_FOUND,
+                Refusal::NotFound,
                 format!(
                     "instance {} changed since it registered (lastDirtyTimestamp {theirs} > {ours}): register again",
                     clip(id)
@@ -650,13 +651,10 @@ impl EurekaRegistry {
         let limits = &self.shared.config.limits;
         let entries: Vec<(String, String)> = entries.into_iter().collect();
         if entries.iter().any(|(key, _)| key == document::OWNER_KEY) {
-            return Err(InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "the metadata entry {} is the registry's own",
-                    document::OWNER_KEY
-                ),
-            ));
+            return Err(InvalidRequest::invalid(format!(
+                "the metadata entry {} is the registry's own",
+                document::OWNER_KEY
+            )));
         }
         let change = |lease: &mut Lease| {
             let mut merged = lease.doc().metadata.clone();
@@ -941,8 +939,8 @@ impl EurekaRegistry {
     }
 }
 
-/// Whether `caller` may change the registered instance `app`/`id`: 404 if there is none,
-/// 403 if another identity registered it.
+/// Whether `caller` may change the registered instance `app`/`id`: not if there is none, nor
+/// if another identity registered it.
 fn may_change(caller: &Caller, state: &Ledger, app: &str, id: &str) -> Result<(), InvalidRequest> {
     let lease = state
         .lease(app, id)

@@ -6,7 +6,7 @@ use crate::server::auth::Authenticator;
 use crate::server::policy::RegistrationLimits;
 use crate::server::preservation::PreservationConfig;
 use axum::body::Body;
-use axum::http::{Method, Request, header};
+use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
