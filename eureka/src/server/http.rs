@@ -21,11 +21,12 @@ use odmesh_base::metrics::inc;
 use odmesh_registry::Status;
 
 use super::auth::{self, Caller};
-use super::peers::{self, Action, Applied, REPLICATION_HEADER, Replicated, Reply};
+use super::peers::{self, Action, Applied, REPLICATION_HEADER, Replicated};
 use super::{EurekaRegistry, InvalidRequest, Refusal};
 use crate::wire::json::{
     ApplicationDocument, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
 };
+use crate::wire::replication::{Replies, Reply};
 use crate::wire::xml;
 
 /// The REST API, under `/eureka` and `/eureka/v2`, over `eureka`.
@@ -507,7 +508,12 @@ async fn replication_batch(
     let replies: Vec<_> = (writes.into_iter())
         .map(|w| reply(eureka.apply_replicated(w)))
         .collect();
-    name_node(&eureka, json_response(&peers::Replies::new(replies)))
+    name_node(
+        &eureka,
+        json_response(&Replies {
+            response_list: replies,
+        }),
+    )
 }
 
 async fn renew(

@@ -4,12 +4,13 @@
 //! - **What goes to the peers.** Every write a client makes on this node (registration,
 //!   heartbeat, cancellation, status override set or removed, metadata) is queued for each
 //!   peer and sent in batches, `POST {peer}/peerreplication/batch` with Eureka's
-//!   `{"replicationList": [...]}`, entries with Eureka's fields only, so that a real Eureka
-//!   server takes them (and `/peerreplication/batch/`, where Eureka's servers post, is
-//!   served too). An override goes as Eureka's `StatusUpdate` and its removal as
-//!   `DeleteStatusOverride`; a metadata change as a `Register` of the whole instance. The
-//!   owner of an instance travels in its document (see [`document`](super::document)).
-//!   Evictions are not sent: each node evicts on its own, as in Eureka.
+//!   `{"replicationList": [...]}` ([`crate::wire::replication`]), entries with Eureka's
+//!   fields only, so that a real Eureka server takes them (and `/peerreplication/batch/`,
+//!   where Eureka's servers post, is served too). An override goes as Eureka's
+//!   `StatusUpdate` and its removal as `DeleteStatusOverride`; a metadata change as a
+//!   `Register` of the whole instance. The owner of an instance travels in its document
+//!   (see [`document`](super::document)). Evictions are not sent: each node evicts on its
+//!   own, as in Eureka.
 //! - **Not forwarded again.** A write that came from a peer (a batch, or a single REST call
 //!   with `x-netflix-discovery-replication: true`) is applied here and goes nowhere else.
 //!   Only an operator may send those when the registry has a tokens file; put its
@@ -47,7 +48,6 @@ use hyper::body::Bytes;
 use hyper::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use odmesh_base::error::Chain;
@@ -61,8 +61,10 @@ use super::{EurekaRegistry, InvalidRequest, PeerCopy};
 use crate::client::access::Access;
 use crate::client::answer::{self, Bounds, Unread};
 use crate::client::{ClientConfig, DEFAULT_MAX_ANSWER, InvalidEurekaConfig, ServerUrl, backoff};
-use crate::wire::json::{self, InstanceInfo, InvalidDocument, lenient};
+use crate::wire::json::{self, InstanceInfo, InvalidDocument};
 use crate::wire::read;
+pub use crate::wire::replication::Action;
+use crate::wire::replication::{Batch, Entry, Replies, Reply};
 
 /// The header that marks a write as a peer's: applied, never forwarded.
 pub const REPLICATION_HEADER: &str = "x-netflix-discovery-replication";
@@ -187,16 +189,6 @@ fn names(url: &ServerUrl, own: SocketAddr) -> bool {
     }
 }
 
-/// What a write asks of a peer: Eureka's replication actions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Action {
-    Register,
-    Heartbeat,
-    Cancel,
-    StatusUpdate,
-    DeleteStatusOverride,
-}
-
 /// One write for the peers, or from one.
 #[derive(Clone, Debug)]
 pub struct Replicated {
@@ -298,64 +290,6 @@ impl Replicated {
             info: Some(Arc::new(info)),
             ..Replicated::new(Action::Register, app, &id)
         }
-    }
-}
-
-/// One entry of `{"replicationList": [...]}`, as Eureka writes it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "I: Deserialize<'de>"))]
-struct Entry<I> {
-    app_name: String,
-    id: String,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
-    last_dirty_timestamp: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
-    overridden_status: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
-    status: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    instance_info: Option<I>,
-    action: Action,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "I: Deserialize<'de>"))]
-struct Batch<I> {
-    replication_list: Vec<Entry<I>>,
-}
-
-/// The answer to one entry.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Reply {
-    pub status_code: u16,
-    /// With 409: the peer's newer document.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_entity: Option<InstanceInfo>,
-}
-
-/// `{"responseList": [...]}`: the answers to a batch, in its order.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Replies {
-    response_list: Vec<Reply>,
-}
-
-impl Replies {
-    pub fn new(response_list: Vec<Reply>) -> Replies {
-        Replies { response_list }
     }
 }
 
