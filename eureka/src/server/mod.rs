@@ -49,6 +49,7 @@
 //! registration fills in a missing `hostName` (with `ipAddr`) and `dataCenterInfo` (`MyOwn`)
 //! instead of refusing the instance, so a hand-written `curl` registration works.
 
+mod admission;
 pub mod auth;
 pub mod document;
 mod http;
@@ -72,18 +73,19 @@ use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 
+use self::admission::PeerCopy;
 use self::auth::{Authenticator, Caller};
-use self::ledger::{Eviction, Lease, Ledger, Now, Registration, RenewRefused, Served, Terms};
+use self::ledger::{
+    Eviction, Lease, Ledger, Now, Registered, Registration, RenewRefused, Served, Terms,
+};
 use self::peers::{PeerConfig, Peers, Replicated};
 use self::policy::RegistrationLimits;
 use self::preservation::PreservationConfig;
 
-use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status, split_vips};
+use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status};
 
 use crate::ServerMetrics;
-use crate::wire::json::{
-    Application, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
-};
+use crate::wire::json::{Application, Applications, ApplicationsDocument, InstanceInfo};
 use crate::wire::xml;
 
 /// After a publish, the publisher waits this long before the next, so that changes
@@ -197,15 +199,6 @@ struct Shared {
     filled: AtomicBool,
     /// This process's name among its peers ([`peers::NODE_HEADER`]).
     node: String,
-}
-
-/// How a peer's copy of an instance differs from a client's registration: it states the
-/// status the instance reports and its override exactly (and its owner, in its metadata:
-/// see [`document`]).
-#[derive(Debug)]
-struct PeerCopy {
-    reported: Status,
-    overridden: Option<Status>,
 }
 
 /// A written `GET /apps` answer, and the registry version it shows.
@@ -363,22 +356,7 @@ impl EurekaRegistry {
         caller
             .may_register_app(&app)
             .map_err(InvalidRequest::forbidden)?;
-        let info = if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
-            let text = std::str::from_utf8(body)
-                .map_err(|e| InvalidRequest::invalid(format!("not UTF-8 XML: {e}")))?;
-            xml::read_instance(text).map_err(|e| {
-                InvalidRequest::invalid(format!(
-                    "not a Eureka registration (<instance>...</instance>): {e}"
-                ))
-            })?
-        } else {
-            let doc: InstanceDocument = serde_json::from_slice(body).map_err(|e| {
-                InvalidRequest::invalid(format!(
-                    "not a Eureka registration ({{\"instance\": {{...}}}}): {e}"
-                ))
-            })?;
-            doc.instance
-        };
+        let info = admission::read_body(body)?;
         self.admit(caller, app, info, None)
     }
 
@@ -388,103 +366,16 @@ impl EurekaRegistry {
         &self,
         caller: &Caller,
         app: String,
-        mut info: InstanceInfo,
+        info: InstanceInfo,
         copy: Option<PeerCopy>,
     ) -> Result<(), InvalidRequest> {
-        match info.app.as_deref().map(str::trim) {
-            Some(named) if !named.is_empty() && !named.eq_ignore_ascii_case(&app) => {
-                return Err(InvalidRequest::invalid(format!(
-                    "mismatched app name: the path says {app:?}, the instance {named:?}"
-                )));
-            }
-            _ => info.app = Some(app.clone()),
-        }
-        let Some(ip) = info.ip_addr.clone().filter(|ip| !ip.trim().is_empty()) else {
-            return Err(InvalidRequest::invalid("missing ipAddr"));
-        };
-        if info
-            .host_name
-            .as_deref()
-            .is_none_or(|h| h.trim().is_empty())
-        {
-            info.host_name = Some(ip);
-        }
-        let Some(id) = info.id().map(str::to_owned) else {
-            return Err(InvalidRequest::invalid("missing instanceId"));
-        };
-        info.instance_id = Some(id.clone());
-        let limits = &self.shared.config.limits;
-        let fitted = policy::fit(&mut info, limits);
-        document::canonical(&mut info);
-        policy::check_instance(&info, limits)?;
-        let claimed = split_vips(info.vip_address.as_deref().unwrap_or_default())
-            .into_iter()
-            .chain(split_vips(
-                info.secure_vip_address.as_deref().unwrap_or_default(),
-            ));
-        for vip in claimed {
-            caller.may_claim(&vip).map_err(InvalidRequest::forbidden)?;
-        }
-        info.action_type = None;
-        let owner = match &copy {
-            Some(_) => document::owner_of_copy(&info).map(Arc::from),
-            None => caller.owner().map(Arc::from),
-        };
-        document::set_owner(&mut info, owner.as_deref());
-        self.report_fitted(&app, &id, &fitted);
-
-        let lease_info = info.lease_info.as_ref();
-        let duration = match lease_info.and_then(|l| l.duration_in_secs) {
-            Some(secs) if secs > 0 => Duration::from_secs(secs),
-            _ => self.shared.config.lease_duration,
-        };
-        let reported = copy.as_ref().map_or_else(|| info.status(), |c| c.reported);
-        // What the client says, within 1 s and its lease (a lease it cannot renew in time
-        // makes no sense, and would weigh more in self-preservation than it should).
-        let stated_interval = lease_info.and_then(|l| l.renewal_interval_in_secs);
-        let renewal_interval = Duration::from_secs(stated_interval.unwrap_or(30))
-            .clamp(Duration::from_secs(1), duration.max(Duration::from_secs(1)));
-        let body_override = match &copy {
-            Some(copy) => copy.overridden,
-            None => info
-                .overridden_status
-                .as_deref()
-                .or(info.overriddenstatus_legacy.as_deref())
-                .and_then(Status::parse)
-                .filter(|s| *s != Status::Unknown),
-        };
-        let registration = Registration {
-            info,
-            reported,
-            body_override,
-            duration,
-            renewal_interval,
-            owner,
-            replicated: copy.is_some(),
-        };
-        let mut state = self.lock();
-        match state.lease(&app, &id) {
-            Some(lease) => caller
-                .may_change(lease.owner.as_deref())
-                .map_err(InvalidRequest::forbidden)?,
-            None if state.len() >= limits.max_instances => {
-                inc(&self.shared.metrics.eureka_refused_full_total);
-                return Err(InvalidRequest::new(
-                    Refusal::Full,
-                    format!(
-                        "the registry is full: it holds {} instances, the most it may (odmesh-control --eureka-max-instances)",
-                        limits.max_instances
-                    ),
-                ));
-            }
-            None => {}
-        }
-        let registered = state.register(&app, &id, registration, Now::read());
-        let forward = (copy.is_none() && !registered.kept_newer && self.has_peers())
-            .then(|| state.lease(&app, &id).map(Replicated::register))
-            .flatten();
-        drop(state);
-        if copy.is_some() {
+        let replicated = copy.is_some();
+        let config = &self.shared.config;
+        let admitted = admission::admit(caller, &app, info, copy, config)?;
+        let (id, reported) = (admitted.id, admitted.registration.reported);
+        self.report_fitted(&app, &id, &admitted.fitted);
+        let (registered, forward) = self.record(caller, &app, &id, admitted.registration)?;
+        if replicated {
             inc(&self.shared.metrics.eureka_peer_received_total);
             self.publish();
             return Ok(());
@@ -492,25 +383,65 @@ impl EurekaRegistry {
         if let Some(forward) = forward {
             self.replicate(forward);
         }
+        self.registered(&app, &id, reported, &registered);
+        Ok(())
+    }
+
+    /// Records `registration` of `app`/`id` in the ledger, if `caller` may change the
+    /// instance registered there and the registry has room for a new one: what it did, and
+    /// the write for the peers of a client's registration that changed something.
+    fn record(
+        &self,
+        caller: &Caller,
+        app: &str,
+        id: &str,
+        registration: Registration,
+    ) -> Result<(Registered, Option<Replicated>), InvalidRequest> {
+        let max_instances = self.shared.config.limits.max_instances;
+        let replicated = registration.replicated;
+        let mut state = self.lock();
+        match state.lease(app, id) {
+            Some(lease) => caller
+                .may_change(lease.owner.as_deref())
+                .map_err(InvalidRequest::forbidden)?,
+            None if state.len() >= max_instances => {
+                inc(&self.shared.metrics.eureka_refused_full_total);
+                return Err(InvalidRequest::new(
+                    Refusal::Full,
+                    format!(
+                        "the registry is full: it holds {max_instances} instances, the most it may (odmesh-control --eureka-max-instances)"
+                    ),
+                ));
+            }
+            None => {}
+        }
+        let registered = state.register(app, id, registration, Now::read());
+        let forward = (!replicated && !registered.kept_newer && self.has_peers())
+            .then(|| state.lease(app, id).map(Replicated::register))
+            .flatten();
+        Ok((registered, forward))
+    }
+
+    /// Counts, logs and publishes a client's registration.
+    fn registered(&self, app: &str, id: &str, reported: Status, registered: &Registered) {
         if registered.override_restored {
             inc(&self.shared.metrics.eureka_overrides_restored_total);
             odmesh_base::limited!(
                 info,
-                app = %clip(&app),
-                id = %clip(&id),
+                app = %clip(app),
+                id = %clip(id),
                 "eureka: an instance cancelled while overridden registered again; its override stays",
             );
         }
         inc(&self.shared.metrics.eureka_registrations_total);
         odmesh_base::limited!(
             info,
-            app = %clip(&app),
-            id = %clip(&id),
+            app = %clip(app),
+            id = %clip(id),
             status = reported.as_str(),
             "eureka: registered",
         );
         self.publish();
-        Ok(())
     }
 
     /// Says what [`policy::fit`] changed in a registration (log, metrics).

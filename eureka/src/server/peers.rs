@@ -55,9 +55,10 @@ use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 use odmesh_registry::Status;
 
+use super::admission::PeerCopy;
 use super::auth::Caller;
 use super::ledger::{Lease, Now, RenewRefused};
-use super::{EurekaRegistry, InvalidRequest, PeerCopy};
+use super::{EurekaRegistry, InvalidRequest};
 use crate::client::access::Access;
 use crate::client::answer::{self, Bounds, Unread};
 use crate::client::{ClientConfig, DEFAULT_MAX_ANSWER, InvalidEurekaConfig, ServerUrl, backoff};
