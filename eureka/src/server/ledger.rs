@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -39,25 +39,12 @@ use crate::wire::json::{
 /// An app name (uppercase) or an instance id, shared by every index that names it.
 pub type Name = Arc<str>;
 
-/// The time, as the ledger is told it: an instant for leases, and milliseconds since the
-/// epoch for the documents.
+/// The time, as the ledger is told it (by the server's clock): an instant for leases, and
+/// milliseconds since the epoch for the documents.
 #[derive(Clone, Copy, Debug)]
 pub struct Now {
     pub at: Instant,
     pub ms: u64,
-}
-
-impl Now {
-    /// The clocks' readings now.
-    pub fn read() -> Now {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        Now {
-            at: Instant::now(),
-            ms,
-        }
-    }
 }
 
 /// What the ledger keeps to.

@@ -51,6 +51,7 @@
 
 mod admission;
 pub mod auth;
+mod clock;
 pub mod document;
 mod http;
 pub mod ledger;
@@ -75,6 +76,7 @@ use odmesh_base::metrics::{inc, set};
 
 use self::admission::PeerCopy;
 use self::auth::{Authenticator, Caller};
+use self::clock::Clock;
 use self::ledger::{
     Eviction, Lease, Ledger, Now, Registered, Registration, RenewRefused, Served, Terms,
 };
@@ -181,6 +183,8 @@ impl std::fmt::Debug for EurekaRegistry {
 
 struct Shared {
     config: ServerConfig,
+    /// Where the registry takes the time from.
+    clock: Clock,
     /// When this registry started: it is still loading until `config.warmup` after.
     started: Instant,
     state: Mutex<Ledger>,
@@ -282,8 +286,19 @@ impl EurekaRegistry {
         registry_metrics: Arc<RegistryMetrics>,
         metrics: Arc<ServerMetrics>,
     ) -> EurekaRegistry {
+        EurekaRegistry::with_clock(config, Clock::default(), tx, registry_metrics, metrics)
+    }
+
+    /// [`EurekaRegistry::new`], taking the time from `clock`.
+    fn with_clock(
+        config: ServerConfig,
+        clock: Clock,
+        tx: watch::Sender<Arc<Registry>>,
+        registry_metrics: Arc<RegistryMetrics>,
+        metrics: Arc<ServerMetrics>,
+    ) -> EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
-        let started = Instant::now();
+        let started = clock.instant();
         let terms = Terms {
             delta_retention: config.delta_retention,
             max_instances: config.limits.max_instances,
@@ -294,6 +309,7 @@ impl EurekaRegistry {
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
                 config,
+                clock,
                 started,
                 state: Mutex::new(ledger),
                 tx,
@@ -324,7 +340,7 @@ impl EurekaRegistry {
 
     /// Whether the registry is still warming up after its start (see the module docs).
     pub fn is_warming_up(&self) -> bool {
-        self.shared.started.elapsed() < self.shared.config.warmup
+        self.since(self.shared.started) < self.shared.config.warmup
             && !self.shared.filled.load(Ordering::Relaxed)
     }
 
@@ -415,7 +431,7 @@ impl EurekaRegistry {
             }
             None => {}
         }
-        let registered = state.register(app, id, registration, Now::read());
+        let registered = state.register(app, id, registration, self.now());
         let forward = (!replicated && !registered.kept_newer && self.has_peers())
             .then(|| state.lease(app, id).map(Replicated::register))
             .flatten();
@@ -486,7 +502,7 @@ impl EurekaRegistry {
         caller
             .may_change(lease.owner.as_deref())
             .map_err(InvalidRequest::forbidden)?;
-        let renewed = state.renew(&app, id, last_dirty_timestamp, Now::read());
+        let renewed = state.renew(&app, id, last_dirty_timestamp, self.now());
         let forward = (renewed.is_ok() && self.has_peers())
             .then(|| {
                 state
@@ -522,7 +538,7 @@ impl EurekaRegistry {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
         may_change(caller, &state, &app, id)?;
-        if state.cancel(&app, id, Now::read()).is_none() {
+        if state.cancel(&app, id, self.now()).is_none() {
             return Err(InvalidRequest::not_found(&app, id));
         }
         drop(state);
@@ -613,7 +629,7 @@ impl EurekaRegistry {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
         may_change(caller, &state, &app, id)?;
-        let changed = state.modify(&app, id, Now::read(), change);
+        let changed = state.modify(&app, id, self.now(), change);
         let forward = (changed.as_ref().is_some_and(Result::is_ok) && self.has_peers())
             .then(|| state.lease(&app, id).map(replicated))
             .flatten();
@@ -646,7 +662,7 @@ impl EurekaRegistry {
             evicted,
             held,
             verdict,
-        } = state.evict(Now::read(), late);
+        } = state.evict(self.now(), late);
         drop(state);
         if !late.is_zero() {
             inc(&metrics.eureka_late_eviction_rounds_total);
@@ -699,7 +715,7 @@ impl EurekaRegistry {
         let mut last: Option<Instant> = None;
         loop {
             ticks.tick().await;
-            let now = Instant::now();
+            let now = self.shared.clock.instant();
             // A little jitter is normal; a round more than one interval late is not.
             let late = last
                 .map(|last| now.saturating_duration_since(last).saturating_sub(interval))
@@ -731,7 +747,7 @@ impl EurekaRegistry {
         let answers = || (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = &answers()[slot]
             && hit.version == version
-            && hit.written.elapsed() < ANSWER_MAX_AGE
+            && self.since(hit.written) < ANSWER_MAX_AGE
         {
             return (hit.version, hit.body.clone());
         }
@@ -753,7 +769,7 @@ impl EurekaRegistry {
         };
         let answer = CachedAnswer {
             version,
-            written: Instant::now(),
+            written: self.shared.clock.instant(),
             body: body.clone(),
         };
         answers()[slot] = Some(answer);
@@ -792,8 +808,18 @@ impl EurekaRegistry {
     /// The changes within the delta retention, as `GET /apps/delta` answers: the latest
     /// change of each instance, oldest first, and the hash code of the whole registry.
     pub fn delta(&self) -> Applications {
-        let view = self.lock().delta(Instant::now());
+        let view = self.lock().delta(self.shared.clock.instant());
         view.applications()
+    }
+
+    /// Now, as the ledger is told it.
+    fn now(&self) -> Now {
+        self.shared.clock.now()
+    }
+
+    /// How long ago `then` was.
+    fn since(&self, then: Instant) -> Duration {
+        self.shared.clock.instant().saturating_duration_since(then)
     }
 
     /// The ledger, locked.
@@ -824,7 +850,7 @@ impl EurekaRegistry {
             let upto = *changes.borrow_and_update();
             self.publish_now();
             self.shared.published.send_replace(upto);
-            let warming = Instant::now() < warm;
+            let warming = self.shared.clock.instant() < warm;
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep_until(warm), if warming => {

@@ -57,7 +57,7 @@ use odmesh_registry::Status;
 
 use super::admission::PeerCopy;
 use super::auth::Caller;
-use super::ledger::{Lease, Now, RenewRefused};
+use super::ledger::{Lease, RenewRefused};
 use super::{EurekaRegistry, InvalidRequest};
 use crate::client::access::Access;
 use crate::client::answer::{self, Bounds, Unread};
@@ -524,7 +524,7 @@ impl EurekaRegistry {
             }
             Action::Heartbeat => self.apply_heartbeat(app, id, write.last_dirty_timestamp),
             Action::Cancel => {
-                let cancelled = self.lock().cancel(app, id, Now::read());
+                let cancelled = self.lock().cancel(app, id, self.now());
                 cancelled.ok_or_else(|| InvalidRequest::not_found(app, id))?;
                 self.received()
             }
@@ -569,7 +569,7 @@ impl EurekaRegistry {
         theirs: Option<u64>,
     ) -> Result<Applied, InvalidRequest> {
         let mut state = self.lock();
-        match state.renew(app, id, theirs, Now::read()) {
+        match state.renew(app, id, theirs, self.now()) {
             Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(app, id)),
             Err(RenewRefused::Newer { .. }) => Ok(Applied::OursOlder),
             Ok(()) => {
@@ -594,7 +594,7 @@ impl EurekaRegistry {
         id: &str,
         overridden: Option<Status>,
     ) -> Result<Applied, InvalidRequest> {
-        let changed = self.lock().modify(app, id, Now::read(), |lease| {
+        let changed = self.lock().modify(app, id, self.now(), |lease| {
             lease.overridden = overridden;
             lease.refresh_status();
             Ok::<(), InvalidRequest>(())
