@@ -24,23 +24,14 @@ pub enum Action {
 pub struct Entry<I> {
     pub app_name: String,
     pub id: String,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default)]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub last_dirty_timestamp: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default)]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub overridden_status: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default)]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_info: Option<I>,
