@@ -1,7 +1,7 @@
 //! Eureka's replication between registries, as its servers exchange it: a batch of writes
 //! (`POST /peerreplication/batch`, `{"replicationList": [...]}`) and the answers to it
-//! (`{"responseList": [...]}`). The instance in an entry is the same [`InstanceInfo`] every
-//! other document holds.
+//! (`{"responseList": [...]}`), docs/eureka.md, "Replication between peers". The instance in
+//! an entry is the same [`InstanceInfo`] every other document holds.
 
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ pub struct Batch<I> {
     pub replication_list: Vec<Entry<I>>,
 }
 
-/// The answer to one entry: the status its single call would get.
+/// The answer to one entry: an HTTP status.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reply {
