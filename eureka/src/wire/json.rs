@@ -619,36 +619,19 @@ impl InstanceInfo {
             problem("ipAddr", reason)
         })?;
 
-        let mut side =
-            |port: Option<u16>, port_field: &str, list: &Option<String>, list_field: &str| {
-                let port = match port {
-                    Some(0) => {
-                        warnings.push(problem(port_field, "enabled with port 0; ignored".into()));
-                        None
-                    }
-                    other => other,
-                };
-                let mut vips = Vec::new();
-                if port.is_some() {
-                    for vip in split_vips(list.as_deref().unwrap_or_default()) {
-                        match check_vip(&vip) {
-                            Ok(()) => vips.push(vip),
-                            Err(reason) => {
-                                warnings.push(problem(list_field, format!("{reason}; skipped")))
-                            }
-                        }
-                    }
-                }
-                // Pushed one at a time, a list of one VIP has room for four.
-                vips.shrink_to_fit();
-                (port, vips)
-            };
-        let (port, vips) = side(self.plain_port(), "port", &self.vip_address, "vipAddress");
-        let (secure_port, svips) = side(
+        let (port, vips) = serving(
+            self.plain_port(),
+            &self.vip_address,
+            ("port", "vipAddress"),
+            &problem,
+            warnings,
+        );
+        let (secure_port, svips) = serving(
             self.secure_port(),
-            "securePort",
             &self.secure_vip_address,
-            "secureVipAddress",
+            ("securePort", "secureVipAddress"),
+            &problem,
+            warnings,
         );
 
         let instance_id = match self.id() {
@@ -676,6 +659,37 @@ impl InstanceInfo {
             protocol,
         })
     }
+}
+
+/// One side of an instance (plain or secure): its port, unless it is 0, and the VIPs it
+/// serves that are valid names; what is left out is warned about (`fields`: the port's and
+/// the list's names, for [`InvalidInstance::field`]).
+fn serving(
+    port: Option<u16>,
+    list: &Option<String>,
+    (port_field, list_field): (&str, &str),
+    problem: &dyn Fn(&str, String) -> InvalidInstance,
+    warnings: &mut Vec<InvalidInstance>,
+) -> (Option<u16>, Vec<String>) {
+    let port = match port {
+        Some(0) => {
+            warnings.push(problem(port_field, "enabled with port 0; ignored".into()));
+            None
+        }
+        other => other,
+    };
+    let mut vips = Vec::new();
+    if port.is_some() {
+        for vip in split_vips(list.as_deref().unwrap_or_default()) {
+            match check_vip(&vip) {
+                Ok(()) => vips.push(vip),
+                Err(reason) => warnings.push(problem(list_field, format!("{reason}; skipped"))),
+            }
+        }
+    }
+    // Pushed one at a time, a list of one VIP has room for four.
+    vips.shrink_to_fit();
+    (port, vips)
 }
 
 /// Serde helpers for the number/string/bool confusion of real Eureka servers.
