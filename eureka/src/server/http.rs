@@ -1,7 +1,7 @@
 //! The embedded registry's REST API: the edge, where requests become calls on
-//! [`EurekaRegistry`] and results become answers (JSON or XML, as the client asks). The
-//! only place that knows HTTP's statuses: [`status_of`] answers each [`Refusal`], and
-//! [`reply`] each peer's write.
+//! [`EurekaRegistry`] and results become answers (JSON or XML, as the client asks). The one
+//! place the registry's outcomes become HTTP statuses: [`status_of`] answers each
+//! [`Refusal`], and [`reply`] each peer's write.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,12 +21,12 @@ use odmesh_base::metrics::inc;
 use odmesh_registry::Status;
 
 use super::auth::{self, Caller};
-use super::peers::{self, Action, Applied, REPLICATION_HEADER, Replicated};
+use super::peers::{self, Applied, REPLICATION_HEADER, Replicated};
 use super::{EurekaRegistry, InvalidRequest, Refusal};
 use crate::wire::json::{
     ApplicationDocument, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
 };
-use crate::wire::replication::{Replies, Reply};
+use crate::wire::replication::{Action, Replies, Reply};
 use crate::wire::xml;
 
 /// The REST API, under `/eureka` and `/eureka/v2`, over `eureka`.
@@ -456,9 +456,9 @@ fn apply_from_peer(
             InvalidRequest::forbidden(e),
         );
     }
-    let reply = reply(eureka.apply_replicated(write));
-    let status = StatusCode::from_u16(reply.status_code).unwrap_or(StatusCode::BAD_REQUEST);
-    match reply.response_entity {
+    let answer = reply(eureka.apply_replicated(write));
+    let status = StatusCode::from_u16(answer.status_code).unwrap_or(StatusCode::BAD_REQUEST);
+    match answer.response_entity {
         Some(instance) => (status, json_response(&InstanceDocument { instance })).into_response(),
         None => status.into_response(),
     }

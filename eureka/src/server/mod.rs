@@ -218,7 +218,7 @@ struct CachedAnswer {
 const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Why a request to the embedded registry was refused: the kind of refusal, and the text
-/// for the client. The edge ([`http`]) answers each kind with its HTTP status.
+/// for the client. The edge (`http.rs`) answers each kind with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct InvalidRequest {

@@ -64,8 +64,7 @@ use crate::client::answer::{self, Bounds, Unread};
 use crate::client::{ClientConfig, DEFAULT_MAX_ANSWER, InvalidEurekaConfig, ServerUrl, backoff};
 use crate::wire::json::{self, InstanceInfo, InvalidDocument};
 use crate::wire::read;
-pub use crate::wire::replication::Action;
-use crate::wire::replication::{Batch, Entry, Replies, Reply};
+use crate::wire::replication::{Action, Batch, Entry, Replies, Reply};
 
 /// The header that marks a write as a peer's: applied, never forwarded.
 pub const REPLICATION_HEADER: &str = "x-netflix-discovery-replication";
@@ -297,6 +296,7 @@ impl Replicated {
 /// What a peer's write did here (the edge answers each in `responseList`).
 #[derive(Debug)]
 pub enum Applied {
+    /// A heartbeat, cancellation or override applied.
     Done,
     /// A peer's copy of an instance registered.
     Registered,
