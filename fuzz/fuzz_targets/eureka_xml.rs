@@ -6,10 +6,11 @@
 //! `applications`, `application` and `instance`:
 //! - the output holds no character XML 1.0 forbids and is well-formed (roxmltree);
 //! - reading it back gives every text of the document, with each forbidden character
-//!   replaced by U+FFFD as the writer documents: names, ids, statuses, ports and whether they
-//!   are enabled, the data center's class attribute and metadata, the lease, and every
-//!   metadata entry under its key, or under the valid name the writer makes of a key that
-//!   is not one (unless another key has that name).
+//!   replaced by U+FFFD as the writer documents: every field of the writer's list of an
+//!   instance's fields (`xml::fields`: names, ids, statuses, ports and whether they are
+//!   enabled, the data center's class attribute and metadata, the lease), nothing else, and
+//!   every metadata entry under its key, or under the valid name the writer makes of a key
+//!   that is not one (unless another key has that name).
 #![no_main]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,7 +21,7 @@ use odmesh_eureka::wire::json::{
     ActionType, Application, Applications, DataCenterInfo, InstanceInfo, LeaseInfo, Port,
     parse_document,
 };
-use odmesh_eureka::wire::xml;
+use odmesh_eureka::wire::xml::{self, Field};
 use odmesh_fuzz::{as_read_back, elements, is_plain_xml_name, parse_xml, text_of};
 use roxmltree::Node;
 
@@ -87,121 +88,79 @@ fn by_name<'a, 'i>(node: Node<'a, 'i>) -> BTreeMap<&'a str, Node<'a, 'i>> {
     out
 }
 
+/// Every field of the writer's list ([`xml::fields`]) is written under its name, as it reads
+/// back, and nothing else.
 fn check_instance(node: Node, i: &InstanceInfo) {
     assert_eq!(node.tag_name().name(), "instance");
     let fields = by_name(node);
-    let mut expected: BTreeMap<&str, Option<String>> = BTreeMap::new();
-    let mut text = |name: &'static str, value: Option<&str>| {
-        expected.insert(name, value.map(as_read_back));
-    };
-    text("instanceId", i.instance_id.as_deref());
-    text("hostName", i.host_name.as_deref());
-    text("app", i.app.as_deref());
-    text("appGroupName", i.app_group_name.as_deref());
-    text("ipAddr", i.ip_addr.as_deref());
-    text("sid", i.sid.as_deref());
-    text("status", i.status.as_deref());
-    let overridden = i
-        .overridden_status
-        .as_deref()
-        .or(i.overriddenstatus_legacy.as_deref());
-    text("overriddenstatus", overridden);
-    text("countryId", i.country_id.map(|c| c.to_string()).as_deref());
-    text("homePageUrl", i.home_page_url.as_deref());
-    text("statusPageUrl", i.status_page_url.as_deref());
-    text("healthCheckUrl", i.health_check_url.as_deref());
-    text("secureHealthCheckUrl", i.secure_health_check_url.as_deref());
-    text("vipAddress", i.vip_address.as_deref());
-    text("secureVipAddress", i.secure_vip_address.as_deref());
-    let flag = i.is_coordinating_discovery_server.map(|b| b.to_string());
-    text("isCoordinatingDiscoveryServer", flag.as_deref());
-    let stamp = |t: Option<u64>| t.map(|t| t.to_string());
-    text(
-        "lastUpdatedTimestamp",
-        stamp(i.last_updated_timestamp).as_deref(),
+    let mut written = 0;
+    for field in xml::fields(i) {
+        let name = match &field {
+            Field::Text(name, _) | Field::Port(name, _, _) => *name,
+            Field::DataCenter(_) => "dataCenterInfo",
+            Field::Lease(_) => "leaseInfo",
+            Field::Metadata(_) => "metadata",
+        };
+        let node = fields.get(name).copied();
+        written += usize::from(node.is_some());
+        check_field(name, node, field);
+    }
+    assert_eq!(
+        written,
+        fields.len(),
+        "elements not in the list: {fields:?}"
     );
-    text(
-        "lastDirtyTimestamp",
-        stamp(i.last_dirty_timestamp).as_deref(),
-    );
-    let action = i.action_type.map(|a| match a {
-        ActionType::Added => "ADDED",
-        ActionType::Modified => "MODIFIED",
-        ActionType::Deleted => "DELETED",
-    });
-    text("actionType", action);
-    text("asgName", i.asg_name.as_deref());
-    for (name, value) in expected {
-        match (fields.get(name), value) {
-            (Some(node), Some(value)) => assert_eq!(text_of(*node), value, "<{name}>"),
-            (None, None) => {}
-            (node, value) => panic!("<{name}>: wrote {node:?}, expected {value:?}"),
-        }
-    }
+}
 
-    for (name, port, enabled_by_default) in
-        [("port", i.port, true), ("securePort", i.secure_port, false)]
-    {
-        match (fields.get(name), port) {
-            (Some(node), Some(port)) => {
-                assert_eq!(text_of(*node), port.port.to_string());
-                let enabled = port.enabled.unwrap_or(enabled_by_default).to_string();
-                assert_eq!(node.attribute("enabled"), Some(enabled.as_str()));
-            }
-            (None, None) => {}
-            (node, port) => panic!("<{name}>: wrote {node:?}, expected {port:?}"),
+fn check_field(name: &str, node: Option<Node>, field: Field) {
+    match (node, field) {
+        (Some(node), Field::Text(_, Some(value))) => {
+            assert_eq!(text_of(node), as_read_back(&value), "<{name}>");
         }
-    }
-
-    match (fields.get("dataCenterInfo"), &i.data_center_info) {
-        (Some(node), Some(dc)) => {
-            let class = dc
-                .class
-                .as_deref()
-                .unwrap_or("com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo");
-            assert_eq!(node.attribute("class"), Some(as_read_back(class).as_str()));
-            let dc_fields = by_name(*node);
-            assert_eq!(
-                dc_fields.get("name").map(|n| text_of(*n)),
-                dc.name.as_deref().map(as_read_back)
-            );
-            match dc_fields.get("metadata") {
-                Some(node) => check_metadata(*node, &dc.metadata),
-                None => assert!(dc.metadata.is_empty()),
-            }
+        (Some(node), Field::Port(_, Some(port), enabled_by_default)) => {
+            assert_eq!(text_of(node), port.port.to_string());
+            let enabled = port.enabled.unwrap_or(enabled_by_default).to_string();
+            assert_eq!(node.attribute("enabled"), Some(enabled.as_str()));
         }
-        (None, None) => {}
-        (node, dc) => panic!("<dataCenterInfo>: wrote {node:?}, expected {dc:?}"),
-    }
-
-    match (fields.get("leaseInfo"), &i.lease_info) {
-        (Some(node), Some(lease)) => {
-            let lease_fields = by_name(*node);
-            for (name, value) in [
-                ("renewalIntervalInSecs", lease.renewal_interval_in_secs),
-                ("durationInSecs", lease.duration_in_secs),
-                ("registrationTimestamp", lease.registration_timestamp),
-                ("lastRenewalTimestamp", lease.last_renewal_timestamp),
-                ("evictionTimestamp", lease.eviction_timestamp),
-                ("serviceUpTimestamp", lease.service_up_timestamp),
-            ] {
+        (Some(node), Field::DataCenter(Some(dc))) => check_data_center(node, dc),
+        (Some(node), Field::Lease(Some(lease))) => {
+            let lease_fields = by_name(node);
+            for (name, value) in xml::lease_fields(lease) {
                 let node = lease_fields.get(name).expect("every lease field");
                 assert_eq!(text_of(*node), value.unwrap_or(0).to_string());
             }
         }
-        (None, None) => {}
-        (node, lease) => panic!("<leaseInfo>: wrote {node:?}, expected {lease:?}"),
+        (Some(node), Field::Metadata(metadata)) => {
+            if metadata.is_empty() {
+                assert_eq!(
+                    node.attribute("class"),
+                    Some("java.util.Collections$EmptyMap")
+                );
+            }
+            let entries = metadata.iter().map(|(k, v)| (k.clone(), v.clone()));
+            check_metadata(node, &entries.collect());
+        }
+        (None, Field::Text(_, None) | Field::Port(_, None, _))
+        | (None, Field::DataCenter(None) | Field::Lease(None)) => {}
+        (node, field) => panic!("<{name}>: wrote {node:?}, expected {field:?}"),
     }
+}
 
-    let metadata = fields.get("metadata").expect("<metadata>, always");
-    if i.metadata.is_empty() {
-        assert_eq!(
-            metadata.attribute("class"),
-            Some("java.util.Collections$EmptyMap")
-        );
+fn check_data_center(node: Node, dc: &DataCenterInfo) {
+    let class = dc
+        .class
+        .as_deref()
+        .unwrap_or(xml::DEFAULT_DATA_CENTER_CLASS);
+    assert_eq!(node.attribute("class"), Some(as_read_back(class).as_str()));
+    let dc_fields = by_name(node);
+    assert_eq!(
+        dc_fields.get("name").map(|n| text_of(*n)),
+        dc.name.as_deref().map(as_read_back)
+    );
+    match dc_fields.get("metadata") {
+        Some(node) => check_metadata(*node, &dc.metadata),
+        None => assert!(dc.metadata.is_empty()),
     }
-    let entries = (i.metadata.iter()).map(|(k, v)| (k.clone(), v.clone()));
-    check_metadata(*metadata, &entries.collect());
 }
 
 /// Every entry is written under its key, or under the name the writer makes of a key that is

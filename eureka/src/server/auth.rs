@@ -204,6 +204,62 @@ impl Identity {
     fn name(&self) -> &str {
         self.caller.owner().unwrap_or_default()
     }
+
+    /// The identity `entry` declares, if it is valid and unlike the `others`; else its name
+    /// and why not.
+    fn of(entry: Entry, others: &[Identity]) -> Result<Identity, (String, String)> {
+        let invalid = |reason: String| (entry.name.clone(), reason);
+        if entry.name.is_empty() || entry.name.contains(':') || entry.name.len() > 128 {
+            return Err(invalid(
+                "a name is 1 to 128 characters, without ':'".to_owned(),
+            ));
+        }
+        if entry.token.chars().count() < MIN_TOKEN {
+            return Err(invalid(format!(
+                "the token must be at least {MIN_TOKEN} characters"
+            )));
+        }
+        if others
+            .iter()
+            .any(|i| i.name() == entry.name || i.token == entry.token.as_bytes())
+        {
+            return Err(invalid(
+                "another identity has the same name or token".to_owned(),
+            ));
+        }
+        let caller = if entry.operator {
+            if entry.vips.is_some() || entry.apps.is_some() {
+                return Err(invalid(
+                    "an operator may register any app and VIP: drop `apps` and `vips`".to_owned(),
+                ));
+            }
+            Caller::Operator {
+                name: entry.name.clone(),
+            }
+        } else {
+            let vips = Grant::of(entry.vips.as_ref(), &entry.name, |vip| {
+                let vip = vip.trim().to_ascii_lowercase();
+                odmesh_registry::check_vip(&vip).map(|()| vip)
+            })
+            .map_err(invalid)?;
+            let apps = Grant::of(entry.apps.as_ref(), &entry.name, |app| {
+                let app = app.trim().to_ascii_uppercase();
+                super::policy::check_app(&app)
+                    .map(|()| app)
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(invalid)?;
+            Caller::Client {
+                name: entry.name.clone(),
+                apps,
+                vips,
+            }
+        };
+        Ok(Identity {
+            token: entry.token.into_bytes(),
+            caller: Arc::new(caller),
+        })
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -258,63 +314,15 @@ impl Authenticator {
         }
         let mut identities: Vec<Identity> = Vec::new();
         for (index, entry) in file.identities.into_iter().enumerate() {
-            let invalid = |reason: String| InvalidAuthFile::Identity {
-                path: path.to_owned(),
-                index,
-                name: entry.name.clone(),
-                reason,
-            };
-            if entry.name.is_empty() || entry.name.contains(':') || entry.name.len() > 128 {
-                return Err(invalid(
-                    "a name is 1 to 128 characters, without ':'".to_owned(),
-                ));
-            }
-            if entry.token.chars().count() < MIN_TOKEN {
-                return Err(invalid(format!(
-                    "the token must be at least {MIN_TOKEN} characters"
-                )));
-            }
-            if identities
-                .iter()
-                .any(|i| i.name() == entry.name || i.token == entry.token.as_bytes())
-            {
-                return Err(invalid(
-                    "another identity has the same name or token".to_owned(),
-                ));
-            }
-            let caller = if entry.operator {
-                if entry.vips.is_some() || entry.apps.is_some() {
-                    return Err(invalid(
-                        "an operator may register any app and VIP: drop `apps` and `vips`"
-                            .to_owned(),
-                    ));
+            let identity = Identity::of(entry, &identities).map_err(|(name, reason)| {
+                InvalidAuthFile::Identity {
+                    path: path.to_owned(),
+                    index,
+                    name,
+                    reason,
                 }
-                Caller::Operator {
-                    name: entry.name.clone(),
-                }
-            } else {
-                let vips = Grant::of(entry.vips.as_ref(), &entry.name, |vip| {
-                    let vip = vip.trim().to_ascii_lowercase();
-                    odmesh_registry::check_vip(&vip).map(|()| vip)
-                })
-                .map_err(invalid)?;
-                let apps = Grant::of(entry.apps.as_ref(), &entry.name, |app| {
-                    let app = app.trim().to_ascii_uppercase();
-                    super::policy::check_app(&app)
-                        .map(|()| app)
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(invalid)?;
-                Caller::Client {
-                    name: entry.name.clone(),
-                    apps,
-                    vips,
-                }
-            };
-            identities.push(Identity {
-                token: entry.token.into_bytes(),
-                caller: Arc::new(caller),
-            });
+            })?;
+            identities.push(identity);
         }
         Ok(Authenticator { identities })
     }

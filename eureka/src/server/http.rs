@@ -1,5 +1,7 @@
 //! The embedded registry's REST API: the edge, where requests become calls on
-//! [`EurekaRegistry`] and results become answers (JSON or XML, as the client asks).
+//! [`EurekaRegistry`] and results become answers (JSON or XML, as the client asks). The one
+//! place the registry's outcomes become HTTP statuses: [`status_of`] answers each
+//! [`Refusal`], and [`reply`] each peer's write.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,11 +21,12 @@ use odmesh_base::metrics::inc;
 use odmesh_registry::Status;
 
 use super::auth::{self, Caller};
-use super::peers::{self, Action, REPLICATION_HEADER, Replicated};
-use super::{EurekaRegistry, InvalidRequest};
+use super::peers::{self, Applied, REPLICATION_HEADER, Replicated};
+use super::{EurekaRegistry, InvalidRequest, Refusal};
 use crate::wire::json::{
     ApplicationDocument, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
 };
+use crate::wire::replication::{Action, Replies, Reply};
 use crate::wire::xml;
 
 /// The REST API, under `/eureka` and `/eureka/v2`, over `eureka`.
@@ -56,6 +59,43 @@ pub(super) fn router(eureka: EurekaRegistry) -> Router {
 }
 
 type Eureka = AxState<EurekaRegistry>;
+
+/// The HTTP status that answers a refusal.
+fn status_of(refusal: Refusal) -> StatusCode {
+    match refusal {
+        Refusal::Invalid => StatusCode::BAD_REQUEST,
+        Refusal::Forbidden => StatusCode::FORBIDDEN,
+        Refusal::NotFound => StatusCode::NOT_FOUND,
+        Refusal::Full => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// The answer to a peer's write: an entry of a batch's `responseList`, or the answer to a
+/// single replicated call.
+fn reply(applied: Result<Applied, InvalidRequest>) -> Reply {
+    let (status, response_entity) = match applied {
+        Ok(Applied::Done) => (StatusCode::OK, None),
+        Ok(Applied::Registered) => (StatusCode::NO_CONTENT, None),
+        Ok(Applied::OursOlder) => (StatusCode::NOT_FOUND, None),
+        Ok(Applied::OursNewer(info)) => (StatusCode::CONFLICT, Some(*info)),
+        Err(e) => (status_of(e.refusal), None),
+    };
+    Reply {
+        status_code: status.as_u16(),
+        response_entity,
+    }
+}
+
+/// `status`, with `reason` as the body.
+fn text_answer(status: StatusCode, reason: &str) -> Response {
+    (status, format!("{reason}\n")).into_response()
+}
+
+impl IntoResponse for InvalidRequest {
+    fn into_response(self) -> Response {
+        text_answer(status_of(self.refusal), &self.reason)
+    }
+}
 
 /// Eureka's rule: JSON when `Accept` mentions `json`, XML otherwise.
 fn wants_json(headers: &HeaderMap) -> bool {
@@ -190,11 +230,10 @@ async fn get_app(AxState(eureka): Eureka, Path(app): Path<String>, headers: Head
             json_response(&ApplicationDocument { application })
         }
         Some(application) => xml_response(xml::application(&application)),
-        None => InvalidRequest::new(
+        None => text_answer(
             StatusCode::NOT_FOUND,
-            format!("app {name:?} is not registered"),
-        )
-        .into_response(),
+            &format!("app {name:?} is not registered"),
+        ),
     }
 }
 
@@ -217,11 +256,10 @@ async fn get_instance_by_id(
 ) -> Response {
     match eureka.instance_by_id(&id) {
         Some(info) => answer_instance(&headers, info),
-        None => InvalidRequest::new(
+        None => text_answer(
             StatusCode::NOT_FOUND,
-            format!("instance {id:?} is not registered"),
-        )
-        .into_response(),
+            &format!("instance {id:?} is not registered"),
+        ),
     }
 }
 
@@ -241,8 +279,10 @@ fn by_vip(eureka: &EurekaRegistry, headers: &HeaderMap, vip: &str, secure: bool)
     let vip = vip.trim().to_ascii_lowercase();
     let apps = eureka.serving(&vip, secure);
     if apps.application.is_empty() {
-        return InvalidRequest::new(StatusCode::NOT_FOUND, format!("no instance serves {vip:?}"))
-            .into_response();
+        return text_answer(
+            StatusCode::NOT_FOUND,
+            &format!("no instance serves {vip:?}"),
+        );
     }
     answer_applications(headers, apps)
 }
@@ -262,8 +302,7 @@ async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next)
                     path = %clip(request.uri().path()),
                     "eureka: request without valid credentials refused (401)"
                 );
-                let mut answer =
-                    InvalidRequest::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+                let mut answer = text_answer(StatusCode::UNAUTHORIZED, &e.to_string());
                 answer.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"odmesh\", Basic realm=\"odmesh\""),
@@ -281,25 +320,52 @@ async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next)
 /// reads any body of a heartbeat's 404 as an instance, fails, and never registers again.
 fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> Response {
     let metrics = &eureka.shared.metrics;
-    let counter = match e.status {
-        404 => return StatusCode::NOT_FOUND.into_response(),
-        403 => Some(&metrics.eureka_refused_forbidden_total),
-        408 | 413 | 415 => Some(&metrics.eureka_refused_body_total),
+    let counter = match e.refusal {
+        Refusal::NotFound => return StatusCode::NOT_FOUND.into_response(),
+        Refusal::Forbidden => Some(&metrics.eureka_refused_forbidden_total),
+        Refusal::Invalid => Some(&metrics.eureka_refused_invalid_total),
         // The registry-full count is taken where it is decided.
-        503 => None,
-        _ => Some(&metrics.eureka_refused_invalid_total),
+        Refusal::Full => None,
     };
+    refused(what, app, status_of(e.refusal), counter, &e.reason)
+}
+
+/// Answers a body refused before it reached the registry: not JSON nor XML (415), too large
+/// (413), too slow (408), broken off (400).
+fn refuse_body(
+    eureka: &EurekaRegistry,
+    what: &str,
+    app: &str,
+    status: StatusCode,
+    reason: &str,
+) -> Response {
+    let metrics = &eureka.shared.metrics;
+    let counter = match status {
+        StatusCode::BAD_REQUEST => &metrics.eureka_refused_invalid_total,
+        _ => &metrics.eureka_refused_body_total,
+    };
+    refused(what, app, status, Some(counter), reason)
+}
+
+/// Counts (with `counter`) and logs a refused write, and answers it `status` with `reason`.
+fn refused(
+    what: &str,
+    app: &str,
+    status: StatusCode,
+    counter: Option<&std::sync::atomic::AtomicU64>,
+    reason: &str,
+) -> Response {
     if let Some(counter) = counter {
         inc(counter);
     }
     odmesh_base::limited!(
         warn,
         app = %clip(app),
-        status = e.status,
-        error = %logs::clip_at(&e.reason, 300),
+        status = status.as_u16(),
+        error = %logs::clip_at(reason, 300),
         "eureka: {what} refused"
     );
-    e.into_response()
+    text_answer(status, reason)
 }
 
 /// Whether a body's `Content-Type` says JSON (`application/json`, or any `+json` type).
@@ -332,18 +398,21 @@ async fn register(
     // A form or text/plain POST (what a web page may send anywhere without asking) is not a
     // registration.
     if !is_json(&headers) && !is_xml(&headers) {
-        let e = InvalidRequest::new(
+        let reason = "a registration is JSON or XML: send Content-Type: application/json and {\"instance\": {...}}, or application/xml and <instance>...</instance>";
+        return refuse_body(
+            &eureka,
+            "registration",
+            &app,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "a registration is JSON or XML: send Content-Type: application/json and {\"instance\": {...}}, or application/xml and <instance>...</instance>",
+            reason,
         );
-        return refuse(&eureka, "registration", &app, e);
     }
     let body =
         match http_server::read_body(&headers, body, config.max_body, config.body_timeout).await {
             Ok(body) => body,
             Err(e) => {
-                let e = InvalidRequest::new(e.status(), format!("registration: {}", Chain(&e)));
-                return refuse(&eureka, "registration", &app, e);
+                let reason = format!("registration: {}", Chain(&e));
+                return refuse_body(&eureka, "registration", &app, e.status(), &reason);
             }
         };
     if from_peer(&headers) {
@@ -387,9 +456,9 @@ fn apply_from_peer(
             InvalidRequest::forbidden(e),
         );
     }
-    let reply = eureka.apply_replicated(write);
-    let status = StatusCode::from_u16(reply.status_code).unwrap_or(StatusCode::BAD_REQUEST);
-    match reply.response_entity {
+    let answer = reply(eureka.apply_replicated(write));
+    let status = StatusCode::from_u16(answer.status_code).unwrap_or(StatusCode::BAD_REQUEST);
+    match answer.response_entity {
         Some(instance) => (status, json_response(&InstanceDocument { instance })).into_response(),
         None => status.into_response(),
     }
@@ -428,8 +497,8 @@ async fn replication_batch(
     let body = match http_server::read_body(&headers, body, limit, config.body_timeout).await {
         Ok(body) => body,
         Err(e) => {
-            let e = InvalidRequest::new(e.status(), format!("peer batch: {}", Chain(&e)));
-            return refuse(&eureka, "peer batch", "", e);
+            let reason = format!("peer batch: {}", Chain(&e));
+            return refuse_body(&eureka, "peer batch", "", e.status(), &reason);
         }
     };
     let writes = match peers::decode(&body) {
@@ -437,9 +506,14 @@ async fn replication_batch(
         Err(e) => return refuse(&eureka, "peer batch", "", e),
     };
     let replies: Vec<_> = (writes.into_iter())
-        .map(|w| eureka.apply_replicated(w))
+        .map(|w| reply(eureka.apply_replicated(w)))
         .collect();
-    name_node(&eureka, json_response(&peers::Replies::new(replies)))
+    name_node(
+        &eureka,
+        json_response(&Replies {
+            response_list: replies,
+        }),
+    )
 }
 
 async fn renew(
@@ -482,13 +556,10 @@ fn status_param(params: &HashMap<String, String>) -> Result<Option<Status>, Inva
     match params.get("value") {
         None => Ok(None),
         Some(v) => Status::parse(v).map(Some).ok_or_else(|| {
-            InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "value={} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)",
-                    clip(v)
-                ),
-            )
+            InvalidRequest::invalid(format!(
+                "value={} is not a status (UP, DOWN, STARTING, OUT_OF_SERVICE, UNKNOWN)",
+                clip(v)
+            ))
         }),
     }
 }
@@ -511,10 +582,7 @@ async fn put_status(
     }
     let result = status_param(&params).and_then(|status| match status {
         Some(status) => eureka.set_status_override(&caller, &app, &id, Some(status), None),
-        None => Err(InvalidRequest::new(
-            StatusCode::BAD_REQUEST,
-            "missing ?value=STATUS",
-        )),
+        None => Err(InvalidRequest::invalid("missing ?value=STATUS")),
     });
     match result {
         Ok(()) => StatusCode::OK.into_response(),

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -39,25 +39,12 @@ use crate::wire::json::{
 /// An app name (uppercase) or an instance id, shared by every index that names it.
 pub type Name = Arc<str>;
 
-/// The time, as the ledger is told it: an instant for leases, and milliseconds since the
-/// epoch for the documents.
+/// The time, as the ledger is told it (by the server's clock): an instant for leases, and
+/// milliseconds since the epoch for the documents.
 #[derive(Clone, Copy, Debug)]
 pub struct Now {
     pub at: Instant,
     pub ms: u64,
-}
-
-impl Now {
-    /// The clocks' readings now.
-    pub fn read() -> Now {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        Now {
-            at: Instant::now(),
-            ms,
-        }
-    }
 }
 
 /// What the ledger keeps to.
@@ -235,6 +222,31 @@ pub struct Registration {
     pub replicated: bool,
 }
 
+/// A registration's document as the registry serves it, stamped `now`: its lease's terms
+/// and timestamps (`service_up`: when it came up, if it did), Eureka's defaults filled in.
+fn stamped(
+    mut info: InstanceInfo,
+    duration: Duration,
+    service_up: Option<u64>,
+    now: Now,
+) -> InstanceInfo {
+    let stated = info.lease_info.take().unwrap_or_default();
+    info.lease_info = Some(LeaseInfo {
+        renewal_interval_in_secs: Some(stated.renewal_interval_in_secs.unwrap_or(30)),
+        duration_in_secs: Some(duration.as_secs()),
+        registration_timestamp: Some(now.ms),
+        last_renewal_timestamp: Some(now.ms),
+        eviction_timestamp: Some(0),
+        service_up_timestamp: Some(service_up.unwrap_or(0)),
+        other: stated.other,
+    });
+    info.last_updated_timestamp = Some(now.ms);
+    info.last_dirty_timestamp = Some(info.last_dirty_timestamp.unwrap_or(now.ms));
+    info.is_coordinating_discovery_server.get_or_insert(false);
+    info.action_type = None;
+    info
+}
+
 /// What a registration did.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Registered {
@@ -407,8 +419,9 @@ impl Ledger {
     /// records.
     pub fn register(&mut self, app: &str, id: &str, r: Registration, now: Now) -> Registered {
         let app = self.app_name(app);
-        let existing = self.lease(&app, id);
-        let ours = existing.and_then(|l| l.doc.last_dirty_timestamp);
+        let ours = self
+            .lease(&app, id)
+            .and_then(|l| l.doc.last_dirty_timestamp);
         if let (Some(ours), Some(theirs)) = (ours, r.info.last_dirty_timestamp)
             && ours > theirs
         {
@@ -423,45 +436,14 @@ impl Ledger {
         let id: Name = (self.apps.get(&app))
             .and_then(|leases| leases.get_key_value(id))
             .map_or_else(|| Name::from(id), |(k, _)| k.clone());
-        let known = existing.map(|l| {
-            let up = (l.doc.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
-            (l.overridden, up)
-        });
-        let mut override_restored = false;
-        let (overridden, service_up) = match known {
-            Some((_, up)) if r.replicated => (r.body_override, up),
-            Some((overridden, up)) => (overridden.or(r.body_override), up),
-            None if r.replicated => (r.body_override, None),
-            None => {
-                // The override it had if it was cancelled within one lease duration.
-                let key = (app.clone(), id.clone());
-                let restored = self.cancelled_overrides.take(&key, now.at);
-                override_restored = restored.is_some();
-                (restored.or(r.body_override), None)
-            }
-        };
+        let (overridden, service_up, override_restored) = self.carried_over(&app, &id, &r, now);
         let service_up = service_up
             .filter(|t| *t > 0)
             .or((r.reported == Status::Up).then_some(now.ms));
-        let mut info = r.info;
-        let stated = info.lease_info.take().unwrap_or_default();
-        info.lease_info = Some(LeaseInfo {
-            renewal_interval_in_secs: Some(stated.renewal_interval_in_secs.unwrap_or(30)),
-            duration_in_secs: Some(r.duration.as_secs()),
-            registration_timestamp: Some(now.ms),
-            last_renewal_timestamp: Some(now.ms),
-            eviction_timestamp: Some(0),
-            service_up_timestamp: Some(service_up.unwrap_or(0)),
-            other: stated.other,
-        });
-        info.last_updated_timestamp = Some(now.ms);
-        info.last_dirty_timestamp = Some(info.last_dirty_timestamp.unwrap_or(now.ms));
-        info.is_coordinating_discovery_server.get_or_insert(false);
-        info.action_type = None;
         let token = self.next_token;
         self.next_token += 1;
         let mut lease = Lease {
-            doc: Arc::new(info),
+            doc: Arc::new(stamped(r.info, r.duration, service_up, now)),
             reported: r.reported,
             overridden,
             renewed: now.at,
@@ -476,7 +458,45 @@ impl Ledger {
             converted: None,
         };
         lease.refresh_status();
-        let deadline = lease.deadline(self.credit);
+        let new = self.insert(app, id, lease, now);
+        Registered {
+            new,
+            override_restored,
+            kept_newer: false,
+        }
+    }
+
+    /// What a registration of `app`/`id` keeps of the instance registered before: its
+    /// override (a client's registration again may not take it away; a peer's copy states
+    /// it), or the one it had if cancelled within one lease duration (then restored), and
+    /// when it came up.
+    fn carried_over(
+        &mut self,
+        app: &Name,
+        id: &Name,
+        r: &Registration,
+        now: Now,
+    ) -> (Option<Status>, Option<u64>, bool) {
+        let known = self.lease(app, id).map(|l| {
+            let up = (l.doc.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
+            (l.overridden, up)
+        });
+        match known {
+            Some((_, up)) if r.replicated => (r.body_override, up, false),
+            Some((overridden, up)) => (overridden.or(r.body_override), up, false),
+            None if r.replicated => (r.body_override, None, false),
+            None => {
+                let key = (app.clone(), id.clone());
+                let restored = self.cancelled_overrides.take(&key, now.at);
+                (restored.or(r.body_override), None, restored.is_some())
+            }
+        }
+    }
+
+    /// Puts `lease` in place of whatever `app`/`id` held, in every index; whether it is a
+    /// new instance.
+    fn insert(&mut self, app: Name, id: Name, lease: Lease, now: Now) -> bool {
+        let (token, deadline) = (lease.token, lease.deadline(self.credit));
         self.expected.add(token, now.at, lease.renewal_interval);
         self.statuses[status_slot(lease.doc.status())] += 1;
         let served = lease.served();
@@ -490,11 +510,7 @@ impl Ledger {
         self.compact_expiry();
         self.convert(&app, &id);
         self.record(app, id, ActionType::Added, served, now);
-        Registered {
-            new: old.is_none(),
-            override_restored,
-            kept_newer: false,
-        }
+        old.is_none()
     }
 
     /// Rebuilds the deadline queue from the leases when entries of cancelled or registered

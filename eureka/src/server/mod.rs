@@ -49,7 +49,9 @@
 //! registration fills in a missing `hostName` (with `ipAddr`) and `dataCenterInfo` (`MyOwn`)
 //! instead of refusing the instance, so a hand-written `curl` registration works.
 
+mod admission;
 pub mod auth;
+mod clock;
 pub mod document;
 mod http;
 pub mod ledger;
@@ -63,8 +65,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -74,18 +74,20 @@ use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 
+use self::admission::PeerCopy;
 use self::auth::{Authenticator, Caller};
-use self::ledger::{Eviction, Lease, Ledger, Now, Registration, RenewRefused, Served, Terms};
+use self::clock::Clock;
+use self::ledger::{
+    Eviction, Lease, Ledger, Now, Registered, Registration, RenewRefused, Served, Terms,
+};
 use self::peers::{PeerConfig, Peers, Replicated};
 use self::policy::RegistrationLimits;
 use self::preservation::PreservationConfig;
 
-use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status, split_vips};
+use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status};
 
 use crate::ServerMetrics;
-use crate::wire::json::{
-    Application, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
-};
+use crate::wire::json::{Application, Applications, ApplicationsDocument, InstanceInfo};
 use crate::wire::xml;
 
 /// After a publish, the publisher waits this long before the next, so that changes
@@ -181,6 +183,8 @@ impl std::fmt::Debug for EurekaRegistry {
 
 struct Shared {
     config: ServerConfig,
+    /// Where the registry takes the time from.
+    clock: Clock,
     /// When this registry started: it is still loading until `config.warmup` after.
     started: Instant,
     state: Mutex<Ledger>,
@@ -201,15 +205,6 @@ struct Shared {
     node: String,
 }
 
-/// How a peer's copy of an instance differs from a client's registration: it states the
-/// status the instance reports and its override exactly (and its owner, in its metadata:
-/// see [`document`]).
-#[derive(Debug)]
-struct PeerCopy {
-    reported: Status,
-    overridden: Option<Status>,
-}
-
 /// A written `GET /apps` answer, and the registry version it shows.
 #[derive(Clone)]
 struct CachedAnswer {
@@ -222,27 +217,46 @@ struct CachedAnswer {
 /// (lease timestamps in it move on meanwhile): Eureka's response cache does the same.
 const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
-/// Why a request to the embedded registry was refused: the answer's status and text.
+/// Why a request to the embedded registry was refused: the kind of refusal, and the text
+/// for the client. The edge (`http.rs`) answers each kind with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct InvalidRequest {
-    /// The HTTP status of the answer.
-    pub status: u16,
+    /// What kind of refusal.
+    pub refusal: Refusal,
     /// What was wrong, for the client.
     pub reason: String,
 }
 
+/// The kinds of refusal of the registry's operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a valid request: a body that is not a registration, a name, field or value the
+    /// [`policy`] refuses.
+    Invalid,
+    /// The caller may not do this ([`auth`]).
+    Forbidden,
+    /// No such app or instance.
+    NotFound,
+    /// A new instance, in a registry that holds as many as it may.
+    Full,
+}
+
 impl InvalidRequest {
-    fn new(status: StatusCode, reason: impl Into<String>) -> InvalidRequest {
+    fn new(refusal: Refusal, reason: impl Into<String>) -> InvalidRequest {
         InvalidRequest {
-            status: status.as_u16(),
+            refusal,
             reason: reason.into(),
         }
     }
 
+    fn invalid(reason: impl Into<String>) -> InvalidRequest {
+        InvalidRequest::new(Refusal::Invalid, reason)
+    }
+
     fn not_found(app: &str, id: &str) -> InvalidRequest {
         InvalidRequest::new(
-            StatusCode::NOT_FOUND,
+            Refusal::NotFound,
             format!(
                 "instance {} of app {} is not registered",
                 clip(id),
@@ -252,20 +266,13 @@ impl InvalidRequest {
     }
 
     fn forbidden(reason: String) -> InvalidRequest {
-        InvalidRequest::new(StatusCode::FORBIDDEN, reason)
+        InvalidRequest::new(Refusal::Forbidden, reason)
     }
 }
 
 impl From<policy::Refused> for InvalidRequest {
     fn from(refused: policy::Refused) -> InvalidRequest {
-        InvalidRequest::new(StatusCode::BAD_REQUEST, refused.to_string())
-    }
-}
-
-impl IntoResponse for InvalidRequest {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
-        (status, format!("{}\n", self.reason)).into_response()
+        InvalidRequest::invalid(refused.to_string())
     }
 }
 
@@ -279,8 +286,19 @@ impl EurekaRegistry {
         registry_metrics: Arc<RegistryMetrics>,
         metrics: Arc<ServerMetrics>,
     ) -> EurekaRegistry {
+        EurekaRegistry::with_clock(config, Clock::default(), tx, registry_metrics, metrics)
+    }
+
+    /// [`EurekaRegistry::new`], taking the time from `clock`.
+    fn with_clock(
+        config: ServerConfig,
+        clock: Clock,
+        tx: watch::Sender<Arc<Registry>>,
+        registry_metrics: Arc<RegistryMetrics>,
+        metrics: Arc<ServerMetrics>,
+    ) -> EurekaRegistry {
         let health = SourceHealth::new("embedded Eureka registry");
-        let started = Instant::now();
+        let started = clock.instant();
         let terms = Terms {
             delta_retention: config.delta_retention,
             max_instances: config.limits.max_instances,
@@ -291,6 +309,7 @@ impl EurekaRegistry {
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
                 config,
+                clock,
                 started,
                 state: Mutex::new(ledger),
                 tx,
@@ -321,7 +340,7 @@ impl EurekaRegistry {
 
     /// Whether the registry is still warming up after its start (see the module docs).
     pub fn is_warming_up(&self) -> bool {
-        self.shared.started.elapsed() < self.shared.config.warmup
+        self.since(self.shared.started) < self.shared.config.warmup
             && !self.shared.filled.load(Ordering::Relaxed)
     }
 
@@ -339,8 +358,9 @@ impl EurekaRegistry {
 
     /// Registers (or registers again) an instance of `app` from its JSON registration body,
     /// for `caller`. Refused, leaving the registry as it was: a body that is not a Eureka
-    /// registration or breaks the [`policy`] (400), a VIP the caller may not claim or an
-    /// instance another identity registered (403), a new instance in a full registry (503).
+    /// registration or breaks the [`policy`] ([`Refusal::Invalid`]), a VIP the caller may not
+    /// claim or an instance another identity registered ([`Refusal::Forbidden`]), a new
+    /// instance in a full registry ([`Refusal::Full`]).
     pub fn register_as(
         &self,
         caller: &Caller,
@@ -352,25 +372,7 @@ impl EurekaRegistry {
         caller
             .may_register_app(&app)
             .map_err(InvalidRequest::forbidden)?;
-        let info = if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<') {
-            let text = std::str::from_utf8(body).map_err(|e| {
-                InvalidRequest::new(StatusCode::BAD_REQUEST, format!("not UTF-8 XML: {e}"))
-            })?;
-            xml::read_instance(text).map_err(|e| {
-                InvalidRequest::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("not a Eureka registration (<instance>...</instance>): {e}"),
-                )
-            })?
-        } else {
-            let doc: InstanceDocument = serde_json::from_slice(body).map_err(|e| {
-                InvalidRequest::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
-                )
-            })?;
-            doc.instance
-        };
+        let info = admission::read_body(body)?;
         self.admit(caller, app, info, None)
     }
 
@@ -380,110 +382,16 @@ impl EurekaRegistry {
         &self,
         caller: &Caller,
         app: String,
-        mut info: InstanceInfo,
+        info: InstanceInfo,
         copy: Option<PeerCopy>,
     ) -> Result<(), InvalidRequest> {
-        match info.app.as_deref().map(str::trim) {
-            Some(named) if !named.is_empty() && !named.eq_ignore_ascii_case(&app) => {
-                return Err(InvalidRequest::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("mismatched app name: the path says {app:?}, the instance {named:?}"),
-                ));
-            }
-            _ => info.app = Some(app.clone()),
-        }
-        let Some(ip) = info.ip_addr.clone().filter(|ip| !ip.trim().is_empty()) else {
-            return Err(InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                "missing ipAddr",
-            ));
-        };
-        if info
-            .host_name
-            .as_deref()
-            .is_none_or(|h| h.trim().is_empty())
-        {
-            info.host_name = Some(ip);
-        }
-        let Some(id) = info.id().map(str::to_owned) else {
-            return Err(InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                "missing instanceId",
-            ));
-        };
-        info.instance_id = Some(id.clone());
-        let limits = &self.shared.config.limits;
-        let fitted = policy::fit(&mut info, limits);
-        document::canonical(&mut info);
-        policy::check_instance(&info, limits)?;
-        let claimed = split_vips(info.vip_address.as_deref().unwrap_or_default())
-            .into_iter()
-            .chain(split_vips(
-                info.secure_vip_address.as_deref().unwrap_or_default(),
-            ));
-        for vip in claimed {
-            caller.may_claim(&vip).map_err(InvalidRequest::forbidden)?;
-        }
-        info.action_type = None;
-        let owner = match &copy {
-            Some(_) => document::owner_of_copy(&info).map(Arc::from),
-            None => caller.owner().map(Arc::from),
-        };
-        document::set_owner(&mut info, owner.as_deref());
-        self.report_fitted(&app, &id, &fitted);
-
-        let lease_info = info.lease_info.as_ref();
-        let duration = match lease_info.and_then(|l| l.duration_in_secs) {
-            Some(secs) if secs > 0 => Duration::from_secs(secs),
-            _ => self.shared.config.lease_duration,
-        };
-        let reported = copy.as_ref().map_or_else(|| info.status(), |c| c.reported);
-        // What the client says, within 1 s and its lease (a lease it cannot renew in time
-        // makes no sense, and would weigh more in self-preservation than it should).
-        let stated_interval = lease_info.and_then(|l| l.renewal_interval_in_secs);
-        let renewal_interval = Duration::from_secs(stated_interval.unwrap_or(30))
-            .clamp(Duration::from_secs(1), duration.max(Duration::from_secs(1)));
-        let body_override = match &copy {
-            Some(copy) => copy.overridden,
-            None => info
-                .overridden_status
-                .as_deref()
-                .or(info.overriddenstatus_legacy.as_deref())
-                .and_then(Status::parse)
-                .filter(|s| *s != Status::Unknown),
-        };
-        let registration = Registration {
-            info,
-            reported,
-            body_override,
-            duration,
-            renewal_interval,
-            owner,
-            replicated: copy.is_some(),
-        };
-        let mut state = self.lock();
-        match state.lease(&app, &id) {
-            Some(lease) => caller
-                .may_change(lease.owner.as_deref())
-                .map_err(InvalidRequest::forbidden)?,
-            None if state.len() >= limits.max_instances => {
-                inc(&self.shared.metrics.eureka_refused_full_total);
-                return Err(InvalidRequest::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                        "the registry is full: it holds {} instances, the most it may (odmesh-control --eureka-max-instances)",
-                        limits.max_instances
-                    ),
-                ));
-            }
-            None => {}
-        }
-        let registered = state.register(&app, &id, registration, Now::read());
-        let forward = (copy.is_none() && !registered.kept_newer && self.has_peers())
-            .then(|| state.lease(&app, &id).map(Replicated::register))
-            .flatten();
-        drop(state);
-        if copy.is_some() {
+        let replicated = copy.is_some();
+        let config = &self.shared.config;
+        let admitted = admission::admit(caller, &app, info, copy, config)?;
+        let (id, reported) = (admitted.id, admitted.registration.reported);
+        self.report_fitted(&app, &id, &admitted.fitted);
+        let (registered, forward) = self.record(caller, &app, &id, admitted.registration)?;
+        if replicated {
             inc(&self.shared.metrics.eureka_peer_received_total);
             self.publish();
             return Ok(());
@@ -491,25 +399,65 @@ impl EurekaRegistry {
         if let Some(forward) = forward {
             self.replicate(forward);
         }
+        self.registered(&app, &id, reported, &registered);
+        Ok(())
+    }
+
+    /// Records `registration` of `app`/`id` in the ledger, if `caller` may change the
+    /// instance registered there and the registry has room for a new one: what it did, and
+    /// the write for the peers of a client's registration that changed something.
+    fn record(
+        &self,
+        caller: &Caller,
+        app: &str,
+        id: &str,
+        registration: Registration,
+    ) -> Result<(Registered, Option<Replicated>), InvalidRequest> {
+        let max_instances = self.shared.config.limits.max_instances;
+        let replicated = registration.replicated;
+        let mut state = self.lock();
+        match state.lease(app, id) {
+            Some(lease) => caller
+                .may_change(lease.owner.as_deref())
+                .map_err(InvalidRequest::forbidden)?,
+            None if state.len() >= max_instances => {
+                inc(&self.shared.metrics.eureka_refused_full_total);
+                return Err(InvalidRequest::new(
+                    Refusal::Full,
+                    format!(
+                        "the registry is full: it holds {max_instances} instances, the most it may (odmesh-control --eureka-max-instances)"
+                    ),
+                ));
+            }
+            None => {}
+        }
+        let registered = state.register(app, id, registration, self.now());
+        let forward = (!replicated && !registered.kept_newer && self.has_peers())
+            .then(|| state.lease(app, id).map(Replicated::register))
+            .flatten();
+        Ok((registered, forward))
+    }
+
+    /// Counts, logs and publishes a client's registration.
+    fn registered(&self, app: &str, id: &str, reported: Status, registered: &Registered) {
         if registered.override_restored {
             inc(&self.shared.metrics.eureka_overrides_restored_total);
             odmesh_base::limited!(
                 info,
-                app = %clip(&app),
-                id = %clip(&id),
+                app = %clip(app),
+                id = %clip(id),
                 "eureka: an instance cancelled while overridden registered again; its override stays",
             );
         }
         inc(&self.shared.metrics.eureka_registrations_total);
         odmesh_base::limited!(
             info,
-            app = %clip(&app),
-            id = %clip(&id),
+            app = %clip(app),
+            id = %clip(id),
             status = reported.as_str(),
             "eureka: registered",
         );
         self.publish();
-        Ok(())
     }
 
     /// Says what [`policy::fit`] changed in a registration (log, metrics).
@@ -535,8 +483,8 @@ impl EurekaRegistry {
     }
 
     /// Renews the lease of an instance (a heartbeat), for `caller`. A `last_dirty_timestamp`
-    /// newer than the registered one answers 404, so that the client registers its newer
-    /// data.
+    /// newer than the registered one is refused as not found, so that the client registers
+    /// its newer data.
     pub fn renew(
         &self,
         caller: &Caller,
@@ -554,7 +502,7 @@ impl EurekaRegistry {
         caller
             .may_change(lease.owner.as_deref())
             .map_err(InvalidRequest::forbidden)?;
-        let renewed = state.renew(&app, id, last_dirty_timestamp, Now::read());
+        let renewed = state.renew(&app, id, last_dirty_timestamp, self.now());
         let forward = (renewed.is_ok() && self.has_peers())
             .then(|| {
                 state
@@ -573,7 +521,7 @@ impl EurekaRegistry {
             }
             Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(&app, id)),
             Err(RenewRefused::Newer { theirs, ours }) => Err(InvalidRequest::new(
-                StatusCode::NOT_FOUND,
+                Refusal::NotFound,
                 format!(
                     "instance {} changed since it registered (lastDirtyTimestamp {theirs} > {ours}): register again",
                     clip(id)
@@ -590,7 +538,7 @@ impl EurekaRegistry {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
         may_change(caller, &state, &app, id)?;
-        if state.cancel(&app, id, Now::read()).is_none() {
+        if state.cancel(&app, id, self.now()).is_none() {
             return Err(InvalidRequest::not_found(&app, id));
         }
         drop(state);
@@ -650,13 +598,10 @@ impl EurekaRegistry {
         let limits = &self.shared.config.limits;
         let entries: Vec<(String, String)> = entries.into_iter().collect();
         if entries.iter().any(|(key, _)| key == document::OWNER_KEY) {
-            return Err(InvalidRequest::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "the metadata entry {} is the registry's own",
-                    document::OWNER_KEY
-                ),
-            ));
+            return Err(InvalidRequest::invalid(format!(
+                "the metadata entry {} is the registry's own",
+                document::OWNER_KEY
+            )));
         }
         let change = |lease: &mut Lease| {
             let mut merged = lease.doc().metadata.clone();
@@ -684,7 +629,7 @@ impl EurekaRegistry {
         let app = app.trim().to_ascii_uppercase();
         let mut state = self.lock();
         may_change(caller, &state, &app, id)?;
-        let changed = state.modify(&app, id, Now::read(), change);
+        let changed = state.modify(&app, id, self.now(), change);
         let forward = (changed.as_ref().is_some_and(Result::is_ok) && self.has_peers())
             .then(|| state.lease(&app, id).map(replicated))
             .flatten();
@@ -717,7 +662,7 @@ impl EurekaRegistry {
             evicted,
             held,
             verdict,
-        } = state.evict(Now::read(), late);
+        } = state.evict(self.now(), late);
         drop(state);
         if !late.is_zero() {
             inc(&metrics.eureka_late_eviction_rounds_total);
@@ -770,7 +715,7 @@ impl EurekaRegistry {
         let mut last: Option<Instant> = None;
         loop {
             ticks.tick().await;
-            let now = Instant::now();
+            let now = self.shared.clock.instant();
             // A little jitter is normal; a round more than one interval late is not.
             let late = last
                 .map(|last| now.saturating_duration_since(last).saturating_sub(interval))
@@ -802,7 +747,7 @@ impl EurekaRegistry {
         let answers = || (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = &answers()[slot]
             && hit.version == version
-            && hit.written.elapsed() < ANSWER_MAX_AGE
+            && self.since(hit.written) < ANSWER_MAX_AGE
         {
             return (hit.version, hit.body.clone());
         }
@@ -824,7 +769,7 @@ impl EurekaRegistry {
         };
         let answer = CachedAnswer {
             version,
-            written: Instant::now(),
+            written: self.shared.clock.instant(),
             body: body.clone(),
         };
         answers()[slot] = Some(answer);
@@ -863,8 +808,18 @@ impl EurekaRegistry {
     /// The changes within the delta retention, as `GET /apps/delta` answers: the latest
     /// change of each instance, oldest first, and the hash code of the whole registry.
     pub fn delta(&self) -> Applications {
-        let view = self.lock().delta(Instant::now());
+        let view = self.lock().delta(self.shared.clock.instant());
         view.applications()
+    }
+
+    /// Now, as the ledger is told it.
+    fn now(&self) -> Now {
+        self.shared.clock.now()
+    }
+
+    /// How long ago `then` was.
+    fn since(&self, then: Instant) -> Duration {
+        self.shared.clock.instant().saturating_duration_since(then)
     }
 
     /// The ledger, locked.
@@ -895,7 +850,7 @@ impl EurekaRegistry {
             let upto = *changes.borrow_and_update();
             self.publish_now();
             self.shared.published.send_replace(upto);
-            let warming = Instant::now() < warm;
+            let warming = self.shared.clock.instant() < warm;
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep_until(warm), if warming => {
@@ -941,8 +896,8 @@ impl EurekaRegistry {
     }
 }
 
-/// Whether `caller` may change the registered instance `app`/`id`: 404 if there is none,
-/// 403 if another identity registered it.
+/// Whether `caller` may change the registered instance `app`/`id`: not if there is none, nor
+/// if another identity registered it.
 fn may_change(caller: &Caller, state: &Ledger, app: &str, id: &str) -> Result<(), InvalidRequest> {
     let lease = state
         .lease(app, id)

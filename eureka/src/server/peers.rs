@@ -4,12 +4,13 @@
 //! - **What goes to the peers.** Every write a client makes on this node (registration,
 //!   heartbeat, cancellation, status override set or removed, metadata) is queued for each
 //!   peer and sent in batches, `POST {peer}/peerreplication/batch` with Eureka's
-//!   `{"replicationList": [...]}`, entries with Eureka's fields only, so that a real Eureka
-//!   server takes them (and `/peerreplication/batch/`, where Eureka's servers post, is
-//!   served too). An override goes as Eureka's `StatusUpdate` and its removal as
-//!   `DeleteStatusOverride`; a metadata change as a `Register` of the whole instance. The
-//!   owner of an instance travels in its document (see [`document`](super::document)).
-//!   Evictions are not sent: each node evicts on its own, as in Eureka.
+//!   `{"replicationList": [...]}` ([`crate::wire::replication`]), entries with Eureka's
+//!   fields only, so that a real Eureka server takes them (and `/peerreplication/batch/`,
+//!   where Eureka's servers post, is served too). An override goes as Eureka's
+//!   `StatusUpdate` and its removal as `DeleteStatusOverride`; a metadata change as a
+//!   `Register` of the whole instance. The owner of an instance travels in its document
+//!   (see [`document`](super::document)). Evictions are not sent: each node evicts on its
+//!   own, as in Eureka.
 //! - **Not forwarded again.** A write that came from a peer (a batch, or a single REST call
 //!   with `x-netflix-discovery-replication: true`) is applied here and goes nowhere else.
 //!   Only an operator may send those when the registry has a tokens file; put its
@@ -42,13 +43,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use odmesh_base::error::Chain;
@@ -56,14 +55,16 @@ use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 use odmesh_registry::Status;
 
+use super::admission::PeerCopy;
 use super::auth::Caller;
-use super::ledger::{Lease, Now, RenewRefused};
-use super::{EurekaRegistry, InvalidRequest, PeerCopy};
+use super::ledger::{Lease, RenewRefused};
+use super::{EurekaRegistry, InvalidRequest};
 use crate::client::access::Access;
 use crate::client::answer::{self, Bounds, Unread};
 use crate::client::{ClientConfig, DEFAULT_MAX_ANSWER, InvalidEurekaConfig, ServerUrl, backoff};
-use crate::wire::json::{self, InstanceInfo, InvalidDocument, lenient};
+use crate::wire::json::{self, InstanceInfo, InvalidDocument};
 use crate::wire::read;
+use crate::wire::replication::{Action, Batch, Entry, Replies, Reply};
 
 /// The header that marks a write as a peer's: applied, never forwarded.
 pub const REPLICATION_HEADER: &str = "x-netflix-discovery-replication";
@@ -188,16 +189,6 @@ fn names(url: &ServerUrl, own: SocketAddr) -> bool {
     }
 }
 
-/// What a write asks of a peer: Eureka's replication actions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Action {
-    Register,
-    Heartbeat,
-    Cancel,
-    StatusUpdate,
-    DeleteStatusOverride,
-}
-
 /// One write for the peers, or from one.
 #[derive(Clone, Debug)]
 pub struct Replicated {
@@ -302,71 +293,19 @@ impl Replicated {
     }
 }
 
-/// One entry of `{"replicationList": [...]}`, as Eureka writes it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "I: Deserialize<'de>"))]
-struct Entry<I> {
-    app_name: String,
-    id: String,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
-    last_dirty_timestamp: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
-    overridden_status: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
-    status: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    instance_info: Option<I>,
-    action: Action,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "I: Deserialize<'de>"))]
-struct Batch<I> {
-    replication_list: Vec<Entry<I>>,
-}
-
-/// The answer to one entry.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Reply {
-    pub status_code: u16,
-    /// With 409: the peer's newer document.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_entity: Option<InstanceInfo>,
-}
-
-impl Reply {
-    fn status(status: StatusCode) -> Reply {
-        Reply {
-            status_code: status.as_u16(),
-            response_entity: None,
-        }
-    }
-}
-
-/// `{"responseList": [...]}`: the answers to a batch, in its order.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Replies {
-    response_list: Vec<Reply>,
-}
-
-impl Replies {
-    pub fn new(response_list: Vec<Reply>) -> Replies {
-        Replies { response_list }
-    }
+/// What a peer's write did here (the edge answers each in `responseList`).
+#[derive(Debug)]
+pub enum Applied {
+    /// A heartbeat, cancellation or override applied.
+    Done,
+    /// A peer's copy of an instance registered.
+    Registered,
+    /// A heartbeat renewed the lease, but the peer's document is newer than this registry's:
+    /// the peer sends its registration.
+    OursOlder,
+    /// A heartbeat renewed the lease, and this registry's document is newer: the peer takes
+    /// it.
+    OursNewer(Box<InstanceInfo>),
 }
 
 /// `status` as Eureka writes it; `UNKNOWN` stands for no override.
@@ -402,10 +341,9 @@ pub fn encode(writes: &[Replicated]) -> Vec<u8> {
 /// The writes of a batch body.
 pub fn decode(body: &[u8]) -> Result<Vec<Replicated>, InvalidRequest> {
     let batch: Batch<InstanceInfo> = serde_json::from_slice(body).map_err(|e| {
-        InvalidRequest::new(
-            StatusCode::BAD_REQUEST,
-            format!("not a replication batch ({{\"replicationList\": [...]}}): {e}"),
-        )
+        InvalidRequest::invalid(format!(
+            "not a replication batch ({{\"replicationList\": [...]}}): {e}"
+        ))
     })?;
     Ok((batch.replication_list.into_iter())
         .map(|e| Replicated {
@@ -424,10 +362,9 @@ pub fn decode(body: &[u8]) -> Result<Vec<Replicated>, InvalidRequest> {
 /// replication header): the instance as the peer holds it.
 pub fn decode_instance(app: &str, body: &[u8]) -> Result<Replicated, InvalidRequest> {
     let doc: json::InstanceDocument = serde_json::from_slice(body).map_err(|e| {
-        InvalidRequest::new(
-            StatusCode::BAD_REQUEST,
-            format!("not a Eureka registration ({{\"instance\": {{...}}}}): {e}"),
-        )
+        InvalidRequest::invalid(format!(
+            "not a Eureka registration ({{\"instance\": {{...}}}}): {e}"
+        ))
     })?;
     Ok(Replicated::held(app, doc.instance))
 }
@@ -565,99 +502,112 @@ impl EurekaRegistry {
         peer.ready.notify_one();
     }
 
-    /// Applies a peer's write here, forwarding it nowhere; the answer for its entry.
-    pub fn apply_replicated(&self, write: Replicated) -> Reply {
-        match self.apply(write) {
-            Ok(reply) => reply,
-            Err(e) => {
-                odmesh_base::limited!(
-                    debug,
-                    status = e.status,
-                    error = %clip(&e.reason),
-                    "eureka: a peer's write was not applied"
-                );
-                Reply {
-                    status_code: e.status,
-                    response_entity: None,
+    /// Applies a peer's write here, forwarding it nowhere: what it did, or why not.
+    pub fn apply_replicated(&self, write: Replicated) -> Result<Applied, InvalidRequest> {
+        let applied = self.apply(write);
+        if let Err(e) = &applied {
+            odmesh_base::limited!(
+                debug,
+                refusal = ?e.refusal,
+                error = %clip(&e.reason),
+                "eureka: a peer's write was not applied"
+            );
+        }
+        applied
+    }
+
+    fn apply(&self, write: Replicated) -> Result<Applied, InvalidRequest> {
+        let (app, id) = (write.app.as_str(), write.id.as_str());
+        match write.action {
+            Action::Register => {
+                self.apply_register(app, write.status, write.overridden, write.info)
+            }
+            Action::Heartbeat => self.apply_heartbeat(app, id, write.last_dirty_timestamp),
+            Action::Cancel => {
+                let cancelled = self.lock().cancel(app, id, self.now());
+                cancelled.ok_or_else(|| InvalidRequest::not_found(app, id))?;
+                self.received()
+            }
+            Action::StatusUpdate => {
+                let status = write
+                    .status
+                    .ok_or_else(|| InvalidRequest::invalid("a status update without status"))?;
+                self.apply_override(app, id, Some(status))
+            }
+            Action::DeleteStatusOverride => self.apply_override(app, id, None),
+        }
+    }
+
+    /// A peer's copy of an instance, registered as the peer holds it.
+    fn apply_register(
+        &self,
+        app: &str,
+        reported: Option<Status>,
+        overridden: Option<Status>,
+        info: Option<Arc<InstanceInfo>>,
+    ) -> Result<Applied, InvalidRequest> {
+        let Some(info) = info else {
+            return Err(InvalidRequest::invalid(
+                "a replicated registration without its instanceInfo",
+            ));
+        };
+        let info = Arc::unwrap_or_clone(info);
+        let copy = PeerCopy {
+            reported: reported.unwrap_or_else(|| info.status()),
+            overridden,
+        };
+        super::policy::check_app(app)?;
+        self.admit(&Caller::Anyone, app.to_owned(), info, Some(copy))?;
+        Ok(Applied::Registered)
+    }
+
+    /// A peer's heartbeat: renewed, and whose document is newer said.
+    fn apply_heartbeat(
+        &self,
+        app: &str,
+        id: &str,
+        theirs: Option<u64>,
+    ) -> Result<Applied, InvalidRequest> {
+        let mut state = self.lock();
+        match state.renew(app, id, theirs, self.now()) {
+            Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(app, id)),
+            Err(RenewRefused::Newer { .. }) => Ok(Applied::OursOlder),
+            Ok(()) => {
+                inc(&self.shared.metrics.eureka_peer_received_total);
+                let ours = (state.lease(app, id)).and_then(|l| l.doc().last_dirty_timestamp);
+                // Ours is newer: the peer takes it (the document is copied only then).
+                if let (Some(ours), Some(theirs)) = (ours, theirs)
+                    && ours > theirs
+                    && let Some(served) = state.instance(app, id)
+                {
+                    return Ok(Applied::OursNewer(Box::new(served.info())));
                 }
+                Ok(Applied::Done)
             }
         }
     }
 
-    fn apply(&self, write: Replicated) -> Result<Reply, InvalidRequest> {
-        let (app, id) = (write.app.clone(), write.id.clone());
-        let (app, id) = (app.as_str(), id.as_str());
-        let ok = Reply::status(StatusCode::OK);
-        match write.action {
-            Action::Register => {
-                let Some(info) = write.info else {
-                    return Err(InvalidRequest::new(
-                        StatusCode::BAD_REQUEST,
-                        "a replicated registration without its instanceInfo",
-                    ));
-                };
-                let info = Arc::unwrap_or_clone(info);
-                let copy = PeerCopy {
-                    reported: write.status.unwrap_or_else(|| info.status()),
-                    overridden: write.overridden,
-                };
-                super::policy::check_app(app)?;
-                self.admit(&Caller::Anyone, app.to_owned(), info, Some(copy))?;
-                Ok(Reply::status(StatusCode::NO_CONTENT))
-            }
-            Action::Heartbeat => {
-                let mut state = self.lock();
-                let renewed = state.renew(app, id, write.last_dirty_timestamp, Now::read());
-                match renewed {
-                    Err(RenewRefused::Unknown) => Err(InvalidRequest::not_found(app, id)),
-                    Err(RenewRefused::Newer { .. }) => Ok(Reply::status(StatusCode::NOT_FOUND)),
-                    Ok(()) => {
-                        inc(&self.shared.metrics.eureka_peer_received_total);
-                        let ours = state
-                            .lease(app, id)
-                            .and_then(|l| l.doc().last_dirty_timestamp);
-                        // Ours is newer: the peer takes it (the document is copied only then).
-                        if let (Some(ours), Some(theirs)) = (ours, write.last_dirty_timestamp)
-                            && ours > theirs
-                        {
-                            let entity = state.instance(app, id).map(|served| served.info());
-                            return Ok(Reply {
-                                status_code: StatusCode::CONFLICT.as_u16(),
-                                response_entity: entity,
-                            });
-                        }
-                        Ok(ok)
-                    }
-                }
-            }
-            Action::Cancel => {
-                let cancelled = self.lock().cancel(app, id, Now::read());
-                cancelled.ok_or_else(|| InvalidRequest::not_found(app, id))?;
-                inc(&self.shared.metrics.eureka_peer_received_total);
-                self.publish();
-                Ok(ok)
-            }
-            Action::StatusUpdate | Action::DeleteStatusOverride => {
-                let overridden = match write.action {
-                    Action::StatusUpdate => Some(write.status.ok_or_else(|| {
-                        InvalidRequest::new(
-                            StatusCode::BAD_REQUEST,
-                            "a status update without status",
-                        )
-                    })?),
-                    _ => None,
-                };
-                let changed = self.lock().modify(app, id, Now::read(), |lease| {
-                    lease.overridden = overridden;
-                    lease.refresh_status();
-                    Ok::<(), InvalidRequest>(())
-                });
-                changed.ok_or_else(|| InvalidRequest::not_found(app, id))??;
-                inc(&self.shared.metrics.eureka_peer_received_total);
-                self.publish();
-                Ok(ok)
-            }
-        }
+    /// A peer's override of an instance set (`Some`) or removed.
+    fn apply_override(
+        &self,
+        app: &str,
+        id: &str,
+        overridden: Option<Status>,
+    ) -> Result<Applied, InvalidRequest> {
+        let changed = self.lock().modify(app, id, self.now(), |lease| {
+            lease.overridden = overridden;
+            lease.refresh_status();
+            Ok::<(), InvalidRequest>(())
+        });
+        changed.ok_or_else(|| InvalidRequest::not_found(app, id))??;
+        self.received()
+    }
+
+    /// Counts a peer's write applied, and publishes it.
+    fn received(&self) -> Result<Applied, InvalidRequest> {
+        inc(&self.shared.metrics.eureka_peer_received_total);
+        self.publish();
+        Ok(Applied::Done)
     }
 
     /// Sends each peer its writes, as they come; runs until dropped.
@@ -752,7 +702,8 @@ impl EurekaRegistry {
                 }
                 (Action::Heartbeat, 409) => {
                     if let Some(theirs) = reply.response_entity {
-                        self.apply_replicated(Replicated::held(&write.app, theirs));
+                        // Refused or not, there is nothing more to do with it.
+                        let _ = self.apply_replicated(Replicated::held(&write.app, theirs));
                     }
                 }
                 (_, code) if code >= 400 && code != 404 => {
@@ -924,8 +875,7 @@ impl EurekaRegistry {
                 let Ok(info) = info else { return };
                 if registry
                     .apply_replicated(Replicated::held(app, info))
-                    .status_code
-                    < 300
+                    .is_ok()
                 {
                     filled += 1;
                 }

@@ -1,5 +1,6 @@
-//! The embedded registry's REST API, driven through its router without sockets, so that
-//! lease expiry can run on paused time.
+//! The embedded registry's REST API, driven through its router without sockets, on a clock
+//! that follows tokio's, so that lease expiry runs on paused time and every timestamp is
+//! exact.
 
 use super::*;
 use crate::server::auth::Authenticator;
@@ -7,7 +8,7 @@ use crate::server::policy::RegistrationLimits;
 use crate::server::preservation::PreservationConfig;
 use crate::testdata::count;
 use axum::body::Body;
-use axum::http::{Method, Request, header};
+use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use odmesh_base::testing::wait_until;
 use serde_json::{Value, json};
@@ -40,11 +41,16 @@ fn fixture() -> Fixture {
     fixture_with(config())
 }
 
+/// The wall clock's reading when a fixture starts, in ms since the epoch (2027).
+const T0: u64 = 1_800_000_000_000;
+
 fn fixture_with(config: ServerConfig) -> Fixture {
     let registry_metrics = Arc::new(RegistryMetrics::default());
     let metrics = Arc::new(ServerMetrics::default());
     let (tx, rx) = watch::channel(Arc::new(Registry::default()));
-    let eureka = EurekaRegistry::new(config, tx, registry_metrics.clone(), metrics.clone());
+    let clock = Clock::following_tokio(T0);
+    let (shared, own) = (registry_metrics.clone(), metrics.clone());
+    let eureka = EurekaRegistry::with_clock(config, clock, tx, shared, own);
     let publisher = tokio::spawn(eureka.clone().run_publisher());
     Fixture {
         eureka,
@@ -926,6 +932,11 @@ async fn a_lease_expires_after_its_duration_without_heartbeat_and_the_instance_l
         .cloned()
         .unwrap();
     assert_eq!(h1["actionType"], "DELETED");
+    // Registered at T0, renewed 8 s later, evicted 19 s after T0, by the registry's clock.
+    let lease = &h1["leaseInfo"];
+    assert_eq!(lease["registrationTimestamp"], T0);
+    assert_eq!(lease["lastRenewalTimestamp"], T0 + 8_000);
+    assert_eq!(lease["evictionTimestamp"], T0 + 19_000);
     assert_eq!(
         f.metrics
             .eureka_evictions_total

@@ -48,25 +48,18 @@ pub struct InstanceDocument {
 
 /// Every application a Eureka server knows, or the changes of a delta.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
 pub struct Applications {
     /// The registry version of a delta; `"-1"` or absent for a full fetch on some servers.
-    #[serde(
-        rename = "versions__delta",
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "versions__delta")]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub versions_delta: Option<String>,
     /// The reconcile hash code of the server's full registry after this document (for a
     /// delta: after applying it). See [`reconcile_hash_code`].
-    #[serde(
-        rename = "apps__hashcode",
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "apps__hashcode")]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub apps_hashcode: Option<String>,
-    #[serde(default, deserialize_with = "lenient::one_or_many")]
+    #[serde(deserialize_with = "lenient::one_or_many")]
     pub application: Vec<Application>,
     /// Fields this module does not know, kept as read.
     #[serde(flatten)]
@@ -75,10 +68,11 @@ pub struct Applications {
 
 /// One application: its name (Eureka uppercases it) and its instances.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
 pub struct Application {
-    #[serde(default, deserialize_with = "lenient::string")]
+    #[serde(deserialize_with = "lenient::string")]
     pub name: String,
-    #[serde(default, deserialize_with = "lenient::one_or_many")]
+    #[serde(deserialize_with = "lenient::one_or_many")]
     pub instance: Vec<InstanceInfo>,
     #[serde(flatten)]
     pub other: Map<String, Value>,
@@ -96,154 +90,71 @@ pub enum ActionType {
 /// One instance, as Eureka's `InstanceInfo` JSON. Every field is optional on reading; the
 /// helper methods apply Eureka's defaults.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct InstanceInfo {
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub app: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub app_group_name: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub ip_addr: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub sid: Option<String>,
     /// `UP`, `DOWN`, `STARTING`, `OUT_OF_SERVICE` or `UNKNOWN`; see [`InstanceInfo::status`].
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     /// The status override an operator set (`overriddenStatus`, newer servers).
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub overridden_status: Option<String>,
     /// The same, as older servers spell it (`overriddenstatus`); some servers write both.
-    #[serde(
-        default,
-        rename = "overriddenstatus",
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "overriddenstatus")]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub overriddenstatus_legacy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<Port>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub secure_port: Option<Port>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub country_id: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub data_center_info: Option<DataCenterInfo>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_info: Option<LeaseInfo>,
     /// Free-form metadata; values that are not strings are kept as their JSON text, and
     /// Jackson's `@class` marker is dropped.
-    #[serde(default, deserialize_with = "lenient::metadata")]
+    #[serde(deserialize_with = "lenient::metadata")]
     pub metadata: Metadata,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub home_page_url: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub status_page_url: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub health_check_url: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub secure_health_check_url: Option<String>,
     /// Comma-separated VIPs served on `port`.
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub vip_address: Option<String>,
     /// Comma-separated SVIPs served on `securePort`.
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub secure_vip_address: Option<String>,
     /// Written as a string (`"false"`), as Netflix's codec does.
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_bool",
-        serialize_with = "lenient::ser_opt_as_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::flag", skip_serializing_if = "Option::is_none")]
     pub is_coordinating_discovery_server: Option<bool>,
     /// Milliseconds since the epoch; written as a string, as Netflix's codec does.
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        serialize_with = "lenient::ser_opt_as_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::stamp", skip_serializing_if = "Option::is_none")]
     pub last_updated_timestamp: Option<u64>,
     /// Milliseconds since the epoch; written as a string, as Netflix's codec does.
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        serialize_with = "lenient::ser_opt_as_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::stamp", skip_serializing_if = "Option::is_none")]
     pub last_dirty_timestamp: Option<u64>,
     /// Set on the instances of a delta document.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub action_type: Option<ActionType>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub asg_name: Option<String>,
     #[serde(flatten)]
     pub other: Map<String, Value>,
@@ -352,11 +263,8 @@ impl Serialize for Metadata {
 pub struct Port {
     #[serde(rename = "$")]
     pub port: u16,
-    #[serde(
-        rename = "@enabled",
-        serialize_with = "lenient::ser_opt_as_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "@enabled")]
+    #[serde(with = "lenient::flag", skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }
 
@@ -403,23 +311,15 @@ impl<'de> Deserialize<'de> for Port {
 
 /// Where the instance runs: `{"@class": "...", "name": "MyOwn" | "Amazon", "metadata": {...}}`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
 pub struct DataCenterInfo {
-    #[serde(
-        rename = "@class",
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "@class")]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_string",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::text", skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// For Amazon: `availability-zone`, `instance-id`, `local-ipv4`, ...
     #[serde(
-        default,
         deserialize_with = "lenient::metadata",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
@@ -441,43 +341,19 @@ impl DataCenterInfo {
 
 /// The lease of an instance. Durations in seconds, timestamps in ms since the epoch.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct LeaseInfo {
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub renewal_interval_in_secs: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub duration_in_secs: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub registration_timestamp: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub last_renewal_timestamp: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub eviction_timestamp: Option<u64>,
-    #[serde(
-        default,
-        deserialize_with = "lenient::opt_u64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "lenient::number", skip_serializing_if = "Option::is_none")]
     pub service_up_timestamp: Option<u64>,
     #[serde(flatten)]
     pub other: Map<String, Value>,
@@ -743,36 +619,19 @@ impl InstanceInfo {
             problem("ipAddr", reason)
         })?;
 
-        let mut side =
-            |port: Option<u16>, port_field: &str, list: &Option<String>, list_field: &str| {
-                let port = match port {
-                    Some(0) => {
-                        warnings.push(problem(port_field, "enabled with port 0; ignored".into()));
-                        None
-                    }
-                    other => other,
-                };
-                let mut vips = Vec::new();
-                if port.is_some() {
-                    for vip in split_vips(list.as_deref().unwrap_or_default()) {
-                        match check_vip(&vip) {
-                            Ok(()) => vips.push(vip),
-                            Err(reason) => {
-                                warnings.push(problem(list_field, format!("{reason}; skipped")))
-                            }
-                        }
-                    }
-                }
-                // Pushed one at a time, a list of one VIP has room for four.
-                vips.shrink_to_fit();
-                (port, vips)
-            };
-        let (port, vips) = side(self.plain_port(), "port", &self.vip_address, "vipAddress");
-        let (secure_port, svips) = side(
+        let (port, vips) = serving(
+            self.plain_port(),
+            &self.vip_address,
+            ("port", "vipAddress"),
+            &problem,
+            warnings,
+        );
+        let (secure_port, svips) = serving(
             self.secure_port(),
-            "securePort",
             &self.secure_vip_address,
-            "secureVipAddress",
+            ("securePort", "secureVipAddress"),
+            &problem,
+            warnings,
         );
 
         let instance_id = match self.id() {
@@ -800,6 +659,37 @@ impl InstanceInfo {
             protocol,
         })
     }
+}
+
+/// One side of an instance (plain or secure): its port, unless it is 0, and the VIPs it
+/// serves that are valid names; what is left out is warned about (`fields`: the port's and
+/// the list's names, for [`InvalidInstance::field`]).
+fn serving(
+    port: Option<u16>,
+    list: &Option<String>,
+    (port_field, list_field): (&str, &str),
+    problem: &dyn Fn(&str, String) -> InvalidInstance,
+    warnings: &mut Vec<InvalidInstance>,
+) -> (Option<u16>, Vec<String>) {
+    let port = match port {
+        Some(0) => {
+            warnings.push(problem(port_field, "enabled with port 0; ignored".into()));
+            None
+        }
+        other => other,
+    };
+    let mut vips = Vec::new();
+    if port.is_some() {
+        for vip in split_vips(list.as_deref().unwrap_or_default()) {
+            match check_vip(&vip) {
+                Ok(()) => vips.push(vip),
+                Err(reason) => warnings.push(problem(list_field, format!("{reason}; skipped"))),
+            }
+        }
+    }
+    // Pushed one at a time, a list of one VIP has room for four.
+    vips.shrink_to_fit();
+    (port, vips)
 }
 
 /// Serde helpers for the number/string/bool confusion of real Eureka servers.
@@ -915,6 +805,38 @@ pub(crate) mod lenient {
             Some(v) => s.serialize_str(&v.to_string()),
             None => s.serialize_none(),
         }
+    }
+
+    /// Written as it is: the writing half of the fields read leniently.
+    pub fn as_is<S: Serializer, T: serde::Serialize>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        v.serialize(s)
+    }
+
+    /// A field of text (`#[serde(with = "lenient::text")]`): read from a string, number or
+    /// bool, written as a string.
+    pub mod text {
+        pub use super::as_is as serialize;
+        pub use super::opt_string as deserialize;
+    }
+
+    /// A field of a number: read from a number or a string, written as a number.
+    pub mod number {
+        pub use super::as_is as serialize;
+        pub use super::opt_u64 as deserialize;
+    }
+
+    /// A field of a timestamp: read from a number or a string, written as a string, as
+    /// Netflix's codec does.
+    pub mod stamp {
+        pub use super::opt_u64 as deserialize;
+        pub use super::ser_opt_as_string as serialize;
+    }
+
+    /// A field of a bool, read from a bool or a string, written as a string, as Netflix's
+    /// codec does.
+    pub mod flag {
+        pub use super::opt_bool as deserialize;
+        pub use super::ser_opt_as_string as serialize;
     }
 }
 

@@ -414,7 +414,7 @@ struct Text(Option<String>);
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Text, D::Error> {
-        json::lenient::opt_string(d).map(Text)
+        json::lenient::text::deserialize(d).map(Text)
     }
 }
 

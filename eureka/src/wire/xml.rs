@@ -25,7 +25,9 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use super::json::{Application, Applications, InstanceInfo, Port};
+use super::json::{
+    ActionType, Application, Applications, DataCenterInfo, InstanceInfo, LeaseInfo, Metadata, Port,
+};
 
 /// Reads a registration in XML, `<instance>...</instance>` as Netflix's XStream codec writes
 /// it: element names are the JSON field names, a port's number is its text and `enabled` an
@@ -120,96 +122,123 @@ fn write_application(out: &mut String, app: &Application) {
     out.push_str("</application>");
 }
 
+/// One field of an instance, as Eureka's XML writes it.
+#[derive(Clone, Debug)]
+pub enum Field<'a> {
+    /// An element of text (numbers and bools as their text), left out when `None`.
+    Text(&'static str, Option<Cow<'a, str>>),
+    /// A port: its name, the port, and whether it is enabled when it does not say.
+    Port(&'static str, Option<Port>, bool),
+    DataCenter(Option<&'a DataCenterInfo>),
+    Lease(Option<&'a LeaseInfo>),
+    Metadata(&'a Metadata),
+}
+
+/// An instance's fields in the order Eureka's XML writer gives them: the one list the writer
+/// writes (and the fuzz target checks what it wrote against).
+pub fn fields(i: &InstanceInfo) -> [Field<'_>; 25] {
+    use Field::{DataCenter, Lease, Metadata, Port, Text};
+    fn text(value: &Option<String>) -> Option<Cow<'_, str>> {
+        value.as_deref().map(Cow::Borrowed)
+    }
+    fn shown<'a>(value: Option<impl ToString>) -> Option<Cow<'a, str>> {
+        value.map(|v| Cow::Owned(v.to_string()))
+    }
+    let overridden = (i.overridden_status.as_ref()).or(i.overriddenstatus_legacy.as_ref());
+    let action = i.action_type.map(|action| match action {
+        ActionType::Added => "ADDED",
+        ActionType::Modified => "MODIFIED",
+        ActionType::Deleted => "DELETED",
+    });
+    [
+        Text("instanceId", text(&i.instance_id)),
+        Text("hostName", text(&i.host_name)),
+        Text("app", text(&i.app)),
+        Text("appGroupName", text(&i.app_group_name)),
+        Text("ipAddr", text(&i.ip_addr)),
+        Text("sid", text(&i.sid)),
+        Text("status", text(&i.status)),
+        Text(
+            "overriddenstatus",
+            overridden.map(|s| Cow::Borrowed(s.as_str())),
+        ),
+        Port("port", i.port, true),
+        Port("securePort", i.secure_port, false),
+        Text("countryId", shown(i.country_id)),
+        DataCenter(i.data_center_info.as_ref()),
+        Lease(i.lease_info.as_ref()),
+        Metadata(&i.metadata),
+        Text("homePageUrl", text(&i.home_page_url)),
+        Text("statusPageUrl", text(&i.status_page_url)),
+        Text("healthCheckUrl", text(&i.health_check_url)),
+        Text("secureHealthCheckUrl", text(&i.secure_health_check_url)),
+        Text("vipAddress", text(&i.vip_address)),
+        Text("secureVipAddress", text(&i.secure_vip_address)),
+        Text(
+            "isCoordinatingDiscoveryServer",
+            shown(i.is_coordinating_discovery_server),
+        ),
+        Text("lastUpdatedTimestamp", shown(i.last_updated_timestamp)),
+        Text("lastDirtyTimestamp", shown(i.last_dirty_timestamp)),
+        Text("actionType", action.map(Cow::Borrowed)),
+        Text("asgName", text(&i.asg_name)),
+    ]
+}
+
+/// A lease's fields in the order Eureka's XML writer gives them; each is written, 0 when
+/// absent.
+pub fn lease_fields(lease: &LeaseInfo) -> [(&'static str, Option<u64>); 6] {
+    [
+        ("renewalIntervalInSecs", lease.renewal_interval_in_secs),
+        ("durationInSecs", lease.duration_in_secs),
+        ("registrationTimestamp", lease.registration_timestamp),
+        ("lastRenewalTimestamp", lease.last_renewal_timestamp),
+        ("evictionTimestamp", lease.eviction_timestamp),
+        ("serviceUpTimestamp", lease.service_up_timestamp),
+    ]
+}
+
+/// The class a `dataCenterInfo` is written with when it does not say.
+pub const DEFAULT_DATA_CENTER_CLASS: &str =
+    "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo";
+
 fn write_instance(out: &mut String, i: &InstanceInfo) {
     out.push_str("<instance>");
-    element(out, "instanceId", i.instance_id.as_deref());
-    element(out, "hostName", i.host_name.as_deref());
-    element(out, "app", i.app.as_deref());
-    element(out, "appGroupName", i.app_group_name.as_deref());
-    element(out, "ipAddr", i.ip_addr.as_deref());
-    element(out, "sid", i.sid.as_deref());
-    element(out, "status", i.status.as_deref());
-    let overridden = i
-        .overridden_status
-        .as_deref()
-        .or(i.overriddenstatus_legacy.as_deref());
-    element(out, "overriddenstatus", overridden);
-    port(out, "port", i.port, true);
-    port(out, "securePort", i.secure_port, false);
-    element(
-        out,
-        "countryId",
-        i.country_id.map(|c| c.to_string()).as_deref(),
-    );
-    if let Some(dc) = &i.data_center_info {
-        let class = dc
-            .class
-            .as_deref()
-            .unwrap_or("com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo");
-        let _ = write!(
-            out,
-            "<dataCenterInfo class=\"{}\">",
-            escape(class, Context::Attribute)
-        );
-        element(out, "name", dc.name.as_deref());
-        if !dc.metadata.is_empty() {
-            map(out, "metadata", &dc.metadata.iter().collect::<Vec<_>>());
+    for field in fields(i) {
+        match field {
+            Field::Text(name, text) => element(out, name, text.as_deref()),
+            Field::Port(name, stated, enabled) => port(out, name, stated, enabled),
+            Field::DataCenter(Some(dc)) => data_center(out, dc),
+            Field::Lease(Some(lease)) => {
+                out.push_str("<leaseInfo>");
+                for (name, value) in lease_fields(lease) {
+                    element(out, name, Some(&value.unwrap_or(0).to_string()));
+                }
+                out.push_str("</leaseInfo>");
+            }
+            Field::DataCenter(None) | Field::Lease(None) => {}
+            Field::Metadata(metadata) if metadata.is_empty() => {
+                out.push_str("<metadata class=\"java.util.Collections$EmptyMap\"/>");
+            }
+            Field::Metadata(metadata) => map(out, "metadata", &metadata.iter().collect::<Vec<_>>()),
         }
-        out.push_str("</dataCenterInfo>");
     }
-    if let Some(lease) = &i.lease_info {
-        out.push_str("<leaseInfo>");
-        let fields = [
-            ("renewalIntervalInSecs", lease.renewal_interval_in_secs),
-            ("durationInSecs", lease.duration_in_secs),
-            ("registrationTimestamp", lease.registration_timestamp),
-            ("lastRenewalTimestamp", lease.last_renewal_timestamp),
-            ("evictionTimestamp", lease.eviction_timestamp),
-            ("serviceUpTimestamp", lease.service_up_timestamp),
-        ];
-        for (name, value) in fields {
-            element(out, name, Some(&value.unwrap_or(0).to_string()));
-        }
-        out.push_str("</leaseInfo>");
-    }
-    if i.metadata.is_empty() {
-        out.push_str("<metadata class=\"java.util.Collections$EmptyMap\"/>");
-    } else {
-        map(out, "metadata", &i.metadata.iter().collect::<Vec<_>>());
-    }
-    element(out, "homePageUrl", i.home_page_url.as_deref());
-    element(out, "statusPageUrl", i.status_page_url.as_deref());
-    element(out, "healthCheckUrl", i.health_check_url.as_deref());
-    element(
-        out,
-        "secureHealthCheckUrl",
-        i.secure_health_check_url.as_deref(),
-    );
-    element(out, "vipAddress", i.vip_address.as_deref());
-    element(out, "secureVipAddress", i.secure_vip_address.as_deref());
-    let flag = i.is_coordinating_discovery_server.map(|b| b.to_string());
-    element(out, "isCoordinatingDiscoveryServer", flag.as_deref());
-    let stamp = |t: Option<u64>| t.map(|t| t.to_string());
-    element(
-        out,
-        "lastUpdatedTimestamp",
-        stamp(i.last_updated_timestamp).as_deref(),
-    );
-    element(
-        out,
-        "lastDirtyTimestamp",
-        stamp(i.last_dirty_timestamp).as_deref(),
-    );
-    if let Some(action) = i.action_type {
-        let action = match action {
-            super::json::ActionType::Added => "ADDED",
-            super::json::ActionType::Modified => "MODIFIED",
-            super::json::ActionType::Deleted => "DELETED",
-        };
-        element(out, "actionType", Some(action));
-    }
-    element(out, "asgName", i.asg_name.as_deref());
     out.push_str("</instance>");
+}
+
+/// `<dataCenterInfo class="...">` with its name and metadata.
+fn data_center(out: &mut String, dc: &DataCenterInfo) {
+    let class = dc.class.as_deref().unwrap_or(DEFAULT_DATA_CENTER_CLASS);
+    let _ = write!(
+        out,
+        "<dataCenterInfo class=\"{}\">",
+        escape(class, Context::Attribute)
+    );
+    element(out, "name", dc.name.as_deref());
+    if !dc.metadata.is_empty() {
+        map(out, "metadata", &dc.metadata.iter().collect::<Vec<_>>());
+    }
+    out.push_str("</dataCenterInfo>");
 }
 
 /// `<name enabled="...">n</name>`; `@enabled` absent means Eureka's default for the kind.
