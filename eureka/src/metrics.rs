@@ -27,6 +27,9 @@ odmesh_base::metrics! {
     pub struct ServerMetrics {
         /// Embedded Eureka registry: registrations accepted.
         eureka_registrations_total: "counter",
+        /// Client registrations older (by lastDirtyTimestamp) than the instance registered:
+        /// the newer is kept, the lease renewed, and the client answered 409.
+        eureka_registrations_older_total: "counter",
         /// Embedded Eureka registry: heartbeats that renewed a lease.
         eureka_renewals_total: "counter",
         /// Embedded Eureka registry: heartbeats for an unknown instance (answered 404).

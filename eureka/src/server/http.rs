@@ -67,6 +67,7 @@ fn status_of(refusal: Refusal) -> StatusCode {
         Refusal::Forbidden => StatusCode::FORBIDDEN,
         Refusal::NotFound => StatusCode::NOT_FOUND,
         Refusal::Full => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::Older => StatusCode::CONFLICT,
     }
 }
 
@@ -324,8 +325,8 @@ fn refuse(eureka: &EurekaRegistry, what: &str, app: &str, e: InvalidRequest) -> 
         Refusal::NotFound => return StatusCode::NOT_FOUND.into_response(),
         Refusal::Forbidden => Some(&metrics.eureka_refused_forbidden_total),
         Refusal::Invalid => Some(&metrics.eureka_refused_invalid_total),
-        // The registry-full count is taken where it is decided.
-        Refusal::Full => None,
+        // The registry-full and older-registration counts are taken where they are decided.
+        Refusal::Full | Refusal::Older => None,
     };
     refused(what, app, status_of(e.refusal), counter, &e.reason)
 }

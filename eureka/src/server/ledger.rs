@@ -47,6 +47,18 @@ pub struct Now {
     pub ms: u64,
 }
 
+/// How far ahead of this server's clock a document's `lastDirtyTimestamp` may be: a later one
+/// is taken as this much ahead. Unbounded, one registration dated far in the future would win
+/// every later registration and peer conflict of its instance (docs/eureka.md, "Conflicts").
+pub const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(60);
+
+impl Now {
+    /// The latest `lastDirtyTimestamp` taken as it is now (see [`MAX_CLOCK_AHEAD`]).
+    fn latest_dirty(self) -> u64 {
+        self.ms.saturating_add(MAX_CLOCK_AHEAD.as_millis() as u64)
+    }
+}
+
 /// What the ledger keeps to.
 #[derive(Clone, Copy, Debug)]
 pub struct Terms {
@@ -417,8 +429,10 @@ impl Ledger {
 
     /// Registers (or registers again) `app`/`id`. The checks are the caller's: this only
     /// records.
-    pub fn register(&mut self, app: &str, id: &str, r: Registration, now: Now) -> Registered {
+    pub fn register(&mut self, app: &str, id: &str, mut r: Registration, now: Now) -> Registered {
         let app = self.app_name(app);
+        let dirty = &mut r.info.last_dirty_timestamp;
+        *dirty = dirty.map(|t| t.min(now.latest_dirty()));
         let ours = self
             .lease(&app, id)
             .and_then(|l| l.doc.last_dirty_timestamp);
@@ -559,7 +573,10 @@ impl Ledger {
         if counts {
             lease.counted = now.at;
         }
-        let answer = match (last_dirty_timestamp, lease.doc.last_dirty_timestamp) {
+        // A timestamp beyond the clock's reach is not compared: the registration it came with
+        // was taken as now + MAX_CLOCK_AHEAD, and asking for it again would loop.
+        let theirs = last_dirty_timestamp.filter(|t| *t <= now.latest_dirty());
+        let answer = match (theirs, lease.doc.last_dirty_timestamp) {
             (Some(theirs), Some(ours)) if theirs > ours => {
                 Err(RenewRefused::Newer { theirs, ours })
             }

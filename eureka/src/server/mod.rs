@@ -240,6 +240,9 @@ pub enum Refusal {
     NotFound,
     /// A new instance, in a registry that holds as many as it may.
     Full,
+    /// A registration older than the one registered (by `lastDirtyTimestamp`): the newer is
+    /// kept, and the lease renewed.
+    Older,
 }
 
 impl InvalidRequest {
@@ -398,6 +401,13 @@ impl EurekaRegistry {
         }
         if let Some(forward) = forward {
             self.replicate(forward);
+        }
+        if registered.kept_newer {
+            inc(&self.shared.metrics.eureka_registrations_older_total);
+            return Err(InvalidRequest::new(
+                Refusal::Older,
+                "an instance registered with a newer lastDirtyTimestamp is kept (its lease is renewed); register with a newer one to change it",
+            ));
         }
         self.registered(&app, &id, reported, &registered);
         Ok(())

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::server::auth::Authenticator;
+use crate::server::ledger::MAX_CLOCK_AHEAD;
 use crate::server::policy::RegistrationLimits;
 use crate::server::preservation::PreservationConfig;
 use crate::testdata::count;
@@ -520,6 +521,34 @@ async fn a_heartbeat_with_a_newer_dirty_timestamp_asks_the_client_to_register_ag
         )
         .await;
     assert_eq!(older, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_registration_dated_ahead_wins_for_a_minute_at_most_and_an_older_one_is_answered_409() {
+    let f = fixture();
+    let year = 365 * 86_400_000;
+    let mut ahead = instance("h1", "HELLO", "hello", 8080);
+    ahead["lastDirtyTimestamp"] = json!((T0 + year).to_string());
+    assert_eq!(f.register("HELLO", ahead).await, StatusCode::NO_CONTENT);
+    // The instance's registration a moment later, by the server's clock, is older than the
+    // one dated ahead as it was taken (now + MAX_CLOCK_AHEAD): kept, and the client told.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut current = instance("h1", "HELLO", "hello", 8081);
+    current["lastDirtyTimestamp"] = json!((T0 + 1_000).to_string());
+    let older = f.register("HELLO", current.clone()).await;
+    assert_eq!(older, StatusCode::CONFLICT);
+    assert_eq!(count(&f.metrics.eureka_registrations_older_total), 1);
+    // A heartbeat still dated ahead renews: it is not sent to register again, in a loop.
+    let uri = format!("/eureka/apps/HELLO/h1?lastDirtyTimestamp={}", T0 + year);
+    assert_eq!(f.send(Method::PUT, &uri).await, StatusCode::OK);
+    // A minute on, a registration by the server's clock wins.
+    tokio::time::advance(MAX_CLOCK_AHEAD).await;
+    current["lastDirtyTimestamp"] = json!((T0 + 62_000).to_string());
+    assert_eq!(f.register("HELLO", current).await, StatusCode::NO_CONTENT);
+    let port = (f.published().await.instances())
+        .find(|i| i.instance_id == "h1")
+        .and_then(|i| i.port);
+    assert_eq!(port, Some(8081));
 }
 
 #[tokio::test]
