@@ -137,6 +137,11 @@ impl Caller {
         }
     }
 
+    /// Whether this is an operator of the tokens file (not anyone, with authentication off).
+    pub fn is_operator(&self) -> bool {
+        matches!(self, Caller::Operator { .. })
+    }
+
     /// Why this caller may not change an instance owned by `owner`, if it may not.
     pub fn may_change(&self, owner: Option<&str>) -> Result<(), String> {
         match self {

@@ -80,6 +80,9 @@ pub struct Lease {
     pub reported: Status,
     /// An operator's override (`PUT .../status`).
     pub overridden: Option<Status>,
+    /// The override was set by an operator of the tokens file: only an operator changes or
+    /// lifts it (an instance's owner may not undo a drain).
+    pub override_by_operator: bool,
     renewed: Instant,
     renewed_ms: u64,
     /// The ledger's late-round credit when this lease was last renewed: every late round
@@ -257,6 +260,17 @@ fn stamped(
     info.is_coordinating_discovery_server.get_or_insert(false);
     info.action_type = None;
     info
+}
+
+/// What a registration keeps of the instance registered before ([`Ledger::carried_over`]).
+struct Carried {
+    overridden: Option<Status>,
+    /// The override was an operator's.
+    by_operator: bool,
+    /// When the instance came up.
+    service_up: Option<u64>,
+    /// The override was restored from a cancel.
+    restored: bool,
 }
 
 /// What a registration did.
@@ -450,7 +464,9 @@ impl Ledger {
         let id: Name = (self.apps.get(&app))
             .and_then(|leases| leases.get_key_value(id))
             .map_or_else(|| Name::from(id), |(k, _)| k.clone());
-        let (overridden, service_up, override_restored) = self.carried_over(&app, &id, &r, now);
+        let carried = self.carried_over(&app, &id, &r, now);
+        let (overridden, service_up, override_restored) =
+            (carried.overridden, carried.service_up, carried.restored);
         let service_up = service_up
             .filter(|t| *t > 0)
             .or((r.reported == Status::Up).then_some(now.ms));
@@ -460,6 +476,7 @@ impl Ledger {
             doc: Arc::new(stamped(r.info, r.duration, service_up, now)),
             reported: r.reported,
             overridden,
+            override_by_operator: carried.by_operator,
             renewed: now.at,
             renewed_ms: now.ms,
             credit_at: self.credit,
@@ -484,26 +501,29 @@ impl Ledger {
     /// override (a client's registration again may not take it away; a peer's copy states
     /// it), or the one it had if cancelled within one lease duration (then restored), and
     /// when it came up.
-    fn carried_over(
-        &mut self,
-        app: &Name,
-        id: &Name,
-        r: &Registration,
-        now: Now,
-    ) -> (Option<Status>, Option<u64>, bool) {
+    fn carried_over(&mut self, app: &Name, id: &Name, r: &Registration, now: Now) -> Carried {
         let known = self.lease(app, id).map(|l| {
             let up = (l.doc.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
-            (l.overridden, up)
+            (l.overridden, l.override_by_operator, up)
         });
-        match known {
-            Some((_, up)) if r.replicated => (r.body_override, up, false),
-            Some((overridden, up)) => (overridden.or(r.body_override), up, false),
-            None if r.replicated => (r.body_override, None, false),
+        let (overridden, by_operator, service_up, restored) = match known {
+            Some((_, _, up)) if r.replicated => (r.body_override, false, up, false),
+            Some((Some(overridden), by_operator, up)) => (Some(overridden), by_operator, up, false),
+            Some((None, _, up)) => (r.body_override, false, up, false),
+            None if r.replicated => (r.body_override, false, None, false),
             None => {
                 let key = (app.clone(), id.clone());
-                let restored = self.cancelled_overrides.take(&key, now.at);
-                (restored.or(r.body_override), None, restored.is_some())
+                match self.cancelled_overrides.take(&key, now.at) {
+                    Some((status, by_operator)) => (Some(status), by_operator, None, true),
+                    None => (r.body_override, false, None, false),
+                }
             }
+        };
+        Carried {
+            overridden,
+            by_operator,
+            service_up,
+            restored,
         }
     }
 
@@ -601,7 +621,8 @@ impl Ledger {
             let until = now.at.checked_add(lease.duration).unwrap_or(now.at);
             // Bounded like the registry: the oldest go first.
             let max = self.terms.max_instances.max(1);
-            (self.cancelled_overrides).keep((app.clone(), id.clone()), overridden, until, max);
+            let kept = (overridden, lease.override_by_operator);
+            (self.cancelled_overrides).keep((app.clone(), id.clone()), kept, until, max);
         }
         self.record(app, id, ActionType::Deleted, lease.served(), now);
         Some(())
@@ -902,7 +923,8 @@ impl Ledger {
 /// [`Ledger::cancel`] keeps. Every operation costs what it removes, not the map.
 #[derive(Debug, Default)]
 struct CancelledOverrides {
-    by_key: HashMap<(Name, Name), (Status, Instant)>,
+    /// The override, whether an operator set it, and until when it is kept.
+    by_key: HashMap<(Name, Name), ((Status, bool), Instant)>,
     /// Keys in the order they were kept, with the time they were kept until; an entry whose
     /// key was kept again since, or taken, is skipped.
     order: VecDeque<(Instant, (Name, Name))>,
@@ -910,7 +932,7 @@ struct CancelledOverrides {
 
 impl CancelledOverrides {
     /// Keeps `status` for `key` until `until`; then forgets the oldest beyond `max`.
-    fn keep(&mut self, key: (Name, Name), status: Status, until: Instant, max: usize) {
+    fn keep(&mut self, key: (Name, Name), status: (Status, bool), until: Instant, max: usize) {
         self.by_key.insert(key.clone(), (status, until));
         self.order.push_back((until, key));
         while self.by_key.len() > max {
@@ -920,7 +942,7 @@ impl CancelledOverrides {
 
     /// The override kept for `key`, if it has not run out by `now`; forgets it, and every
     /// kept override at the front that has run out.
-    fn take(&mut self, key: &(Name, Name), now: Instant) -> Option<Status> {
+    fn take(&mut self, key: &(Name, Name), now: Instant) -> Option<(Status, bool)> {
         while self.order.front().is_some_and(|(until, _)| *until <= now) {
             self.pop_oldest();
         }

@@ -570,8 +570,15 @@ impl EurekaRegistry {
         overridden: Option<Status>,
         reported: Option<Status>,
     ) -> Result<(), InvalidRequest> {
+        let operator = caller.is_operator();
         let change = |lease: &mut Lease| {
+            if lease.override_by_operator && !operator {
+                return Err(InvalidRequest::forbidden(
+                    "an operator set this instance's status override: only an operator changes or lifts it".to_owned(),
+                ));
+            }
             lease.overridden = overridden;
+            lease.override_by_operator = overridden.is_some() && operator;
             if let Some(reported) = reported {
                 lease.reported = reported;
             }

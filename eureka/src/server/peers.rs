@@ -596,6 +596,8 @@ impl EurekaRegistry {
     ) -> Result<Applied, InvalidRequest> {
         let changed = self.lock().modify(app, id, self.now(), |lease| {
             lease.overridden = overridden;
+            // Who set it is not replicated: a peer's override is nobody's in particular.
+            lease.override_by_operator = false;
             lease.refresh_status();
             Ok::<(), InvalidRequest>(())
         });

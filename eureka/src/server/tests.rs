@@ -1437,6 +1437,48 @@ async fn an_identity_registers_only_its_vips_and_changes_only_its_instances() {
     assert!(f.published().await.is_empty());
 }
 
+#[tokio::test]
+async fn an_operators_drain_is_lifted_only_by_an_operator_and_an_owners_own_override_by_the_owner()
+{
+    let f = authenticated();
+    assert_eq!(
+        f.register_with(HELLO, "h1", "hello").await,
+        StatusCode::NO_CONTENT
+    );
+    let drain = "/eureka/apps/HELLO/h1/status?value=OUT_OF_SERVICE";
+    let lift = "/eureka/apps/HELLO/h1/status";
+    let up = "/eureka/apps/HELLO/h1/status?value=UP";
+    assert_eq!(f.send_with(OPS, Method::PUT, drain).await, StatusCode::OK);
+    // The owner may neither lift the operator's drain nor override it with UP.
+    assert_eq!(
+        f.send_with(HELLO, Method::DELETE, lift).await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        f.send_with(HELLO, Method::PUT, up).await,
+        StatusCode::FORBIDDEN
+    );
+    // Nor does its registration again take it away.
+    assert_eq!(
+        f.register_with(HELLO, "h1", "hello").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        f.send_with(HELLO, Method::DELETE, lift).await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(f.status_of("h1").await, Some(Status::OutOfService));
+    // The operator lifts it; then the owner's own override is the owner's to lift.
+    assert_eq!(f.send_with(OPS, Method::DELETE, lift).await, StatusCode::OK);
+    assert_eq!(f.status_of("h1").await, Some(Status::Up));
+    assert_eq!(f.send_with(HELLO, Method::PUT, drain).await, StatusCode::OK);
+    assert_eq!(
+        f.send_with(HELLO, Method::DELETE, lift).await,
+        StatusCode::OK
+    );
+    assert_eq!(f.status_of("h1").await, Some(Status::Up));
+}
+
 // ---- Warm-up, self-preservation, late eviction rounds ----
 
 #[tokio::test(start_paused = true)]
