@@ -200,7 +200,9 @@ pub struct Authenticator {
 }
 
 struct Identity {
-    token: Vec<u8>,
+    /// The SHA-256 of its token: every comparison is of two digests of the same length, so
+    /// its time says nothing of the token's length either.
+    token: Digest,
     /// Shared with every request it makes.
     caller: Arc<Caller>,
 }
@@ -226,7 +228,7 @@ impl Identity {
         }
         if others
             .iter()
-            .any(|i| i.name() == entry.name || i.token == entry.token.as_bytes())
+            .any(|i| i.name() == entry.name || i.token == digest(entry.token.as_bytes()))
         {
             return Err(invalid(
                 "another identity has the same name or token".to_owned(),
@@ -261,7 +263,7 @@ impl Identity {
             }
         };
         Ok(Identity {
-            token: entry.token.into_bytes(),
+            token: digest(entry.token.as_bytes()),
             caller: Arc::new(caller),
         })
     }
@@ -353,10 +355,12 @@ impl Authenticator {
         } else {
             return Err(Unauthenticated);
         };
-        // Every token is compared, in time independent of where they differ.
+        // Every token is compared, in time independent of where they differ and of their
+        // lengths.
+        let token = digest(token);
         let mut found: Option<&Identity> = None;
         for identity in &self.identities {
-            if constant_time_eq(&identity.token, token) {
+            if constant_time_eq(&identity.token, &token) {
                 found = Some(identity);
             }
         }
@@ -368,10 +372,18 @@ impl Authenticator {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
+/// A token's SHA-256.
+type Digest = [u8; 32];
+
+fn digest(token: &[u8]) -> Digest {
+    let hash = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0; 32];
+    out.copy_from_slice(hash.as_ref());
+    out
+}
+
+/// Whether two digests are equal, in time independent of where they differ.
+fn constant_time_eq(a: &Digest, b: &Digest) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -543,6 +555,19 @@ mod tests {
         for err in [missing.err().unwrap(), not_a_list.err().unwrap()] {
             assert!(std::error::Error::source(&err).is_some(), "{err}");
             assert!(!repeats_its_cause(&err), "{}", Chain(&err));
+        }
+    }
+
+    #[test]
+    fn a_prefix_or_an_extension_of_a_token_is_not_the_token() {
+        let auth = Authenticator::parse("t.yaml", FILE.as_bytes()).unwrap();
+        let bearer = |token: &str| HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+        assert!(
+            auth.authenticate(Some(&bearer("hello-token-0123456789")))
+                .is_ok()
+        );
+        for near in ["hello-token-012345678", "hello-token-0123456789x", ""] {
+            assert!(auth.authenticate(Some(&bearer(near))).is_err(), "{near:?}");
         }
     }
 
