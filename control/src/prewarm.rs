@@ -229,7 +229,8 @@ pub fn load(path: &Path) -> Result<History, LoadError> {
 }
 
 /// Writes `history` to `path` atomically: to a temporary file beside it, flushed to disk, then
-/// renamed over it. A reader sees the old file or the new one, never a part.
+/// renamed over it, and the folder flushed. A reader sees the old file or the new one, never
+/// a part.
 pub fn store(path: &Path, history: &History) -> io::Result<()> {
     let file = HistoryFile {
         odmesh_prewarm_history: FORMAT,
@@ -257,7 +258,9 @@ pub fn store(path: &Path, history: &History) -> io::Result<()> {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    Ok(())
+    // The rename is in the folder's entries: flushed too, or a crash may bring back the old
+    // file (or none).
+    fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
 }
 
 /// Seconds since the Unix epoch.
