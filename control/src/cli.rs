@@ -186,7 +186,8 @@ pub(crate) struct GuardArgs {
     /// Share of the registry in use (from 10 instances up) that a new read of the file or of
     /// Eureka may lose at once and still be followed at once. A read that loses more (an
     /// empty Eureka after its restart, a truncated file) is held until the source still says
-    /// so --registry-drop-confirm later. 1 turns the guard off.
+    /// so --registry-drop-confirm later. 1 turns the guard off. The same holds a --policy
+    /// file that loses more than this share of its entries (from one up: an emptied file).
     #[arg(long, value_name = "SHARE", value_parser = flags::share, default_value_t = 0.5)]
     pub(crate) max_registry_drop: f64,
 
@@ -453,7 +454,8 @@ impl Args {
 }
 
 impl GuardArgs {
-    /// The guard of the file and Eureka sources against a read that loses most of the registry.
+    /// The guard of the file and Eureka sources against a read that loses most of the
+    /// registry, and of the policy file against one that loses most of its entries.
     pub(crate) fn drop_guard(&self) -> DropGuardConfig {
         DropGuardConfig {
             max_drop: self.max_registry_drop,

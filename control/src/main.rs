@@ -285,8 +285,14 @@ fn start_policy(
     let Some(path) = &args.policy else {
         return Ok(Arc::default());
     };
-    let source = policy::watch::start(path.clone(), file::DEFAULT_POLL_INTERVAL, metrics.clone())
-        .with_context(|| "--policy: the policy file is not valid".to_string())?;
+    let guard = args.guards.drop_guard();
+    let source = policy::watch::start(
+        path.clone(),
+        file::DEFAULT_POLL_INTERVAL,
+        guard,
+        metrics.clone(),
+    )
+    .with_context(|| "--policy: the policy file is not valid".to_string())?;
     cache.set_policy(source.policy.borrow().clone());
     let cache = cache.clone();
     let policies = source.policy.clone();

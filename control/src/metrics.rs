@@ -16,6 +16,12 @@ odmesh_base::metrics! {
         policy_loads_total: "counter",
         /// Policy file loads that failed (the last good policy stayed in use).
         policy_load_errors_total: "counter",
+        /// 1 while a policy file that lost most of its entries at once (an emptied or
+        /// truncated file) is held: the policy in use stays until the file says so for
+        /// --registry-drop-confirm.
+        policy_drop_held: "gauge",
+        /// Policy files held because they lost most of the entries in use at once.
+        policy_drops_held_total: "counter",
         /// Admin connections closed on arrival because 1,024 were open.
         admin_connections_refused_total: "counter",
         /// xDS streams open now.

@@ -367,6 +367,12 @@ pub enum InvalidPolicy {
 }
 
 impl Policy {
+    /// How many entries it has: one per VIP and SVIP, and one for non-empty defaults. What a
+    /// policy file that suddenly loses most of them is held by (see [`watch`]).
+    pub fn entries(&self) -> usize {
+        self.vips.len() + self.svips.len() + usize::from(self.defaults != Settings::default())
+    }
+
     /// Parses and checks a policy file.
     pub fn parse(yaml: &[u8]) -> Result<Policy, InvalidPolicy> {
         if yaml.iter().all(u8::is_ascii_whitespace) {

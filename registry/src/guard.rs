@@ -75,10 +75,22 @@ impl DropGuard {
 
     /// Judges `next`, a good read of the source at `now`, against `in_use`.
     pub fn check(&mut self, in_use: &Registry, next: &Registry, now: Instant) -> Verdict {
-        let of = in_use.len();
-        let lost = of.saturating_sub(next.len());
+        self.check_counts(in_use.len(), next.len(), MIN_INSTANCES, now)
+    }
+
+    /// [`DropGuard::check`] of a source of anything counted: `next` items read at `now`
+    /// against `in_use`, where a drop from fewer than `min` is always followed.
+    pub fn check_counts(
+        &mut self,
+        in_use: usize,
+        next: usize,
+        min: usize,
+        now: Instant,
+    ) -> Verdict {
+        let of = in_use;
+        let lost = of.saturating_sub(next);
         let is_drop = self.config.max_drop < 1.0
-            && of >= MIN_INSTANCES
+            && of >= min
             && lost as f64 > self.config.max_drop * of as f64;
         if !is_drop {
             self.held_since = None;
