@@ -59,6 +59,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE", requires = "eureka")]
     pub(crate) eureka_token_file: Option<PathBuf>,
 
+    /// Send credentials (a URL's `user:password@`, --eureka-token-file) over plain `http://`
+    /// to a --eureka server or --peer on another host. Refused otherwise: anyone on the way
+    /// reads them. Use https:// instead.
+    #[arg(long)]
+    pub(crate) allow_plain_credentials: bool,
+
     /// Time between two polls of Eureka's delta (as Eureka's own clients do).
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
     pub(crate) eureka_interval: Duration,
@@ -386,6 +392,7 @@ impl Args {
         eureka_client::ClientConfig {
             ca_file: self.eureka_ca.clone(),
             token_file: self.eureka_token_file.clone(),
+            allow_plain_credentials: self.allow_plain_credentials,
             drop_guard: self.guards.drop_guard(),
             request_timeout: self.eureka_request_timeout,
             max_answer: self.eureka_max_answer,
@@ -410,7 +417,8 @@ impl Args {
                 timeout: e.peer_timeout,
                 max_pending: e.peer_max_pending,
                 max_answer: e.peer_max_answer,
-                ..PeerConfig::new(urls, e.peer_ca.clone()).context("--peer")?
+                ..PeerConfig::new(urls, e.peer_ca.clone(), self.allow_plain_credentials)
+                    .context("--peer")?
             }),
         };
         let auth = match &e.eureka_auth {

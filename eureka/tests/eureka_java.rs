@@ -454,7 +454,7 @@ fn embedded(
         ..ServerConfig::local()
     };
     if !peers.is_empty() {
-        config.peers = Some(server::peers::PeerConfig::new(peers, None).expect("peer URLs"));
+        config.peers = Some(server::peers::PeerConfig::new(peers, None, false).expect("peer URLs"));
     }
     edit(&mut config);
     let registry = runtime

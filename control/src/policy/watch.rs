@@ -227,7 +227,12 @@ mod tests {
             max_drop: 0.5,
             confirm_after: confirm,
         };
-        let source = start(path.clone(), Duration::from_millis(20), guard, metrics.clone());
+        let source = start(
+            path.clone(),
+            Duration::from_millis(20),
+            guard,
+            metrics.clone(),
+        );
         (path, source.unwrap(), metrics)
     }
 
@@ -240,14 +245,21 @@ mod tests {
             metrics.policy_drop_held.load(Ordering::Relaxed) == 1
         })
         .await;
-        assert_eq!(source.policy.borrow().entries(), 1, "the policy in use stays");
+        assert_eq!(
+            source.policy.borrow().entries(),
+            1,
+            "the policy in use stays"
+        );
         assert!(source.status.lock().unwrap().held.is_some());
         std::fs::write(&path, ONE_VIP).unwrap();
         wait_until(DEADLINE, "the file written back to end the hold", || {
             metrics.policy_drop_held.load(Ordering::Relaxed) == 0
         })
         .await;
-        assert!(!source.policy.has_changed().unwrap(), "no push to any proxy");
+        assert!(
+            !source.policy.has_changed().unwrap(),
+            "no push to any proxy"
+        );
         assert_eq!(metrics.policy_drops_held_total.load(Ordering::Relaxed), 1);
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }

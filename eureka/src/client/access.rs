@@ -223,6 +223,16 @@ impl Access {
                 url.authorize_unless_own(Some(&token));
             }
         }
+        for url in urls.iter().filter(|u| u.sends_credentials_in_clear()) {
+            if !config.allow_plain_credentials {
+                let url = url.to_string();
+                return Err(InvalidEurekaConfig::PlainCredentials { url });
+            }
+            tracing::warn!(
+                %url,
+                "credentials go to this server over plain http, readable on the way (--allow-plain-credentials); use https://"
+            );
+        }
         let (roots, trust) = match &config.ca_file {
             Some(path) => (
                 tls::load_bundle(path).map_err(InvalidEurekaConfig::CaBundle)?,

@@ -109,6 +109,9 @@ pub struct ClientConfig {
     pub first_fetch_wait: Duration,
     /// When a fetch that lost most of the registry is held rather than followed.
     pub drop_guard: DropGuardConfig,
+    /// Send credentials over plain `http://` to a host that is not this one (refused
+    /// otherwise: anyone on the way reads them).
+    pub allow_plain_credentials: bool,
 }
 
 impl ClientConfig {
@@ -124,6 +127,7 @@ impl ClientConfig {
             max_backoff: interval,
             first_fetch_wait: DEFAULT_FIRST_FETCH_WAIT,
             drop_guard: DropGuardConfig::default(),
+            allow_plain_credentials: false,
         }
     }
 }
@@ -181,6 +185,10 @@ pub enum InvalidEurekaConfig {
     EmptyToken { path: PathBuf },
     #[error("--eureka-token-file {}: the token holds characters no HTTP header can carry", path.display())]
     BadToken { path: PathBuf },
+    #[error(
+        "{url}: credentials would go over plain http to another host, readable on the way; use https:// (or --allow-plain-credentials)"
+    )]
+    PlainCredentials { url: String },
 }
 
 /// Why one fetch from one Eureka server failed.
@@ -295,16 +303,6 @@ async fn start_trusting(
     system_bundles: &[&str],
 ) -> Result<EurekaSource, InvalidEurekaConfig> {
     let access = Access::new(&config, system_bundles)?;
-    for url in access
-        .urls
-        .iter()
-        .filter(|u| u.sends_credentials_in_clear())
-    {
-        tracing::warn!(
-            %url,
-            "credentials go to this Eureka server over plain http, readable on the way; use https://"
-        );
-    }
     let shown: Vec<String> = access.urls.iter().map(ToString::to_string).collect();
     let health = SourceHealth::new(format!("eureka {}", shown.join(" ")));
     // Nothing fetched yet: what proxies hold is not taken away meanwhile.

@@ -292,6 +292,7 @@ fn config(urls: Vec<String>) -> ClientConfig {
         max_backoff: Duration::from_millis(100),
         first_fetch_wait: Duration::from_secs(5),
         drop_guard: DropGuardConfig::default(),
+        allow_plain_credentials: false,
     }
 }
 
@@ -433,6 +434,7 @@ fn credentials_over_plain_http_to_another_host_are_flagged() {
 
     let cfg = ClientConfig {
         token_file: Some(testdata_path("eureka-token.txt")),
+        allow_plain_credentials: true,
         ..config(vec!["http://eureka/eureka".into()])
     };
     let access = Access::new(&cfg, &[]).unwrap();
@@ -440,9 +442,45 @@ fn credentials_over_plain_http_to_another_host_are_flagged() {
 }
 
 #[test]
+fn credentials_over_plain_http_to_another_host_are_refused_unless_allowed() {
+    for (url, token_file) in [
+        ("http://ops:TOKEN@eureka.mesh.internal/eureka", None),
+        (
+            "http://10.0.0.1:8761/eureka",
+            Some(testdata_path("eureka-token.txt")),
+        ),
+    ] {
+        let cfg = ClientConfig {
+            token_file,
+            ..config(vec![url.into()])
+        };
+        let err = Access::new(&cfg, &[]).err().expect("refused");
+        let shown = err.to_string();
+        assert!(shown.contains("plain http"), "{shown}");
+        assert!(
+            !shown.contains("TOKEN"),
+            "the password is not shown: {shown}"
+        );
+        let allowed = ClientConfig {
+            allow_plain_credentials: true,
+            ..cfg
+        };
+        assert!(Access::new(&allowed, &[]).is_ok(), "{url}");
+    }
+    // To this host, or over https, credentials are fine.
+    for url in [
+        "http://ops:TOKEN@127.0.0.1:8761/eureka",
+        "http://ops:TOKEN@localhost/eureka",
+    ] {
+        assert!(Access::new(&config(vec![url.into()]), &[]).is_ok(), "{url}");
+    }
+}
+
+#[test]
 fn the_token_goes_to_every_url_without_credentials_of_its_own() {
     let cfg = ClientConfig {
         token_file: Some(testdata_path("eureka-token.txt")),
+        allow_plain_credentials: true,
         ..config(vec![
             "http://eureka-1/eureka".into(),
             "http://odmesh:p%40ss@eureka-2/eureka".into(),

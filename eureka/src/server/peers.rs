@@ -129,9 +129,11 @@ impl PeerConfig {
     pub fn new(
         urls: &[String],
         ca_file: Option<PathBuf>,
+        allow_plain_credentials: bool,
     ) -> Result<PeerConfig, InvalidEurekaConfig> {
         let config = ClientConfig {
             ca_file,
+            allow_plain_credentials,
             ..ClientConfig::new(urls.to_vec(), Duration::from_secs(30))
         };
         let access = Access::new(&config, odmesh_base::tls::SYSTEM_CA_BUNDLES)?;

@@ -72,7 +72,7 @@ async fn node(peers: &[SocketAddr], max_answer: u64) -> (EmbeddedSource, Arc<Ser
     let urls: Vec<String> = peers.iter().map(|a| format!("http://{a}/eureka")).collect();
     config.peers = Some(PeerConfig {
         max_answer,
-        ..PeerConfig::new(&urls, None).unwrap()
+        ..PeerConfig::new(&urls, None, false).unwrap()
     });
     let metrics = Arc::new(ServerMetrics::default());
     let source = start(

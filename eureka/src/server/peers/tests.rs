@@ -50,7 +50,7 @@ impl Node {
         config.warmup = Duration::ZERO;
         if !peers.is_empty() {
             let urls: Vec<String> = peers.iter().map(|a| url(*a)).collect();
-            config.peers = Some(PeerConfig::new(&urls, None).expect("peer URLs"));
+            config.peers = Some(PeerConfig::new(&urls, None, false).expect("peer URLs"));
         }
         edit(&mut config);
         let metrics = Arc::new(ServerMetrics::default());
@@ -212,9 +212,13 @@ fn a_peer_url_naming_this_node_is_left_out() {
     assert!(named("http://127.0.0.2:8761/eureka", any));
     assert!(!named("http://127.0.0.1:8762/eureka", own));
     assert!(!named("http://10.0.0.1:8761/eureka", own));
-    let config = PeerConfig::new(&[url(own), "http://127.0.0.1:8762/eureka".into()], None)
-        .unwrap()
-        .without(own);
+    let config = PeerConfig::new(
+        &[url(own), "http://127.0.0.1:8762/eureka".into()],
+        None,
+        false,
+    )
+    .unwrap()
+    .without(own);
     assert_eq!(config.urls.len(), 1);
 }
 
@@ -471,7 +475,7 @@ identities:
     // A peer with an operator's credentials in its URL.
     let a = Node::start_with(free_addr(), &[], |c| {
         let url = format!("http://ops:ops-token-0123456789@{}/eureka", b.addr());
-        c.peers = Some(PeerConfig::new(&[url], None).expect("peer URL"));
+        c.peers = Some(PeerConfig::new(&[url], None, false).expect("peer URL"));
     })
     .await;
     register(&a, "h1", 8080).await;
@@ -817,7 +821,7 @@ async fn an_owner_survives_a_starting_nodes_fill_and_keeps_its_instance_there() 
     // C starts with A as its peer, an operator's credentials in the URL, and fills from it.
     let c = Node::start_with(free_addr(), &[], |c| {
         let url = format!("http://ops:ops-token-0123456789@{}/eureka", a.addr());
-        c.peers = Some(PeerConfig::new(&[url], None).expect("peer URL"));
+        c.peers = Some(PeerConfig::new(&[url], None, false).expect("peer URL"));
         c.auth = Some(auth.clone());
     })
     .await;
@@ -838,7 +842,7 @@ async fn an_owner_survives_a_409s_document_and_keeps_its_instance() {
     let b = Node::start_with(free_addr(), &[], |c| c.auth = Some(auth.clone())).await;
     let a = Node::start_with(free_addr(), &[], |c| {
         let url = format!("http://ops:ops-token-0123456789@{}/eureka", b.addr());
-        c.peers = Some(PeerConfig::new(&[url], None).expect("peer URL"));
+        c.peers = Some(PeerConfig::new(&[url], None, false).expect("peer URL"));
         c.auth = Some(auth.clone());
     })
     .await;
