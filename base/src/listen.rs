@@ -1,6 +1,8 @@
 //! Accepting connections within a bound, for the xDS and HTTP servers: a connection over
 //! the limit is closed as soon as it is accepted, so a flood of connections costs a file
-//! descriptor for a moment, not a task and buffers for as long as the client likes.
+//! descriptor for a moment, not a task and buffers for as long as the client likes; and one
+//! that sends nothing at all is closed after a deadline, so silent connections cannot hold
+//! every slot.
 
 use std::io;
 use std::pin::Pin;
@@ -8,21 +10,45 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
+use std::future::Future;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Sleep, sleep};
 
 /// At most so many connections at once.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ConnectionLimit {
     slots: Arc<Semaphore>,
+    /// How long a connection may take to send its first bytes (`None`: for ever), and what
+    /// is told when one did not.
+    first_read_within: Option<(Duration, Silent)>,
 }
+
+/// Called for each connection given up because it sent nothing in time.
+type Silent = Arc<dyn Fn() + Send + Sync>;
 
 impl ConnectionLimit {
     /// At most `max` connections at once.
     pub fn new(max: usize) -> ConnectionLimit {
         ConnectionLimit {
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            first_read_within: None,
+        }
+    }
+
+    /// Closes a connection that has sent nothing `within` after it was accepted (its reads
+    /// fail with `TimedOut`), calling `silent` for each.
+    pub fn first_read_within(
+        self,
+        within: Duration,
+        silent: impl Fn() + Send + Sync + 'static,
+    ) -> ConnectionLimit {
+        ConnectionLimit {
+            first_read_within: Some((within, Arc::new(silent))),
+            ..self
         }
     }
 
@@ -45,7 +71,12 @@ impl ConnectionLimit {
         incoming.filter_map(move |accepted| {
             let out = match accepted {
                 Ok(io) => match self.try_acquire() {
-                    Some(permit) => Some(Ok(Counted { io, _slot: permit })),
+                    Some(permit) => Some(Ok(Counted {
+                        io,
+                        _slot: permit,
+                        first_read: (self.first_read_within.as_ref())
+                            .map(|(d, silent)| (Box::pin(sleep(*d)), silent.clone())),
+                    })),
                     None => {
                         refused();
                         drop(io);
@@ -60,10 +91,31 @@ impl ConnectionLimit {
 }
 
 /// A connection holding one slot of a [`ConnectionLimit`].
-#[derive(Debug)]
 pub struct Counted<IO> {
     io: IO,
     _slot: OwnedSemaphorePermit,
+    /// Until the first bytes arrive: when the connection is given up, and who is told.
+    first_read: Option<(Pin<Box<Sleep>>, Silent)>,
+}
+
+impl<IO: std::fmt::Debug> std::fmt::Debug for Counted<IO> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counted")
+            .field("io", &self.io)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ConnectionLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (f.debug_struct("ConnectionLimit"))
+            .field("available", &self.slots.available_permits())
+            .field(
+                "first_read_within",
+                &self.first_read_within.as_ref().map(|(d, _)| d),
+            )
+            .finish()
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
@@ -72,7 +124,26 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        let Some((deadline, silent)) = self.first_read.as_mut() else {
+            return read;
+        };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                self.first_read = None;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                silent();
+                self.first_read = None;
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "nothing sent before the deadline",
+                )))
+            }
+            other => other,
+        }
     }
 }
 
@@ -162,5 +233,46 @@ mod tests {
         let third = tokio::time::timeout(wait, incoming.next()).await.unwrap();
         assert!(matches!(third, Some(Ok(_))), "a freed slot is used again");
         assert_eq!(refused.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_given_up_and_one_that_speaks_is_kept() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let within = std::time::Duration::from_millis(200);
+        let given_up = Arc::new(AtomicUsize::new(0));
+        let counter = given_up.clone();
+        let limit = ConnectionLimit::new(2).first_read_within(within, move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let mut incoming = Box::pin(limit.incoming(TcpListenerStream::new(listener), || {}));
+        let wait = std::time::Duration::from_secs(5);
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let mut silent = tokio::time::timeout(wait, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(wait, silent.read(&mut byte))
+            .await
+            .unwrap();
+        assert_eq!(read.map_err(|e| e.kind()), Err(io::ErrorKind::TimedOut));
+        assert_eq!(given_up.load(Ordering::Relaxed), 1);
+
+        let mut talker = TcpStream::connect(addr).await.unwrap();
+        let mut kept = tokio::time::timeout(wait, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut talker, b"x")
+            .await
+            .unwrap();
+        assert_eq!(kept.read(&mut byte).await.unwrap(), 1);
+        // Past the deadline, a connection that spoke waits as long as it likes.
+        let quiet = tokio::time::timeout(within * 3, kept.read(&mut byte)).await;
+        assert!(quiet.is_err(), "still open and waiting: {quiet:?}");
+        assert_eq!(given_up.load(Ordering::Relaxed), 1);
     }
 }

@@ -354,6 +354,11 @@ pub(crate) struct XdsArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
     pub(crate) xds_max_connections: usize,
 
+    /// How long an xDS connection may take to send its first bytes; one that sends nothing is
+    /// closed then, so silent connections cannot hold every slot of --xds-max-connections.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) xds_first_bytes_timeout: Duration,
+
     /// HTTP/2 streams one connection may open at once (Envoy opens one, for ADS).
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub(crate) xds_max_streams_per_connection: u32,

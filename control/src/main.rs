@@ -161,6 +161,7 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         max_streams_per_connection: x.xds_max_streams_per_connection.max(1),
         max_subscriptions: x.xds_max_subscriptions,
         tls_handshake_timeout: args.tls_handshake_timeout,
+        first_bytes_timeout: x.xds_first_bytes_timeout,
         tls,
         prewarm: start_prewarm(&args.prewarm)?,
         load_report_interval: args.prewarm.load_report_interval,

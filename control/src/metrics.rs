@@ -51,6 +51,8 @@ odmesh_base::metrics! {
         xds_heavy_jobs_total: "counter",
         /// xDS connections closed on arrival because --xds-max-connections were open.
         xds_connections_refused_total: "counter",
+        /// xDS connections closed because they sent nothing within --xds-first-bytes-timeout.
+        xds_connections_silent_total: "counter",
         /// Names answered with a removal because a stream was over --xds-max-names or
         /// --xds-max-unregistered.
         xds_names_refused_total: "counter",

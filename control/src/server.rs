@@ -84,6 +84,10 @@ pub struct XdsConfig {
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// How long a client may take to complete its TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// How long a connection may take to send its first bytes (the HTTP/2 preface, or the
+    /// TLS handshake's first message); one that sends nothing is closed then, so silent
+    /// connections cannot hold every slot.
+    pub first_bytes_timeout: Duration,
     /// The request history that connecting proxies are prewarmed from and that on-demand
     /// requests and load reports are recorded into; `None`: prewarm is off, and the load
     /// reporting service is not served.
@@ -106,6 +110,7 @@ impl Default for XdsConfig {
             max_subscriptions: 1_000_000,
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
+            first_bytes_timeout: Duration::from_secs(10),
             prewarm: None,
             load_report_interval: Duration::from_secs(30),
             idle_cluster_timeout: None,
@@ -277,8 +282,14 @@ impl XdsServer {
         let incoming = TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(KEEPALIVE));
-        let metrics = self.shared.metrics.clone();
-        let incoming = ConnectionLimit::new(config.max_connections).incoming(incoming, move || {
+        let (metrics, silent) = (self.shared.metrics.clone(), self.shared.metrics.clone());
+        let limit = (ConnectionLimit::new(config.max_connections)).first_read_within(
+            config.first_bytes_timeout,
+            move || {
+                inc(&silent.xds_connections_silent_total);
+            },
+        );
+        let incoming = limit.incoming(incoming, move || {
             inc(&metrics.xds_connections_refused_total);
         });
         let shared = self.shared.clone();

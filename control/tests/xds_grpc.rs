@@ -28,6 +28,7 @@ use odmesh_control::server::{ProxyStatus, XdsConfig, XdsServer};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
 use odmesh_registry::{Instance, Protocol, Registry, Status};
 use prost::Message;
+use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -617,6 +618,36 @@ async fn a_connection_over_the_limit_is_closed_and_counted_and_the_others_are_se
     // The first is still served.
     first.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
     assert_eq!(names(&first.recv().await), ["other.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn silent_connections_are_closed_after_the_first_bytes_timeout_and_free_their_slots() {
+    let config = XdsConfig {
+        max_connections: 2,
+        first_bytes_timeout: Duration::from_millis(300),
+        ..XdsConfig::default()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    // Two connections that never send the HTTP/2 preface take both slots, for a while.
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(h.addr).await.unwrap());
+    }
+    for conn in &mut silent {
+        // The server's own preface (its SETTINGS), then the end.
+        let mut sent = Vec::new();
+        let closed = tokio::time::timeout(WAIT, conn.read_to_end(&mut sent)).await;
+        assert!(matches!(closed, Ok(Ok(_) | Err(_))), "closed: {closed:?}");
+    }
+    h.until_metric("both silent connections counted", |m| {
+        m.xds_connections_silent_total.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    // Their slots are free: a proxy is served.
+    let mut proxy = h.ads("proxy-1").await;
+    proxy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&proxy.recv().await), ["hello.vip"]);
     h.stop().await;
 }
 
