@@ -19,6 +19,14 @@ impl Ads {
     }
 }
 
+/// A context without prewarm whose bound over all streams is `admission`.
+fn bounded<'a>(cache: &'a Cache, metrics: &'a Metrics, admission: &'a Admission) -> Context<'a> {
+    Context {
+        admission,
+        ..context(cache, metrics, None)
+    }
+}
+
 fn ads_stream() -> Ads {
     let hello = testdata::instance("hello", "hello-1", "10.0.0.1");
     let snapshot = Snapshot::from_registry(&Registry::from_iter([hello]));
@@ -88,13 +96,7 @@ fn a_name_that_is_not_an_odmesh_cluster_gets_no_load_assignment_on_envoys_behalf
 fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
     let mut stream = ads_stream();
     let admission = Admission::new(1);
-    let cx = Context {
-        cache: &stream.cache,
-        metrics: &stream.metrics,
-        admission: &admission,
-        prewarm: None,
-        eviction: None,
-    };
+    let cx = bounded(&stream.cache, &stream.metrics, &admission);
     // One name fits; the second waits: a removal now, and not counted.
     let [cluster, endpoints] = stream.session.on_request(
         &cx,
@@ -144,13 +146,7 @@ fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
 fn kept_versions_after_a_streams_first_request_of_a_type_take_room_like_any_name() {
     let mut stream = ads_stream();
     let admission = Admission::new(1);
-    let cx = Context {
-        cache: &stream.cache,
-        metrics: &stream.metrics,
-        admission: &admission,
-        prewarm: None,
-        eviction: None,
-    };
+    let cx = bounded(&stream.cache, &stream.metrics, &admission);
     stream
         .session
         .on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
