@@ -125,6 +125,11 @@ impl History {
     /// cluster the later use wins; then the bounds apply.
     pub fn merge(&mut self, limits: &Limits, other: &History, now: u64) {
         for (service, clusters) in &other.services {
+            // The same bound as for what this replica records: a file (another replica's, or
+            // anyone's who can write it) naming ever new services stops here too.
+            if !self.services.contains_key(service) && self.services.len() >= MAX_SERVICES {
+                continue;
+            }
             let mine = self.services.entry(service.clone()).or_default();
             for (cluster, last) in clusters {
                 let entry = mine.entry(cluster.clone()).or_insert(*last);
@@ -606,6 +611,30 @@ mod tests {
             !h.record(&l, "", "users.vip", 100),
             "no service, no history"
         );
+    }
+
+    #[test]
+    fn a_merged_history_keeps_to_the_bound_on_services() {
+        let l = limits(10);
+        let mut full = History::default();
+        for i in 0..MAX_SERVICES {
+            full.record(&l, &format!("service-{i}"), "users.vip", DAY);
+        }
+        let mut theirs = History::default();
+        theirs.record(&l, "service-0", "ledger.vip", DAY);
+        theirs.record(&l, "one-more", "users.vip", DAY);
+        full.merge(&l, &theirs, DAY);
+        assert_eq!(
+            full.services().count(),
+            MAX_SERVICES,
+            "no service beyond the bound"
+        );
+        assert_eq!(
+            full.last_used("service-0", "ledger.vip"),
+            Some(DAY),
+            "a known one merges"
+        );
+        assert_eq!(full.last_used("one-more", "users.vip"), None);
     }
 
     #[test]
