@@ -70,6 +70,9 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: eviction rounds that ran late, whose delay was added to
         /// every lease.
         eureka_late_eviction_rounds_total: "counter",
+        /// Embedded Eureka registry: replicated heartbeats a peer answered 404 (it does not
+        /// hold the instance, or not as this node does): the registration follows 2 s later.
+        eureka_peer_resends_total: "counter",
         /// Embedded Eureka registry: writes a peer took (`--peer`).
         eureka_peer_replicated_total: "counter",
         /// Embedded Eureka registry: batches of writes that did not reach a peer (sent again).

@@ -20,6 +20,13 @@
 //!   the peer does not know the instance or holds an older document (this node then sends
 //!   the registration), and 409 with its own document when it holds a newer one (this node
 //!   then takes it).
+//! - **The registration after a 404 waits** `resend_after` (2 s) and is read from the
+//!   registry when it is sent, not when the 404 came. A real Eureka server answers 404 to a
+//!   replicated heartbeat also right after an operator removed an override there without
+//!   `?value=` (the status is `UNKNOWN` until the instance registers again), and sends that
+//!   removal here only after its batching delay (500 ms). A registration sent at once would
+//!   carry the override back to it, where it would stay; sent after the removal arrived, it
+//!   carries the instance as it now is (docs/eureka.md, "Replication between peers").
 //! - **A peer that is down or unreachable.** Its queue keeps the writes in order and is
 //!   sent when the peer answers again, retried with a backoff (50 ms to 1 s); as Eureka's
 //!   servers do, only when the peer was not reached, did not answer in time or answered 503:
@@ -94,6 +101,10 @@ pub(super) fn node_name() -> String {
 /// Writes in one batch (Eureka's default).
 const BATCH: usize = 250;
 
+/// How long a registration asked for by a peer's 404 waits: past Eureka's batching delay
+/// (500 ms), with room for a busy peer (see the module's docs).
+const RESEND_AFTER: Duration = Duration::from_secs(2);
+
 /// The largest answer to a batch read from a peer.
 const MAX_BODY: usize = 256 * 1024 * 1024;
 
@@ -110,6 +121,8 @@ pub struct PeerConfig {
     pub max_pending: usize,
     /// The largest `/apps` answer a fill reads, in bytes, decoded (and as transferred).
     pub max_answer: u64,
+    /// How long the registration a peer's 404 asks for waits before it is read and sent.
+    pub resend_after: Duration,
 }
 
 impl std::fmt::Debug for PeerConfig {
@@ -119,6 +132,7 @@ impl std::fmt::Debug for PeerConfig {
             .field("timeout", &self.timeout)
             .field("max_pending", &self.max_pending)
             .field("max_answer", &self.max_answer)
+            .field("resend_after", &self.resend_after)
             .finish_non_exhaustive()
     }
 }
@@ -143,6 +157,7 @@ impl PeerConfig {
             timeout: Duration::from_secs(5),
             max_pending: 100_000,
             max_answer: DEFAULT_MAX_ANSWER,
+            resend_after: RESEND_AFTER,
         })
     }
 
@@ -155,6 +170,7 @@ impl PeerConfig {
             timeout: Duration::from_secs(5),
             max_pending: 100_000,
             max_answer: DEFAULT_MAX_ANSWER,
+            resend_after: RESEND_AFTER,
         }
     }
 
@@ -376,8 +392,46 @@ struct Peer {
     url: ServerUrl,
     queue: Mutex<VecDeque<Replicated>>,
     ready: Notify,
+    /// The registrations this peer asked for, held until due.
+    resends: Mutex<Resends>,
     /// The URL turned out to name this node: nothing is queued for it.
     is_self: std::sync::atomic::AtomicBool,
+}
+
+/// The registrations a peer asked for (by a 404), each held until due, in the order asked
+/// (every one waits as long); an instance is held once however often it is asked for.
+#[derive(Default)]
+struct Resends {
+    due: VecDeque<(tokio::time::Instant, (String, String))>,
+    held: std::collections::HashSet<(String, String)>,
+}
+
+impl Resends {
+    /// Holds the registration of `app`/`id` until `at`, unless it is held already.
+    fn hold(&mut self, at: tokio::time::Instant, app: &str, id: &str) {
+        let key = (app.to_owned(), id.to_owned());
+        if self.held.insert(key.clone()) {
+            self.due.push_back((at, key));
+        }
+    }
+
+    /// The registrations due by `now` (`app`, `id`), taken out.
+    fn take_due(&mut self, now: tokio::time::Instant) -> Vec<(String, String)> {
+        let mut taken = Vec::new();
+        while let Some((at, _)) = self.due.front()
+            && *at <= now
+            && let Some((_, key)) = self.due.pop_front()
+        {
+            self.held.remove(&key);
+            taken.push(key);
+        }
+        taken
+    }
+
+    /// When the next held registration is due.
+    fn next(&self) -> Option<tokio::time::Instant> {
+        self.due.front().map(|(at, _)| *at)
+    }
 }
 
 /// The queues of every peer.
@@ -395,6 +449,7 @@ impl Peers {
                     url: url.clone(),
                     queue: Mutex::new(VecDeque::new()),
                     ready: Notify::new(),
+                    resends: Mutex::new(Resends::default()),
                     is_self: std::sync::atomic::AtomicBool::new(false),
                 })
             })
@@ -414,6 +469,10 @@ impl Peers {
 impl Peer {
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Replicated>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn resends(&self) -> std::sync::MutexGuard<'_, Resends> {
+        self.resends.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -635,13 +694,20 @@ impl EurekaRegistry {
         let metrics = &self.shared.metrics;
         let mut failures = 0u32;
         loop {
+            self.queue_resends(peer);
             let batch: Vec<Replicated> = {
                 let mut queue = peer.queue();
                 let n = queue.len().min(BATCH);
                 queue.drain(..n).collect()
             };
             if batch.is_empty() {
-                peer.ready.notified().await;
+                let next_resend = peer.resends().next();
+                match next_resend {
+                    Some(at) => {
+                        let _ = tokio::time::timeout_at(at, peer.ready.notified()).await;
+                    }
+                    None => peer.ready.notified().await,
+                }
                 continue;
             }
             match self.send_batch(http, peer, &batch).await {
@@ -696,13 +762,9 @@ impl EurekaRegistry {
         for (write, reply) in batch.iter().zip(replies) {
             match (write.action, reply.status_code) {
                 (Action::Heartbeat, 404) => {
-                    let lease = self
-                        .lock()
-                        .lease(&write.app, &write.id)
-                        .map(Replicated::register);
-                    if let Some(register) = lease {
-                        self.enqueue(peer, register);
-                    }
+                    inc(&self.shared.metrics.eureka_peer_resends_total);
+                    let at = tokio::time::Instant::now() + self.shared.peers.config.resend_after;
+                    peer.resends().hold(at, &write.app, &write.id);
                 }
                 (Action::Heartbeat, 409) => {
                     if let Some(theirs) = reply.response_entity {
@@ -722,6 +784,18 @@ impl EurekaRegistry {
                     );
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// Queues the registrations due for `peer`, each as the registry holds it now (an
+    /// instance gone since is not sent).
+    fn queue_resends(&self, peer: &Peer) {
+        let due = peer.resends().take_due(tokio::time::Instant::now());
+        for (app, id) in due {
+            let lease = self.lock().lease(&app, &id).map(Replicated::register);
+            if let Some(register) = lease {
+                self.enqueue(peer, register);
             }
         }
     }

@@ -347,6 +347,50 @@ async fn a_heartbeat_the_peer_does_not_know_brings_it_the_registration() {
 }
 
 #[tokio::test]
+async fn the_registration_a_peers_404_asks_for_is_sent_as_this_node_holds_it_when_due() {
+    // A real Eureka server answers 404 to a replicated heartbeat right after its operator
+    // removed an override there (the status is UNKNOWN until a registration), and sends
+    // that removal here only after its batching delay. The registration it asked for must
+    // not carry the removed override back to it.
+    let b = Node::start(free_addr(), &[]).await;
+    let a = Node::start_with(free_addr(), &[b.addr()], |config| {
+        if let Some(peers) = &mut config.peers {
+            peers.resend_after = Duration::from_secs(5);
+        }
+    })
+    .await;
+    register(&a, "h1", 8080).await;
+    wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
+    let status = "/eureka/apps/HELLO/h1/status";
+    let drain = format!("{status}?value=OUT_OF_SERVICE");
+    let from_peer = ["x-netflix-discovery-replication: true"];
+    // B's operator drains h1, and B's replication brings the override here.
+    assert_eq!(http(b.addr(), "PUT", &drain, &[], "").await.0, 200);
+    assert_eq!(http(a.addr(), "PUT", &drain, &from_peer, "").await.0, 200);
+    // B stops holding h1 as A does (here: at all), so A's next heartbeat gets a 404.
+    let path = "/eureka/apps/HELLO/h1";
+    assert_eq!(http(b.addr(), "DELETE", path, &[], "").await.0, 200);
+    assert_eq!(http(a.addr(), "PUT", path, &[], "").await.0, 200);
+    wait_until(WAIT, "B answered A's heartbeat 404", || {
+        count(&a.metrics.eureka_peer_resends_total) == 1
+    })
+    .await;
+    // The removal of B's override arrives while the registration waits.
+    assert_eq!(
+        http(a.addr(), "DELETE", status, &from_peer, "").await.0,
+        200
+    );
+    assert_eq!(a.status_of("h1").as_deref(), Some("UP"));
+    wait_until(WAIT, "B holds h1 UP again", || {
+        b.status_of("h1").as_deref() == Some("UP")
+    })
+    .await;
+    let held = b.eureka().instance("HELLO", "h1").expect("h1 on B");
+    let overridden = held.overridden_status.as_deref();
+    assert!(matches!(overridden, None | Some("UNKNOWN")), "{held:?}");
+}
+
+#[tokio::test]
 async fn a_peer_holding_a_newer_document_answers_409_and_its_document_is_taken() {
     let b = Node::start(free_addr(), &[]).await;
     let a = Node::start(free_addr(), &[b.addr()]).await;
