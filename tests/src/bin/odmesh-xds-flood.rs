@@ -5,7 +5,10 @@
 //! (`flood-<16 hex digits>.vip`) in requests of `--batch` names, as fast as the stream takes
 //! them (or at `--rate` names per second), ACKs every response as Envoy does, and with
 //! `--endpoints` also subscribes the load assignment of every cluster it gets (as Envoy
-//! does). It counts what it gets.
+//! does). With `--load-assignments` it subscribes the names as load assignments
+//! (`ClusterLoadAssignment`) instead, with no cluster. With `--streams N` it does all of this
+//! on N streams at once, each on a connection of its own with names of its own, and reports
+//! their sums. With `--no-read` it never reads a response. It counts what it gets.
 //!
 //! Every `--progress-interval` it writes `odmesh-xds-flood progress {json}` on stderr; when
 //! stdin closes (unless `--ignore-stdin`), after `--duration`, with `--until-answered` once
@@ -66,6 +69,16 @@ struct Args {
     /// Also subscribe the load assignment of every cluster received, as Envoy does.
     #[arg(long)]
     endpoints: bool,
+    /// Subscribe the names as load assignments, with no cluster.
+    #[arg(long, conflicts_with = "endpoints")]
+    load_assignments: bool,
+    /// Never read a response (nor ACK one), as a client that leaves the server's answers
+    /// queued; end with `--duration` or stdin.
+    #[arg(long, conflicts_with = "until_answered")]
+    no_read: bool,
+    /// Streams, each on a connection of its own, each subscribing `--names` names.
+    #[arg(long, default_value_t = 1)]
+    streams: u64,
     /// Do not stop when stdin closes.
     #[arg(long)]
     ignore_stdin: bool,
@@ -129,13 +142,34 @@ fn seconds(d: Option<Duration>) -> Value {
 }
 
 impl Stats {
+    /// Adds another stream's counts to these.
+    fn add(&mut self, other: &Stats) {
+        self.names_sent += other.names_sent;
+        self.batches_sent += other.batches_sent;
+        self.responses += other.responses;
+        for i in 0..3 {
+            self.resources[i] += other.resources[i];
+            self.removed[i] += other.removed[i];
+        }
+        self.response_bytes += other.response_bytes;
+        self.acks_sent += other.acks_sent;
+        self.endpoint_subscriptions_sent += other.endpoint_subscriptions_sent;
+        self.all_sent = self.all_sent.max(other.all_sent);
+        self.first_response = match (self.first_response, other.first_response) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.all_answered = self.all_answered.max(other.all_answered);
+    }
+
     fn json(&self, args: &Args, elapsed: Duration, ended: Option<&str>) -> Value {
         json!({
             "ended": ended,
             "xds": args.xds,
             "node_id": args.node_id,
             "elapsed_seconds": elapsed.as_secs_f64(),
-            "names_requested": args.names,
+            "streams": args.streams,
+            "names_requested": args.names * args.streams,
             "names_sent": self.names_sent,
             "batches_sent": self.batches_sent,
             "all_sent_seconds": seconds(self.all_sent),
@@ -170,13 +204,14 @@ fn main() -> ExitCode {
         }
     };
     if args.batch == 0
+        || args.streams == 0
         || args.rate.is_nan()
         || args.rate < 0.0
         || args.progress_interval.is_nan()
         || args.progress_interval <= 0.0
     {
         eprintln!(
-            "odmesh-xds-flood: --batch must be above 0, --rate 0 or more, --progress-interval above 0"
+            "odmesh-xds-flood: --batch and --streams must be above 0, --rate 0 or more, --progress-interval above 0"
         );
         return ExitCode::from(2);
     }
@@ -191,10 +226,27 @@ fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
-    let mut stats = Stats::default();
-    let ended = runtime.block_on(flood(&args, started, &mut stats));
+    let (stats, ended) = runtime.block_on(flood_all(&args, started));
     println!("{}", stats.json(&args, started.elapsed(), Some(&ended)));
     ExitCode::SUCCESS
+}
+
+/// Runs `--streams` floods at once; their summed counts, and why the first one ended.
+async fn flood_all(args: &Args, started: Instant) -> (Stats, String) {
+    if args.streams == 1 {
+        let mut stats = Stats::default();
+        let ended = flood(args, started, &mut stats, 0).await;
+        return (stats, ended);
+    }
+    let mut each: Vec<Stats> = (0..args.streams).map(|_| Stats::default()).collect();
+    let runs =
+        (each.iter_mut().enumerate()).map(|(i, stats)| flood(args, started, stats, i as u64));
+    let ended = futures::future::join_all(runs).await;
+    let mut total = Stats::default();
+    for stats in &each {
+        total.add(stats);
+    }
+    (total, ended.into_iter().next().unwrap_or_default())
 }
 
 /// Closes `tx` when stdin reaches its end (a blocking thread: std's stdin).
@@ -207,8 +259,8 @@ fn watch_stdin(tx: oneshot::Sender<()>) {
     });
 }
 
-/// Runs the flood; returns why it ended.
-async fn flood(args: &Args, started: Instant, stats: &mut Stats) -> String {
+/// Runs the flood on stream `index`; returns why it ended.
+async fn flood(args: &Args, started: Instant, stats: &mut Stats, index: u64) -> String {
     let (stdin_tx, mut stdin_closed) = oneshot::channel();
     // With --ignore-stdin the sender stays here, unused, so the end of stdin never comes.
     let _never_sent = if args.ignore_stdin {
@@ -256,19 +308,29 @@ async fn flood(args: &Args, started: Instant, stats: &mut Stats) -> String {
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id())
-    });
+    }) ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let type_url = match args.load_assignments {
+        true => ENDPOINTS_TYPE_URL,
+        false => CLUSTER_TYPE_URL,
+    };
     let sender = tokio::spawn(send_batches(
         batch_tx,
         sent_tx,
         Node {
-            id: args.node_id.clone(),
+            id: match index {
+                0 => args.node_id.clone(),
+                i => format!("{}-{i}", args.node_id),
+            },
             cluster: "odmesh-xds-flood".into(),
             ..Default::default()
         },
-        seed,
-        args.names,
-        args.batch,
-        args.rate,
+        Batches {
+            seed,
+            type_url,
+            names: args.names,
+            batch: args.batch,
+            rate: args.rate,
+        },
     ));
 
     let mut inbound = tokio::select! {
@@ -288,7 +350,7 @@ async fn flood(args: &Args, started: Instant, stats: &mut Stats) -> String {
     let mut sending = true;
     let ended = loop {
         tokio::select! {
-            message = inbound.message() => match message {
+            message = inbound.message(), if !args.no_read => match message {
                 Ok(Some(response)) => {
                     on_response(args, started, stats, &ack_tx, response);
                     if args.until_answered && stats.all_answered.is_some() {
@@ -312,7 +374,7 @@ async fn flood(args: &Args, started: Instant, stats: &mut Stats) -> String {
                     }
                 }
             },
-            _ = progress.tick() => {
+            _ = progress.tick(), if index == 0 => {
                 eprintln!("odmesh-xds-flood progress {}", stats.json(args, started.elapsed(), None));
             }
             _ = &mut stdin_closed => break "stdin closed".to_owned(),
@@ -344,8 +406,9 @@ fn on_response(
     let kind = type_index(&response.type_url);
     stats.resources[kind] += response.resources.len() as u64;
     stats.removed[kind] += response.removed_resources.len() as u64;
-    // Each cluster name is answered by a cluster or by a removal (over the server's bounds).
-    if stats.all_answered.is_none() && stats.resources[0] + stats.removed[0] >= args.names {
+    // Each name is answered by a resource or by a removal (over the server's bounds).
+    let asked = usize::from(args.load_assignments);
+    if stats.all_answered.is_none() && stats.resources[asked] + stats.removed[asked] >= args.names {
         stats.all_answered = Some(at);
     }
     let mut out = vec![DeltaDiscoveryRequest {
@@ -382,17 +445,30 @@ fn on_response(
     }
 }
 
-/// Sends `names` random cluster names in requests of `batch`, paced at `rate` names per
-/// second (0: as fast as the stream takes them); the first request carries the node.
+/// What one stream subscribes: `names` random names of `type_url` (from `seed`) in requests
+/// of `batch`, paced at `rate` names per second (0: as fast as the stream takes them).
+struct Batches {
+    seed: u64,
+    type_url: &'static str,
+    names: u64,
+    batch: u64,
+    rate: f64,
+}
+
+/// Sends the requests of `batches`; the first carries the node.
 async fn send_batches(
     tx: mpsc::Sender<DeltaDiscoveryRequest>,
     sent: mpsc::UnboundedSender<Sent>,
     node: Node,
-    seed: u64,
-    names: u64,
-    batch: u64,
-    rate: f64,
+    batches: Batches,
 ) {
+    let Batches {
+        seed,
+        type_url,
+        names,
+        batch,
+        rate,
+    } = batches;
     let mut rng = Rng(seed);
     let mut node = Some(node);
     let start = tokio::time::Instant::now();
@@ -404,7 +480,7 @@ async fn send_batches(
         let n = batch.min(names - done);
         let request = DeltaDiscoveryRequest {
             node: node.take(),
-            type_url: CLUSTER_TYPE_URL.into(),
+            type_url: type_url.into(),
             resource_names_subscribe: (0..n)
                 .map(|_| format!("flood-{:016x}.vip", rng.next()))
                 .collect(),

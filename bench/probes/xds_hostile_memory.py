@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The control plane's memory under hostile delta-ADS streams (issue 28's done criterion).
+
+    bench/probes/xds_hostile_memory.py [--control target/release/odmesh-control]
+        [--streams 150] [--names 10000] [--load-assignments | --clusters]
+
+Starts `odmesh-control` on a registry file of 100 VIPs, then `odmesh-xds-flood` with STREAMS
+streams (one connection each), each subscribing NAMES random names, as load assignments
+(default) or as clusters, until every name is answered. It then reads the control plane's
+RSS and high-water mark from /proc, and its subscription gauges from /metrics, and prints
+one JSON object. A one-off probe: nothing here is asserted. Needs
+target/release/{odmesh-control,odmesh-bench,odmesh-xds-flood}.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import run  # noqa: E402
+
+FLOOD = run.ROOT / "target/release/odmesh-xds-flood"
+GAUGES = ("odmesh_xds_subscriptions", "odmesh_xds_cluster_subscriptions", "odmesh_xds_streams",
+          "odmesh_xds_names_refused_total", "odmesh_xds_names_waiting_total")
+
+
+def rss_and_peak(pid):
+    """(VmRSS, VmHWM) of `pid`, in bytes."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def gauges(admin):
+    text = run.http_get(f"http://127.0.0.1:{admin}/metrics") or ""
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in GAUGES:
+            out[name] = float(value)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--control", type=Path, default=run.ROOT / "target/release/odmesh-control")
+    ap.add_argument("--streams", type=int, default=150)
+    ap.add_argument("--names", type=int, default=10000)
+    ap.add_argument("--batch", type=int, default=10000)
+    ap.add_argument("--no-read", action="store_true",
+                    help="the streams never read an answer; held for --hold seconds")
+    ap.add_argument("--hold", type=float, default=30)
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--load-assignments", action="store_true", default=True)
+    kind.add_argument("--clusters", action="store_true")
+    args = ap.parse_args()
+    run.CONTROL = args.control.resolve()
+    workdir = Path(tempfile.mkdtemp(prefix="odmesh-hostile-"))
+    registry = workdir / "registry.yaml"
+    run.bench_json("gen-registry", "--vips", 100, "--instances", 3, "--out", registry)
+    procs = run.Procs(workdir)
+    try:
+        cp = run.start_control(procs, registry)
+        before = rss_and_peak(cp.pid)
+        flood = [FLOOD, "--xds", f"127.0.0.1:{cp.xds}", "--streams", str(args.streams),
+                 "--names", str(args.names), "--batch", str(args.batch),
+                 "--ignore-stdin", "--seed", "1"]
+        flood += (["--no-read", "--duration", str(args.hold)] if args.no_read
+                  else ["--until-answered", "--duration", "600"])
+        if not args.clusters:
+            flood.append("--load-assignments")
+        started = time.monotonic()
+        # The streams stay open while the control plane is read: the flood runs until every
+        # name is answered, then the figures are taken before it exits.
+        p = subprocess.Popen(flood, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        out, _ = p.communicate(timeout=900)
+        report = json.loads(out.strip().splitlines()[-1])
+        after = rss_and_peak(cp.pid)
+        result = {
+            "control": str(run.CONTROL),
+            "control_sha256": run.sha256(run.CONTROL),
+            "streams": args.streams,
+            "names_per_stream": args.names,
+            "batch": args.batch,
+            "no_read": args.no_read,
+            "type": "clusters" if args.clusters else "load assignments",
+            "flood_seconds": round(time.monotonic() - started, 1),
+            "flood": {k: report[k] for k in ("ended", "names_sent", "resources", "removed", "all_answered_seconds")},
+            "rss_before_mib": round(before[0] / 2**20, 1),
+            "rss_after_streams_closed_mib": round(after[0] / 2**20, 1),
+            "rss_peak_mib": round(after[1] / 2**20, 1),
+            "gauges_after": gauges(cp.admin),
+        }
+        print(json.dumps(result, indent=1))
+    finally:
+        procs.stop_all()
+
+
+if __name__ == "__main__":
+    main()
