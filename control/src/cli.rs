@@ -374,9 +374,10 @@ pub(crate) struct XdsArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000_000)]
     pub(crate) xds_max_subscriptions: usize,
 
-    /// Names not registered when asked for that one stream is served as clusters (each is
-    /// a cluster in that Envoy's memory); more are answered with a removal until they are
-    /// registered. A flood of random Hosts through one Envoy stops here.
+    /// Names not registered when asked for that one stream is served, per type: as clusters
+    /// (each is a cluster in that Envoy's memory), and as load assignments not of a cluster
+    /// the stream holds. More are answered with a removal, and neither counted nor watched,
+    /// until they are registered. A flood of random Hosts through one Envoy stops here.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub(crate) xds_max_unregistered: usize,
 }

@@ -873,13 +873,20 @@ struct Bounds {
     /// Cluster names waiting for room: tracked but not counted; the proxy holds nothing for
     /// them.
     waiting: BTreeSet<String>,
+    /// Load-assignment names admitted while unregistered and not of a cluster the stream
+    /// counts (they count against `max_unregistered`), not sent registered since.
+    unregistered_endpoints: BTreeSet<String>,
+    /// Load-assignment names refused as unregistered: tracked, neither counted nor watched.
+    refused_endpoints: BTreeSet<String>,
     /// Cluster names admitted after they waited for room, and not unsubscribed since.
     waited: BTreeSet<String>,
 }
 
 impl Bounds {
     /// Follows a request the session handled, in which `expected.admitted` are new; returns
-    /// how many names should have been refused.
+    /// how many names should have been refused. `clusters`: the cluster names the stream
+    /// tracks.
+    #[allow(clippy::too_many_arguments)]
     fn accepted(
         &mut self,
         req: &DeltaDiscoveryRequest,
@@ -887,6 +894,7 @@ impl Bounds {
         expected: &Expected,
         max_unregistered: usize,
         snapshot: &Snapshot,
+        clusters: &BTreeSet<String>,
         seen: &mut Seen,
     ) -> usize {
         for name in &req.resource_names_subscribe {
@@ -900,6 +908,10 @@ impl Bounds {
         }
         for name in &req.resource_names_unsubscribe {
             self.over_max_names.remove(&(ty, name.clone()));
+            if ty == ResourceType::Endpoints {
+                self.unregistered_endpoints.remove(name);
+                self.refused_endpoints.remove(name);
+            }
             if ty == ResourceType::Cluster {
                 self.unregistered.remove(name);
                 self.refused.remove(name);
@@ -913,6 +925,18 @@ impl Bounds {
         }
         let mut refused = expected.over_max_names.len();
         if ty == ResourceType::Endpoints {
+            for name in &expected.admitted {
+                let kept = req.initial_resource_versions.contains_key(name);
+                let covered = self.counts_cluster(clusters, name);
+                refused += usize::from(self.admit_endpoints(
+                    name,
+                    kept,
+                    covered,
+                    max_unregistered,
+                    snapshot,
+                    seen,
+                ));
+            }
             return refused;
         }
         for name in &expected.admitted {
@@ -978,8 +1002,54 @@ impl Bounds {
         }
     }
 
-    /// Follows a response: a cluster sent registered counts against no bound from then on.
-    fn sent(&mut self, response: &DeltaDiscoveryResponse) {
+    /// Whether the stream counts cluster `name`, of those it tracks (`clusters`): neither
+    /// waiting for room nor refused.
+    fn counts_cluster(&self, clusters: &BTreeSet<String>, name: &str) -> bool {
+        clusters.contains(name) && !self.waiting.contains(name) && !self.refused.contains(name)
+    }
+
+    /// Follows a load-assignment name newly subscribed on the stream: over
+    /// `max_unregistered`, an unregistered name neither `kept` nor of a cluster the stream
+    /// counts (`covered`) is refused. Returns whether it is.
+    fn admit_endpoints(
+        &mut self,
+        name: &str,
+        kept: bool,
+        covered: bool,
+        max_unregistered: usize,
+        snapshot: &Snapshot,
+        seen: &mut Seen,
+    ) -> bool {
+        let unregistered = parse_cluster_name(name).is_ok()
+            && matches!(Lookup::in_snapshot(snapshot, name), Lookup::Unregistered);
+        if !unregistered || covered {
+            return false;
+        }
+        if kept || self.unregistered_endpoints.len() < max_unregistered {
+            self.unregistered_endpoints.insert(name.to_owned());
+            false
+        } else {
+            seen.refused_unregistered += 1;
+            self.refused_endpoints.insert(name.to_owned());
+            true
+        }
+    }
+
+    /// Follows a response: a name sent registered counts against no bound from then on (a
+    /// refused load assignment is sent only once registered).
+    fn sent(&mut self, response: &DeltaDiscoveryResponse, snapshot: &Snapshot) {
+        if response.type_url == xds::ENDPOINTS_TYPE_URL {
+            for r in &response.resources {
+                if matches!(
+                    Lookup::in_snapshot(snapshot, &r.name),
+                    Lookup::Registered(_)
+                ) {
+                    self.unregistered_endpoints.remove(&r.name);
+                    self.refused_endpoints.remove(&r.name);
+                }
+            }
+            return;
+        }
         if response.type_url != xds::CLUSTER_TYPE_URL {
             return;
         }
@@ -1035,9 +1105,10 @@ impl Stream {
 
     /// The server sends `responses`.
     fn respond(&mut self, cp: &ControlPlane, responses: [Option<DeltaDiscoveryResponse>; 2]) {
-        let while_loading = !cp.cache.snapshot().is_complete();
+        let snapshot = cp.cache.snapshot();
+        let while_loading = !snapshot.is_complete();
         for response in responses.into_iter().flatten() {
-            self.bounds.sent(&response);
+            self.bounds.sent(&response, &snapshot);
             self.to_proxy.push_back(ToProxy {
                 response,
                 while_loading,
@@ -1202,12 +1273,12 @@ impl World {
     }
 
     /// Cluster names counted over all open sessions, by the rules: those waiting for room
-    /// left out.
+    /// and those refused left out.
     fn cluster_subscriptions(&self) -> usize {
         (self.streams.iter())
             .map(|s| {
                 let tracked = s.session.status().clusters.len();
-                tracked.saturating_sub(s.bounds.waiting.len())
+                tracked.saturating_sub(s.bounds.waiting.len() + s.bounds.refused.len())
             })
             .sum()
     }
@@ -1246,6 +1317,7 @@ impl World {
             .ok_or_else(|| format!("proxy {p} asked for type {:?}", req.type_url))?;
         let before = tracked(&stream.session, ty);
         let endpoints_before = tracked(&stream.session, ResourceType::Endpoints);
+        let clusters_before = tracked(&stream.session, ResourceType::Cluster);
         let refused_before = stream.session.status().refused;
         let room = match ty {
             ResourceType::Cluster => cp.max_subscriptions.saturating_sub(in_use),
@@ -1286,6 +1358,7 @@ impl World {
             &expected,
             limits.stream.max_unregistered,
             &self.snapshot,
+            &clusters_before,
             seen,
         );
         let counted = stream.session.status().refused - refused_before;
@@ -1511,15 +1584,18 @@ impl World {
     fn check_counts(&self) -> Result<(), String> {
         let clusters = self.cluster_subscriptions();
         let endpoints: usize = (self.streams.iter())
-            .map(|s| s.session.status().endpoints.len())
+            .map(|s| s.session.status().endpoints.len() - s.bounds.refused_endpoints.len())
             .sum();
         let all = clusters + endpoints;
         let names: BTreeSet<String> = (self.streams.iter())
             .flat_map(|s| {
                 let status = s.session.status();
-                let counted =
-                    (status.clusters.into_iter()).filter(|name| !s.bounds.waiting.contains(name));
-                counted.chain(status.endpoints).collect::<Vec<_>>()
+                let b = &s.bounds;
+                let clusters = (status.clusters.into_iter())
+                    .filter(|name| !b.waiting.contains(name) && !b.refused.contains(name));
+                let endpoints = (status.endpoints.into_iter())
+                    .filter(|name| !b.refused_endpoints.contains(name));
+                clusters.chain(endpoints).collect::<Vec<_>>()
             })
             .collect();
         let metrics = &self.cp.metrics;
@@ -1532,7 +1608,7 @@ impl World {
             return Err(format!(
                 "the control plane counts {} cluster subscriptions, {} subscriptions and \
                  {} names watched; its streams hold {clusters}, {all} and {} (names waiting \
-                 for room left out)",
+                 for room and refused names left out)",
                 counted.0,
                 counted.1,
                 counted.2,

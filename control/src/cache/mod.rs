@@ -177,6 +177,9 @@ struct State {
     generation: u64,
     entries: HashMap<ResourceName, Entry>,
     streams: HashMap<StreamId, Watcher>,
+    /// The streams holding names they refused as unregistered, which they do not watch
+    /// ([`Cache::set_refusing`]): told of every name newly registered.
+    refusing: HashSet<StreamId>,
 }
 
 impl State {
@@ -255,21 +258,17 @@ impl State {
         }
     }
 
-    /// Whether `name`, as proxies of `caller` get it, is known to be unregistered: an odmesh
-    /// cluster name that the registry, complete, does not list.
-    fn is_unregistered(&self, caller: &Arc<str>, name: &ResourceName) -> bool {
-        let variant = self.variant(name, caller);
-        self.snapshot.is_complete()
-            && (self.entries.get(name))
-                .and_then(|e| e.built.get(&variant))
-                .and_then(Option::as_ref)
-                .is_some_and(|b| !b.cluster.registered)
-    }
-
     /// Hands each stream watching some of `names` those of them it watches, and wakes it;
     /// with `all`, wakes every stream for a full diff instead. Returns what to deliver,
     /// outside the lock.
-    fn mail(&self, names: &[String], all: bool) -> Vec<(Arc<Inbox>, Vec<String>)> {
+    /// Streams that refuse names (see [`State::refusing`]) get `registered` besides, the
+    /// names newly registered.
+    fn mail(
+        &self,
+        names: &[String],
+        registered: &[String],
+        all: bool,
+    ) -> Vec<(Arc<Inbox>, Vec<String>)> {
         if all {
             return (self.streams.values())
                 .map(|w| (w.inbox.clone(), Vec::new()))
@@ -281,6 +280,14 @@ impl State {
                 for stream in entry.streams.keys() {
                     per_stream.entry(*stream).or_default().push(name.clone());
                 }
+            }
+        }
+        if !registered.is_empty() {
+            for stream in &self.refusing {
+                per_stream
+                    .entry(*stream)
+                    .or_default()
+                    .extend(registered.iter().cloned());
             }
         }
         (per_stream.into_iter())
@@ -414,6 +421,7 @@ impl Cache {
                 generation: 0,
                 entries: HashMap::new(),
                 streams: HashMap::new(),
+                refusing: HashSet::new(),
             }),
         }
     }
@@ -460,7 +468,12 @@ impl Cache {
 
     /// Forgets stream `id`: every name it watches, as if unwatched, and its inbox.
     pub fn close_stream(&self, id: StreamId) {
-        let Some(watcher) = self.lock().streams.remove(&id) else {
+        let watcher = {
+            let mut state = self.lock();
+            state.refusing.remove(&id);
+            state.streams.remove(&id)
+        };
+        let Some(watcher) = watcher else {
             return;
         };
         let Some(caller) = watcher.caller else {
@@ -496,7 +509,16 @@ impl Cache {
             old = std::mem::replace(&mut state.snapshot, snapshot);
             // Only the clusters that changed, not every subscribed name: a registry of
             // 100,000 VIPs changes a few at a time.
-            let changed: Vec<String> = (state.snapshot.changed_names(&old).into_iter())
+            let changed_names = state.snapshot.changed_names(&old);
+            // Names registered now and not before, for the streams that refused them.
+            let registered: Vec<String> = match state.refusing.is_empty() {
+                true => Vec::new(),
+                false => (changed_names.iter())
+                    .filter(|name| state.snapshot.get(name).is_some() && old.get(name).is_none())
+                    .map(|name| (*name).to_owned())
+                    .collect(),
+            };
+            let changed: Vec<String> = (changed_names.into_iter())
                 .filter(|name| state.entries.contains_key(*name))
                 .map(str::to_owned)
                 .collect();
@@ -517,7 +539,7 @@ impl Cache {
                 rebuilt.push(name);
             }
             state.generation += 1;
-            let mail = state.mail(&rebuilt, finishing);
+            let mail = state.mail(&rebuilt, &registered, finishing);
             (state.generation, mail, state.streams.len(), finishing)
         };
         let woken = deliver(mail, finishing);
@@ -563,7 +585,7 @@ impl Cache {
             state.generation += 1;
             // Every rebuilt name, not only those whose cluster changed: a caller's variant may
             // have changed while the shared one did not.
-            (state.generation, state.mail(&names, false))
+            (state.generation, state.mail(&names, &[], false))
         };
         deliver(mail, false);
         changed.sort();
@@ -598,18 +620,34 @@ impl Cache {
         }
     }
 
+    /// Those of `names` known to be unregistered: odmesh cluster names that the registry,
+    /// complete, does not list (while it is still loading, a name it does not list yet is not
+    /// known to be unregistered).
+    pub fn unregistered<'a>(&self, names: &'a [ResourceName]) -> Vec<&'a ResourceName> {
+        let snapshot = self.snapshot();
+        if !snapshot.is_complete() {
+            return Vec::new();
+        }
+        (names.iter())
+            .filter(|name| name.is_cluster() && snapshot.get(name.as_str()).is_none())
+            .collect()
+    }
+
+    /// Notes whether stream `stream` holds names it refused as unregistered, which it does
+    /// not watch: while it does, every snapshot that registers a name new to the registry
+    /// puts that name in its inbox, so that it sends the name once registered.
+    pub fn set_refusing(&self, stream: StreamId, refusing: bool) {
+        let mut state = self.lock();
+        match refusing {
+            true => state.refusing.insert(stream),
+            false => state.refusing.remove(&stream),
+        };
+    }
+
     /// Counts a subscription by stream `stream`, of a proxy of `caller`, to each of `names`
-    /// (one type), building resources for names nobody had subscribed to. Returns those of
-    /// `names` known to be unregistered: odmesh cluster names that the registry, complete,
-    /// does not list (while it is still loading, a name it does not list yet is not known to
-    /// be unregistered). A stream's caller is the one of its first watch.
-    pub fn watch<'a>(
-        &self,
-        stream: StreamId,
-        caller: &str,
-        names: &'a [ResourceName],
-    ) -> Vec<&'a ResourceName> {
-        let mut unregistered = Vec::new();
+    /// (one type), building resources for names nobody had subscribed to. A stream's caller
+    /// is the one of its first watch.
+    pub fn watch(&self, stream: StreamId, caller: &str, names: &[ResourceName]) {
         // A slice at a time, building outside the lock: whatever one stream subscribes, the
         // others wait at most one slice's counting behind it (docs/benchmarks.md, section 9).
         let sliced = names.len() > SLICE;
@@ -622,11 +660,8 @@ impl Cache {
             if sliced {
                 pause_between_slices();
             }
-            let mut state = self.lock();
-            state.keep(generation, &caller, built, &self.options);
-            unregistered.extend((slice.iter()).filter(|name| state.is_unregistered(&caller, name)));
+            self.lock().keep(generation, &caller, built, &self.options);
         }
-        unregistered
     }
 
     /// Drops a subscription by stream `stream` to each of `names`; forgets resources nobody

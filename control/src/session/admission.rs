@@ -49,19 +49,22 @@ impl Admission {
 impl Context<'_> {
     /// Counts `names` of type `ty`, newly subscribed by stream `stream` of a proxy of
     /// `caller`: watched in the cache (which builds what nobody had), in the gauges and, for
-    /// clusters, under the bound. Returns those the cache knows to be unregistered.
-    pub(super) fn count_in<'n>(
+    /// clusters, under the bound.
+    pub(super) fn count_in(
         &self,
         stream: StreamId,
         caller: &str,
         ty: ResourceType,
-        names: &'n [ResourceName],
-    ) -> Vec<&'n ResourceName> {
+        names: &[ResourceName],
+    ) {
+        if names.is_empty() {
+            return;
+        }
         self.count(ty, names.len(), AtomicU64::fetch_add);
         if ty == ResourceType::Cluster {
             self.admission.take(names.len());
         }
-        self.cache.watch(stream, caller, names)
+        self.cache.watch(stream, caller, names);
     }
 
     /// Gives back `names` of type `ty` that stream `stream` no longer subscribes.

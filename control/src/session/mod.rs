@@ -178,6 +178,9 @@ pub struct Session {
     nacks: u64,
     last_nack: Option<NackStatus>,
     refused: u64,
+    /// Whether the cache knows this stream holds refused names (see
+    /// [`Session::note_refusing`]).
+    refusing: bool,
     /// Whether a request of each type has arrived ([`ResourceType::index`]): the first of a
     /// type alone may list kept versions, and the first `Cluster` one, if empty, is a
     /// wildcard.
@@ -220,6 +223,7 @@ impl Session {
             nacks: 0,
             last_nack: None,
             refused: 0,
+            refusing: false,
             seen: [false; 2],
             wildcard: false,
             wildcard_answer_due: false,
@@ -472,6 +476,8 @@ impl Session {
         }
         self.count_out(cx, ty, &change.removed);
         let refused = change.over_limit + self.subscribe_counted(cx, ty, &change.added);
+        // Refused names unsubscribed may leave none.
+        self.note_refusing(cx);
         self.log_change(cx, ty, &change, refused, &subscribe, initial.len());
         // Names the client says it has (on reconnect) are not new to it: their load
         // assignments need no head start.
@@ -484,23 +490,50 @@ impl Session {
         Some(fresh)
     }
 
-    /// Counts `names` of `ty`, newly subscribed ([`Context::count_in`]), and admits those not
-    /// registered within the stream's bound. Returns how many were refused.
+    /// Admits those of `names` of `ty`, newly subscribed, that are not registered within the
+    /// stream's bound, and counts the others and those admitted ([`Context::count_in`]).
+    /// Returns how many were refused: those are neither counted nor watched.
+    ///
+    /// Every unregistered cluster name is a cluster in Envoy for the stream's life, and every
+    /// name a client subscribes costs the control plane: a client sending random `Host`s, or
+    /// random load-assignment names, must not grow either without bound. The load assignment
+    /// of a cluster the stream counts is that cluster's, and needs no room of its own.
     fn subscribe_counted(
         &mut self,
         cx: &Context<'_>,
         ty: ResourceType,
         names: &[ResourceName],
     ) -> usize {
-        let unregistered = cx.count_in(self.id, &self.node_cluster, ty, names);
-        if ty != ResourceType::Cluster {
+        let unregistered = cx.cache.unregistered(names);
+        let mut refused = std::collections::HashSet::new();
+        for name in unregistered {
+            let name = name.as_str();
+            let covered = ty == ResourceType::Endpoints && self.clusters.counts(name);
+            if !covered && !self.subs(ty).admit_unregistered(name) {
+                refused.insert(name);
+            }
+        }
+        if refused.is_empty() {
+            cx.count_in(self.id, &self.node_cluster, ty, names);
             return 0;
         }
-        // Every unregistered name is a cluster in Envoy for the stream's life: a client
-        // sending random `Host`s must not grow that without bound.
-        (unregistered.into_iter())
-            .filter(|name| !self.clusters.admit_unregistered(name.as_str()))
-            .count()
+        let counted: Vec<ResourceName> = (names.iter())
+            .filter(|name| !refused.contains(name.as_str()))
+            .cloned()
+            .collect();
+        cx.count_in(self.id, &self.node_cluster, ty, &counted);
+        self.note_refusing(cx);
+        refused.len()
+    }
+
+    /// Tells the cache whether this stream holds refused names, which it does not watch (see
+    /// [`Cache::set_refusing`](crate::cache::Cache::set_refusing)), when that changes.
+    fn note_refusing(&mut self, cx: &Context<'_>) {
+        let refusing = self.clusters.has_refused() || self.endpoints.has_refused();
+        if refusing != self.refusing {
+            self.refusing = refusing;
+            cx.cache.set_refusing(self.id, refusing);
+        }
     }
 
     /// Gives back `names` of `ty`, no longer subscribed ([`Context::count_out`]). A cluster
@@ -637,12 +670,26 @@ impl Session {
             ty == ResourceType::Cluster && std::mem::take(&mut self.wildcard_answer_due);
         let subs = self.subs(ty);
         let loading = !cache.is_complete();
-        let delta = match diff {
-            _ if subs.is_idle() => Delta::default(),
-            Diff::All => subscriptions::diff(subs, loading, cache.current(&caller, ty)),
-            Diff::Pending => diff_pending(subs, loading, cache.current(&caller, ty)),
+        let delta = {
+            // A refused name (not watched) is looked at only once registered.
+            let registered = cache.registered();
+            let mut lookup = cache.current(&caller, ty);
+            let subs: &Subscriptions = subs;
+            let current = |name: &ResourceName| match subs.is_refused(name.as_str()) {
+                true if !registered(name.as_str()) => None,
+                _ => lookup(name),
+            };
+            match diff {
+                _ if subs.is_idle() => Delta::default(),
+                Diff::All => subscriptions::diff(subs, loading, current),
+                Diff::Pending => diff_pending(subs, loading, current),
+            }
         };
-        subs.record(&delta);
+        let counted = subs.record(&delta);
+        if !counted.is_empty() {
+            cx.count_in(self.id, &caller, ty, &counted);
+            self.note_refusing(cx);
+        }
         if delta.is_empty() && !answer_due {
             return None;
         }

@@ -39,8 +39,10 @@ pub const WILDCARD: &str = "*";
 pub struct SubscriptionLimits {
     /// Names one stream may subscribe to, for one type.
     pub max_names: usize,
-    /// Names not registered when first asked for that one stream is served as clusters
-    /// (without endpoints). Each is a cluster in Envoy's memory, kept for the stream's life.
+    /// Names not registered when first asked for that one stream is served, per type: as
+    /// clusters (without endpoints), each a cluster in Envoy's memory kept for the stream's
+    /// life; as load assignments, those not of a cluster the stream counts. Beyond, a name is
+    /// refused: answered with a removal, and neither counted nor watched until registered.
     pub max_unregistered: usize,
 }
 
@@ -62,6 +64,8 @@ pub struct Subscriptions {
     limits: SubscriptionLimits,
     /// How many entries are [`Standing::Unregistered`] (at most `limits.max_unregistered`).
     unregistered: usize,
+    /// How many entries are [`Standing::Refused`].
+    refused: usize,
     /// The entries that are [`Standing::Waiting`], in name order: the first admitted when
     /// room frees up.
     waiting: BTreeSet<ResourceName>,
@@ -93,8 +97,11 @@ enum Standing {
     /// [`SubscriptionLimits::max_unregistered`] such names of the stream, until it is
     /// registered.
     Unregistered,
-    /// Counted and watched, but over [`SubscriptionLimits::max_unregistered`]: answered with a
-    /// removal until it is registered.
+    /// Over [`SubscriptionLimits::max_unregistered`]: answered with a removal until it is
+    /// registered. Neither watched in the cache nor counted (a client sending random names
+    /// costs only its own entries here): the cache tells the stream of names newly
+    /// registered ([`Cache::set_refusing`](crate::cache::Cache::set_refusing)), and one sent
+    /// registered is counted from then on ([`Subscriptions::record`]).
     Refused,
     /// Beyond the room other streams left under a shared bound
     /// ([`Subscriptions::update_within`]): answered with a removal, and sent once there is room
@@ -102,6 +109,13 @@ enum Standing {
     /// a resource pushed for it later. Neither watched in the cache nor counted under the
     /// shared bound meanwhile.
     Waiting,
+}
+
+impl Standing {
+    /// Whether a name of this standing is counted and watched in the cache.
+    fn counts(self) -> bool {
+        matches!(self, Standing::Counted | Standing::Unregistered)
+    }
 }
 
 impl Subscription {
@@ -178,10 +192,9 @@ impl Subscriptions {
         // Rule: names in `resource_names_unsubscribe` leave the tracked set; the server sends
         // nothing for them, not even a removal.
         for name in unsubscribe {
-            // A name waiting for room was never counted nor watched: nothing to give back.
-            if let Some((name, Standing::Counted | Standing::Unregistered | Standing::Refused)) =
-                self.remove(name)
-            {
+            // A name waiting for room or refused was never counted nor watched: nothing to
+            // give back.
+            if let Some((name, Standing::Counted | Standing::Unregistered)) = self.remove(name) {
                 change.removed.push(name);
             }
         }
@@ -258,10 +271,11 @@ impl Subscriptions {
         self.pending.remove(&name);
         match sub.standing {
             Standing::Unregistered => self.unregistered -= 1,
+            Standing::Refused => self.refused -= 1,
             Standing::Waiting => {
                 self.waiting.remove(&name);
             }
-            Standing::Counted | Standing::Refused => {}
+            Standing::Counted => {}
         }
         Some((name, sub.standing))
     }
@@ -274,17 +288,19 @@ impl Subscriptions {
         let was = std::mem::replace(&mut sub.standing, standing);
         match was {
             Standing::Unregistered => self.unregistered -= 1,
+            Standing::Refused => self.refused -= 1,
             Standing::Waiting => {
                 self.waiting.remove(name);
             }
-            Standing::Counted | Standing::Refused => {}
+            Standing::Counted => {}
         }
         match standing {
             Standing::Unregistered => self.unregistered += 1,
+            Standing::Refused => self.refused += 1,
             Standing::Waiting => {
                 self.waiting.insert(name.clone());
             }
-            Standing::Counted | Standing::Refused => {}
+            Standing::Counted => {}
         }
     }
 
@@ -314,22 +330,33 @@ impl Subscriptions {
     }
 
     /// The subscribed names that count (and are watched in the cache): every name but those
-    /// waiting for room.
+    /// waiting for room and those refused.
     pub fn counted_names(&self) -> impl Iterator<Item = &str> {
         (self.names.iter())
-            .filter(|(_, sub)| sub.standing != Standing::Waiting)
+            .filter(|(_, sub)| sub.standing.counts())
             .map(|(name, _)| name.as_str())
     }
 
     /// How many subscribed names count (see [`Subscriptions::counted_names`]).
     pub fn counted_len(&self) -> usize {
-        self.names.len() - self.waiting.len()
+        self.names.len() - self.waiting.len() - self.refused
+    }
+
+    /// Whether `name` is subscribed and counts (see [`Subscriptions::counted_names`]).
+    pub fn counts(&self, name: &str) -> bool {
+        (self.names.get(name)).is_some_and(|sub| sub.standing.counts())
+    }
+
+    /// Whether some names are refused (see [`Subscriptions::admit_unregistered`]).
+    pub fn has_refused(&self) -> bool {
+        self.refused > 0
     }
 
     /// Admits `name`, subscribed and not registered, within
     /// [`SubscriptionLimits::max_unregistered`]; over it, the name is refused: answered with
-    /// a removal until it is registered. Returns whether it was admitted. Names the client
-    /// kept from an earlier stream are always admitted (it holds them already), and count.
+    /// a removal until it is registered, and neither counted nor watched meanwhile. Returns
+    /// whether it was admitted. Names the client kept from an earlier stream are always
+    /// admitted (it holds them already), and count.
     pub fn admit_unregistered(&mut self, name: &str) -> bool {
         let Some(sub) = self.names.get(name) else {
             return true;
@@ -427,19 +454,26 @@ impl Subscriptions {
     /// (or that it was empty): the client now has those versions, or knows of the removals,
     /// and nothing is pending. A NACK does not undo this, on purpose: the client keeps its
     /// previous version, and the server sends the resource again only when it changes, never
-    /// in a loop.
-    pub fn record(&mut self, delta: &Delta) {
+    /// in a loop. Returns the names that were refused and were sent, registered: they count
+    /// from now on, and the caller counts them (watches them in the cache).
+    #[must_use]
+    pub fn record(&mut self, delta: &Delta) -> Vec<ResourceName> {
         self.pending.clear();
+        let mut counted = Vec::new();
         for r in &delta.send {
             let Some(sub) = self.names.get_mut(r.name.as_str()) else {
                 continue;
             };
             sub.known = Known::Version(r.version.clone());
             // A registered cluster is an ordinary subscription from now on, whatever it
-            // becomes: it counts against no bound.
-            if r.registered && matches!(sub.standing, Standing::Unregistered | Standing::Refused) {
+            // becomes: it counts against no bound of the stream's.
+            let was = sub.standing;
+            if r.registered && matches!(was, Standing::Unregistered | Standing::Refused) {
                 let name = self.key(&r.name);
                 self.set_standing(&name, Standing::Counted);
+                if was == Standing::Refused {
+                    counted.push(name);
+                }
             }
         }
         for name in &delta.remove {
@@ -448,6 +482,7 @@ impl Subscriptions {
             }
         }
         self.overflow.clear();
+        counted
     }
 
     /// The subscribed names, sorted.

@@ -142,6 +142,133 @@ fn names_beyond_the_shared_room_wait_and_are_pushed_once_there_is_room() {
     );
 }
 
+/// The names in a response's `removed_resources`.
+fn removed(response: &Option<DeltaDiscoveryResponse>) -> Vec<&str> {
+    (response.iter())
+        .flat_map(|r| &r.removed_resources)
+        .map(String::as_str)
+        .collect()
+}
+
+/// An ADS session with at most `max_unregistered` unregistered names per type.
+fn ads_stream_within(max_unregistered: usize) -> Ads {
+    Ads {
+        session: Session::new(
+            1,
+            Service::Ads,
+            SubscriptionLimits {
+                max_names: 100,
+                max_unregistered,
+            },
+        ),
+        ..ads_stream()
+    }
+}
+
+#[test]
+fn load_assignments_of_no_counted_cluster_are_bounded_and_refused_ones_cost_no_cache_entry() {
+    // A client subscribing random load-assignment names, with no cluster: each would be a
+    // resource built and kept for the stream's life.
+    let mut stream = ads_stream_within(2);
+    let inbox = stream.cache.open_stream(1);
+    let names = ["x1.vip", "x2.vip", "x3.vip", "x4.vip", "x5.vip"];
+    let [endpoints, _] = stream.on_request(request(ENDPOINTS_TYPE_URL, &names, &[]));
+    assert_eq!(sent(&endpoints), ["x1.vip", "x2.vip"]);
+    assert_eq!(removed(&endpoints), ["x3.vip", "x4.vip", "x5.vip"]);
+    assert_eq!(
+        stream
+            .metrics
+            .xds_names_refused_total
+            .load(Ordering::Relaxed),
+        3
+    );
+    assert_eq!(stream.metrics.xds_subscriptions.load(Ordering::Relaxed), 2);
+    assert_eq!(stream.cache.watched(), 2, "refused names are not watched");
+    assert_eq!(
+        stream.session.status().endpoints.len(),
+        5,
+        "all are subscribed"
+    );
+
+    // The load assignment of a cluster the stream counts needs no room of its own, even
+    // unregistered: the cluster's room is its.
+    let [cluster, endpoints] = stream.on_request(request(CLUSTER_TYPE_URL, &["y.vip"], &[]));
+    assert_eq!(
+        (sent(&cluster), sent(&endpoints)),
+        (vec!["y.vip"], vec!["y.vip"])
+    );
+    let [again, _] = stream.on_request(request(ENDPOINTS_TYPE_URL, &["y.vip"], &[]));
+    assert!(again.is_none(), "sent behind its cluster already");
+    assert_eq!(
+        stream
+            .metrics
+            .xds_names_refused_total
+            .load(Ordering::Relaxed),
+        3
+    );
+
+    // x5 is registered: the stream, which watches no x5, is told, and sends it.
+    let registry = Registry::from_iter([
+        testdata::instance("hello", "hello-1", "10.0.0.1"),
+        testdata::instance("x5", "x5-1", "10.0.0.5"),
+    ]);
+    stream
+        .cache
+        .set_snapshot(Snapshot::from_registry(&registry).into());
+    let changes = inbox.take();
+    assert!(changes.names.contains("x5.vip"), "{changes:?}");
+    let cx = context(&stream.cache, &stream.metrics, None);
+    let [_, endpoints] = stream.session.on_change(&cx, changes);
+    assert_eq!(sent(&endpoints), ["x5.vip"]);
+    // Sent registered, it counts like any other name from now on.
+    assert_eq!(stream.metrics.xds_subscriptions.load(Ordering::Relaxed), 5);
+    assert_eq!(stream.cache.watched(), 4);
+
+    // Unsubscribing the refused ones gives back nothing (they took nothing); closing gives
+    // back exactly what was counted.
+    stream
+        .session
+        .on_request(&cx, request(ENDPOINTS_TYPE_URL, &[], &["x3.vip", "x4.vip"]));
+    assert_eq!(stream.metrics.xds_subscriptions.load(Ordering::Relaxed), 5);
+    stream.session.close(&cx);
+    assert_eq!(
+        (
+            stream.metrics.xds_subscriptions.load(Ordering::Relaxed),
+            stream.cache.watched()
+        ),
+        (0, 0)
+    );
+}
+
+#[test]
+fn refused_cluster_names_take_no_room_from_other_streams() {
+    // Under a shared bound of 3 names, a client asking for 10 unregistered clusters, of which
+    // its stream admits 1, leaves room for another proxy's real VIP.
+    let mut flood = ads_stream_within(1);
+    let admission = Admission::new(3);
+    let cx = bounded(&flood.cache, &flood.metrics, &admission);
+    let names: Vec<String> = (0..10).map(|i| format!("random-{i}.vip")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let [cluster, _] = flood
+        .session
+        .on_request(&cx, request(CLUSTER_TYPE_URL, &names, &[]));
+    assert_eq!(sent(&cluster).len() + removed(&cluster).len(), 10);
+    // The request's 3 names of room were taken before they were admitted; the 2 refused
+    // gave theirs back. The 7 beyond wait, and are refused in turn as room allows.
+    assert_eq!(flood.session.status().waiting, 7);
+    assert_eq!(admission.room(), 2, "only the admitted name takes room");
+    flood.session.on_change(&cx, Changes::default());
+    assert_eq!(flood.session.status().waiting, 5);
+    assert_eq!(admission.room(), 2);
+    let mut proxy = Session::new(2, Service::Ads, SubscriptionLimits::default());
+    let [cluster, endpoints] =
+        proxy.on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    assert_eq!(
+        (sent(&cluster), sent(&endpoints)),
+        (vec!["hello.vip"], vec!["hello.vip"])
+    );
+}
+
 #[test]
 fn kept_versions_after_a_streams_first_request_of_a_type_take_room_like_any_name() {
     let mut stream = ads_stream();
