@@ -32,6 +32,10 @@ pub struct FloodOptions {
     pub rate: Option<f64>,
     /// Also subscribe every received cluster's load assignment, as Envoy does.
     pub endpoints: bool,
+    /// Subscribe the names as load assignments, with no cluster.
+    pub load_assignments: bool,
+    /// Streams, each on a connection of its own, each subscribing `names` names.
+    pub streams: u64,
     /// Seed of the random names (the same seed, the same names).
     pub seed: u64,
     /// Stop by itself after this long (it also stops when [`XdsFlood::stop`] closes its
@@ -50,6 +54,8 @@ impl FloodOptions {
             batch: 1000,
             rate: None,
             endpoints: false,
+            load_assignments: false,
+            streams: 1,
             seed: 1,
             duration: None,
             node_id: "odmesh-xds-flood".to_owned(),
@@ -77,7 +83,8 @@ pub struct FloodStats {
     pub removed: u64,
     /// ACKs it sent.
     pub acks_sent: u64,
-    /// When as many clusters and cluster removals had come as names were asked for.
+    /// When, on every stream, as many resources and removals of the type asked for had come
+    /// as names were asked for.
     pub all_answered: Option<Duration>,
     /// The whole JSON line.
     pub json: Value,
@@ -166,6 +173,10 @@ impl XdsFlood {
         if options.endpoints {
             command.arg("--endpoints");
         }
+        if options.load_assignments {
+            command.arg("--load-assignments");
+        }
+        command.arg("--streams").arg(options.streams.to_string());
         let (process, stdin) = env.spawn_interactive(label, command);
         XdsFlood {
             process,
@@ -203,12 +214,13 @@ impl XdsFlood {
         })
     }
 
-    /// Waits until the server has answered every name with a cluster (at most `timeout`).
+    /// Waits until the server has answered every one of the `names` names of every stream
+    /// with a resource or a removal (at most `timeout`).
     pub fn wait_all_answered(&mut self, names: u64, timeout: Duration) -> FloodStats {
         self.wait_progress(
             timeout,
             &format!("the control plane to answer all {names} flooded names"),
-            |p| p.clusters + p.removed >= names,
+            |p| p.all_answered.is_some(),
         )
     }
 

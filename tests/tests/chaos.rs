@@ -479,6 +479,76 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
     assert!(mesh.envoy.process().exit_status().is_none(), "Envoy exited");
 }
 
+#[test]
+fn hostile_xds_streams_of_random_names_take_no_room_from_a_real_proxys_new_vips() {
+    let env = TestEnv::new("chaos_hostile_streams");
+    let hello = EchoUpstream::start("hello-1");
+    let fresh = EchoUpstream::start("fresh");
+    const NEW_VIPS: u64 = 20;
+    let registered: Vec<Instance> = std::iter::once(Instance::new("hello", hello.port()))
+        .chain((0..NEW_VIPS).map(|i| Instance::new(&fresh_vip(i), fresh.port())))
+        .collect();
+    // Room for 2,000 cluster names over all streams: the 10,000 random cluster names below
+    // would take all of it if names refused as unregistered took room.
+    let mesh = Mesh::start_with(&env, &registered, &["--xds-max-subscriptions", "2000"]);
+    assert_eq!(mesh.route("hello"), "hello-1");
+    let control_memory = RssSampler::of(mesh.control.process());
+    // Ten raw clients subscribe 1,000 random cluster names each, ten others 1,000 random
+    // load-assignment names each, with no cluster.
+    let (streams, names) = (10, 1000);
+    let hostile = |node: &str, seed, load_assignments| FloodOptions {
+        streams,
+        batch: names,
+        load_assignments,
+        seed,
+        node_id: node.to_owned(),
+        ..FloodOptions::names(names)
+    };
+    let xds = mesh.control.xds();
+    let clusters = hostile("hostile-clusters", 1, false);
+    let mut clusters = XdsFlood::start_with(&env, "flood-clusters", xds, &clusters);
+    let loads = hostile("hostile-load-assignments", 2, true);
+    let mut loads = XdsFlood::start_with(&env, "flood-load-assignments", xds, &loads);
+    let timeout = Duration::from_secs(120);
+    clusters.wait_all_answered(streams * names, timeout);
+    loads.wait_all_answered(streams * names, timeout);
+
+    // While they hold their names, the real proxy's first requests to new VIPs route.
+    for i in 0..NEW_VIPS {
+        let vip = fresh_vip(i);
+        let response = mesh.get(&vip);
+        assert_eq!(response.status, 200, "{vip}: {}", response.text());
+    }
+    let metrics = mesh.control.metrics();
+    let clusters = clusters.stop(DEADLINE);
+    let loads = loads.stop(DEADLINE);
+    let control_memory = control_memory.stop();
+    eprintln!("clusters flood: {}", clusters.json);
+    eprintln!("load-assignments flood: {}", loads.json);
+    eprintln!("control plane: {}", control_memory.summary());
+    // Each hostile stream was served 100 names (--xds-max-unregistered) and refused the
+    // rest, which took no room: nothing waited.
+    let served = streams * 100;
+    assert_eq!(
+        (clusters.clusters, clusters.removed),
+        (served, streams * names - served)
+    );
+    assert_eq!(
+        (loads.endpoints, loads.removed),
+        (served, streams * names - served)
+    );
+    assert_eq!(metrics["odmesh_xds_names_waiting_total"], 0, "{metrics:?}");
+    assert_eq!(
+        metrics["odmesh_xds_names_refused_total"],
+        2 * (streams * names - served)
+    );
+    // Counted: the served clusters, their load assignments sent behind them, the served
+    // load assignments, and the real proxy's hello and new VIPs with theirs.
+    let real = 1 + NEW_VIPS;
+    assert_eq!(metrics["odmesh_xds_cluster_subscriptions"], served + real);
+    assert_eq!(metrics["odmesh_xds_subscriptions"], 3 * served + 2 * real);
+}
+
 /// The `i`th VIP registered for the other proxy's first requests in the flood test.
 fn fresh_vip(i: u64) -> String {
     format!("fresh-{:04}", i % FRESH_VIPS)

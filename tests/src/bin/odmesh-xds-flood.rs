@@ -22,6 +22,7 @@
 //! The end-to-end tests run it through `odmesh_e2e::XdsFlood`.
 #![forbid(unsafe_code)]
 
+use std::cell::RefCell;
 use std::io::Read;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -110,7 +111,7 @@ impl Rng {
 }
 
 /// What the flood counted.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Stats {
     names_sent: u64,
     batches_sent: u64,
@@ -142,24 +143,35 @@ fn seconds(d: Option<Duration>) -> Value {
 }
 
 impl Stats {
-    /// Adds another stream's counts to these.
-    fn add(&mut self, other: &Stats) {
-        self.names_sent += other.names_sent;
-        self.batches_sent += other.batches_sent;
-        self.responses += other.responses;
-        for i in 0..3 {
-            self.resources[i] += other.resources[i];
-            self.removed[i] += other.removed[i];
-        }
-        self.response_bytes += other.response_bytes;
-        self.acks_sent += other.acks_sent;
-        self.endpoint_subscriptions_sent += other.endpoint_subscriptions_sent;
-        self.all_sent = self.all_sent.max(other.all_sent);
-        self.first_response = match (self.first_response, other.first_response) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+    /// The counts of several streams together; a time is the latest stream's, and known
+    /// only once every stream's is.
+    fn sum(all: &[Stats]) -> Stats {
+        let latest = |time: fn(&Stats) -> Option<Duration>| {
+            all.iter()
+                .map(time)
+                .collect::<Option<Vec<_>>>()?
+                .into_iter()
+                .max()
         };
-        self.all_answered = self.all_answered.max(other.all_answered);
+        let mut total = Stats {
+            all_sent: latest(|s| s.all_sent),
+            first_response: all.iter().filter_map(|s| s.first_response).min(),
+            all_answered: latest(|s| s.all_answered),
+            ..Stats::default()
+        };
+        for s in all {
+            total.names_sent += s.names_sent;
+            total.batches_sent += s.batches_sent;
+            total.responses += s.responses;
+            for i in 0..3 {
+                total.resources[i] += s.resources[i];
+                total.removed[i] += s.removed[i];
+            }
+            total.response_bytes += s.response_bytes;
+            total.acks_sent += s.acks_sent;
+            total.endpoint_subscriptions_sent += s.endpoint_subscriptions_sent;
+        }
+        total
     }
 
     fn json(&self, args: &Args, elapsed: Duration, ended: Option<&str>) -> Value {
@@ -233,20 +245,15 @@ fn main() -> ExitCode {
 
 /// Runs `--streams` floods at once; their summed counts, and why the first one ended.
 async fn flood_all(args: &Args, started: Instant) -> (Stats, String) {
-    if args.streams == 1 {
-        let mut stats = Stats::default();
-        let ended = flood(args, started, &mut stats, 0).await;
-        return (stats, ended);
-    }
+    // Where each stream posts its counts at every progress tick, for stream 0 to write
+    // their sum (one thread: the streams take turns).
+    let board = RefCell::new(vec![Stats::default(); args.streams as usize]);
     let mut each: Vec<Stats> = (0..args.streams).map(|_| Stats::default()).collect();
-    let runs =
-        (each.iter_mut().enumerate()).map(|(i, stats)| flood(args, started, stats, i as u64));
+    let runs = (each.iter_mut().enumerate())
+        .map(|(i, stats)| flood(args, started, stats, i as u64, &board));
     let ended = futures::future::join_all(runs).await;
-    let mut total = Stats::default();
-    for stats in &each {
-        total.add(stats);
-    }
-    (total, ended.into_iter().next().unwrap_or_default())
+    let ended = ended.into_iter().next().unwrap_or_default();
+    (Stats::sum(&each), ended)
 }
 
 /// Closes `tx` when stdin reaches its end (a blocking thread: std's stdin).
@@ -259,8 +266,15 @@ fn watch_stdin(tx: oneshot::Sender<()>) {
     });
 }
 
-/// Runs the flood on stream `index`; returns why it ended.
-async fn flood(args: &Args, started: Instant, stats: &mut Stats, index: u64) -> String {
+/// Runs the flood on stream `index`, posting its counts on `board` at every progress tick;
+/// returns why it ended.
+async fn flood(
+    args: &Args,
+    started: Instant,
+    stats: &mut Stats,
+    index: u64,
+    board: &RefCell<Vec<Stats>>,
+) -> String {
     let (stdin_tx, mut stdin_closed) = oneshot::channel();
     // With --ignore-stdin the sender stays here, unused, so the end of stdin never comes.
     let _never_sent = if args.ignore_stdin {
@@ -374,8 +388,13 @@ async fn flood(args: &Args, started: Instant, stats: &mut Stats, index: u64) -> 
                     }
                 }
             },
-            _ = progress.tick(), if index == 0 => {
-                eprintln!("odmesh-xds-flood progress {}", stats.json(args, started.elapsed(), None));
+            _ = progress.tick() => {
+                let mut board = board.borrow_mut();
+                board[index as usize] = stats.clone();
+                if index == 0 {
+                    let all = Stats::sum(&board);
+                    eprintln!("odmesh-xds-flood progress {}", all.json(args, started.elapsed(), None));
+                }
             }
             _ = &mut stdin_closed => break "stdin closed".to_owned(),
             () = &mut until_deadline => break "duration".to_owned(),
