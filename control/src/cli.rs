@@ -235,6 +235,12 @@ pub(crate) struct EmbeddedArgs {
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub(crate) self_preservation_min_instances: usize,
 
+    /// Self-preservation expects no instance to renew more often than this, whatever its
+    /// registration states (`renewalIntervalInSecs`), as Eureka's servers expect every client
+    /// at 30 s: one registration stating 1 s and never renewing weighs as one instance.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
+    pub(crate) self_preservation_min_interval: Duration,
+
     /// The longest lease a registration may ask for (`leaseInfo.durationInSecs`); a longer
     /// one is refused with 400.
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "5m")]
@@ -441,6 +447,7 @@ impl Args {
                 threshold: e.self_preservation_threshold,
                 window: e.self_preservation_window,
                 min_instances: e.self_preservation_min_instances,
+                min_interval: e.self_preservation_min_interval,
             },
             limits: RegistrationLimits {
                 max_instances: e.eureka_max_instances,

@@ -31,7 +31,7 @@ use odmesh_registry::{
     Group, Instance, InvalidInstance, Parsed, Registry, Shard, Status, split_vips,
 };
 
-use super::preservation::{Expected, PreservationConfig, SelfPreservation, Verdict};
+use super::preservation::{self, Expected, PreservationConfig, SelfPreservation, Verdict};
 use crate::wire::json::{
     ActionType, Application, Applications, InstanceInfo, LeaseInfo, reconcile_hash_code_of_counts,
 };
@@ -93,6 +93,9 @@ pub struct Lease {
     registered: Instant,
     /// How often the client says it renews, within 1 s and the lease.
     renewal_interval: Duration,
+    /// How often self-preservation expects it to: `renewal_interval`, floored
+    /// ([`PreservationConfig::expected_interval`]).
+    expected_interval: Duration,
     /// When a renewal of it last counted for self-preservation.
     counted: Instant,
     /// The identity that registered it, when authentication is on.
@@ -483,6 +486,7 @@ impl Ledger {
             duration: r.duration,
             registered: now.at,
             renewal_interval: r.renewal_interval,
+            expected_interval: (self.terms.preservation).expected_interval(r.renewal_interval),
             counted: now.at,
             owner: r.owner,
             token,
@@ -531,7 +535,7 @@ impl Ledger {
     /// new instance.
     fn insert(&mut self, app: Name, id: Name, lease: Lease, now: Now) -> bool {
         let (token, deadline) = (lease.token, lease.deadline(self.credit));
-        self.expected.add(token, now.at, lease.renewal_interval);
+        self.expected.add(token, now.at, lease.expected_interval);
         self.statuses[status_slot(lease.doc.status())] += 1;
         let served = lease.served();
         let old = (self.apps.entry(app.clone()).or_default()).insert(id.clone(), lease);
@@ -567,7 +571,7 @@ impl Ledger {
 
     /// Takes a lease's part out of the expectations and status counts.
     fn forget(&mut self, lease: &Lease) {
-        (self.expected).remove(lease.token, lease.registered, lease.renewal_interval);
+        (self.expected).remove(lease.token, lease.registered, lease.expected_interval);
         self.statuses[status_slot(lease.doc.status())] -= 1;
     }
 
@@ -587,9 +591,10 @@ impl Ledger {
         lease.renewed = now.at;
         lease.renewed_ms = now.ms;
         lease.credit_at = credit;
-        // Self-preservation counts at most one renewal per half the lease's interval: a
-        // client heartbeating faster than it said cannot hide that others went quiet.
-        let counts = now.at.saturating_duration_since(lease.counted) >= lease.renewal_interval / 2;
+        // Self-preservation counts about one renewal per expected interval: a client
+        // heartbeating faster than it is expected to cannot hide that others went quiet.
+        let since = now.at.saturating_duration_since(lease.counted);
+        let counts = preservation::counts(since, lease.renewal_interval, lease.expected_interval);
         if counts {
             lease.counted = now.at;
         }

@@ -24,17 +24,40 @@ pub struct PreservationConfig {
     /// Below this many registered instances, self-preservation never engages: one instance
     /// that dies is already a large share of renewals, and cannot be told from a partition.
     pub min_instances: usize,
+    /// The shortest renewal interval an instance is expected at, whatever it states
+    /// (Eureka's servers expect every client at `expectedClientRenewalIntervalSeconds`, 30 s):
+    /// one registration stating 1 s and never renewing must not weigh as 30 instances, nor
+    /// switch eviction off for everyone. A client renewing faster counts as renewing this
+    /// often (see [`counts`]).
+    pub min_interval: Duration,
 }
 
 impl Default for PreservationConfig {
-    /// 0.85 over one minute, from 10 instances.
+    /// 0.85 over one minute, from 10 instances, each expected at most every 30 s.
     fn default() -> PreservationConfig {
         PreservationConfig {
             threshold: 0.85,
             window: Duration::from_secs(60),
             min_instances: 10,
+            min_interval: Duration::from_secs(30),
         }
     }
+}
+
+impl PreservationConfig {
+    /// How often an instance stating `stated` is expected to renew.
+    pub fn expected_interval(&self, stated: Duration) -> Duration {
+        stated.max(self.min_interval)
+    }
+}
+
+/// Whether a renewal `since` the last one counted counts, for an instance stating `stated`
+/// and expected every `expected`: at most one per expected interval, less half the stated
+/// one for jitter. Without a floor (`expected == stated`) that is one per half interval; a
+/// client renewing much faster than the floor is counted about once per floor, as expected,
+/// so that it cannot hide that others went quiet.
+pub fn counts(since: Duration, stated: Duration, expected: Duration) -> bool {
+    since >= expected.saturating_sub(stated / 2)
 }
 
 /// Renewals counted per second over the window, and whether eviction is on.
@@ -240,7 +263,27 @@ mod tests {
             threshold: 0.85,
             window: Duration::from_secs(10),
             min_instances: 3,
+            min_interval: SEC,
         }
+    }
+
+    #[test]
+    fn a_renewal_counts_about_once_per_expected_interval() {
+        // Stated 30 s, expected 30 s: one per 15 s at most (jitter).
+        let (stated, floor) = (SEC * 30, SEC * 30);
+        assert!(!counts(SEC * 14, stated, stated.max(floor)));
+        assert!(counts(SEC * 15, stated, stated.max(floor)));
+        // Stated 2 s, expected every 30 s: a renewal 29 s after the last counted one counts,
+        // one 28 s after does not: about one per 30 s, not 15 a minute.
+        let stated = SEC * 2;
+        assert!(!counts(SEC * 28, stated, stated.max(floor)));
+        assert!(counts(SEC * 29, stated, stated.max(floor)));
+        let config = PreservationConfig {
+            min_interval: floor,
+            ..config()
+        };
+        assert_eq!(config.expected_interval(SEC), floor);
+        assert_eq!(config.expected_interval(SEC * 60), SEC * 60);
     }
 
     /// `n` instances registered at `at`, renewing every second.

@@ -1547,13 +1547,15 @@ async fn refusing_reads_while_warming_answers_clients_403_without_a_body_and_pee
     );
 }
 
-/// A fixture whose self-preservation counts over 10 s, from 3 instances.
+/// A fixture whose self-preservation counts over 10 s, from 3 instances, each expected at
+/// the interval it states (from 1 s).
 fn preserving() -> Fixture {
     fixture_with(ServerConfig {
         preservation: PreservationConfig {
             threshold: 0.85,
             window: Duration::from_secs(10),
             min_instances: 3,
+            min_interval: Duration::from_secs(1),
         },
         ..config()
     })
@@ -1579,6 +1581,65 @@ async fn ten_renewing(f: &Fixture) -> Vec<String> {
         assert_eq!(f.eureka.evict_expired(), 0);
     }
     ids
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_registration_stating_a_1_s_interval_weighs_as_one_instance_not_thirty() {
+    // Self-preservation as shipped: one minute, from 10 instances, every instance expected
+    // at most every 30 s. Twelve instances renew every 2 s (8 s leases).
+    let f = fixture();
+    let ids: Vec<String> = (0..12).map(|n| format!("h{n}")).collect();
+    for id in &ids {
+        f.register("HELLO", leased(id, 8, 2)).await;
+    }
+    let renew_for = |secs: u64, ids: Vec<String>| {
+        let f = &f;
+        async move {
+            for _ in 0..secs / 2 {
+                tokio::time::advance(Duration::from_secs(2)).await;
+                f.renew(&ids).await;
+                f.eureka.evict_expired();
+            }
+        }
+    };
+    renew_for(30, ids.clone()).await;
+    // One more registration states a 1 s interval, with a 5 min lease, and never renews.
+    f.register("HELLO", leased("quiet", 300, 1)).await;
+    renew_for(90, ids.clone()).await;
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    // One instance stops: it is evicted when its lease runs out, as without the quiet one.
+    renew_for(20, ids[1..].to_vec()).await;
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    let published = f.published().await;
+    let listed: Vec<&str> = published
+        .instances()
+        .map(|i| i.instance_id.as_str())
+        .collect();
+    assert!(
+        !listed.contains(&"h0"),
+        "the stopped instance is still listed: {listed:?}"
+    );
+    assert_eq!(listed.len(), 12, "{listed:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_of_the_fast_renewers_going_quiet_engages_self_preservation_despite_the_floor() {
+    // Expected at most every 30 s, instances renewing every 2 s count about once per 30 s:
+    // the six that still renew cannot hide the six that went quiet (90 s leases: a lease
+    // shorter than the window runs out before the window shows the silence).
+    let f = fixture();
+    let ids: Vec<String> = (0..12).map(|n| format!("h{n}")).collect();
+    for id in &ids {
+        f.register("HELLO", leased(id, 90, 2)).await;
+    }
+    for round in 0..100 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let renewing = if round < 45 { &ids[..] } else { &ids[6..] };
+        f.renew(renewing).await;
+        f.eureka.evict_expired();
+    }
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 1);
+    assert_eq!(f.published().await.len(), 12, "the quiet six are kept");
 }
 
 #[tokio::test(start_paused = true)]
