@@ -308,6 +308,12 @@ pub(crate) struct EmbeddedArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 2_000_000)]
     pub(crate) eureka_max_instances: usize,
 
+    /// Instances one identity (`--eureka-auth`) may have registered; registering a new one
+    /// beyond gets 503. One identity can then neither fill the registry nor hold
+    /// self-preservation on with instances it lets lapse.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
+    pub(crate) eureka_max_instances_per_identity: usize,
+
     /// Metadata entries one instance may carry.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub(crate) eureka_max_metadata_entries: usize,
@@ -451,6 +457,7 @@ impl Args {
             },
             limits: RegistrationLimits {
                 max_instances: e.eureka_max_instances,
+                max_instances_per_identity: e.eureka_max_instances_per_identity,
                 max_lease: e.max_lease_duration,
                 max_metadata_entries: e.eureka_max_metadata_entries,
                 max_metadata_bytes: e.eureka_max_metadata_bytes,

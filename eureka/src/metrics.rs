@@ -59,6 +59,9 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: registrations refused because --eureka-max-instances were
         /// registered (503).
         eureka_refused_full_total: "counter",
+        /// Embedded Eureka registry: registrations of a new instance refused because its
+        /// identity had registered --eureka-max-instances-per-identity (503).
+        eureka_refused_identity_full_total: "counter",
         /// Embedded Eureka registry: registrations of an instance cancelled while overridden
         /// (drained) that got its override back.
         eureka_overrides_restored_total: "counter",

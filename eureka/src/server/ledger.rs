@@ -351,6 +351,8 @@ pub struct Ledger {
     expected: Expected,
     /// Leases by their document's status, for the reconcile hash code.
     statuses: [usize; 5],
+    /// Instances per owner (the identity that registered them, with authentication).
+    owned: HashMap<Arc<str>, usize>,
     /// (APP, id) → the status override of a cancelled instance, and until when it comes
     /// back with a registration of the same instance.
     cancelled_overrides: CancelledOverrides,
@@ -415,6 +417,7 @@ impl Ledger {
             preservation: SelfPreservation::new(terms.preservation, now),
             expected: Expected::new(terms.preservation.window, now),
             statuses: [0; 5],
+            owned: HashMap::new(),
             cancelled_overrides: CancelledOverrides::default(),
         }
     }
@@ -537,6 +540,9 @@ impl Ledger {
         let (token, deadline) = (lease.token, lease.deadline(self.credit));
         self.expected.add(token, now.at, lease.expected_interval);
         self.statuses[status_slot(lease.doc.status())] += 1;
+        if let Some(owner) = &lease.owner {
+            *self.owned.entry(owner.clone()).or_insert(0) += 1;
+        }
         let served = lease.served();
         let old = (self.apps.entry(app.clone()).or_default()).insert(id.clone(), lease);
         match &old {
@@ -569,10 +575,23 @@ impl Ledger {
             .collect();
     }
 
-    /// Takes a lease's part out of the expectations and status counts.
+    /// Takes a lease's part out of the expectations and the counts.
     fn forget(&mut self, lease: &Lease) {
         (self.expected).remove(lease.token, lease.registered, lease.expected_interval);
         self.statuses[status_slot(lease.doc.status())] -= 1;
+        if let Some(owner) = &lease.owner
+            && let Some(n) = self.owned.get_mut(owner)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.owned.remove(owner);
+            }
+        }
+    }
+
+    /// How many instances `owner` registered (that hold it as their owner).
+    pub fn owned_by(&self, owner: &str) -> usize {
+        self.owned.get(owner).copied().unwrap_or(0)
     }
 
     /// Renews the lease of `app`/`id` (a heartbeat). A `last_dirty_timestamp` newer than the

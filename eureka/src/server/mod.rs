@@ -423,9 +423,15 @@ impl EurekaRegistry {
         id: &str,
         registration: Registration,
     ) -> Result<(Registered, Option<Replicated>), InvalidRequest> {
-        let max_instances = self.shared.config.limits.max_instances;
+        let limits = &self.shared.config.limits;
+        let max_instances = limits.max_instances;
         let replicated = registration.replicated;
         let mut state = self.lock();
+        // A peer's copy was admitted by the node its client registered with; an operator has
+        // no quota.
+        let quota = (registration.owner.as_deref())
+            .filter(|_| !replicated && !caller.is_operator())
+            .map(|owner| (owner, state.owned_by(owner)));
         match state.lease(app, id) {
             Some(lease) => caller
                 .may_change(lease.owner.as_deref())
@@ -436,6 +442,19 @@ impl EurekaRegistry {
                     Refusal::Full,
                     format!(
                         "the registry is full: it holds {max_instances} instances, the most it may (odmesh-control --eureka-max-instances)"
+                    ),
+                ));
+            }
+            None if let Some((owner, owned)) = quota
+                && owned >= limits.max_instances_per_identity =>
+            {
+                inc(&self.shared.metrics.eureka_refused_identity_full_total);
+                let max = limits.max_instances_per_identity;
+                return Err(InvalidRequest::new(
+                    Refusal::Full,
+                    format!(
+                        "{} has registered {owned} instances, the most one identity may (odmesh-control --eureka-max-instances-per-identity {max})",
+                        clip(owner)
                     ),
                 ));
             }

@@ -14,6 +14,10 @@ use crate::wire::json::InstanceInfo;
 pub struct RegistrationLimits {
     /// Instances the registry holds at most; a registration of a new one beyond is refused.
     pub max_instances: usize,
+    /// Instances one identity may have registered (with authentication); a registration of
+    /// a new one beyond is refused, so that one identity cannot fill the registry, nor weigh
+    /// on self-preservation with instances it lets lapse.
+    pub max_instances_per_identity: usize,
     /// The longest lease (`leaseInfo.durationInSecs`) a client may ask for: a client that
     /// dies holds its VIP at most this long.
     pub max_lease: Duration,
@@ -26,11 +30,13 @@ pub struct RegistrationLimits {
 }
 
 impl Default for RegistrationLimits {
-    /// 2,000,000 instances, leases up to 5 minutes, 64 metadata entries in 8 KiB, any
-    /// address but loopback, link-local, unspecified, multicast and broadcast.
+    /// 2,000,000 instances, 10,000 per identity, leases up to 5 minutes, 64 metadata
+    /// entries in 8 KiB, any address but loopback, link-local, unspecified, multicast and
+    /// broadcast.
     fn default() -> RegistrationLimits {
         RegistrationLimits {
             max_instances: 2_000_000,
+            max_instances_per_identity: 10_000,
             max_lease: Duration::from_secs(300),
             max_metadata_entries: 64,
             max_metadata_bytes: 8 * 1024,

@@ -1345,6 +1345,62 @@ impl Fixture {
 }
 
 #[tokio::test]
+async fn an_identity_registers_at_most_its_quota_of_instances_and_others_are_not_held_up() {
+    let auth = Authenticator::parse("tokens.yaml", TOKENS.as_bytes()).unwrap();
+    let f = fixture_with(ServerConfig {
+        auth: Some(Arc::new(auth)),
+        limits: RegistrationLimits {
+            max_instances_per_identity: 2,
+            ..config().limits
+        },
+        ..config()
+    });
+    for id in ["h1", "h2"] {
+        assert_eq!(
+            f.register_with(HELLO, id, "hello").await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    assert_eq!(
+        f.register_with(HELLO, "h3", "hello").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(count(&f.metrics.eureka_refused_identity_full_total), 1);
+    // Its own instances register again (no new one); another identity, and an operator,
+    // are not held up.
+    assert_eq!(
+        f.register_with(HELLO, "h1", "hello").await,
+        StatusCode::NO_CONTENT
+    );
+    let other = json!({ "instance": instance("o1", "OTHER", "other", 8080) });
+    let json = "application/json";
+    let answer = (f.raw(
+        Method::POST,
+        "/eureka/apps/OTHER",
+        json,
+        OTHER,
+        other.to_string(),
+    ))
+    .await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        f.register_with(OPS, "x1", "hello").await,
+        StatusCode::NO_CONTENT
+    );
+    // One cancelled, one more fits.
+    assert_eq!(
+        f.send_with(HELLO, Method::DELETE, "/eureka/apps/HELLO/h2")
+            .await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        f.register_with(HELLO, "h3", "hello").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(f.published().await.len(), 4, "h1, h3, o1, x1");
+}
+
+#[tokio::test]
 async fn with_a_tokens_file_a_request_without_valid_credentials_gets_401() {
     let f = authenticated();
     let answer = f
