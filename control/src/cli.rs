@@ -314,6 +314,13 @@ pub(crate) struct EmbeddedArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
     pub(crate) eureka_max_instances_per_identity: usize,
 
+    /// How long a written answer to GET /apps or /apps/delta is served whatever is
+    /// registered since. 0: every reader gets the registry as it was when it asked, or later;
+    /// readers share one written copy either way, written by one at a time. Eureka's servers
+    /// reuse theirs for 30 s (`responseCacheUpdateIntervalMs`).
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "0s")]
+    pub(crate) eureka_response_cache_interval: Duration,
+
     /// Metadata entries one instance may carry.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub(crate) eureka_max_metadata_entries: usize,
@@ -476,6 +483,7 @@ impl Args {
             body_timeout: e.eureka_body_timeout,
             auth,
             peers,
+            response_cache_interval: e.eureka_response_cache_interval,
             ..Default::default()
         })
     }

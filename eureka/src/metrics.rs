@@ -30,6 +30,9 @@ odmesh_base::metrics! {
         /// Client registrations older (by lastDirtyTimestamp) than the instance registered:
         /// the newer is kept, the lease renewed, and the client answered 409.
         eureka_registrations_older_total: "counter",
+        /// Embedded Eureka registry: answers to `GET /apps` and `/apps/delta` written (in one
+        /// form each: JSON or XML, gzip or not), which every reader meanwhile shares.
+        eureka_registry_answers_written_total: "counter",
         /// Embedded Eureka registry: heartbeats that renewed a lease.
         eureka_renewals_total: "counter",
         /// Embedded Eureka registry: heartbeats for an unknown instance (answered 404).

@@ -22,7 +22,7 @@ use odmesh_registry::Status;
 
 use super::auth::{self, Caller};
 use super::peers::{self, Applied, REPLICATION_HEADER, Replicated};
-use super::{EurekaRegistry, InvalidRequest, Refusal};
+use super::{Document, EurekaRegistry, InvalidRequest, Refusal};
 use crate::wire::json::{
     ApplicationDocument, Applications, ApplicationsDocument, InstanceDocument, InstanceInfo,
 };
@@ -198,7 +198,7 @@ async fn get_apps(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
         return refused;
     }
     let (json, gzip) = (wants_json(&headers), accepts_gzip(&headers));
-    let body = eureka.applications_answer(json, gzip);
+    let body = whole(&eureka, Document::Apps, json, gzip).await;
     let mut answer = registry_answer(content_type(json), gzip, body);
     if eureka.is_warming_up() {
         let warming = HeaderValue::from_static("true");
@@ -221,7 +221,27 @@ async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
     if let Some(refused) = warming_up_for(&eureka, &headers) {
         return refused;
     }
-    answer_applications(&headers, eureka.delta())
+    let (json, gzip) = (wants_json(&headers), accepts_gzip(&headers));
+    let body = whole(&eureka, Document::Delta, json, gzip).await;
+    registry_answer(content_type(json), gzip, body)
+}
+
+/// The written answer of `document`, shared by every reader (see `answers`): written, or
+/// waited for, on a blocking thread, off the workers that serve heartbeats and xDS.
+async fn whole(
+    eureka: &EurekaRegistry,
+    document: Document,
+    json: bool,
+    gzip: bool,
+) -> axum::body::Bytes {
+    let eureka = eureka.clone();
+    let answer = move || eureka.answer(document, json, gzip);
+    match tokio::task::spawn_blocking(answer).await {
+        Ok(body) => body,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down: nobody will read the answer.
+        Err(_) => axum::body::Bytes::new(),
+    }
 }
 
 async fn get_app(AxState(eureka): Eureka, Path(app): Path<String>, headers: HeaderMap) -> Response {

@@ -50,6 +50,7 @@
 //! instead of refusing the instance, so a hand-written `curl` registration works.
 
 mod admission;
+mod answers;
 pub mod auth;
 mod clock;
 pub mod document;
@@ -75,6 +76,7 @@ use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 
 use self::admission::PeerCopy;
+use self::answers::Answers;
 use self::auth::{Authenticator, Caller};
 use self::clock::Clock;
 use self::ledger::{
@@ -129,6 +131,10 @@ pub struct ServerConfig {
     pub auth: Option<Arc<Authenticator>>,
     /// The registries this one replicates with; `None`: none.
     pub peers: Option<PeerConfig>,
+    /// How long a written `GET /apps` or `/apps/delta` answer is served whatever was
+    /// written since (see [`answers`]); 0: every reader gets the registry as it was when it
+    /// asked, or later.
+    pub response_cache_interval: Duration,
 }
 
 impl ServerConfig {
@@ -163,6 +169,7 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(10),
             auth: None,
             peers: None,
+            response_cache_interval: Duration::ZERO,
         }
     }
 }
@@ -196,8 +203,9 @@ struct Shared {
     changes: watch::Sender<u64>,
     /// The count of changes published so far.
     published: watch::Sender<u64>,
-    /// `GET /apps` as last written, in JSON and in XML: readers share one copy.
-    apps_answers: Mutex<[Option<CachedAnswer>; 4]>,
+    /// `GET /apps` and `GET /apps/delta` as last written ([`Document`]): readers share one
+    /// copy.
+    answers: [Answers; 2],
     peers: Peers,
     /// Filled from a peer at start: complete, no warm-up.
     filled: AtomicBool,
@@ -205,17 +213,14 @@ struct Shared {
     node: String,
 }
 
-/// A written `GET /apps` answer, and the registry version it shows.
-#[derive(Clone)]
-struct CachedAnswer {
-    version: u64,
-    written: Instant,
-    body: axum::body::Bytes,
+/// A read of the whole registry, whose written answers readers share ([`answers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Document {
+    /// `GET /apps`.
+    Apps,
+    /// `GET /apps/delta`.
+    Delta,
 }
-
-/// How long a written `GET /apps` answer is served while the registry does not change
-/// (lease timestamps in it move on meanwhile): Eureka's response cache does the same.
-const ANSWER_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Why a request to the embedded registry was refused: the kind of refusal, and the text
 /// for the client. The edge (`http.rs`) answers each kind with its HTTP status.
@@ -321,7 +326,7 @@ impl EurekaRegistry {
                 metrics,
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
-                apps_answers: Mutex::new([None, None, None, None]),
+                answers: Default::default(),
                 peers,
                 filled: AtomicBool::new(false),
                 node: peers::node_name(),
@@ -768,48 +773,43 @@ impl EurekaRegistry {
         view.applications()
     }
 
-    /// `GET /apps` written as JSON or XML, gzip-compressed or not. Written once per registry
-    /// version (and at most every 30 s), and shared by every reader meanwhile: a thousand
-    /// clients reading the registry, slowly or not, cost one copy of it and one conversion
-    /// (and one compression). The lock is held only to take one pointer per instance.
+    /// `GET /apps` written as JSON or XML, gzip-compressed or not, and shared by every reader
+    /// (see [`answers`]). Blocking: call it off the async workers.
     pub fn applications_answer(&self, json: bool, gzip: bool) -> axum::body::Bytes {
-        self.cached_answer(json, gzip).1
+        self.answer(Document::Apps, json, gzip)
     }
 
-    /// The registry version and the answer of [`Self::applications_answer`].
-    fn cached_answer(&self, json: bool, gzip: bool) -> (u64, axum::body::Bytes) {
+    /// `GET /apps` or `GET /apps/delta`, as [`Self::applications_answer`].
+    pub fn answer(&self, document: Document, json: bool, gzip: bool) -> axum::body::Bytes {
         let version = self.lock().version();
-        let slot = usize::from(json) + 2 * usize::from(gzip);
-        let answers = || (self.shared.apps_answers.lock()).unwrap_or_else(|e| e.into_inner());
-        if let Some(hit) = &answers()[slot]
-            && hit.version == version
-            && self.since(hit.written) < ANSWER_MAX_AGE
-        {
-            return (hit.version, hit.body.clone());
-        }
-        let (version, body) = if gzip {
-            let (version, plain) = self.cached_answer(json, false);
-            (version, crate::wire::gzip(&plain).into())
-        } else {
-            let view = self.lock().applications();
-            let (version, applications) = (view.version, view.applications());
-            drop(view);
-            let body: axum::body::Bytes = if json {
-                serde_json::to_vec(&ApplicationsDocument { applications })
-                    .unwrap_or_default()
-                    .into()
-            } else {
-                xml::applications(&applications).into()
+        let answers = &self.shared.answers[document as usize];
+        let slot = Answers::slot(json, gzip);
+        let now = || self.shared.clock.instant();
+        let min_age = self.shared.config.response_cache_interval;
+        answers.get(slot, version, now, min_age, || {
+            inc(&self.shared.metrics.eureka_registry_answers_written_total);
+            if gzip {
+                // The plain answer of the same version (or later), compressed.
+                let plain = self.answer(document, json, false);
+                return (version, crate::wire::gzip(&plain).into());
+            }
+            let (version, applications) = match document {
+                Document::Apps => {
+                    let view = self.lock().applications();
+                    (view.version, view.applications())
+                }
+                Document::Delta => {
+                    let view = self.lock().delta(self.shared.clock.instant());
+                    (view.version, view.applications())
+                }
             };
-            (version, body)
-        };
-        let answer = CachedAnswer {
-            version,
-            written: self.shared.clock.instant(),
-            body: body.clone(),
-        };
-        answers()[slot] = Some(answer);
-        (version, body)
+            let body = if json {
+                serde_json::to_vec(&ApplicationsDocument { applications }).unwrap_or_default()
+            } else {
+                xml::applications(&applications).into_bytes()
+            };
+            (version, body.into())
+        })
     }
 
     /// One application (`name` uppercase), as `GET /apps/{APP}` answers.

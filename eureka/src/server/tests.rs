@@ -1881,6 +1881,55 @@ async fn an_identity_may_not_pose_as_another_app_nor_squat_its_instance_ids() {
 }
 
 #[tokio::test]
+async fn readers_of_the_delta_share_one_written_copy_too() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    let delta = |json| f.eureka.answer(Document::Delta, json, false);
+    let (a, b) = (delta(true), delta(true));
+    assert_eq!(a.as_ptr(), b.as_ptr(), "one copy for both readers");
+    let doc: Value = serde_json::from_slice(&a).unwrap();
+    assert_eq!(
+        doc["applications"]["application"][0]["instance"][0]["instanceId"],
+        "h1"
+    );
+    assert!(delta(false).starts_with(b"<?xml"));
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    assert_ne!(
+        delta(true).as_ptr(),
+        a.as_ptr(),
+        "a change writes a new one"
+    );
+    assert_eq!(count(&f.metrics.eureka_registry_answers_written_total), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_response_cache_interval_an_answer_is_reused_that_long_whatever_changed() {
+    let f = fixture_with(ServerConfig {
+        response_cache_interval: Duration::from_secs(30),
+        ..config()
+    });
+    let listed = |document| {
+        let body = f.eureka.answer(document, true, false);
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        let apps = doc["applications"]["application"].as_array().cloned();
+        (apps.iter().flatten())
+            .map(|a| a["instance"].as_array().map_or(0, Vec::len))
+            .sum::<usize>()
+    };
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    assert_eq!((listed(Document::Apps), listed(Document::Delta)), (1, 1));
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert_eq!((listed(Document::Apps), listed(Document::Delta)), (1, 1));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!((listed(Document::Apps), listed(Document::Delta)), (2, 2));
+}
+
+#[tokio::test]
 async fn readers_of_the_whole_registry_share_one_written_copy_until_it_changes() {
     let f = fixture();
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
