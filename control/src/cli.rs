@@ -318,7 +318,7 @@ pub(crate) struct EmbeddedArgs {
     /// registered since. 0: every reader gets the registry as it was when it asked, or later;
     /// readers share one written copy either way, written by one at a time. Eureka's servers
     /// reuse theirs for 30 s (`responseCacheUpdateIntervalMs`).
-    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "0s")]
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "0s")]
     pub(crate) eureka_response_cache_interval: Duration,
 
     /// Metadata entries one instance may carry.
@@ -507,5 +507,39 @@ impl XdsArgs {
             max_names: self.xds_max_names,
             max_unregistered: self.xds_max_unregistered,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_source_starts_with_the_defaults_and_they_are_the_registrys_own() {
+        // A default a value parser refuses would stop the control plane at start.
+        for source in [
+            &["--registry", "r.yaml"][..],
+            &["--eureka", "http://eureka:8761/eureka"],
+            &["--serve-eureka", "127.0.0.1:8761"],
+        ] {
+            let args = Args::try_parse_from(
+                std::iter::once("odmesh-control").chain(source.iter().copied()),
+            )
+            .unwrap_or_else(|e| panic!("{source:?}: {e}"));
+            args.check().unwrap_or_else(|e| panic!("{source:?}: {e:#}"));
+        }
+        let args =
+            Args::try_parse_from(["odmesh-control", "--serve-eureka", "127.0.0.1:8761"]).unwrap();
+        let server = args.eureka_server().unwrap();
+        let defaults = eureka_server::ServerConfig::default();
+        assert_eq!(
+            server.response_cache_interval,
+            defaults.response_cache_interval
+        );
+        assert_eq!(server.preservation, defaults.preservation);
+        assert_eq!(
+            server.limits.max_instances_per_identity,
+            defaults.limits.max_instances_per_identity
+        );
     }
 }
