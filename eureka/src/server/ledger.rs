@@ -353,6 +353,9 @@ pub struct Ledger {
     statuses: [usize; 5],
     /// Instances per owner (the identity that registered them, with authentication).
     owned: HashMap<Arc<str>, usize>,
+    /// The apps with instances serving each VIP (`false`) and SVIP (`true`), and how many:
+    /// `GET /vips/{vip}` looks at those apps only, not at every lease.
+    vip_apps: HashMap<(bool, String), HashMap<Name, usize>>,
     /// (APP, id) → the status override of a cancelled instance, and until when it comes
     /// back with a registration of the same instance.
     cancelled_overrides: CancelledOverrides,
@@ -418,6 +421,7 @@ impl Ledger {
             expected: Expected::new(terms.preservation.window, now),
             statuses: [0; 5],
             owned: HashMap::new(),
+            vip_apps: HashMap::new(),
             cancelled_overrides: CancelledOverrides::default(),
         }
     }
@@ -543,10 +547,14 @@ impl Ledger {
         if let Some(owner) = &lease.owner {
             *self.owned.entry(owner.clone()).or_insert(0) += 1;
         }
+        for key in vips_of(&lease.doc) {
+            let apps = self.vip_apps.entry(key).or_default();
+            *apps.entry(app.clone()).or_insert(0) += 1;
+        }
         let served = lease.served();
         let old = (self.apps.entry(app.clone()).or_default()).insert(id.clone(), lease);
         match &old {
-            Some(old) => self.forget(old),
+            Some(old) => self.forget(&app, old),
             None => self.leases += 1,
         }
         self.expiry
@@ -575,8 +583,21 @@ impl Ledger {
             .collect();
     }
 
-    /// Takes a lease's part out of the expectations and the counts.
-    fn forget(&mut self, lease: &Lease) {
+    /// Takes the part of `app`'s `lease` out of the expectations, the counts and the index.
+    fn forget(&mut self, app: &Name, lease: &Lease) {
+        for key in vips_of(&lease.doc) {
+            if let Some(apps) = self.vip_apps.get_mut(&key)
+                && let Some(n) = apps.get_mut(app)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    apps.remove(app);
+                    if apps.is_empty() {
+                        self.vip_apps.remove(&key);
+                    }
+                }
+            }
+        }
         (self.expected).remove(lease.token, lease.registered, lease.expected_interval);
         self.statuses[status_slot(lease.doc.status())] -= 1;
         if let Some(owner) = &lease.owner
@@ -746,7 +767,7 @@ impl Ledger {
             self.apps.remove(&app);
         }
         self.leases -= 1;
-        self.forget(&lease);
+        self.forget(&app, &lease);
         self.convert(&app, &id);
         Some((app, id, lease))
     }
@@ -869,8 +890,13 @@ impl Ledger {
                 .iter()
                 .any(|v| v == vip)
         };
-        let apps = (self.apps.iter())
-            .filter_map(|(name, leases)| {
+        let mut names: Vec<&Name> = (self.vip_apps.get(&(secure, vip.to_owned())))
+            .map(|apps| apps.keys().collect())
+            .unwrap_or_default();
+        names.sort();
+        let apps = (names.into_iter())
+            .filter_map(|name| {
+                let (name, leases) = self.apps.get_key_value(name)?;
                 let served: Vec<Served> = (leases.values())
                     .filter(|l| field(&l.doc))
                     .map(Lease::served)
@@ -981,6 +1007,19 @@ impl CancelledOverrides {
             self.by_key.remove(&key);
         }
     }
+}
+
+/// The VIPs (`false`) and SVIPs (`true`) an instance document serves, as `GET /vips/{vip}`
+/// matches them.
+fn vips_of(doc: &InstanceInfo) -> Vec<(bool, String)> {
+    let list = |secure: bool, field: &Option<String>| {
+        split_vips(field.as_deref().unwrap_or_default())
+            .into_iter()
+            .map(move |vip| (secure, vip))
+    };
+    list(false, &doc.vip_address)
+        .chain(list(true, &doc.secure_vip_address))
+        .collect()
 }
 
 #[cfg(test)]

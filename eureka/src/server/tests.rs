@@ -1881,6 +1881,42 @@ async fn an_identity_may_not_pose_as_another_app_nor_squat_its_instance_ids() {
 }
 
 #[tokio::test]
+async fn a_vip_lists_the_instances_serving_it_as_they_register_again_elsewhere_and_leave() {
+    let f = fixture();
+    let ids = |vip: &str| {
+        let apps = f.eureka.serving(vip, false).application;
+        let mut ids: Vec<String> = (apps.iter())
+            .flat_map(|a| {
+                a.instance
+                    .iter()
+                    .map(|i| i.id().unwrap_or_default().to_owned())
+            })
+            .collect();
+        ids.sort();
+        ids
+    };
+    f.register("HELLO", instance("h1", "HELLO", "hello,shared", 8080))
+        .await;
+    f.register("HELLO", instance("h2", "HELLO", "hello", 8081))
+        .await;
+    f.register("OTHER", instance("o1", "OTHER", "shared", 8082))
+        .await;
+    assert_eq!(ids("hello"), ["h1", "h2"]);
+    assert_eq!(ids("shared"), ["h1", "o1"]);
+    // h1 registers again with another VIP; o1 leaves.
+    f.register("HELLO", instance("h1", "HELLO", "elsewhere", 8080))
+        .await;
+    f.send(Method::DELETE, "/eureka/apps/OTHER/o1").await;
+    assert_eq!(ids("hello"), ["h2"]);
+    assert_eq!(ids("elsewhere"), ["h1"]);
+    assert!(ids("shared").is_empty());
+    assert_eq!(
+        f.get_json("/eureka/vips/shared").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
 async fn readers_of_the_delta_share_one_written_copy_too() {
     let f = fixture();
     f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
