@@ -1,12 +1,14 @@
 //! Serving HTTP/1.1 within bounds, for the embedded registry and the admin endpoint: a
-//! connection limit, a time limit on each request's headers (which is also the idle limit of
+//! connection limit, over all and per source address, a time limit on each request's headers (which is also the idle limit of
 //! a kept-alive connection), optional TLS with a handshake time limit, and a graceful stop.
 //!
 //! Bodies are the handlers' business: [`read_body`] reads one within a size and a time
 //! limit, and answers 413 or 408 in words.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -26,6 +28,9 @@ use crate::listen::ConnectionLimit;
 pub struct HttpLimits {
     /// Connections served at once; one more is closed as soon as it is accepted.
     pub max_connections: usize,
+    /// Connections served at once from one source address; one more from it is closed as
+    /// soon as it is accepted, so that one client cannot take every slot.
+    pub max_connections_per_source: usize,
     /// How long a client may take to send a request's headers, counted from when the server
     /// waits for them: on a kept-alive connection that includes the idle time before the
     /// next request, so this is also the idle timeout.
@@ -38,11 +43,12 @@ pub struct HttpLimits {
 }
 
 impl Default for HttpLimits {
-    /// 1,024 connections, 10 s for headers (and idle), 10 s for a TLS handshake, 30 s for
-    /// a stalled reader.
+    /// 1,024 connections, 256 from one address, 10 s for headers (and idle), 10 s for a TLS
+    /// handshake, 30 s for a stalled reader.
     fn default() -> HttpLimits {
         HttpLimits {
             max_connections: 1024,
+            max_connections_per_source: 256,
             header_timeout: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
@@ -55,6 +61,8 @@ impl Default for HttpLimits {
 pub enum HttpEvent {
     /// A connection over [`HttpLimits::max_connections`] was closed on arrival.
     ConnectionRefused,
+    /// A connection over [`HttpLimits::max_connections_per_source`] was closed on arrival.
+    SourceRefused,
     /// A connection was closed because its client did not send headers in time (or sat
     /// idle for longer than that), or did not read an answer in time.
     Timeout,
@@ -77,6 +85,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let slots = ConnectionLimit::new(limits.max_connections);
+    let per_source = SourceLimit::new(limits.max_connections_per_source);
     let graceful = GracefulShutdown::new();
     let on_event = Arc::new(on_event);
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -86,7 +95,7 @@ pub async fn serve(
         .keep_alive(true);
     tokio::pin!(shutdown);
     loop {
-        let (tcp, _peer) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 // Out of file descriptors, say: wait a moment rather than spin.
@@ -98,14 +107,21 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(source_slot) = per_source.try_acquire(peer.ip()) else {
+            on_event(HttpEvent::SourceRefused);
+            drop(tcp);
+            continue;
+        };
         let Some(slot) = slots.try_acquire() else {
             on_event(HttpEvent::ConnectionRefused);
             drop(tcp);
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        // Every request of the connection says where it came from.
+        let service = router.clone().layer(axum::Extension(Source(peer)));
         let connection = Connection {
-            service: TowerToHyperService::new(router.clone()),
+            service: TowerToHyperService::new(service),
             builder: builder.clone(),
             watcher: graceful.watcher(),
             limits,
@@ -113,7 +129,7 @@ pub async fn serve(
         let on_event = on_event.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, source_slot);
             connection.serve(tcp, tls, &*on_event).await;
         });
     }
@@ -125,6 +141,56 @@ pub async fn serve(
         tracing::debug!("open HTTP connections dropped after the grace period");
     }
     Ok(())
+}
+
+/// The address a request came from, in its extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Source(pub SocketAddr);
+
+/// Connections at once per source address.
+struct SourceLimit {
+    max: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One connection from `ip`, given back when dropped.
+struct SourceSlot {
+    ip: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl SourceLimit {
+    fn new(max: usize) -> SourceLimit {
+        SourceLimit {
+            max,
+            open: Arc::default(),
+        }
+    }
+
+    fn try_acquire(&self, ip: IpAddr) -> Option<SourceSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            ip,
+            open: self.open.clone(),
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// What serving one accepted connection takes.
@@ -378,7 +444,7 @@ mod tests {
         limits: HttpLimits,
     ) -> (
         std::net::SocketAddr,
-        Arc<[AtomicUsize; 3]>,
+        Arc<[AtomicUsize; 4]>,
         tokio::sync::oneshot::Sender<()>,
     ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -392,7 +458,7 @@ mod tests {
                 }
             }),
         );
-        let events = Arc::new([const { AtomicUsize::new(0) }; 3]);
+        let events = Arc::new([const { AtomicUsize::new(0) }; 4]);
         let counts = events.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(serve(
@@ -405,6 +471,7 @@ mod tests {
                     HttpEvent::ConnectionRefused => 0,
                     HttpEvent::Timeout => 1,
                     HttpEvent::TlsFailed => 2,
+                    HttpEvent::SourceRefused => 3,
                 };
                 counts[i].fetch_add(1, Ordering::Relaxed);
             },
@@ -422,6 +489,53 @@ mod tests {
         let mut out = Vec::new();
         let _ = tokio::time::timeout(WAIT, conn.read_to_end(&mut out)).await;
         String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// A connection to `addr` from the loopback address `from`.
+    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((std::net::Ipv4Addr::from(from), 0).into())
+            .unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// Whether the server answers a request on `conn` (it was not closed on arrival).
+    async fn answers(conn: &mut TcpStream) -> bool {
+        let raw = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi";
+        if conn.write_all(raw).await.is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(WAIT, conn.read(&mut buf)).await {
+            Ok(Ok(n)) => buf[..n].starts_with(b"HTTP/1.1 200"),
+            _ => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_source_holds_at_most_its_share_of_connections_and_others_are_served() {
+        let limits = HttpLimits {
+            max_connections_per_source: 2,
+            ..HttpLimits::default()
+        };
+        let (addr, events, _stop) = start(limits).await;
+        let mut first = connect_from([127, 0, 0, 1], addr).await;
+        let mut second = connect_from([127, 0, 0, 1], addr).await;
+        assert!(answers(&mut first).await && answers(&mut second).await);
+        let mut third = connect_from([127, 0, 0, 1], addr).await;
+        assert!(!answers(&mut third).await, "a third from the same address");
+        assert_eq!(events[3].load(Ordering::Relaxed), 1);
+        let mut elsewhere = connect_from([127, 0, 0, 2], addr).await;
+        assert!(answers(&mut elsewhere).await, "another address is served");
+        // One closes: its source may open another.
+        drop(first);
+        crate::testing::wait_ok(WAIT, "a slot given back", async || {
+            let mut again = connect_from([127, 0, 0, 1], addr).await;
+            answers(&mut again).await.then_some(()).ok_or("refused")
+        })
+        .await;
+        assert_eq!(events[0].load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]

@@ -350,6 +350,18 @@ pub(crate) struct EmbeddedArgs {
     /// Connections served at once; more are closed on arrival.
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1024)]
     pub(crate) eureka_max_connections: usize,
+
+    /// Connections served at once from one source address; more from it are closed on
+    /// arrival, so that one client cannot take every slot. A registry behind a proxy or NAT
+    /// that funnels many clients into one address needs this raised.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 256)]
+    pub(crate) eureka_max_connections_per_source: usize,
+
+    /// Requests without valid credentials (--eureka-auth) one address may send per 10 s;
+    /// beyond, every request from it gets 429 for the rest of those 10 s, its credentials
+    /// not looked at, so that nobody guesses tokens at network speed. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub(crate) eureka_max_auth_failures: u32,
 }
 
 /// The xDS server's security and bounds.
@@ -475,6 +487,7 @@ impl Args {
             },
             http: HttpLimits {
                 max_connections: e.eureka_max_connections,
+                max_connections_per_source: e.eureka_max_connections_per_source,
                 header_timeout: e.eureka_header_timeout,
                 tls_handshake_timeout: self.tls_handshake_timeout,
                 write_timeout: e.eureka_write_timeout,
@@ -484,6 +497,7 @@ impl Args {
             auth,
             peers,
             response_cache_interval: e.eureka_response_cache_interval,
+            max_auth_failures: e.eureka_max_auth_failures,
             ..Default::default()
         })
     }

@@ -52,6 +52,9 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: metadata entries left out of registrations (beyond the
         /// metadata bounds, or a key or value the registry cannot keep).
         eureka_metadata_dropped_total: "counter",
+        /// Embedded Eureka registry: requests refused (429) because their address sent more
+        /// than --eureka-max-auth-failures requests without valid credentials within 10 s.
+        eureka_refused_throttled_total: "counter",
         /// Embedded Eureka registry: requests without valid credentials (401), with --eureka-auth.
         eureka_refused_unauthenticated_total: "counter",
         /// Embedded Eureka registry: writes an identity may not make (403): another's instance,
@@ -102,6 +105,9 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: connections closed on arrival because
         /// --eureka-max-connections were open.
         eureka_http_connections_refused_total: "counter",
+        /// Embedded Eureka registry: connections closed on arrival because
+        /// --eureka-max-connections-per-source were open from their address.
+        eureka_http_source_refused_total: "counter",
         /// Embedded Eureka registry: connections closed because their client did not send a
         /// request's headers within --eureka-header-timeout (or sat idle that long), or read
         /// nothing of an answer for --eureka-write-timeout.

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 
 use odmesh_base::error::Chain;
-use odmesh_base::http_server;
+use odmesh_base::http_server::{self, Source};
 use odmesh_base::logs::{self, clip};
 use odmesh_base::metrics::inc;
 use odmesh_registry::Status;
@@ -311,11 +311,33 @@ fn by_vip(eureka: &EurekaRegistry, headers: &HeaderMap, vip: &str, secure: bool)
 /// With a tokens file, every request must name its caller (401 otherwise); the caller is
 /// handed to the handlers. Without one, everyone is [`Caller::Anyone`].
 async fn authenticate(AxState(eureka): Eureka, mut request: Request, next: Next) -> Response {
+    let source = (request.extensions().get::<Source>()).map(|s| s.0.ip());
     let caller = match &eureka.shared.config.auth {
         None => auth::ANYONE.clone(),
+        Some(_) if let Some(left) = source.and_then(|ip| eureka.auth_throttled(ip)) => {
+            inc(&eureka.shared.metrics.eureka_refused_throttled_total);
+            odmesh_base::limited!(
+                warn,
+                source = ?source,
+                "eureka: too many requests without valid credentials from one address; refused (429)"
+            );
+            // Whole seconds, rounded up.
+            let wait = (left.as_secs() + u64::from(left.subsec_nanos() > 0)).max(1);
+            let reason = format!(
+                "too many requests without valid credentials from this address: try again in {wait} s"
+            );
+            let mut answer = text_answer(StatusCode::TOO_MANY_REQUESTS, &reason);
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(wait));
+            return answer;
+        }
         Some(auth) => match auth.authenticate(request.headers().get(header::AUTHORIZATION)) {
             Ok(caller) => caller,
             Err(e) => {
+                if let Some(ip) = source {
+                    eureka.auth_failed(ip);
+                }
                 inc(&eureka.shared.metrics.eureka_refused_unauthenticated_total);
                 odmesh_base::limited!(
                     warn,

@@ -59,6 +59,7 @@ pub mod ledger;
 pub mod peers;
 pub mod policy;
 pub mod preservation;
+mod throttle;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -131,6 +132,9 @@ pub struct ServerConfig {
     pub auth: Option<Arc<Authenticator>>,
     /// The registries this one replicates with; `None`: none.
     pub peers: Option<PeerConfig>,
+    /// Requests without valid credentials one source address may send per 10 s; beyond,
+    /// its requests are answered 429 for the rest of those 10 s ([`throttle`]). 0: no limit.
+    pub max_auth_failures: u32,
     /// How long a written `GET /apps` or `/apps/delta` answer is served whatever was
     /// written since (see [`answers`]); 0: every reader gets the registry as it was when it
     /// asked, or later.
@@ -170,6 +174,7 @@ impl Default for ServerConfig {
             auth: None,
             peers: None,
             response_cache_interval: Duration::ZERO,
+            max_auth_failures: 20,
         }
     }
 }
@@ -206,6 +211,8 @@ struct Shared {
     /// `GET /apps` and `GET /apps/delta` as last written ([`Document`]): readers share one
     /// copy.
     answers: [Answers; 2],
+    /// Failed authentications per source address.
+    auth_throttle: Mutex<throttle::AuthThrottle>,
     peers: Peers,
     /// Filled from a peer at start: complete, no warm-up.
     filled: AtomicBool,
@@ -314,6 +321,7 @@ impl EurekaRegistry {
         };
         let ledger = Ledger::new(terms, started);
         let peers = Peers::new(config.peers.clone().unwrap_or_else(PeerConfig::none));
+        let auth_throttle = Mutex::new(throttle::AuthThrottle::new(config.max_auth_failures));
         let registry = EurekaRegistry {
             shared: Arc::new(Shared {
                 config,
@@ -327,6 +335,7 @@ impl EurekaRegistry {
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
                 answers: Default::default(),
+                auth_throttle,
                 peers,
                 filled: AtomicBool::new(false),
                 node: peers::node_name(),
@@ -848,6 +857,18 @@ impl EurekaRegistry {
         view.applications()
     }
 
+    /// How long requests from `ip` are still refused for failed authentications, if they are.
+    fn auth_throttled(&self, ip: std::net::IpAddr) -> Option<Duration> {
+        let throttle = (self.shared.auth_throttle.lock()).unwrap_or_else(|e| e.into_inner());
+        throttle.throttled(ip, self.shared.clock.instant())
+    }
+
+    /// Counts a request from `ip` without valid credentials.
+    fn auth_failed(&self, ip: std::net::IpAddr) {
+        let mut throttle = (self.shared.auth_throttle.lock()).unwrap_or_else(|e| e.into_inner());
+        throttle.failed(ip, self.shared.clock.instant());
+    }
+
     /// Now, as the ledger is told it.
     fn now(&self) -> Now {
         self.shared.clock.now()
@@ -955,6 +976,7 @@ pub async fn serve(
     let on_event = move |event| {
         let counter = match event {
             HttpEvent::ConnectionRefused => &metrics.eureka_http_connections_refused_total,
+            HttpEvent::SourceRefused => &metrics.eureka_http_source_refused_total,
             HttpEvent::Timeout => &metrics.eureka_http_timeouts_total,
             HttpEvent::TlsFailed => &metrics.eureka_http_tls_failures_total,
         };

@@ -1400,6 +1400,51 @@ async fn an_identity_registers_at_most_its_quota_of_instances_and_others_are_not
     assert_eq!(f.published().await.len(), 4, "h1, h3, o1, x1");
 }
 
+impl Fixture {
+    /// `GET /eureka/apps` from `source` (as the HTTP server marks requests) with `auth`:
+    /// the status, and `Retry-After`.
+    async fn get_from(&self, source: &str, auth: Option<&str>) -> Answer {
+        let mut req = Request::builder().uri("/eureka/apps");
+        if let Some(auth) = auth {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        let mut req = req.body(Body::empty()).unwrap();
+        let source = odmesh_base::http_server::Source(source.parse().unwrap());
+        req.extensions_mut().insert(source);
+        self.answer(req, header::RETRY_AFTER).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_address_sending_many_bad_credentials_is_refused_for_a_while_and_others_are_not() {
+    let f = authenticated();
+    let (guesser, other) = ("192.0.2.1:4000", "192.0.2.2:4000");
+    let wrong = Some("Bearer not-a-token-0123456789");
+    for _ in 0..20 {
+        assert_eq!(
+            f.get_from(guesser, wrong).await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    // Its 21st request is refused before its credentials are looked at, right ones too.
+    for auth in [wrong, HELLO] {
+        let answer = f.get_from(guesser, auth).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            answer.body
+        );
+        assert_eq!(answer.content_type, "10", "Retry-After");
+    }
+    assert_eq!(count(&f.metrics.eureka_refused_throttled_total), 2);
+    assert_eq!(count(&f.metrics.eureka_refused_unauthenticated_total), 20);
+    // Another address, and the same one once its 10 s are over, are served.
+    assert_eq!(f.get_from(other, HELLO).await.status, StatusCode::OK);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(f.get_from(guesser, HELLO).await.status, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn with_a_tokens_file_a_request_without_valid_credentials_gets_401() {
     let f = authenticated();
