@@ -82,6 +82,9 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: replicated heartbeats a peer answered 404 (it does not
         /// hold the instance, or not as this node does): the registration follows 2 s later.
         eureka_peer_resends_total: "counter",
+        /// Embedded Eureka registry: writes for a peer that took the place of the last one
+        /// queued for the same instance and action (a peer that is down).
+        eureka_peer_merged_total: "counter",
         /// Embedded Eureka registry: writes a peer took (`--peer`).
         eureka_peer_replicated_total: "counter",
         /// Embedded Eureka registry: batches of writes that did not reach a peer (sent again).

@@ -62,6 +62,7 @@ use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
 use odmesh_registry::Status;
 
+use self::queue::PeerQueue;
 use super::admission::PeerCopy;
 use super::auth::Caller;
 use super::ledger::{Lease, RenewRefused};
@@ -390,7 +391,7 @@ pub fn decode_instance(app: &str, body: &[u8]) -> Result<Replicated, InvalidRequ
 /// The writes waiting for one peer.
 struct Peer {
     url: ServerUrl,
-    queue: Mutex<VecDeque<Replicated>>,
+    queue: Mutex<PeerQueue>,
     ready: Notify,
     /// The registrations this peer asked for, held until due.
     resends: Mutex<Resends>,
@@ -447,7 +448,7 @@ impl Peers {
             .map(|url| {
                 Arc::new(Peer {
                     url: url.clone(),
-                    queue: Mutex::new(VecDeque::new()),
+                    queue: Mutex::new(PeerQueue::default()),
                     ready: Notify::new(),
                     resends: Mutex::new(Resends::default()),
                     is_self: std::sync::atomic::AtomicBool::new(false),
@@ -467,7 +468,7 @@ impl Peers {
 }
 
 impl Peer {
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Replicated>> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, PeerQueue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -551,14 +552,15 @@ impl EurekaRegistry {
         let peers = &self.shared.peers;
         let metrics = &self.shared.metrics;
         let mut queue = peer.queue();
-        if queue.len() >= peers.config.max_pending {
-            queue.pop_front();
+        if queue.push(write) {
+            inc(&metrics.eureka_peer_merged_total);
+        } else if queue.len() > peers.config.max_pending {
+            queue.pop_oldest();
             inc(&metrics.eureka_peer_dropped_total);
         } else {
             let pending = peers.pending.fetch_add(1, Ordering::Relaxed) + 1;
             set(&metrics.eureka_peer_pending, pending as u64);
         }
-        queue.push_back(write);
         drop(queue);
         peer.ready.notify_one();
     }
@@ -695,11 +697,8 @@ impl EurekaRegistry {
         let mut failures = 0u32;
         loop {
             self.queue_resends(peer);
-            let batch: Vec<Replicated> = {
-                let mut queue = peer.queue();
-                let n = queue.len().min(BATCH);
-                queue.drain(..n).collect()
-            };
+            let taken = peer.queue().take(BATCH);
+            let batch = &taken.writes;
             if batch.is_empty() {
                 let next_resend = peer.resends().next();
                 match next_resend {
@@ -710,7 +709,7 @@ impl EurekaRegistry {
                 }
                 continue;
             }
-            match self.send_batch(http, peer, &batch).await {
+            match self.send_batch(http, peer, batch).await {
                 // The peer is this node: it took nothing, and gets nothing more.
                 Ok(None) => self.unqueued(batch.len()),
                 Ok(Some(replies)) => {
@@ -721,7 +720,7 @@ impl EurekaRegistry {
                     self.unqueued(batch.len());
                     let replicated = &metrics.eureka_peer_replicated_total;
                     replicated.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    self.answered(peer, &batch, replies);
+                    self.answered(peer, batch, replies);
                 }
                 Err(e) if !e.is_transient() => {
                     self.unqueued(batch.len());
@@ -744,12 +743,9 @@ impl EurekaRegistry {
                         pending = peer.queue().len() + batch.len(),
                         "eureka: a peer did not take its writes; they stay queued"
                     );
-                    {
-                        let mut queue = peer.queue();
-                        for write in batch.into_iter().rev() {
-                            queue.push_front(write);
-                        }
-                    }
+                    let merged = peer.queue().put_back(taken);
+                    self.unqueued(merged);
+                    (metrics.eureka_peer_merged_total).fetch_add(merged as u64, Ordering::Relaxed);
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -848,7 +844,7 @@ impl EurekaRegistry {
         if !peer.is_self.swap(true, Ordering::Relaxed) {
             tracing::info!(peer = %peer.url, "eureka: this peer URL names this node; nothing is sent to it");
         }
-        let dropped = std::mem::take(&mut *peer.queue()).len();
+        let dropped = peer.queue().clear();
         self.unqueued(dropped);
         true
     }
@@ -1048,6 +1044,8 @@ async fn call(
             after: timeout,
         })?
 }
+
+mod queue;
 
 #[cfg(test)]
 mod fill_tests;
