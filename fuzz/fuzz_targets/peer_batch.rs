@@ -8,13 +8,13 @@
 //!   are well-formed XML 1.0, and the model it publishes is that of its full document.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use odmesh_eureka::server::peers;
 use odmesh_eureka::server::{EurekaRegistry, Refusal, ServerConfig};
 use odmesh_eureka::wire::xml;
-use odmesh_fuzz::parse_xml;
+use odmesh_fuzz::{assert_published_is_the_full_document, parse_xml};
 use odmesh_registry::Registry;
 use tokio::sync::watch;
 
@@ -60,33 +60,5 @@ fuzz_target!(|data: &[u8]| {
     parse_xml(&xml::applications(&applications));
     parse_xml(&xml::applications(&eureka.delta()));
 
-    runtime().block_on(async {
-        let publisher = tokio::spawn(eureka.clone().run_publisher());
-        eureka.published().await;
-        publisher.abort();
-        let _ = publisher.await;
-    });
-    let full = applications.to_registry().registry;
-    let published = rx.borrow().clone();
-    let sorted = |r: &Registry| {
-        let mut all: Vec<odmesh_registry::Instance> =
-            r.instances().map(|i| (**i).clone()).collect();
-        all.sort_by(|a, b| (&a.app, &a.instance_id).cmp(&(&b.app, &b.instance_id)));
-        all
-    };
-    assert_eq!(
-        sorted(&published),
-        sorted(&full),
-        "the published model is not that of the full document"
-    );
+    assert_published_is_the_full_document(&eureka, &rx);
 });
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("a runtime")
-    })
-}

@@ -12,13 +12,13 @@
 //! - at the end, the model the registry publishes to the mesh is that of its full document.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use odmesh_eureka::server::{EurekaRegistry, Refusal, ServerConfig};
 use odmesh_eureka::wire::json::{Applications, ApplicationsDocument, parse_document};
 use odmesh_eureka::wire::xml;
-use odmesh_fuzz::parse_xml;
+use odmesh_fuzz::{assert_published_is_the_full_document, parse_xml};
 use odmesh_registry::Registry;
 use tokio::sync::watch;
 
@@ -57,29 +57,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // The publisher converts each instance when it changes; the full document, all at once.
-    runtime().block_on(async {
-        let publisher = tokio::spawn(eureka.clone().run_publisher());
-        eureka.published().await;
-        publisher.abort();
-        // Wait for the task to go, so that nothing of this input outlives it.
-        let _ = publisher.await;
-    });
-    let full = eureka.applications().to_registry().registry;
-    let published = rx.borrow().clone();
-    // The same instances; the registry publishes its apps in shards, in another order.
-    let sorted = |r: &odmesh_registry::Registry| {
-        let mut all: Vec<odmesh_registry::Instance> =
-            r.instances().map(|i| (**i).clone()).collect();
-        all.sort_by(|a, b| (&a.app, &a.instance_id).cmp(&(&b.app, &b.instance_id)));
-        all
-    };
-    assert_eq!(
-        sorted(&published),
-        sorted(&full),
-        "the published model is not that of the full document"
-    );
-    assert!(published.changes_since(&full).is_empty());
-    assert_eq!(published.is_complete(), full.is_complete());
+    assert_published_is_the_full_document(&eureka, &rx);
 });
 
 fn check_registered(eureka: &EurekaRegistry, app: &str, body: &[u8]) {
@@ -131,14 +109,4 @@ fn json_round_trip(applications: &Applications) {
             String::from_utf8_lossy(&json)
         ),
     }
-}
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("a tokio runtime")
-    })
 }

@@ -59,6 +59,49 @@ pub fn is_plain_xml_name(name: &str) -> bool {
         && !name.to_ascii_lowercase().starts_with("xml")
 }
 
+/// Publishes what `eureka` holds (its publisher, run once) and checks that the model it
+/// publishes on `rx` is that of its full document: the same instances (its apps are
+/// published in shards, in another order), nothing changed between them, and the same
+/// completeness. Panics (a fuzzing failure) otherwise.
+pub fn assert_published_is_the_full_document(
+    eureka: &odmesh_eureka::server::EurekaRegistry,
+    rx: &tokio::sync::watch::Receiver<std::sync::Arc<odmesh_registry::Registry>>,
+) {
+    runtime().block_on(async {
+        let publisher = tokio::spawn(eureka.clone().run_publisher());
+        eureka.published().await;
+        publisher.abort();
+        // Wait for the task to go, so that nothing of this input outlives it.
+        let _ = publisher.await;
+    });
+    let full = eureka.applications().to_registry().registry;
+    let published = rx.borrow().clone();
+    let sorted = |r: &odmesh_registry::Registry| {
+        let mut all: Vec<odmesh_registry::Instance> =
+            r.instances().map(|i| (**i).clone()).collect();
+        all.sort_by(|a, b| (&a.app, &a.instance_id).cmp(&(&b.app, &b.instance_id)));
+        all
+    };
+    assert_eq!(
+        sorted(&published),
+        sorted(&full),
+        "the published model is not that of the full document"
+    );
+    assert!(published.changes_since(&full).is_empty());
+    assert_eq!(published.is_complete(), full.is_complete());
+}
+
+/// One runtime for every input of a target (a current-thread one, with time).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a tokio runtime")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
