@@ -405,6 +405,13 @@ pub(crate) struct XdsArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000_000)]
     pub(crate) xds_max_subscriptions: usize,
 
+    /// Of --xds-max-subscriptions, the cluster names the streams of one source address may
+    /// hold together, however many connections and node ids it opens: one host cannot take
+    /// the room other proxies' new VIPs need. Names beyond wait for room, as above. Raise it
+    /// where many proxies share an address (behind NAT).
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 100_000)]
+    pub(crate) xds_max_subscriptions_per_source: usize,
+
     /// Names not registered when asked for that one stream is served, per type: as clusters
     /// (each is a cluster in that Envoy's memory), and as load assignments not of a cluster
     /// the stream holds. More are answered with a removal, and neither counted nor watched,

@@ -46,6 +46,9 @@ odmesh_base::metrics! {
         /// Cluster names that had to wait for room under --xds-max-subscriptions (answered with
         /// a removal, pushed once there was room).
         xds_names_waiting_total: "counter",
+        /// Of those, names that waited because their stream's source address had taken its
+        /// share (--xds-max-subscriptions-per-source) while there was room over all streams.
+        xds_names_waiting_for_source_total: "counter",
         /// Requests, changes and stream closes handled in the heavy lane, apart from the async
         /// workers, because they touched many names (a reconnecting proxy's, a flood's).
         xds_heavy_jobs_total: "counter",

@@ -80,6 +80,9 @@ pub struct XdsConfig {
     /// room). Bounds the cache, whatever the number of streams. Names a reconnecting proxy
     /// says it holds need no room.
     pub max_subscriptions: usize,
+    /// Of `max_subscriptions`, the cluster names the streams of one source address may hold
+    /// together (see [`Admission`]).
+    pub max_subscriptions_per_source: usize,
     /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// How long a client may take to complete its TLS handshake.
@@ -101,13 +104,14 @@ pub struct XdsConfig {
 
 impl Default for XdsConfig {
     /// Plaintext; 10,000 connections of at most 8 streams; [`SubscriptionLimits::default`]
-    /// per stream, 1,000,000 cluster subscriptions in all.
+    /// per stream, 1,000,000 cluster subscriptions in all, 100,000 per source address.
     fn default() -> XdsConfig {
         XdsConfig {
             subscriptions: SubscriptionLimits::default(),
             max_connections: 10_000,
             max_streams_per_connection: 8,
             max_subscriptions: 1_000_000,
+            max_subscriptions_per_source: 100_000,
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
             first_bytes_timeout: Duration::from_secs(10),
@@ -209,7 +213,10 @@ impl XdsServer {
             shared: Arc::new(Shared {
                 cache,
                 metrics,
-                admission: Admission::new(config.max_subscriptions),
+                admission: Admission::with_share(
+                    config.max_subscriptions,
+                    config.max_subscriptions_per_source,
+                ),
                 config,
                 streams: Mutex::new(BTreeMap::new()),
                 next_stream_id: AtomicU64::new(1),
@@ -314,15 +321,14 @@ impl XdsServer {
     fn open(
         &self,
         service: Service,
-        inbound: Streaming<DeltaDiscoveryRequest>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> ReceiverStream<Result<DeltaDiscoveryResponse, Status>> {
         let shared = &self.shared;
         let id = shared.next_stream_id.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(Mutex::new(Session::new(
-            id,
-            service,
-            shared.config.subscriptions,
-        )));
+        let source = request.remote_addr().map(|addr| addr.ip().to_canonical());
+        let inbound = request.into_inner();
+        let session = Session::new(id, service, shared.config.subscriptions).from_source(source);
+        let state = Arc::new(Mutex::new(session));
         lock(&shared.streams).insert(id, state.clone());
         inc(&shared.metrics.xds_streams_total);
         shared
@@ -498,7 +504,7 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Ok(Response::new(self.open(Service::Ads, request.into_inner())))
+        Ok(Response::new(self.open(Service::Ads, request)))
     }
 }
 
@@ -518,7 +524,7 @@ impl ClusterDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Ok(Response::new(self.open(Service::Cds, request.into_inner())))
+        Ok(Response::new(self.open(Service::Cds, request)))
     }
 
     async fn fetch_clusters(
@@ -545,7 +551,7 @@ impl EndpointDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Ok(Response::new(self.open(Service::Eds, request.into_inner())))
+        Ok(Response::new(self.open(Service::Eds, request)))
     }
 
     async fn fetch_endpoints(

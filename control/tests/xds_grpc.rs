@@ -109,6 +109,25 @@ impl Harness {
         }
     }
 
+    /// An ADS stream whose connection comes from `source`, another loopback address (the
+    /// whole of 127.0.0.0/8 is the loopback interface's on Linux).
+    async fn ads_from(&self, source: std::net::IpAddr, node: &str) -> Client {
+        let addr = self.addr;
+        let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| async move {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::new(source, 0))?;
+            let stream = socket.connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        });
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(connector)
+            .await
+            .unwrap();
+        let client = AggregatedDiscoveryServiceClient::new(channel);
+        Client::open(client, node).await.unwrap()
+    }
+
     async fn ads(&self, node: &str) -> Client {
         let client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr))
             .await
@@ -618,6 +637,63 @@ async fn a_connection_over_the_limit_is_closed_and_counted_and_the_others_are_se
     // The first is still served.
     first.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
     assert_eq!(names(&first.recv().await), ["other.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_streams_of_one_source_address_share_its_part_of_the_room_and_other_sources_keep_theirs()
+ {
+    let config = XdsConfig {
+        max_subscriptions: 10,
+        max_subscriptions_per_source: 2,
+        ..XdsConfig::default()
+    };
+    let vips = ["a", "b", "c", "d"];
+    let instances = vips
+        .iter()
+        .map(|v| inst(v, "10.0.0.1", Status::Up))
+        .collect();
+    let h = Harness::start_with(instances, config).await;
+    let hog: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+
+    // Two connections of one source, with two node ids: two names in all are served.
+    let mut first = h.ads_from(hog, "hog-1").await;
+    first.subscribe(CLUSTER_TYPE_URL, &["a.vip", "b.vip"]).await;
+    assert_eq!(names(&first.recv().await), ["a.vip", "b.vip"]);
+    let mut second = h.ads_from(hog, "hog-2").await;
+    second.subscribe(CLUSTER_TYPE_URL, &["c.vip"]).await;
+    let waiting = second.recv().await;
+    assert_eq!(
+        (names(&waiting), waiting.removed_resources.clone()),
+        (vec![], vec!["c.vip".to_owned()]),
+        "over the source's share: a removal, as a name waiting for room"
+    );
+    assert_eq!(
+        (h.metrics.xds_names_waiting_for_source_total).load(Ordering::Relaxed),
+        1
+    );
+
+    // A proxy from another address is served.
+    let mut real = h.ads_from(other, "real").await;
+    real.subscribe(CLUSTER_TYPE_URL, &["c.vip", "d.vip"]).await;
+    assert_eq!(names(&real.recv().await), ["c.vip", "d.vip"]);
+    let sources: Vec<_> = (h.server.proxies().iter())
+        .map(|p| (p.node_id.clone(), p.source))
+        .collect();
+    assert!(
+        sources.contains(&("hog-1".to_owned(), Some(hog))),
+        "{sources:?}"
+    );
+    assert!(
+        sources.contains(&("real".to_owned(), Some(other))),
+        "{sources:?}"
+    );
+
+    // The source's first stream ends: its room goes to its waiting name.
+    drop(first);
+    let pushed = second.recv().await;
+    assert_eq!(names(&pushed), ["c.vip"]);
     h.stop().await;
 }
 

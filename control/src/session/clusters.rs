@@ -106,7 +106,7 @@ impl Session {
         self.prewarm_due = false;
         // Half the room left under --xds-max-subscriptions at most: the rest stays for what
         // proxies ask for themselves.
-        let room = cx.admission.room() / 2;
+        let room = cx.admission.room_for(self.source) / 2;
         let predicted: Vec<ResourceName> = (prewarm
             .predict(&self.node_cluster, cx.cache.registered()))
         .into_iter()
@@ -165,7 +165,7 @@ impl Session {
             .collect();
         let presubscribed = self.endpoints.presubscribe(&added);
         cx.count_in(
-            self.id,
+            self.who(),
             &self.node_cluster,
             ResourceType::Endpoints,
             &presubscribed,

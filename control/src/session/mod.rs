@@ -8,6 +8,7 @@
 //! costs outside its stream; `clusters.rs` holds what only `Cluster` requests do.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -71,6 +72,8 @@ pub struct ProxyStatus {
     pub node_id: String,
     /// `node.cluster` from the proxy's first request.
     pub node_cluster: String,
+    /// The address the stream's connection came from, if known.
+    pub source: Option<IpAddr>,
     /// When the stream opened, in seconds since the Unix epoch.
     pub connected_since_unix: u64,
     /// Subscribed `Cluster` names, sorted.
@@ -204,6 +207,9 @@ pub struct Session {
     /// per load report interval at most.
     next_idle_check: u64,
     limits: SubscriptionLimits,
+    /// The address the stream's connection came from: its cluster names count under that
+    /// source's share of `--xds-max-subscriptions` (`None`: not known, the whole bound only).
+    source: Option<IpAddr>,
 }
 
 impl Session {
@@ -233,7 +239,18 @@ impl Session {
             evicted: 0,
             next_idle_check: 0,
             limits,
+            source: None,
         }
+    }
+
+    /// The same stream, its connection from `source` (see [`Admission`]).
+    pub fn from_source(self, source: Option<IpAddr>) -> Session {
+        Session { source, ..self }
+    }
+
+    /// The stream and its source, as [`Context::count_in`] and `count_out` take them.
+    fn who(&self) -> (u64, Option<IpAddr>) {
+        (self.id, self.source)
     }
 
     /// The stream's id.
@@ -300,6 +317,7 @@ impl Session {
             service: self.service.as_str(),
             node_id: self.node_id.clone(),
             node_cluster: self.node_cluster.clone(),
+            source: self.source,
             connected_since_unix: unix_seconds(self.connected_since),
             clusters: self.clusters.names().map(str::to_owned).collect(),
             endpoints: self.endpoints.names().map(str::to_owned).collect(),
@@ -464,7 +482,7 @@ impl Session {
         }
         // The bound over all streams is on cluster names; each brings its load assignment.
         let room = match ty {
-            ResourceType::Cluster => cx.admission.room(),
+            ResourceType::Cluster => cx.admission.room_for(self.source),
             ResourceType::Endpoints => usize::MAX,
         };
         let initial = &req.initial_resource_versions;
@@ -514,14 +532,14 @@ impl Session {
             }
         }
         if refused.is_empty() {
-            cx.count_in(self.id, &self.node_cluster, ty, names);
+            cx.count_in(self.who(), &self.node_cluster, ty, names);
             return 0;
         }
         let counted: Vec<ResourceName> = (names.iter())
             .filter(|name| !refused.contains(name.as_str()))
             .cloned()
             .collect();
-        cx.count_in(self.id, &self.node_cluster, ty, &counted);
+        cx.count_in(self.who(), &self.node_cluster, ty, &counted);
         self.note_refusing(cx);
         refused.len()
     }
@@ -540,10 +558,10 @@ impl Session {
     /// dropped before Envoy subscribed to its load assignment: that subscribe will never come,
     /// so the one made on its behalf goes too.
     fn count_out(&mut self, cx: &Context<'_>, ty: ResourceType, names: &[ResourceName]) {
-        cx.count_out(self.id, ty, names);
+        cx.count_out(self.who(), ty, names);
         if ty == ResourceType::Cluster {
             let withdrawn = self.endpoints.withdraw_presubscribed(names);
-            cx.count_out(self.id, ResourceType::Endpoints, &withdrawn);
+            cx.count_out(self.who(), ResourceType::Endpoints, &withdrawn);
         }
     }
 
@@ -566,15 +584,29 @@ impl Session {
             );
         }
         if change.over_room > 0 {
-            (metrics.xds_names_waiting_total).fetch_add(change.over_room as u64, Ordering::Relaxed);
-            odmesh_base::limited!(
-                warn,
-                stream = self.id,
-                node = %clip(&self.node_id),
-                waiting = change.over_room,
-                max = cx.admission.max(),
-                "cluster names beyond --xds-max-subscriptions wait for room (answered with a removal meanwhile)"
-            );
+            let waiting = change.over_room as u64;
+            (metrics.xds_names_waiting_total).fetch_add(waiting, Ordering::Relaxed);
+            let admission = cx.admission;
+            if admission.share_left(self.source) < admission.room() {
+                (metrics.xds_names_waiting_for_source_total).fetch_add(waiting, Ordering::Relaxed);
+                odmesh_base::limited!(
+                    warn,
+                    stream = self.id,
+                    node = %clip(&self.node_id),
+                    source = ?self.source,
+                    waiting,
+                    "cluster names beyond the source's share, --xds-max-subscriptions-per-source, wait for room (answered with a removal meanwhile)"
+                );
+            } else {
+                odmesh_base::limited!(
+                    warn,
+                    stream = self.id,
+                    node = %clip(&self.node_id),
+                    waiting,
+                    max = admission.max(),
+                    "cluster names beyond --xds-max-subscriptions wait for room (answered with a removal meanwhile)"
+                );
+            }
         }
         if refused > 0 {
             self.refused += refused as u64;
@@ -629,7 +661,7 @@ impl Session {
         // for clusters that waited for it.
         let mut added = self.take_prewarm(cx);
         if added.is_empty() && self.clusters.is_waiting() {
-            added = self.clusters.admit_waiting(cx.admission.room());
+            added = (self.clusters).admit_waiting(cx.admission.room_for(self.source));
             let refused = self.subscribe_counted(cx, ResourceType::Cluster, &added);
             self.refused += refused as u64;
             (cx.metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
@@ -687,7 +719,7 @@ impl Session {
         };
         let counted = subs.record(&delta);
         if !counted.is_empty() {
-            cx.count_in(self.id, &caller, ty, &counted);
+            cx.count_in(self.who(), &caller, ty, &counted);
             self.note_refusing(cx);
         }
         if delta.is_empty() && !answer_due {
@@ -714,8 +746,16 @@ impl Session {
     /// The stream ended: its subscriptions no longer count.
     pub fn close(&self, cx: &Context<'_>) {
         cx.cache.close_stream(self.id);
-        cx.forget(ResourceType::Cluster, self.clusters.counted_len());
-        cx.forget(ResourceType::Endpoints, self.endpoints.counted_len());
+        cx.forget(
+            self.source,
+            ResourceType::Cluster,
+            self.clusters.counted_len(),
+        );
+        cx.forget(
+            self.source,
+            ResourceType::Endpoints,
+            self.endpoints.counted_len(),
+        );
     }
 }
 

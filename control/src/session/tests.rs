@@ -1,3 +1,5 @@
+use std::net::IpAddr;
+
 use super::*;
 use crate::model::Snapshot;
 use crate::prewarm::{History, Limits};
@@ -577,5 +579,83 @@ fn each_service_serves_only_its_own_types() {
     assert_eq!(
         Service::Ads.resource_type("type.googleapis.com/envoy.config.listener.v3.Listener"),
         None
+    );
+}
+
+#[test]
+fn one_source_takes_its_share_of_the_shared_room_and_no_more_however_many_streams_it_opens() {
+    let instances = ["a", "b", "c", "d", "e"].map(|vip| testdata::instance(vip, vip, "10.0.0.9"));
+    let snapshot = Snapshot::from_registry(&Registry::from_iter(instances));
+    let cache = Cache::with_snapshot(XdsOptions::new(Some("/ca.pem".into())), snapshot.into());
+    let metrics = Metrics::default();
+    let admission = Admission::with_share(10, 4);
+    let cx = bounded(&cache, &metrics, &admission);
+    let (hog, other): (IpAddr, IpAddr) = ("10.1.0.1".parse().unwrap(), "10.1.0.2".parse().unwrap());
+    let stream = |id, source| {
+        Session::new(id, Service::Ads, SubscriptionLimits::default()).from_source(Some(source))
+    };
+    let ask = |session: &mut Session, names: &[&str]| {
+        let [cluster, _] = session.on_request(&cx, request(CLUSTER_TYPE_URL, names, &[]));
+        let removed = cluster.as_ref().map(|r| r.removed_resources.clone());
+        (
+            sent(&cluster)
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>(),
+            removed.unwrap_or_default(),
+        )
+    };
+
+    // Two streams from one source: the second gets what is left of the source's share, and
+    // its other name waits (a removal now) although there is room over all streams.
+    let mut first = stream(1, hog);
+    assert_eq!(ask(&mut first, &["a.vip", "b.vip", "c.vip"]).0.len(), 3);
+    let mut second = stream(2, hog);
+    let (served, waiting) = ask(&mut second, &["d.vip", "e.vip"]);
+    assert_eq!(
+        (served.len(), waiting.len()),
+        (1, 1),
+        "{served:?} {waiting:?}"
+    );
+    assert!(second.is_waiting());
+    assert_eq!(admission.used_by(hog), 4);
+    assert_eq!(admission.room(), 6);
+    let waiting_for_source = || {
+        metrics
+            .xds_names_waiting_for_source_total
+            .load(Ordering::Relaxed)
+    };
+    assert_eq!(waiting_for_source(), 1);
+
+    // Another source is served all it asks for.
+    let mut third = stream(3, other);
+    assert_eq!(
+        ask(&mut third, &["a.vip", "b.vip", "c.vip", "d.vip"])
+            .0
+            .len(),
+        4
+    );
+    assert_eq!((admission.used_by(other), admission.room()), (4, 2));
+    assert_eq!(waiting_for_source(), 1);
+
+    // The source's first stream closes: its share frees up for its waiting name.
+    first.close(&cx);
+    assert_eq!(admission.used_by(hog), 1);
+    let [cluster, endpoints] = second.on_change(&cx, Changes::default());
+    assert_eq!(sent(&cluster).len(), 1);
+    assert_eq!(sent(&endpoints).len(), 1);
+    assert!(!second.is_waiting());
+    assert_eq!((admission.used_by(hog), admission.room()), (2, 4));
+
+    // Everything closed: nothing is left counted, and no source is remembered.
+    second.close(&cx);
+    third.close(&cx);
+    assert_eq!(
+        (
+            admission.used_by(hog),
+            admission.used_by(other),
+            admission.room()
+        ),
+        (0, 0, 10)
     );
 }
