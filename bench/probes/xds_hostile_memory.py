@@ -8,7 +8,8 @@ Starts `odmesh-control` on a registry file of 100 VIPs, then `odmesh-xds-flood` 
 streams (one connection each), each subscribing NAMES random names, as load assignments
 (default) or as clusters, until every name is answered. It then reads the control plane's
 RSS and high-water mark from /proc, and its subscription gauges from /metrics, and prints
-one JSON object. A one-off probe: nothing here is asserted. Needs
+one JSON object, with how long the admin port took to answer `/healthz` and `/metrics`
+(polled every 100 ms) while the flood ran. A one-off probe: nothing here is asserted. Needs
 target/release/{odmesh-control,odmesh-bench,odmesh-xds-flood}.
 """
 
@@ -17,7 +18,9 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,6 +52,41 @@ def gauges(admin):
     return out
 
 
+class AdminSampler(threading.Thread):
+    """Asks the admin port for `/healthz` and `/metrics` in turn every 100 ms until stopped;
+    keeps each answer's time, and counts the asks that got no answer within 10 s."""
+
+    def __init__(self, admin):
+        super().__init__(daemon=True)
+        self.admin, self.times, self.failed = admin, [], 0
+        self.stopping = threading.Event()
+
+    def run(self):
+        paths = ("/healthz", "/metrics")
+        i = 0
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                url = f"http://127.0.0.1:{self.admin}{paths[i % 2]}"
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    r.read()
+                self.times.append(time.monotonic() - started)
+            except Exception:
+                self.failed += 1
+            i += 1
+            self.stopping.wait(0.1)
+
+    def summary(self):
+        self.stopping.set()
+        self.join(timeout=15)
+        t = sorted(self.times)
+        if not t:
+            return {"answered": 0, "failed": self.failed}
+        at = lambda q: round(t[min(len(t) - 1, int(q * len(t)))] * 1000, 1)
+        return {"answered": len(t), "failed": self.failed, "p50_ms": at(0.5),
+                "p99_ms": at(0.99), "max_ms": round(t[-1] * 1000, 1)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--control", type=Path, default=run.ROOT / "target/release/odmesh-control")
@@ -77,12 +115,15 @@ def main():
                   else ["--until-answered", "--duration", "600"])
         if not args.clusters:
             flood.append("--load-assignments")
+        sampler = AdminSampler(cp.admin)
+        sampler.start()
         started = time.monotonic()
         # The streams stay open while the control plane is read: the flood runs until every
         # name is answered, then the figures are taken before it exits.
         p = subprocess.Popen(flood, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         out, _ = p.communicate(timeout=900)
         report = json.loads(out.strip().splitlines()[-1])
+        admin = sampler.summary()
         after = rss_and_peak(cp.pid)
         result = {
             "control": str(run.CONTROL),
@@ -98,6 +139,7 @@ def main():
             "rss_after_streams_closed_mib": round(after[0] / 2**20, 1),
             "rss_peak_mib": round(after[1] / 2**20, 1),
             "gauges_after": gauges(cp.admin),
+            "admin_during_flood": admin,
         }
         print(json.dumps(result, indent=1))
     finally:
