@@ -38,6 +38,37 @@ pub trait AdminView: Send + Sync + 'static {
     fn metrics(&self) -> String;
 }
 
+/// Runs `serve` on `listener` on a thread of its own with a runtime of its own, so that it
+/// answers however busy the xDS server keeps the main runtime's workers (a flood of
+/// requests); the handle ends when `serve` does.
+pub fn on_own_thread<F>(
+    name: &str,
+    listener: tokio::net::TcpListener,
+    serve: impl FnOnce(tokio::net::TcpListener) -> F + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>>
+where
+    F: std::future::Future<Output = std::io::Result<()>>,
+{
+    // The listener moves to the thread's runtime: it was registered with this one.
+    let listener = listener.into_std()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (done, ended) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let served = runtime
+                .block_on(async move { serve(tokio::net::TcpListener::from_std(listener)?).await });
+            let _ = done.send(served);
+        })?;
+    Ok(tokio::spawn(async move {
+        ended
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("its thread panicked")))
+    }))
+}
+
 /// The admin routes over `view`.
 pub fn router(view: Arc<dyn AdminView>) -> Router {
     Router::new()
@@ -149,6 +180,79 @@ mod tests {
             .await
             .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// The answer to `GET /healthz` from `addr`, read with a blocking socket within `limit`.
+    fn healthz(addr: std::net::SocketAddr, limit: std::time::Duration) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut socket = std::net::TcpStream::connect_timeout(&addr, limit)?;
+        socket.set_read_timeout(Some(limit))?;
+        socket.write_all(b"GET /healthz HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer)?;
+        Ok(answer)
+    }
+
+    #[test]
+    fn on_its_own_thread_the_admin_answers_while_every_worker_of_the_main_runtime_is_busy() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // The main runtime has one worker, which a task then keeps busy without yielding,
+        // as a flood's work could.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (busy, release) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, admin) = runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let view = Arc::new(Fake {
+                loaded: true,
+                metrics: Metrics::default(),
+            });
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            let serve = move |listener| {
+                let limits = odmesh_base::http_server::HttpLimits::default();
+                odmesh_base::http_server::serve(
+                    listener,
+                    router(view),
+                    limits,
+                    None,
+                    |_| {},
+                    shutdown,
+                )
+            };
+            let admin = on_own_thread("test-admin", listener, serve).unwrap();
+            let (busy, release) = (busy.clone(), release.clone());
+            tokio::spawn(async move {
+                busy.store(true, Ordering::SeqCst);
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            });
+            (addr, admin)
+        });
+        let limit = std::time::Duration::from_secs(10);
+        let started = std::time::Instant::now();
+        while !busy.load(Ordering::SeqCst) {
+            assert!(started.elapsed() < limit, "the busy task never ran");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+
+        let answer = healthz(addr, limit);
+        release.store(true, Ordering::SeqCst);
+        let answer = answer.expect("the admin answers while the main runtime is busy");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let _ = stop.send(());
+        let ended = runtime.block_on(async { tokio::time::timeout(limit, admin).await });
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
     }
 
     #[tokio::test]

@@ -376,7 +376,10 @@ async fn run() -> anyhow::Result<()> {
         policy: policy_status,
         prewarm: prewarm.clone(),
     };
-    let mut admin_task = tokio::spawn(serve_admin(admin_listener, view, stopped()));
+    let mut admin_task = admin::on_own_thread("odmesh-admin", admin_listener, {
+        let stop = stopped();
+        move |listener| serve_admin(listener, view, stop)
+    })?;
     let mut xds_task = tokio::spawn(xds.serve(xds_listener, stopped()));
     let prewarm_task = (prewarm.clone())
         .map(|p| tokio::spawn(keep_prewarm_history(p, metrics.clone(), stopped())));
