@@ -23,7 +23,7 @@
 //!    - a cluster name asked for while the complete registry does not list it, beyond the
 //!      `max_unregistered` such names its stream holds, is refused: the proxy holds nothing for
 //!      it until it is registered, and then holds it like any other. A kept unregistered name
-//!      is always admitted, and counts; a name the registry does not list *yet* (still
+//!      counts the same (a kept list brings in no more); a name the registry does not list *yet* (still
 //!      loading) is not counted, neither then nor once the registry is complete;
 //! 4. the bound over all streams (`max_subscriptions`, on cluster names): a request's new
 //!    cluster names beyond the room left wait for room (names the proxy kept and names over
@@ -170,7 +170,8 @@ struct Seen {
     refused_unregistered: usize,
     /// Checks of a name once refused that is now registered and held.
     refused_then_held: usize,
-    /// Kept unregistered names admitted (and counted) on a new stream.
+    /// Kept unregistered names admitted (and counted) on a new stream, within
+    /// `max_unregistered`.
     kept_unregistered: usize,
     /// Names asked for while the registry was loading and did not list them (not counted).
     not_known_yet: usize,
@@ -966,7 +967,7 @@ impl Bounds {
     }
 
     /// Follows a cluster name newly counted on the stream: over `max_unregistered`, an
-    /// unregistered name not `kept` is refused. Returns whether it is.
+    /// unregistered name, `kept` or not, is refused. Returns whether it is.
     fn admit(
         &mut self,
         name: &str,
@@ -985,11 +986,10 @@ impl Bounds {
                 false
             }
             Lookup::Unregistered => {
-                if kept {
-                    seen.kept_unregistered += 1;
-                    self.unregistered.insert(name.to_owned());
-                    false
-                } else if self.unregistered.len() < max_unregistered {
+                if self.unregistered.len() < max_unregistered {
+                    if kept {
+                        seen.kept_unregistered += 1;
+                    }
                     self.unregistered.insert(name.to_owned());
                     false
                 } else {
@@ -1009,8 +1009,8 @@ impl Bounds {
     }
 
     /// Follows a load-assignment name newly subscribed on the stream: over
-    /// `max_unregistered`, an unregistered name neither `kept` nor of a cluster the stream
-    /// counts (`covered`) is refused. Returns whether it is.
+    /// `max_unregistered`, an unregistered name not of a cluster the stream counts
+    /// (`covered`), `kept` or not, is refused. Returns whether it is.
     fn admit_endpoints(
         &mut self,
         name: &str,
@@ -1025,7 +1025,10 @@ impl Bounds {
         if !unregistered || covered {
             return false;
         }
-        if kept || self.unregistered_endpoints.len() < max_unregistered {
+        if self.unregistered_endpoints.len() < max_unregistered {
+            if kept {
+                seen.kept_unregistered += 1;
+            }
             self.unregistered_endpoints.insert(name.to_owned());
             false
         } else {

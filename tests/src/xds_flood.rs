@@ -36,6 +36,12 @@ pub struct FloodOptions {
     pub load_assignments: bool,
     /// Streams, each on a connection of its own, each subscribing `names` names.
     pub streams: u64,
+    /// Read responses but never ACK one.
+    pub no_ack: bool,
+    /// Never read a response (nor ACK one): the server's answers stay queued.
+    pub no_read: bool,
+    /// List every subscribed name in the kept versions too (`initial_resource_versions`).
+    pub kept_versions: bool,
     /// Seed of the random names (the same seed, the same names).
     pub seed: u64,
     /// Stop by itself after this long (it also stops when [`XdsFlood::stop`] closes its
@@ -56,6 +62,9 @@ impl FloodOptions {
             endpoints: false,
             load_assignments: false,
             streams: 1,
+            no_ack: false,
+            no_read: false,
+            kept_versions: false,
             seed: 1,
             duration: None,
             node_id: "odmesh-xds-flood".to_owned(),
@@ -177,6 +186,15 @@ impl XdsFlood {
             command.arg("--load-assignments");
         }
         command.arg("--streams").arg(options.streams.to_string());
+        if options.no_ack {
+            command.arg("--no-ack");
+        }
+        if options.no_read {
+            command.arg("--no-read");
+        }
+        if options.kept_versions {
+            command.arg("--kept-versions");
+        }
         let (process, stdin) = env.spawn_interactive(label, command);
         XdsFlood {
             process,

@@ -549,6 +549,188 @@ fn hostile_xds_streams_of_random_names_take_no_room_from_a_real_proxys_new_vips(
     assert_eq!(metrics["odmesh_xds_subscriptions"], 3 * served + 2 * real);
 }
 
+/// Asks the control plane's admin endpoint for `/healthz` and `/metrics` in turn, every
+/// 50 ms, until stopped; counts the asks that got no answer within [`ADMIN_ANSWER`].
+struct AdminProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, Vec<String>, Duration)>,
+}
+
+/// How long an admin ask may take before it counts as unanswered: an endpoint that answers,
+/// however busy the machine.
+const ADMIN_ANSWER: Duration = Duration::from_secs(10);
+
+impl AdminProbe {
+    fn start(admin: std::net::SocketAddr) -> AdminProbe {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut answered, mut failures, mut longest) = (0, Vec::new(), Duration::ZERO);
+            for path in ["/healthz", "/metrics"].iter().cycle() {
+                if stopping.load(Ordering::Relaxed) {
+                    break;
+                }
+                let started = Instant::now();
+                match Request::get(path)
+                    .host("admin")
+                    .send_within(admin, ADMIN_ANSWER)
+                {
+                    Ok(response) if response.status == 200 => answered += 1,
+                    Ok(response) => failures.push(format!("{path}: {}", response.status)),
+                    Err(e) => failures.push(format!("{path}: {e}")),
+                }
+                longest = longest.max(started.elapsed());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (answered, failures, longest)
+        });
+        AdminProbe { stop, thread }
+    }
+
+    /// Stops asking; panics if an ask went unanswered or none was made.
+    fn assert_always_answered(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (answered, failures, longest) = self.thread.join().expect("the admin probe");
+        eprintln!("admin: {answered} answered, the longest in {longest:?}");
+        assert!(
+            failures.is_empty(),
+            "the admin endpoint did not answer: {failures:?}"
+        );
+        assert!(answered > 0, "no admin ask was made");
+    }
+}
+
+#[test]
+fn a_hostile_xds_client_at_scale_leaves_the_admin_answering_memory_bounded_and_new_vips_routing() {
+    let env = TestEnv::new("chaos_hostile_scale");
+    let hello = EchoUpstream::start("hello-1");
+    let fresh = EchoUpstream::start("fresh");
+    const NEW_VIPS: u64 = 20;
+    let registered: Vec<Instance> = std::iter::once(Instance::new("hello", hello.port()))
+        .chain((0..NEW_VIPS).map(|i| Instance::new(&fresh_vip(i), fresh.port())))
+        .collect();
+    // The defaults: the bounds a platform team runs with.
+    let mesh = Mesh::start(&env, &registered);
+    assert_eq!(mesh.route("hello"), "hello-1");
+    let before = mesh.control.metrics();
+    let control_memory = RssSampler::of(mesh.control.process());
+    let admin = AdminProbe::start(mesh.control.admin());
+
+    // Many connections at once, each a stream of 2,000 random names: load assignments with
+    // kept versions never ACKed, clusters never ACKed, clusters with kept versions, and
+    // clusters never read.
+    let (streams, names) = (30, 2000);
+    let hostile = |node: &str, seed| FloodOptions {
+        streams,
+        batch: names,
+        seed,
+        node_id: node.to_owned(),
+        ..FloodOptions::names(names)
+    };
+    let xds = mesh.control.xds();
+    let kinds = [
+        FloodOptions {
+            load_assignments: true,
+            kept_versions: true,
+            no_ack: true,
+            ..hostile("kept-loads", 1)
+        },
+        FloodOptions {
+            no_ack: true,
+            ..hostile("no-ack", 2)
+        },
+        FloodOptions {
+            kept_versions: true,
+            ..hostile("kept-clusters", 3)
+        },
+        FloodOptions {
+            no_read: true,
+            ..hostile("no-read", 4)
+        },
+    ];
+    let mut floods: Vec<XdsFlood> = (kinds.iter())
+        .map(|options| XdsFlood::start_with(&env, &options.node_id, xds, options))
+        .collect();
+    let timeout = Duration::from_secs(180);
+    for (flood, options) in floods.iter_mut().zip(&kinds) {
+        match options.no_read {
+            true => flood.wait_progress(timeout, "every name sent", |p| {
+                p.names_sent == streams * names
+            }),
+            false => flood.wait_all_answered(streams * names, timeout),
+        };
+    }
+
+    // While they hold their names, the real proxy's first requests to new VIPs route.
+    for i in 0..NEW_VIPS {
+        let vip = fresh_vip(i);
+        let response = mesh.get(&vip);
+        assert_eq!(response.status, 200, "{vip}: {}", response.text());
+    }
+    let metrics = mesh.control.metrics();
+    let reports: Vec<_> = floods.into_iter().map(|f| f.stop(DEADLINE)).collect();
+    let control_memory = control_memory.stop();
+    admin.assert_always_answered();
+    for (report, options) in reports.iter().zip(&kinds) {
+        eprintln!("{}: {}", options.node_id, report.json);
+    }
+    eprintln!("control plane: {}", control_memory.summary());
+    let delta = |name: &str| metrics[name] - before.get(name).copied().unwrap_or(0);
+
+    // Every stream was served 100 names (--xds-max-unregistered), kept versions or not; the
+    // rest were refused, and nothing waited for room.
+    let served = streams * 100;
+    let refused = streams * names - served;
+    for (report, options) in reports.iter().zip(&kinds) {
+        let got = match options.load_assignments {
+            true => report.endpoints,
+            false => report.clusters,
+        };
+        match options.no_read {
+            true => assert_eq!(report.responses, 0, "{}", options.node_id),
+            false => assert_eq!(
+                (got, report.removed),
+                (served, refused),
+                "{}",
+                options.node_id
+            ),
+        }
+    }
+    assert_eq!(delta("odmesh_xds_names_refused_total"), 4 * refused);
+    assert_eq!(delta("odmesh_xds_names_waiting_total"), 0);
+    // Counted: the three cluster floods' served names, the load assignments sent behind the
+    // clusters of the two that listed no kept versions, the load-assignment flood's, and
+    // the real proxy's.
+    let real = 1 + NEW_VIPS;
+    assert_eq!(
+        metrics["odmesh_xds_cluster_subscriptions"],
+        3 * served + real
+    );
+    assert_eq!(metrics["odmesh_xds_subscriptions"], 6 * served + 2 * real);
+
+    // Memory within what docs/production.md states a name and a connection cost at most.
+    let connections = kinds.len() as u64 * streams;
+    let bound = 4 * refused * REFUSED_NAME_BYTES
+        + (6 * served + 2 * real) * COUNTED_NAME_BYTES
+        + connections * CONNECTION_BYTES;
+    let grown = control_memory
+        .peak()
+        .0
+        .saturating_sub(control_memory.first());
+    assert!(
+        grown <= bound,
+        "the control plane grew {grown} bytes, over the documented {bound}"
+    );
+}
+
+/// The most a refused name costs the control plane, by docs/production.md ("Bounds").
+const REFUSED_NAME_BYTES: u64 = 512;
+/// The most a counted name costs, by docs/production.md.
+const COUNTED_NAME_BYTES: u64 = 1536;
+/// The most an xDS connection costs, by docs/production.md.
+const CONNECTION_BYTES: u64 = 100 * 1024;
+
 /// The `i`th VIP registered for the other proxy's first requests in the flood test.
 fn fresh_vip(i: u64) -> String {
     format!("fresh-{:04}", i % FRESH_VIPS)

@@ -1,5 +1,5 @@
 use super::*;
-use crate::session::{Delta, SubscriptionLimits, Subscriptions, diff, diff_pending};
+use crate::session::{Delta, Room, SubscriptionLimits, Subscriptions, diff, diff_pending};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use odmesh_registry::testing as testdata;
@@ -750,12 +750,35 @@ fn unsubscribing_an_unregistered_name_makes_room_for_another() {
 }
 
 #[test]
-fn a_name_the_client_kept_is_always_admitted_it_holds_it_already() {
-    let mut cds = limited(100, 0);
-    let initial = HashMap::from([("x.vip".to_string(), "v1".to_string())]);
+fn names_the_client_kept_count_under_the_unregistered_bound_like_any_other() {
+    // A kept list cannot bring in more unregistered names than a stream is served: a real
+    // proxy never held more, and an unregistered cluster carries no request that would work.
+    let mut cds = limited(100, 1);
+    let initial = HashMap::from([
+        ("x.vip".to_string(), "v1".to_string()),
+        ("y.vip".to_string(), "v1".to_string()),
+    ]);
     cds.update(&names(&["x.vip", "y.vip"]), &[], &initial);
     assert!(cds.admit_unregistered("x.vip"));
     assert!(!cds.admit_unregistered("y.vip"));
+    assert!(cds.is_refused("y.vip"));
+}
+
+#[test]
+fn kept_names_need_no_room_from_other_sources_but_take_their_own_sources_share() {
+    let kept = HashMap::from([
+        ("a.vip".to_string(), "v1".to_string()),
+        ("b.vip".to_string(), "v1".to_string()),
+    ]);
+    let ask = names(&["a.vip", "b.vip", "c.vip"]);
+    // No room over all streams: the kept names are taken, within the share; the new one waits.
+    let room = Room { any: 0, share: 5 };
+    let change = limited(100, 10).update_within_share(&ask, &[], &kept, room);
+    assert_eq!((change.added.len(), change.over_room), (2, 1));
+    // A share of one: one kept name, and nothing more.
+    let room = Room { any: 10, share: 1 };
+    let change = limited(100, 10).update_within_share(&ask, &[], &kept, room);
+    assert_eq!((change.added, change.over_room), (vec!["a.vip".into()], 2));
 }
 
 #[tokio::test]

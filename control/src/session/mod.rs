@@ -30,7 +30,7 @@ mod clusters;
 mod subscriptions;
 pub use admission::Admission;
 pub use subscriptions::{
-    Delta, Known, SubscriptionChange, SubscriptionLimits, Subscriptions, WILDCARD, diff,
+    Delta, Known, Room, SubscriptionChange, SubscriptionLimits, Subscriptions, WILDCARD, diff,
     diff_pending,
 };
 
@@ -482,13 +482,19 @@ impl Session {
         }
         // The bound over all streams is on cluster names; each brings its load assignment.
         let room = match ty {
-            ResourceType::Cluster => cx.admission.room_for(self.source),
-            ResourceType::Endpoints => usize::MAX,
+            ResourceType::Cluster => Room {
+                any: cx.admission.room(),
+                share: cx.admission.share_left(self.source),
+            },
+            ResourceType::Endpoints => Room {
+                any: usize::MAX,
+                share: usize::MAX,
+            },
         };
         let initial = &req.initial_resource_versions;
         let change = self
             .subs(ty)
-            .update_within(&subscribe, unsubscribe, initial, room);
+            .update_within_share(&subscribe, unsubscribe, initial, room);
         if ty == ResourceType::Cluster {
             self.hold_ahead(held);
         }

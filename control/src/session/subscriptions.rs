@@ -145,6 +145,15 @@ pub struct SubscriptionChange {
     pub wildcard: bool,
 }
 
+/// The room a request's new names may take: `any` under every bound over all streams, and
+/// `share` of the stream's source's share alone (see
+/// [`Subscriptions::update_within_share`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    pub any: usize,
+    pub share: usize,
+}
+
 impl Subscriptions {
     /// Empty subscriptions bounded by `limits`.
     pub fn with_limits(limits: SubscriptionLimits) -> Subscriptions {
@@ -179,7 +188,25 @@ impl Subscriptions {
         subscribe: &[String],
         unsubscribe: &[String],
         initial_versions: &HashMap<String, String>,
-        mut room: usize,
+        room: usize,
+    ) -> SubscriptionChange {
+        let room = Room {
+            any: room,
+            share: usize::MAX,
+        };
+        self.update_within_share(subscribe, unsubscribe, initial_versions, room)
+    }
+
+    /// [`Subscriptions::update_within`] where kept names too take from `room.share`, what is
+    /// left of the stream's source's share (see [`Admission`](super::Admission)): the names a
+    /// proxy kept need no room from other sources, but no more than its own source's share.
+    /// New names take from both.
+    pub fn update_within_share(
+        &mut self,
+        subscribe: &[String],
+        unsubscribe: &[String],
+        initial_versions: &HashMap<String, String>,
+        mut room: Room,
     ) -> SubscriptionChange {
         let mut change = SubscriptionChange::default();
         for name in subscribe {
@@ -202,12 +229,12 @@ impl Subscriptions {
     }
 
     /// Subscribes `name`, of which the client says it kept version `kept`, taking room from
-    /// `room` if it is new and not kept.
+    /// `room` if it is new (only from its share if kept).
     fn subscribe(
         &mut self,
         name: &str,
         kept: Option<&String>,
-        room: &mut usize,
+        room: &mut Room,
         change: &mut SubscriptionChange,
     ) {
         // Rule: the server must answer every name in `resource_names_subscribe`, even one it
@@ -241,8 +268,13 @@ impl Subscriptions {
         }
         let name = ResourceName::new(name);
         // What the client kept from an earlier stream is in its memory already: it takes no
-        // room from other streams (taking it away could cost requests).
-        if *room == 0 && kept.is_none() {
+        // room from other sources' streams (taking it away could cost requests); only from its
+        // own source's share, which a real proxy never held more than.
+        let free = match kept {
+            Some(_) => room.share,
+            None => room.any.min(room.share),
+        };
+        if free == 0 {
             change.over_room += 1;
             self.waiting.insert(name.clone());
             self.pending.insert(name.clone());
@@ -250,8 +282,9 @@ impl Subscriptions {
                 .insert(name, Subscription::new(Known::Nothing, Standing::Waiting));
             return;
         }
+        room.share = room.share.saturating_sub(1);
         if kept.is_none() {
-            *room -= 1;
+            room.any -= 1;
         }
         self.pending.insert(name.clone());
         self.names
@@ -355,8 +388,9 @@ impl Subscriptions {
     /// Admits `name`, subscribed and not registered, within
     /// [`SubscriptionLimits::max_unregistered`]; over it, the name is refused: answered with
     /// a removal until it is registered, and neither counted nor watched meanwhile. Returns
-    /// whether it was admitted. Names the client kept from an earlier stream are always
-    /// admitted (it holds them already), and count.
+    /// whether it was admitted. Names the client kept from an earlier stream count the same
+    /// (a real proxy held no more than the bound of them, and an unregistered cluster, with no
+    /// endpoints, carries no request that would work: a kept list cannot bring in more).
     pub fn admit_unregistered(&mut self, name: &str) -> bool {
         let Some(sub) = self.names.get(name) else {
             return true;
@@ -366,10 +400,8 @@ impl Subscriptions {
             Standing::Refused | Standing::Waiting => return false,
             Standing::Counted => {}
         }
-        // Counted, so that a reconnect cannot bring more in beside them.
-        let kept = matches!(sub.known, Known::Kept(_));
         let name = self.key(name);
-        if kept || self.unregistered < self.limits.max_unregistered {
+        if self.unregistered < self.limits.max_unregistered {
             self.set_standing(&name, Standing::Unregistered);
             true
         } else {

@@ -77,6 +77,13 @@ struct Args {
     /// queued; end with `--duration` or stdin.
     #[arg(long, conflicts_with = "until_answered")]
     no_read: bool,
+    /// Read responses but never ACK one, as a client that leaves every response pending.
+    #[arg(long, conflicts_with = "no_read")]
+    no_ack: bool,
+    /// List every subscribed name in the request's kept versions too
+    /// (`initial_resource_versions`), as a client claiming to hold them already.
+    #[arg(long)]
+    kept_versions: bool,
     /// Streams, each on a connection of its own, each subscribing `--names` names.
     #[arg(long, default_value_t = 1)]
     streams: u64,
@@ -344,6 +351,7 @@ async fn flood(
             names: args.names,
             batch: args.batch,
             rate: args.rate,
+            kept_versions: args.kept_versions,
         },
     ));
 
@@ -430,12 +438,15 @@ fn on_response(
     if stats.all_answered.is_none() && stats.resources[asked] + stats.removed[asked] >= args.names {
         stats.all_answered = Some(at);
     }
-    let mut out = vec![DeltaDiscoveryRequest {
-        type_url: response.type_url.clone(),
-        response_nonce: response.nonce.clone(),
-        ..Default::default()
-    }];
-    stats.acks_sent += 1;
+    let mut out = Vec::new();
+    if !args.no_ack {
+        out.push(DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            ..Default::default()
+        });
+        stats.acks_sent += 1;
+    }
     if args.endpoints && kind == 0 {
         let names: Vec<String> = response
             .resources
@@ -472,6 +483,8 @@ struct Batches {
     names: u64,
     batch: u64,
     rate: f64,
+    /// Every name listed in the kept versions too.
+    kept_versions: bool,
 }
 
 /// Sends the requests of `batches`; the first carries the node.
@@ -487,6 +500,7 @@ async fn send_batches(
         names,
         batch,
         rate,
+        kept_versions,
     } = batches;
     let mut rng = Rng(seed);
     let mut node = Some(node);
@@ -497,12 +511,21 @@ async fn send_batches(
             tokio::time::sleep_until(start + Duration::from_secs_f64(done as f64 / rate)).await;
         }
         let n = batch.min(names - done);
+        let names: Vec<String> = (0..n)
+            .map(|_| format!("flood-{:016x}.vip", rng.next()))
+            .collect();
+        let kept = match kept_versions {
+            true => names
+                .iter()
+                .map(|name| (name.clone(), "1".into()))
+                .collect(),
+            false => Default::default(),
+        };
         let request = DeltaDiscoveryRequest {
             node: node.take(),
             type_url: type_url.into(),
-            resource_names_subscribe: (0..n)
-                .map(|_| format!("flood-{:016x}.vip", rng.next()))
-                .collect(),
+            resource_names_subscribe: names,
+            initial_resource_versions: kept,
             ..Default::default()
         };
         if tx.send(request).await.is_err() {
