@@ -197,6 +197,12 @@ def start_control(procs, registry, name="control", extra=(), rust_log=None):
     gets only what it asks for, as the sections measuring discovery need."""
     if not any(a in ("--prewarm-history", "--no-prewarm") for a in extra):
         extra = [*extra, "--no-prewarm"]
+    # Every simulated proxy of a benchmark connects from 127.0.0.1: one address may hold as
+    # much as all of them.
+    for flag, value in (("--xds-max-connections-per-source", "10000"),
+                        ("--xds-max-subscriptions-per-source", "1000000")):
+        if flag not in extra:
+            extra = [*extra, flag, value]
     xds, admin, eureka = free_port(), free_port(), free_port()
     source = ["--registry", registry] if registry else ["--serve-eureka", f"127.0.0.1:{eureka}"]
     # The embedded registry logs every registration at info; at a million that is the log's whole size.

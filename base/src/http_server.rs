@@ -5,10 +5,9 @@
 //! Bodies are the handlers' business: [`read_body`] reads one within a size and a time
 //! limit, and answers 413 or 408 in words.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -21,7 +20,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::listen::ConnectionLimit;
+use crate::listen::{ConnectionLimit, SourceLimit};
 
 /// The bounds of one HTTP server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,52 +145,6 @@ pub async fn serve(
 /// The address a request came from, in its extensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Source(pub SocketAddr);
-
-/// Connections at once per source address.
-struct SourceLimit {
-    max: usize,
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-/// One connection from `ip`, given back when dropped.
-struct SourceSlot {
-    ip: IpAddr,
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl SourceLimit {
-    fn new(max: usize) -> SourceLimit {
-        SourceLimit {
-            max,
-            open: Arc::default(),
-        }
-    }
-
-    fn try_acquire(&self, ip: IpAddr) -> Option<SourceSlot> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(ip).or_insert(0);
-        if *n >= self.max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            ip,
-            open: self.open.clone(),
-        })
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
 
 /// What serving one accepted connection takes.
 struct Connection {

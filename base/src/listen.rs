@@ -4,9 +4,11 @@
 //! that sends nothing at all is closed after a deadline, so silent connections cannot hold
 //! every slot.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
@@ -25,10 +27,62 @@ pub struct ConnectionLimit {
     /// How long a connection may take to send its first bytes (`None`: for ever), and what
     /// is told when one did not.
     first_read_within: Option<(Duration, Silent)>,
+    /// At most so many connections from one address (`None`: no such bound), and what is
+    /// told of one refused over it.
+    per_source: Option<(SourceLimit, Silent)>,
 }
 
-/// Called for each connection given up because it sent nothing in time.
+/// Called for each connection given up because it sent nothing in time (or, for
+/// [`ConnectionLimit::per_source`], refused over its source's bound).
 type Silent = Arc<dyn Fn() + Send + Sync>;
+
+/// Connections at once per source address.
+#[derive(Clone)]
+pub(crate) struct SourceLimit {
+    max: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One connection from `ip`, given back when dropped.
+pub(crate) struct SourceSlot {
+    ip: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl SourceLimit {
+    pub(crate) fn new(max: usize) -> SourceLimit {
+        SourceLimit {
+            max,
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for one more connection from `ip`, if it has fewer than the bound open.
+    pub(crate) fn try_acquire(&self, ip: IpAddr) -> Option<SourceSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            ip,
+            open: self.open.clone(),
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
 
 impl ConnectionLimit {
     /// At most `max` connections at once.
@@ -36,6 +90,20 @@ impl ConnectionLimit {
         ConnectionLimit {
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             first_read_within: None,
+            per_source: None,
+        }
+    }
+
+    /// Of the bound, at most `max` connections at once from one address, so that one client
+    /// cannot take every slot; one over is closed on arrival, calling `refused`.
+    pub fn per_source(
+        self,
+        max: usize,
+        refused: impl Fn() + Send + Sync + 'static,
+    ) -> ConnectionLimit {
+        ConnectionLimit {
+            per_source: Some((SourceLimit::new(max), Arc::new(refused))),
+            ..self
         }
     }
 
@@ -70,19 +138,37 @@ impl ConnectionLimit {
     {
         incoming.filter_map(move |accepted| {
             let out = match accepted {
-                Ok(io) => match self.try_acquire() {
-                    Some(permit) => Some(Ok(Counted {
-                        io,
-                        _slot: permit,
-                        first_read: (self.first_read_within.as_ref())
-                            .map(|(d, silent)| (Box::pin(sleep(*d)), silent.clone())),
-                    })),
-                    None => {
-                        refused();
-                        drop(io);
-                        None
+                Ok(io) => {
+                    let source = match &self.per_source {
+                        None => Ok(None),
+                        Some((limit, refused)) => {
+                            let ip = io.peer_addr().map(|addr| addr.ip().to_canonical());
+                            match ip.ok().map(|ip| limit.try_acquire(ip)) {
+                                Some(None) => Err(refused),
+                                // An address not known (the peer already gone) holds no slot.
+                                Some(slot) => Ok(slot),
+                                None => Ok(None),
+                            }
+                        }
+                    };
+                    match (source, self.try_acquire()) {
+                        (Err(refused_by_source), _) => {
+                            refused_by_source();
+                            None
+                        }
+                        (Ok(source), Some(permit)) => Some(Ok(Counted {
+                            io,
+                            _slot: permit,
+                            _source: source,
+                            first_read: (self.first_read_within.as_ref())
+                                .map(|(d, silent)| (Box::pin(sleep(*d)), silent.clone())),
+                        })),
+                        (Ok(_), None) => {
+                            refused();
+                            None
+                        }
                     }
-                },
+                }
                 Err(e) => Some(Err(e)),
             };
             std::future::ready(out)
@@ -94,6 +180,7 @@ impl ConnectionLimit {
 pub struct Counted<IO> {
     io: IO,
     _slot: OwnedSemaphorePermit,
+    _source: Option<SourceSlot>,
     /// Until the first bytes arrive: when the connection is given up, and who is told.
     first_read: Option<(Pin<Box<Sleep>>, Silent)>,
 }
@@ -192,6 +279,52 @@ mod tests {
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
     use tokio_stream::wrappers::TcpListenerStream;
+
+    /// A connection to `addr` from `source`, another loopback address (all of 127.0.0.0/8 is
+    /// the loopback interface's on Linux).
+    async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_source_holds_at_most_its_bound_and_others_are_served_meanwhile() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let refused = Arc::new(AtomicUsize::new(0));
+        let counter = refused.clone();
+        let limit = ConnectionLimit::new(10).per_source(1, move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let mut incoming = Box::pin(limit.incoming(TcpListenerStream::new(listener), || {
+            panic!("the bound over all connections is not reached")
+        }));
+        let wait = std::time::Duration::from_secs(5);
+        let mut next = async || {
+            let accepted = tokio::time::timeout(wait, incoming.next()).await;
+            accepted.unwrap().unwrap().unwrap()
+        };
+
+        let _first = connect_from("127.0.0.1", addr).await;
+        let held = next().await;
+        // A second from the same address is closed on arrival; one from another is served.
+        let mut second = connect_from("127.0.0.1", addr).await;
+        let _other = connect_from("127.0.0.2", addr).await;
+        let served = next().await;
+        assert_eq!(served.io.peer_addr().unwrap().ip().to_string(), "127.0.0.2");
+        assert_eq!(refused.load(Ordering::Relaxed), 1);
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(wait, second.read(&mut byte)).await;
+        assert!(matches!(read, Ok(Ok(0) | Err(_))), "closed: {read:?}");
+
+        // The first address's connection ends: it may connect again.
+        drop(held);
+        let _again = connect_from("127.0.0.1", addr).await;
+        let again = next().await;
+        assert_eq!(again.io.peer_addr().unwrap().ip().to_string(), "127.0.0.1");
+        assert_eq!(refused.load(Ordering::Relaxed), 1);
+    }
 
     #[tokio::test]
     async fn a_connection_over_the_limit_is_closed_and_counted_and_a_freed_slot_is_reused() {

@@ -385,6 +385,12 @@ pub(crate) struct XdsArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 10_000)]
     pub(crate) xds_max_connections: usize,
 
+    /// Of --xds-max-connections, the connections served at once from one address, so that one
+    /// client cannot take every slot; more are closed on arrival. An Envoy opens one. Raise it
+    /// where many proxies reach the control plane from one address (NAT).
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 256)]
+    pub(crate) xds_max_connections_per_source: usize,
+
     /// How long an xDS connection may take to send its first bytes; one that sends nothing is
     /// closed then, so silent connections cannot hold every slot of --xds-max-connections.
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]

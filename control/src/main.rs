@@ -158,6 +158,7 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
     Ok(XdsConfig {
         subscriptions: x.subscriptions(),
         max_connections: x.xds_max_connections,
+        max_connections_per_source: x.xds_max_connections_per_source,
         max_streams_per_connection: x.xds_max_streams_per_connection.max(1),
         max_subscriptions: x.xds_max_subscriptions,
         max_subscriptions_per_source: x.xds_max_subscriptions_per_source,

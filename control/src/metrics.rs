@@ -54,6 +54,9 @@ odmesh_base::metrics! {
         xds_heavy_jobs_total: "counter",
         /// xDS connections closed on arrival because --xds-max-connections were open.
         xds_connections_refused_total: "counter",
+        /// xDS connections closed on arrival because their address had
+        /// --xds-max-connections-per-source open.
+        xds_connections_refused_source_total: "counter",
         /// xDS connections closed because they sent nothing within --xds-first-bytes-timeout.
         xds_connections_silent_total: "counter",
         /// Names answered with a removal because a stream was over --xds-max-names or

@@ -73,6 +73,9 @@ pub struct XdsConfig {
     pub subscriptions: SubscriptionLimits,
     /// Connections served at once; one more is closed as soon as it is accepted.
     pub max_connections: usize,
+    /// Of `max_connections`, connections at once from one address; more are closed when
+    /// accepted (metric `xds_connections_refused_source_total`).
+    pub max_connections_per_source: usize,
     /// HTTP/2 streams one connection may open at once (Envoy needs one, for ADS).
     pub max_streams_per_connection: u32,
     /// Cluster names subscribed over all streams (each with its load assignment); beyond,
@@ -103,12 +106,13 @@ pub struct XdsConfig {
 }
 
 impl Default for XdsConfig {
-    /// Plaintext; 10,000 connections of at most 8 streams; [`SubscriptionLimits::default`]
+    /// Plaintext; 10,000 connections (256 from one address) of at most 8 streams; [`SubscriptionLimits::default`]
     /// per stream, 1,000,000 cluster subscriptions in all, 100,000 per source address.
     fn default() -> XdsConfig {
         XdsConfig {
             subscriptions: SubscriptionLimits::default(),
             max_connections: 10_000,
+            max_connections_per_source: 256,
             max_streams_per_connection: 8,
             max_subscriptions: 1_000_000,
             max_subscriptions_per_source: 100_000,
@@ -290,12 +294,14 @@ impl XdsServer {
             .with_nodelay(Some(true))
             .with_keepalive(Some(KEEPALIVE));
         let (metrics, silent) = (self.shared.metrics.clone(), self.shared.metrics.clone());
-        let limit = (ConnectionLimit::new(config.max_connections)).first_read_within(
-            config.first_bytes_timeout,
-            move || {
+        let by_source = self.shared.metrics.clone();
+        let limit = (ConnectionLimit::new(config.max_connections))
+            .first_read_within(config.first_bytes_timeout, move || {
                 inc(&silent.xds_connections_silent_total);
-            },
-        );
+            })
+            .per_source(config.max_connections_per_source, move || {
+                inc(&by_source.xds_connections_refused_source_total);
+            });
         let incoming = limit.incoming(incoming, move || {
             inc(&metrics.xds_connections_refused_total);
         });

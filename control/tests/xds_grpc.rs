@@ -112,6 +112,11 @@ impl Harness {
     /// An ADS stream whose connection comes from `source`, another loopback address (the
     /// whole of 127.0.0.0/8 is the loopback interface's on Linux).
     async fn ads_from(&self, source: std::net::IpAddr, node: &str) -> Client {
+        self.try_ads_from(source, node).await.unwrap()
+    }
+
+    /// [`Harness::ads_from`], or why the stream could not be opened.
+    async fn try_ads_from(&self, source: std::net::IpAddr, node: &str) -> Result<Client, String> {
         let addr = self.addr;
         let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| async move {
             let socket = tokio::net::TcpSocket::new_v4()?;
@@ -123,9 +128,9 @@ impl Harness {
             .unwrap()
             .connect_with_connector(connector)
             .await
-            .unwrap();
+            .map_err(|e| e.to_string())?;
         let client = AggregatedDiscoveryServiceClient::new(channel);
-        Client::open(client, node).await.unwrap()
+        Client::open(client, node).await
     }
 
     async fn ads(&self, node: &str) -> Client {
@@ -637,6 +642,55 @@ async fn a_connection_over_the_limit_is_closed_and_counted_and_the_others_are_se
     // The first is still served.
     first.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
     assert_eq!(names(&first.recv().await), ["other.vip"]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_over_its_addresss_bound_is_closed_and_counted_and_other_addresses_are_served()
+{
+    let config = XdsConfig {
+        max_connections_per_source: 1,
+        ..XdsConfig::default()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    let (busy, other): (std::net::IpAddr, std::net::IpAddr) =
+        ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    let mut first = h.ads_from(busy, "proxy-1").await;
+    first.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&first.recv().await), ["hello.vip"]);
+
+    // A second connection from the same address is closed on arrival.
+    if let Ok(mut second) = h.try_ads_from(busy, "proxy-2").await {
+        second.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+        let answer = tokio::time::timeout(WAIT, second.inbound.message()).await;
+        assert!(
+            !matches!(answer, Ok(Ok(Some(_)))),
+            "the second connection of the address was served"
+        );
+    }
+    h.until_metric("the refused connection counted", |m| {
+        m.xds_connections_refused_source_total
+            .load(Ordering::Relaxed)
+            >= 1
+    })
+    .await;
+    // Another address is served, and so is the first connection.
+    let mut real = h.ads_from(other, "proxy-3").await;
+    real.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&real.recv().await), ["hello.vip"]);
+    first.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
+    assert_eq!(
+        names(&first.recv().await),
+        ["hello.vip"],
+        "its endpoints, then"
+    );
+    assert_eq!(names(&first.recv().await), ["other.vip"]);
+    assert_eq!(
+        h.metrics
+            .xds_connections_refused_total
+            .load(Ordering::Relaxed),
+        0
+    );
     h.stop().await;
 }
 
