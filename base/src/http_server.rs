@@ -39,11 +39,16 @@ pub struct HttpLimits {
     /// How long an answer may wait for a client that does not read it (no byte written for
     /// that long): a reader that stalls is disconnected rather than holding the answer.
     pub write_timeout: Duration,
+    /// The slowest a client may read an answer, in bytes per second, counted over the time
+    /// the server waits on it: one that reads less than `write_timeout` of it in
+    /// `write_timeout` of waiting is disconnected, so a reader that takes a byte now and then
+    /// cannot keep its slot and the answer for ever.
+    pub min_read_rate: u64,
 }
 
 impl Default for HttpLimits {
     /// 1,024 connections, 256 from one address, 10 s for headers (and idle), 10 s for a TLS
-    /// handshake, 30 s for a stalled reader.
+    /// handshake, 30 s for a stalled reader, which must read 1 KiB a second.
     fn default() -> HttpLimits {
         HttpLimits {
             max_connections: 1024,
@@ -51,6 +56,7 @@ impl Default for HttpLimits {
             header_timeout: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
+            min_read_rate: 1024,
         }
     }
 }
@@ -163,7 +169,7 @@ impl Connection {
         tls: Option<TlsAcceptor>,
         on_event: &(impl Fn(HttpEvent) + ?Sized),
     ) {
-        let write_timeout = self.limits.write_timeout;
+        let write_timeout = (self.limits.write_timeout, self.limits.min_read_rate);
         let result =
             match tls {
                 None => {
@@ -206,48 +212,79 @@ impl Connection {
     }
 }
 
-/// A connection whose writes fail (`TimedOut`) when its peer has read nothing for
-/// `timeout`: hyper waits for a slow reader forever otherwise.
+/// A connection whose writes fail (`TimedOut`) when its peer reads too slowly: less than
+/// `min_read` bytes in `timeout` of writes waiting on it (nothing at all, or a byte now and
+/// then). hyper waits for a slow reader forever otherwise. Only the time a write waits for
+/// the peer counts, so a kept-alive connection's idle time never does.
 struct WriteDeadline<IO> {
     io: IO,
     timeout: Duration,
-    /// Armed while a write waits for the peer.
-    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    min_read: u64,
+    /// The writes' waiting time in the current window, and the bytes the peer took in it. A
+    /// window ends when the peer has taken `min_read`.
+    waited: Duration,
+    taken: u64,
+    /// While a write waits: since when, and when the window's time runs out.
+    waiting: Option<(tokio::time::Instant, std::pin::Pin<Box<tokio::time::Sleep>>)>,
 }
 
 impl<IO> WriteDeadline<IO> {
-    fn new(io: IO, timeout: Duration) -> WriteDeadline<IO> {
+    /// `io` whose peer must read `min_rate` bytes a second, over `timeout` of waiting.
+    fn new(io: IO, (timeout, min_rate): (Duration, u64)) -> WriteDeadline<IO> {
         WriteDeadline {
             io,
             timeout,
-            stalled: None,
+            min_read: (min_rate as f64 * timeout.as_secs_f64()) as u64,
+            waited: Duration::ZERO,
+            taken: 0,
+            waiting: None,
         }
     }
 
-    /// What to make of a write that returned `poll`: progress disarms the deadline, waiting
-    /// arms it, and a deadline that passed is an error.
+    /// What to make of a write that returned `poll` (of `written(ready)` bytes): waiting
+    /// counts against the window, the bytes taken toward it, and a window whose time ran out
+    /// before the peer took enough is an error.
     fn judge<T>(
         &mut self,
         cx: &mut std::task::Context<'_>,
         poll: std::task::Poll<std::io::Result<T>>,
+        written: impl Fn(&T) -> usize,
     ) -> std::task::Poll<std::io::Result<T>> {
         use std::future::Future;
         use std::task::Poll;
-        if poll.is_ready() {
-            self.stalled = None;
-            return poll;
+        if let Poll::Ready(result) = poll {
+            if let Some((since, _)) = self.waiting.take() {
+                self.waited += since.elapsed();
+            }
+            if let Ok(done) = &result {
+                self.taken += written(done) as u64;
+            }
+            if self.taken >= self.min_read.max(1) {
+                (self.waited, self.taken) = (Duration::ZERO, 0);
+            } else if self.waited >= self.timeout {
+                return Poll::Ready(Err(self.too_slow()));
+            }
+            return Poll::Ready(result);
         }
-        let timeout = self.timeout;
-        let sleep = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        let left = self.timeout.saturating_sub(self.waited);
+        let (_, sleep) = self.waiting.get_or_insert_with(|| {
+            let now = tokio::time::Instant::now();
+            (now, Box::pin(tokio::time::sleep_until(now + left)))
+        });
         match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the client read nothing for {timeout:?}"),
-            ))),
+            Poll::Ready(()) => Poll::Ready(Err(self.too_slow())),
             Poll::Pending => Poll::Pending,
         }
+    }
+
+    fn too_slow(&self) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the client read {} bytes in {:?} (at least {} expected)",
+                self.taken, self.timeout, self.min_read
+            ),
+        )
     }
 }
 
@@ -268,7 +305,7 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let poll = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
-        self.judge(cx, poll)
+        self.judge(cx, poll, |n| *n)
     }
 
     fn poll_flush(
@@ -276,7 +313,7 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         let poll = std::pin::Pin::new(&mut self.io).poll_flush(cx);
-        self.judge(cx, poll)
+        self.judge(cx, poll, |()| 0)
     }
 
     fn poll_shutdown(
@@ -384,7 +421,7 @@ fn drain(body: Body, timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::wait_until;
+    use crate::testing::{connect_from, wait_until};
     use axum::routing::post;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -442,15 +479,6 @@ mod tests {
         let mut out = Vec::new();
         let _ = tokio::time::timeout(WAIT, conn.read_to_end(&mut out)).await;
         String::from_utf8_lossy(&out).into_owned()
-    }
-
-    /// A connection to `addr` from the loopback address `from`.
-    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind((std::net::Ipv4Addr::from(from), 0).into())
-            .unwrap();
-        socket.connect(addr).await.unwrap()
     }
 
     /// Whether the server answers a request on `conn` (it was not closed on arrival).
@@ -623,6 +651,70 @@ mod tests {
             events.load(Ordering::Relaxed) > 0
         })
         .await;
+    }
+
+    /// A peer that takes `chunk` bytes every `every`, and keeps writes waiting in between.
+    struct Reader {
+        chunk: usize,
+        every: Duration,
+        next: std::pin::Pin<Box<tokio::time::Sleep>>,
+    }
+
+    impl Reader {
+        fn new(chunk: usize, every: Duration) -> Reader {
+            let next = Box::pin(tokio::time::sleep(every));
+            Reader { chunk, every, next }
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Reader {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            use std::future::Future;
+            std::task::ready!(self.next.as_mut().poll(cx));
+            let at = tokio::time::Instant::now() + self.every;
+            self.next.as_mut().reset(at);
+            std::task::Poll::Ready(Ok(buf.len().min(self.chunk)))
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_takes_a_little_now_and_then_is_cut_off_and_one_that_keeps_pace_is_not() {
+        // 200 ms of waiting on the reader may pass with less than 40 KiB read.
+        let limits = (Duration::from_millis(200), 200 * 1024);
+        let answer = vec![b'x'; 4 * 1024 * 1024];
+        // 1 KiB every 20 ms: something well within every 200 ms, but 10 KiB in 200 ms.
+        let mut slow = WriteDeadline::new(Reader::new(1024, Duration::from_millis(20)), limits);
+        let started = tokio::time::Instant::now();
+        let cut = slow.write_all(&answer).await.unwrap_err();
+        assert_eq!(cut.kind(), std::io::ErrorKind::TimedOut, "{cut}");
+        assert!(
+            started.elapsed() <= Duration::from_millis(260),
+            "{:?}",
+            started.elapsed()
+        );
+        // 64 KiB every 20 ms: the whole answer.
+        let mut fast =
+            WriteDeadline::new(Reader::new(64 * 1024, Duration::from_millis(20)), limits);
+        fast.write_all(&answer).await.unwrap();
+        fast.flush().await.unwrap();
     }
 
     #[tokio::test]

@@ -275,18 +275,11 @@ impl tonic::transport::server::Connected for Counted<TcpStream> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::connect_from;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
     use tokio_stream::wrappers::TcpListenerStream;
-
-    /// A connection to `addr` from `source`, another loopback address (all of 127.0.0.0/8 is
-    /// the loopback interface's on Linux).
-    async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
-        socket.connect(addr).await.unwrap()
-    }
 
     #[tokio::test]
     async fn one_source_holds_at_most_its_bound_and_others_are_served_meanwhile() {
@@ -306,11 +299,11 @@ mod tests {
             accepted.unwrap().unwrap().unwrap()
         };
 
-        let _first = connect_from("127.0.0.1", addr).await;
+        let _first = connect_from([127, 0, 0, 1], addr).await;
         let held = next().await;
         // A second from the same address is closed on arrival; one from another is served.
-        let mut second = connect_from("127.0.0.1", addr).await;
-        let _other = connect_from("127.0.0.2", addr).await;
+        let mut second = connect_from([127, 0, 0, 1], addr).await;
+        let _other = connect_from([127, 0, 0, 2], addr).await;
         let served = next().await;
         assert_eq!(served.io.peer_addr().unwrap().ip().to_string(), "127.0.0.2");
         assert_eq!(refused.load(Ordering::Relaxed), 1);
@@ -320,7 +313,7 @@ mod tests {
 
         // The first address's connection ends: it may connect again.
         drop(held);
-        let _again = connect_from("127.0.0.1", addr).await;
+        let _again = connect_from([127, 0, 0, 1], addr).await;
         let again = next().await;
         assert_eq!(again.io.peer_addr().unwrap().ip().to_string(), "127.0.0.1");
         assert_eq!(refused.load(Ordering::Relaxed), 1);

@@ -42,6 +42,17 @@ pub async fn wait_ok<T, E: Display>(
     }
 }
 
+/// A connection to `addr` from the loopback address `from` (all of 127.0.0.0/8 is the
+/// loopback interface's on Linux): a second client address for tests of per-source bounds.
+pub async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    let local = (std::net::Ipv4Addr::from(from), 0).into();
+    socket
+        .bind(local)
+        .unwrap_or_else(|e| panic!("bind {local}: {e}"));
+    (socket.connect(addr).await).unwrap_or_else(|e| panic!("connect {addr} from {local}: {e}"))
+}
+
 /// Polls `condition` for the whole of `duration` and panics naming `what` the first time it
 /// does not hold: a bounded check that something stays true.
 ///

@@ -342,10 +342,17 @@ pub(crate) struct EmbeddedArgs {
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
     pub(crate) eureka_header_timeout: Duration,
 
-    /// How long an answer may wait for a client that reads none of it; then the connection
-    /// is closed (a stalled reader holds no answer and no slot for longer).
+    /// How long an answer may wait for a client that reads none of it (or too little: see
+    /// --eureka-min-read-rate); then the connection is closed (a stalled reader holds no
+    /// answer and no slot for longer).
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "30s")]
     pub(crate) eureka_write_timeout: Duration,
+
+    /// The slowest a client may read an answer, in bytes a second, over the time the registry
+    /// waits on it: one that reads less than that over --eureka-write-timeout of waiting is
+    /// disconnected, so a byte now and then keeps no slot.
+    #[arg(long, value_name = "BYTES", value_parser = flags::at_least_one::<u64>, default_value_t = 1024)]
+    pub(crate) eureka_min_read_rate: u64,
 
     /// Connections served at once; more are closed on arrival.
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1024)]
@@ -504,6 +511,7 @@ impl Args {
                 header_timeout: e.eureka_header_timeout,
                 tls_handshake_timeout: self.tls_handshake_timeout,
                 write_timeout: e.eureka_write_timeout,
+                min_read_rate: e.eureka_min_read_rate,
             },
             max_body: e.eureka_max_body,
             body_timeout: e.eureka_body_timeout,
