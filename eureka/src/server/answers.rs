@@ -58,6 +58,20 @@ impl Answers {
         usize::from(json) + 2 * usize::from(gzip)
     }
 
+    /// The answer in `slot` for a reader that arrived at `version`, at `now`, if the one
+    /// written is fresh enough for it (see the module docs); never blocks for long, nor
+    /// writes: the caller on an async worker takes it there, and goes to a blocking thread
+    /// ([`Answers::get`]) only when it is not.
+    pub fn fresh(
+        &self,
+        slot: usize,
+        version: u64,
+        now: Instant,
+        min_age: Duration,
+    ) -> Option<Bytes> {
+        lock(&self.slots[slot].state).fresh(version, now, min_age)
+    }
+
     /// The answer in `slot` for a reader that arrived at `version`, at `now` (see the module
     /// docs); written by `write` if it falls to this reader. Blocks while another reader
     /// writes it. `write` returns the version it wrote and the body.
@@ -72,11 +86,8 @@ impl Answers {
         let slot = &self.slots[slot];
         let mut state = lock(&slot.state);
         loop {
-            if let Some(answer) = &state.answer {
-                let age = now().saturating_duration_since(answer.at);
-                if age < min_age || (answer.version >= version && age < MAX_AGE) {
-                    return answer.body.clone();
-                }
+            if let Some(body) = state.fresh(version, now(), min_age) {
+                return body;
             }
             if !state.writing {
                 break;
@@ -97,6 +108,15 @@ impl Answers {
         drop(state);
         drop(done);
         body
+    }
+}
+
+impl SlotState {
+    /// The written answer, if a reader that arrived at `version` may have it at `now`.
+    fn fresh(&self, version: u64, now: Instant, min_age: Duration) -> Option<Bytes> {
+        let answer = self.answer.as_ref()?;
+        let age = now.saturating_duration_since(answer.at);
+        (age < min_age || (answer.version >= version && age < MAX_AGE)).then(|| answer.body.clone())
     }
 }
 
@@ -142,6 +162,33 @@ mod tests {
         // Another form has its own answer.
         assert_eq!(answers.get(1, 2, now, Duration::ZERO, || write(2)), "v2");
         assert_eq!(writes.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_fresh_answer_is_taken_without_writing_and_a_stale_one_is_not() {
+        let answers = Answers::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            answers.fresh(0, 1, t0, Duration::ZERO),
+            None,
+            "nothing written yet"
+        );
+        answers.get(0, 1, || t0, Duration::ZERO, || body(1));
+        assert_eq!(answers.fresh(0, 1, t0, Duration::ZERO).unwrap(), "v1");
+        assert_eq!(
+            answers.fresh(1, 1, t0, Duration::ZERO),
+            None,
+            "another form"
+        );
+        // A reader that arrived at a later version, or once the answer is MAX_AGE old, must
+        // wait for a new one: what `get` would write.
+        assert_eq!(answers.fresh(0, 2, t0, Duration::ZERO), None);
+        assert_eq!(answers.fresh(0, 1, t0 + MAX_AGE, Duration::ZERO), None);
+        // Within min_age, whatever was written since.
+        assert_eq!(
+            answers.fresh(0, 2, t0, Duration::from_secs(1)).unwrap(),
+            "v1"
+        );
     }
 
     #[test]

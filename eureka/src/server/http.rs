@@ -226,14 +226,18 @@ async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
     registry_answer(content_type(json), gzip, body)
 }
 
-/// The written answer of `document`, shared by every reader (see `answers`): written, or
-/// waited for, on a blocking thread, off the workers that serve heartbeats and xDS.
+/// The written answer of `document`, shared by every reader (see `answers`): taken here if
+/// it is up to date, else written, or waited for, on a blocking thread, off the workers that
+/// serve heartbeats and xDS.
 async fn whole(
     eureka: &EurekaRegistry,
     document: Document,
     json: bool,
     gzip: bool,
 ) -> axum::body::Bytes {
+    if let Some(body) = eureka.fresh_answer(document, json, gzip) {
+        return body;
+    }
     let eureka = eureka.clone();
     let answer = move || eureka.answer(document, json, gzip);
     match tokio::task::spawn_blocking(answer).await {

@@ -788,6 +788,21 @@ impl EurekaRegistry {
         self.answer(Document::Apps, json, gzip)
     }
 
+    /// [`Self::answer`] if the one written is up to date for a reader arriving now; `None`
+    /// if it must be written or waited for (which blocks: see [`Self::answer`]).
+    pub fn fresh_answer(
+        &self,
+        document: Document,
+        json: bool,
+        gzip: bool,
+    ) -> Option<axum::body::Bytes> {
+        let version = self.lock().version();
+        let answers = &self.shared.answers[document as usize];
+        let now = self.shared.clock.instant();
+        let min_age = self.shared.config.response_cache_interval;
+        answers.fresh(Answers::slot(json, gzip), version, now, min_age)
+    }
+
     /// `GET /apps` or `GET /apps/delta`, as [`Self::applications_answer`].
     pub fn answer(&self, document: Document, json: bool, gzip: bool) -> axum::body::Bytes {
         let version = self.lock().version();
