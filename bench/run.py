@@ -200,7 +200,8 @@ def start_control(procs, registry, name="control", extra=(), rust_log=None):
     # Every simulated proxy of a benchmark connects from 127.0.0.1: one address may hold as
     # much as all of them.
     for flag, value in (("--xds-max-connections-per-source", "10000"),
-                        ("--xds-max-subscriptions-per-source", "1000000")):
+                        ("--xds-max-subscriptions-per-source", "1000000"),
+                        ("--xds-max-names-per-source", "4000000")):
         if flag not in extra:
             extra = [*extra, flag, value]
     xds, admin, eureka = free_port(), free_port(), free_port()

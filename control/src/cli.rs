@@ -425,6 +425,17 @@ pub(crate) struct XdsArgs {
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 100_000)]
     pub(crate) xds_max_subscriptions_per_source: usize,
 
+    /// Names of either type that all streams track together, however each stands (counted,
+    /// refused, waiting for room): what their entries cost the control plane, about 0.5 KB a
+    /// name. New names beyond are answered with a removal and not tracked, as those over
+    /// --xds-max-names are.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 4_000_000)]
+    pub(crate) xds_max_names_total: usize,
+
+    /// Of --xds-max-names-total, the names the streams of one source address track together.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 400_000)]
+    pub(crate) xds_max_names_per_source: usize,
+
     /// Names not registered when asked for that one stream is served, per type: as clusters
     /// (each is a cluster in that Envoy's memory), and as load assignments not of a cluster
     /// the stream holds. More are answered with a removal, and neither counted nor watched,

@@ -162,6 +162,8 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         max_streams_per_connection: x.xds_max_streams_per_connection.max(1),
         max_subscriptions: x.xds_max_subscriptions,
         max_subscriptions_per_source: x.xds_max_subscriptions_per_source,
+        max_names_total: x.xds_max_names_total,
+        max_names_per_source: x.xds_max_names_per_source,
         tls_handshake_timeout: args.tls_handshake_timeout,
         first_bytes_timeout: x.xds_first_bytes_timeout,
         tls,

@@ -60,8 +60,12 @@ odmesh_base::metrics! {
         /// xDS connections closed because they sent nothing within --xds-first-bytes-timeout.
         xds_connections_silent_total: "counter",
         /// Names answered with a removal because a stream was over --xds-max-names or
-        /// --xds-max-unregistered.
+        /// --xds-max-unregistered, or the names tracked over all streams or by its source's
+        /// over theirs (--xds-max-names-total, --xds-max-names-per-source).
         xds_names_refused_total: "counter",
+        /// Of those, names answered with a removal and not tracked because the streams tracked
+        /// --xds-max-names-total names, or their source's streams --xds-max-names-per-source.
+        xds_names_untracked_total: "counter",
         /// Names listed with kept versions after a stream's first request of their type:
         /// ignored (only the first request of a type may list them).
         xds_late_versions_ignored_total: "counter",

@@ -86,6 +86,11 @@ pub struct XdsConfig {
     /// Of `max_subscriptions`, the cluster names the streams of one source address may hold
     /// together (see [`Admission`]).
     pub max_subscriptions_per_source: usize,
+    /// Names of either type all streams track together, however each stands; new names
+    /// beyond are answered with a removal and not tracked (see [`Admission`]).
+    pub max_names_total: usize,
+    /// Of `max_names_total`, the names the streams of one source address track together.
+    pub max_names_per_source: usize,
     /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// How long a client may take to complete its TLS handshake.
@@ -107,7 +112,8 @@ pub struct XdsConfig {
 
 impl Default for XdsConfig {
     /// Plaintext; 10,000 connections (256 from one address) of at most 8 streams; [`SubscriptionLimits::default`]
-    /// per stream, 1,000,000 cluster subscriptions in all, 100,000 per source address.
+    /// per stream, 1,000,000 cluster subscriptions in all, 100,000 per source address;
+    /// 4,000,000 names tracked in all, 400,000 per source address.
     fn default() -> XdsConfig {
         XdsConfig {
             subscriptions: SubscriptionLimits::default(),
@@ -116,6 +122,8 @@ impl Default for XdsConfig {
             max_streams_per_connection: 8,
             max_subscriptions: 1_000_000,
             max_subscriptions_per_source: 100_000,
+            max_names_total: 4_000_000,
+            max_names_per_source: 400_000,
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
             first_bytes_timeout: Duration::from_secs(10),
@@ -220,7 +228,8 @@ impl XdsServer {
                 admission: Admission::with_share(
                     config.max_subscriptions,
                     config.max_subscriptions_per_source,
-                ),
+                )
+                .tracking(config.max_names_total, config.max_names_per_source),
                 config,
                 streams: Mutex::new(BTreeMap::new()),
                 next_stream_id: AtomicU64::new(1),

@@ -42,7 +42,8 @@
 //!    removal, nor beyond `max_names`);
 //! 6. no stream subscribes, on the server side, a name its proxy does not; the gauges
 //!    `xds_cluster_subscriptions` and `xds_subscriptions` are the sums over the open streams
-//!    of the names that do not wait; and the cache has resources built for exactly the names
+//!    of the names that do not wait; the bound on names tracked counts every name of the open
+//!    streams, however it stands; and the cache has resources built for exactly the names
 //!    some open stream subscribes and does not wait for;
 //! 7. a change wakes only the streams subscribed to a changed name, and each gets only those
 //!    names, not a full diff (the registry finishing loading aside): a stream here runs on a
@@ -1616,6 +1617,18 @@ impl World {
                 counted.1,
                 counted.2,
                 names.len()
+            ));
+        }
+        let tracked: usize = (self.streams.iter())
+            .map(|s| {
+                let status = s.session.status();
+                status.clusters.len() + status.endpoints.len()
+            })
+            .sum();
+        let (told, _) = self.cp.admission.names_tracked(None);
+        if told != tracked {
+            return Err(format!(
+                "the bound on names tracked counts {told}; the open streams track {tracked}"
             ));
         }
         Ok(())

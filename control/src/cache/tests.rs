@@ -772,11 +772,19 @@ fn kept_names_need_no_room_from_other_sources_but_take_their_own_sources_share()
     ]);
     let ask = names(&["a.vip", "b.vip", "c.vip"]);
     // No room over all streams: the kept names are taken, within the share; the new one waits.
-    let room = Room { any: 0, share: 5 };
+    let room = Room {
+        any: 0,
+        share: 5,
+        names: usize::MAX,
+    };
     let change = limited(100, 10).update_within_share(&ask, &[], &kept, room);
     assert_eq!((change.added.len(), change.over_room), (2, 1));
     // A share of one: one kept name, and nothing more.
-    let room = Room { any: 10, share: 1 };
+    let room = Room {
+        any: 10,
+        share: 1,
+        names: usize::MAX,
+    };
     let change = limited(100, 10).update_within_share(&ask, &[], &kept, room);
     assert_eq!((change.added, change.over_room), (vec!["a.vip".into()], 2));
 }

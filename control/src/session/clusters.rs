@@ -184,6 +184,13 @@ impl Session {
     /// their load assignments), and asks for any of them by name when a request needs it
     /// again. Returns the removal to send, if any.
     pub fn evict_idle(&mut self, cx: &Context<'_>) -> Option<DeltaDiscoveryResponse> {
+        let removal = self.evict(cx);
+        self.settle_tracked(cx);
+        removal
+    }
+
+    /// [`Session::evict_idle`] before the names the stream tracks are settled.
+    fn evict(&mut self, cx: &Context<'_>) -> Option<DeltaDiscoveryResponse> {
         let (Some(eviction), Some(prewarm)) = (cx.eviction, cx.prewarm) else {
             return None;
         };

@@ -210,6 +210,9 @@ pub struct Session {
     /// The address the stream's connection came from: its cluster names count under that
     /// source's share of `--xds-max-subscriptions` (`None`: not known, the whole bound only).
     source: Option<IpAddr>,
+    /// The names of either type the stream tracks, as told to the bound over all streams
+    /// ([`Session::settle_tracked`]).
+    tracked: usize,
 }
 
 impl Session {
@@ -240,6 +243,7 @@ impl Session {
             next_idle_check: 0,
             limits,
             source: None,
+            tracked: 0,
         }
     }
 
@@ -342,6 +346,17 @@ impl Session {
     ///
     /// The steps are numbered below; docs/architecture.md, "A first request", walks them.
     pub fn on_request(
+        &mut self,
+        cx: &Context<'_>,
+        req: DeltaDiscoveryRequest,
+    ) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let answer = self.apply_request(cx, req);
+        self.settle_tracked(cx);
+        answer
+    }
+
+    /// [`Session::on_request`] before the names the stream tracks are settled.
+    fn apply_request(
         &mut self,
         cx: &Context<'_>,
         mut req: DeltaDiscoveryRequest,
@@ -485,10 +500,11 @@ impl Session {
             ResourceType::Cluster => Room {
                 any: cx.admission.room(),
                 share: cx.admission.share_left(self.source),
+                names: cx.admission.names_room_for(self.source),
             },
             ResourceType::Endpoints => Room {
-                any: usize::MAX,
-                share: usize::MAX,
+                names: cx.admission.names_room_for(self.source),
+                ..Room::UNBOUNDED
             },
         };
         let initial = &req.initial_resource_versions;
@@ -499,7 +515,8 @@ impl Session {
             self.hold_ahead(held);
         }
         self.count_out(cx, ty, &change.removed);
-        let refused = change.over_limit + self.subscribe_counted(cx, ty, &change.added);
+        let refused =
+            change.over_limit + change.over_tracked + self.subscribe_counted(cx, ty, &change.added);
         // Refused names unsubscribed may leave none.
         self.note_refusing(cx);
         self.log_change(cx, ty, &change, refused, &subscribe, initial.len());
@@ -614,6 +631,21 @@ impl Session {
                 );
             }
         }
+        if change.over_tracked > 0 {
+            let over = change.over_tracked as u64;
+            (metrics.xds_names_untracked_total).fetch_add(over, Ordering::Relaxed);
+            let (total, by_source) = cx.admission.names_tracked(self.source);
+            odmesh_base::limited!(
+                warn,
+                stream = self.id,
+                node = %clip(&self.node_id),
+                source = ?self.source,
+                over,
+                tracked = total,
+                tracked_by_source = by_source,
+                "names over --xds-max-names-total or --xds-max-names-per-source answered with a removal and not tracked"
+            );
+        }
         if refused > 0 {
             self.refused += refused as u64;
             (metrics.xds_names_refused_total).fetch_add(refused as u64, Ordering::Relaxed);
@@ -652,6 +684,17 @@ impl Session {
     /// clusters that waited for room, if there is room now (with no changes: the server's
     /// retry).
     pub fn on_change(
+        &mut self,
+        cx: &Context<'_>,
+        changes: Changes,
+    ) -> [Option<DeltaDiscoveryResponse>; 2] {
+        let answer = self.apply_change(cx, changes);
+        self.settle_tracked(cx);
+        answer
+    }
+
+    /// [`Session::on_change`] before the names the stream tracks are settled.
+    fn apply_change(
         &mut self,
         cx: &Context<'_>,
         changes: Changes,
@@ -749,8 +792,17 @@ impl Session {
         Some(response(ty, delta, nonce, cache.generation()))
     }
 
+    /// Tells the bound on names tracked over all streams how many this stream tracks now (of
+    /// either type, however they stand), after whatever changed them.
+    pub(super) fn settle_tracked(&mut self, cx: &Context<'_>) {
+        let now = self.clusters.len() + self.endpoints.len();
+        cx.admission.track(self.source, self.tracked, now);
+        self.tracked = now;
+    }
+
     /// The stream ended: its subscriptions no longer count.
     pub fn close(&self, cx: &Context<'_>) {
+        cx.admission.track(self.source, self.tracked, 0);
         cx.cache.close_stream(self.id);
         cx.forget(
             self.source,

@@ -137,6 +137,9 @@ pub struct SubscriptionChange {
     pub removed: Vec<ResourceName>,
     /// Names over [`SubscriptionLimits::max_names`]: not subscribed, answered with a removal.
     pub over_limit: usize,
+    /// Names beyond [`Room::names`], the names tracked over all streams or by the stream's
+    /// source: not subscribed, answered with a removal, as those over `max_names`.
+    pub over_tracked: usize,
     /// Names beyond the room left by other streams ([`Subscriptions::update_within`]):
     /// subscribed, but waiting for room (answered with a removal meanwhile); not in `added`.
     pub over_room: usize,
@@ -145,13 +148,24 @@ pub struct SubscriptionChange {
     pub wildcard: bool,
 }
 
-/// The room a request's new names may take: `any` under every bound over all streams, and
-/// `share` of the stream's source's share alone (see
-/// [`Subscriptions::update_within_share`]).
+/// The room a request's new names may take: `any` under every bound on counted names over
+/// all streams, and `share` of the stream's source's share alone (see
+/// [`Subscriptions::update_within_share`]); and `names`, the names the stream may track
+/// beyond those it does (see [`Admission`](super::Admission)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Room {
     pub any: usize,
     pub share: usize,
+    pub names: usize,
+}
+
+impl Room {
+    /// No bound beyond the stream's own.
+    pub const UNBOUNDED: Room = Room {
+        any: usize::MAX,
+        share: usize::MAX,
+        names: usize::MAX,
+    };
 }
 
 impl Subscriptions {
@@ -192,7 +206,7 @@ impl Subscriptions {
     ) -> SubscriptionChange {
         let room = Room {
             any: room,
-            share: usize::MAX,
+            ..Room::UNBOUNDED
         };
         self.update_within_share(subscribe, unsubscribe, initial_versions, room)
     }
@@ -261,11 +275,15 @@ impl Subscriptions {
             self.pending.insert(name);
             return;
         }
-        if self.names.len() >= self.limits.max_names {
-            change.over_limit += 1;
+        if self.names.len() >= self.limits.max_names || room.names == 0 {
+            match room.names {
+                0 => change.over_tracked += 1,
+                _ => change.over_limit += 1,
+            }
             self.overflow.push(name.to_owned());
             return;
         }
+        room.names -= 1;
         let name = ResourceName::new(name);
         // What the client kept from an earlier stream is in its memory already: it takes no
         // room from other sources' streams (taking it away could cost requests); only from its

@@ -659,3 +659,63 @@ fn one_source_takes_its_share_of_the_shared_room_and_no_more_however_many_stream
         (0, 0, 10)
     );
 }
+
+#[test]
+fn names_tracked_over_all_streams_and_per_source_are_bounded_whatever_their_standing() {
+    let cache = Cache::with_snapshot(
+        XdsOptions::new(Some("/ca.pem".into())),
+        Snapshot::from_registry(&Registry::from_iter([testdata::instance(
+            "a", "a", "10.0.0.9",
+        )]))
+        .into(),
+    );
+    let metrics = Metrics::default();
+    // 10 names tracked in all, 6 by one source; unregistered names past the first are refused
+    // and still tracked.
+    let admission = Admission::new(100).tracking(10, 6);
+    let cx = bounded(&cache, &metrics, &admission);
+    let limits = SubscriptionLimits {
+        max_unregistered: 1,
+        ..SubscriptionLimits::default()
+    };
+    let (a, b): (IpAddr, IpAddr) = ("10.1.0.1".parse().unwrap(), "10.1.0.2".parse().unwrap());
+    let stream = |id, source| Session::new(id, Service::Ads, limits).from_source(Some(source));
+    let names = |prefix: &str, n| {
+        (0..n)
+            .map(|i| format!("{prefix}{i}.vip"))
+            .collect::<Vec<_>>()
+    };
+    let ask = |session: &mut Session, names: &[String]| {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let [cluster, _] = session.on_request(&cx, request(ENDPOINTS_TYPE_URL, &names, &[]));
+        cluster.map_or(0, |r| r.removed_resources.len())
+    };
+    let untracked = || metrics.xds_names_untracked_total.load(Ordering::Relaxed);
+
+    let mut a1 = stream(1, a);
+    ask(&mut a1, &names("x", 5));
+    assert_eq!(admission.names_tracked(Some(a)), (5, 5));
+    // The source's second stream tracks one more name: its share is 6.
+    let mut a2 = stream(2, a);
+    assert_eq!(
+        ask(&mut a2, &names("y", 3)),
+        2,
+        "a removal for the two untracked (the first is the stream's one unregistered name)"
+    );
+    assert_eq!((admission.names_tracked(Some(a)), untracked()), ((6, 6), 2));
+    // Another source takes what is left over all streams: 4.
+    let mut b1 = stream(3, b);
+    ask(&mut b1, &names("z", 5));
+    assert_eq!(
+        (admission.names_tracked(Some(b)), untracked()),
+        ((10, 4), 3)
+    );
+    // An unsubscribe gives back; a close gives back all.
+    a1.on_request(&cx, request(ENDPOINTS_TYPE_URL, &[], &["x0.vip"]));
+    assert_eq!(admission.names_tracked(Some(a)), (9, 5));
+    a1.close(&cx);
+    assert_eq!(admission.names_tracked(Some(a)), (5, 1));
+    a2.close(&cx);
+    b1.close(&cx);
+    assert_eq!(admission.names_tracked(Some(b)), (0, 0));
+}
