@@ -4,7 +4,8 @@
 //!
 //! - [`History`] is plain state with plain tests: per calling service (the Envoy node's
 //!   `cluster`), each cluster name and when a proxy of that service last used it, bounded by
-//!   count and age; the prediction for a proxy that connects; the merge of two histories.
+//!   count (per service and over all services) and age; the prediction for a proxy that
+//!   connects; the merge of two histories.
 //! - [`Prewarm`] is a running control plane's history behind a lock, with the counts the admin
 //!   shows (pushed, used, asked without a prediction), and the file it is kept in.
 //!
@@ -22,10 +23,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use odmesh_base::metrics::inc;
 use serde::{Deserialize, Serialize};
+
+use crate::metrics::Metrics;
 
 /// Bounds on the history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,51 +38,151 @@ pub struct Limits {
     /// Cluster names kept per calling service (the most recently used win); also the most a
     /// connecting proxy is sent.
     pub max_per_service: usize,
+    /// (service, cluster) entries kept over all services: what bounds the history's memory,
+    /// whatever services clients claim to be. See [`History::record`] for what happens when
+    /// it is reached.
+    pub max_entries: usize,
     /// A cluster not used for this long is forgotten.
     pub max_age: Duration,
 }
 
+/// The default of [`Limits::max_entries`]: the 1,000 services × 1,000 clusters the production
+/// guide sizes for. Measured with 20-character cluster names: 83-86 bytes of heap an entry
+/// (the name, its time, the map's nodes), about 95 MB of resident memory in all, and 42 bytes
+/// an entry in the file, 40 MB (docs/production.md, "Several replicas").
+pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
 impl Default for Limits {
-    /// 1,000 clusters per service, forgotten after 7 days unused.
+    /// 1,000 clusters per service, [`DEFAULT_MAX_ENTRIES`] in all, forgotten after 7 days
+    /// unused.
     fn default() -> Limits {
         Limits {
             max_per_service: 1_000,
+            max_entries: DEFAULT_MAX_ENTRIES,
             max_age: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
 
+/// One service's clusters, each with when it was last used. Shared with a save in progress
+/// (see [`Prewarm::save`]): a change copies only the service it changes, and only while a
+/// save holds it.
+type Clusters = Arc<BTreeMap<String, u64>>;
+
 /// Per calling service, each cluster name and when it was last used (seconds since the Unix
 /// epoch).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "HistoryData")]
 pub struct History {
-    services: BTreeMap<String, BTreeMap<String, u64>>,
+    services: BTreeMap<String, Clusters>,
+    /// The (service, cluster) entries, over all services.
+    #[serde(skip)]
+    entries: usize,
+}
+
+/// What a history file holds, before its entries are counted.
+#[derive(Deserialize)]
+struct HistoryData {
+    services: BTreeMap<String, Clusters>,
+}
+
+impl From<HistoryData> for History {
+    fn from(data: HistoryData) -> History {
+        let entries = data.services.values().map(|c| c.len()).sum();
+        History {
+            services: data.services,
+            entries,
+        }
+    }
+}
+
+/// What [`History::record`] did with a use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// Nothing: the history knew of a later use, or the service keeps
+    /// [`Limits::max_per_service`] clusters all used later.
+    Unchanged,
+    /// Kept (within the service's bound, its least recently used cluster forgotten).
+    Kept,
+    /// The history was full: kept in the place of its service's least recently used cluster.
+    Replaced,
+    /// The history was full, and the use was not kept (a new service, or one whose clusters
+    /// were all used later).
+    Refused,
+}
+
+impl Recorded {
+    /// Whether the history changed.
+    pub fn changed(self) -> bool {
+        matches!(self, Recorded::Kept | Recorded::Replaced)
+    }
+
+    /// Whether the bound over all services took something: an entry forgotten or refused.
+    pub fn over_bound(self) -> bool {
+        matches!(self, Recorded::Replaced | Recorded::Refused)
+    }
 }
 
 impl History {
-    /// Records that a proxy of `service` used `cluster` at `now`; keeps the service within
-    /// `limits.max_per_service` by forgetting its least recently used cluster. Returns
-    /// whether anything changed.
-    pub fn record(&mut self, limits: &Limits, service: &str, cluster: &str, now: u64) -> bool {
+    /// Records that a proxy of `service` used `cluster` at `now`. Keeps the service within
+    /// `limits.max_per_service` by forgetting its least recently used cluster, and the whole
+    /// history within `limits.max_entries` and [`MAX_SERVICES`].
+    ///
+    /// When the history is full, a new entry takes the place of its own service's least
+    /// recently used cluster (if it was used later), never another service's, and a service
+    /// without a history gets none until there is room again (entries age out after
+    /// `limits.max_age`). Not the least recently used entry over all services: a proxy's
+    /// `node.cluster` is whatever it says, and a client naming ever new services is always
+    /// the most recent, so it would push out every real service's history (which a
+    /// restarted proxy needs) a minute at a time. This way such a client takes only the room
+    /// that is free, each service keeps what it has and keeps learning within it, and what
+    /// is refused costs one on-demand discovery when needed.
+    pub fn record(&mut self, limits: &Limits, service: &str, cluster: &str, now: u64) -> Recorded {
         if service.is_empty() || limits.max_per_service == 0 {
-            return false;
+            return Recorded::Unchanged;
         }
-        // A client naming ever new services (node.cluster is whatever it says) stops here.
-        if !self.services.contains_key(service) && self.services.len() >= MAX_SERVICES {
-            return false;
+        let full = self.entries >= limits.max_entries;
+        let Some(clusters) = self.services.get_mut(service) else {
+            // A client naming ever new services (node.cluster is whatever it says) stops here.
+            if full || self.services.len() >= MAX_SERVICES {
+                return Recorded::Refused;
+            }
+            let clusters = BTreeMap::from([(cluster.to_owned(), now)]);
+            self.services.insert(service.to_owned(), Arc::new(clusters));
+            self.entries += 1;
+            return Recorded::Kept;
+        };
+        if let Some(last) = clusters.get(cluster) {
+            if *last >= now {
+                return Recorded::Unchanged;
+            }
+            Arc::make_mut(clusters).insert(cluster.to_owned(), now);
+            return Recorded::Kept;
         }
-        let clusters = self.services.entry(service.to_owned()).or_default();
-        match clusters.get_mut(cluster) {
-            Some(last) if *last >= now => return false,
-            Some(last) => *last = now,
-            None => {
+        let service_full = clusters.len() >= limits.max_per_service;
+        if !full && !service_full {
+            Arc::make_mut(clusters).insert(cluster.to_owned(), now);
+            self.entries += 1;
+            return Recorded::Kept;
+        }
+        // In the place of the service's least recently used cluster, if used later.
+        let oldest = (clusters.iter())
+            .min_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)))
+            .map(|(name, last)| (name.clone(), *last));
+        match oldest {
+            Some((name, last)) if (last, name.as_str()) < (now, cluster) => {
+                let clusters = Arc::make_mut(clusters);
+                clusters.remove(&name);
                 clusters.insert(cluster.to_owned(), now);
-                if clusters.len() > limits.max_per_service {
-                    evict_oldest(clusters, clusters.len() - limits.max_per_service);
+                if service_full {
+                    Recorded::Kept
+                } else {
+                    Recorded::Replaced
                 }
             }
+            _ if service_full => Recorded::Unchanged,
+            _ => Recorded::Refused,
         }
-        true
     }
 
     /// The clusters to send a proxy of `service` that connects at `now`: used within
@@ -107,41 +212,50 @@ impl History {
     }
 
     /// Forgets what was last used before `now - limits.max_age`, and keeps every service
-    /// within `limits.max_per_service`. Returns whether anything was forgotten.
+    /// within `limits.max_per_service`. Returns whether anything was forgotten. Copies no
+    /// service it leaves as it is.
     pub fn prune(&mut self, limits: &Limits, now: u64) -> bool {
         let oldest = now.saturating_sub(limits.max_age.as_secs());
-        let before = self.len();
+        let before = self.entries;
         for clusters in self.services.values_mut() {
+            let aged = clusters.values().any(|last| *last < oldest);
+            if !aged && clusters.len() <= limits.max_per_service {
+                continue;
+            }
+            let clusters = Arc::make_mut(clusters);
             clusters.retain(|_, last| *last >= oldest);
             if clusters.len() > limits.max_per_service {
                 evict_oldest(clusters, clusters.len() - limits.max_per_service);
             }
         }
         self.services.retain(|_, clusters| !clusters.is_empty());
-        self.len() != before
+        self.entries = self.services.values().map(|c| c.len()).sum();
+        self.entries != before
     }
 
-    /// Takes in `other` (another replica's history, read from the shared file): for each
-    /// cluster the later use wins; then the bounds apply.
-    pub fn merge(&mut self, limits: &Limits, other: &History, now: u64) {
-        for (service, clusters) in &other.services {
-            // The same bound as for what this replica records: a file (another replica's, or
-            // anyone's who can write it) naming ever new services stops here too.
-            if !self.services.contains_key(service) && self.services.len() >= MAX_SERVICES {
-                continue;
-            }
-            let mine = self.services.entry(service.clone()).or_default();
-            for (cluster, last) in clusters {
-                let entry = mine.entry(cluster.clone()).or_insert(*last);
-                *entry = (*entry).max(*last);
+    /// Takes in `other` (another replica's history, read from the shared file, or this
+    /// replica's own at start): for each cluster the later use wins, and each new entry is
+    /// recorded as [`History::record`] does, within the same bounds. The services this
+    /// history knows come first: entries already held are not pushed out for those of a file
+    /// (which anyone who can write it fills as they like). Returns how many entries the bound
+    /// over all services refused or forgot.
+    pub fn merge(&mut self, limits: &Limits, other: &History, now: u64) -> usize {
+        let oldest = now.saturating_sub(limits.max_age.as_secs());
+        let mut over = 0;
+        let (known, new): (Vec<_>, Vec<_>) =
+            (other.services.iter()).partition(|(service, _)| self.services.contains_key(*service));
+        for (service, clusters) in known.into_iter().chain(new) {
+            for (cluster, last) in clusters.iter().filter(|(_, last)| **last >= oldest) {
+                over += usize::from(self.record(limits, service, cluster, *last).over_bound());
             }
         }
         self.prune(limits, now);
+        over
     }
 
     /// How many (service, cluster) entries the history holds.
     pub fn len(&self) -> usize {
-        self.services.values().map(BTreeMap::len).sum()
+        self.entries
     }
 
     /// Whether the history is empty.
@@ -292,6 +406,8 @@ pub struct Prewarm {
     limits: Limits,
     path: Option<PathBuf>,
     state: Mutex<State>,
+    /// Counts what the bound over all services refused (`prewarm_entries_refused_total`).
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Debug, Default)]
@@ -322,15 +438,26 @@ const MAX_NODES: usize = 100_000;
 const MAX_PENDING: usize = 1_000_000;
 
 impl Prewarm {
-    /// A prewarm over `history` (as read from `path`, if it is kept in a file).
-    pub fn new(limits: Limits, path: Option<PathBuf>, history: History) -> Prewarm {
+    /// A prewarm over `history` (as read from `path`, if it is kept in a file), within
+    /// `limits` (a file may hold more than they allow: what it holds is taken in as
+    /// [`History::merge`] does), counting into `metrics`.
+    pub fn new(
+        limits: Limits,
+        path: Option<PathBuf>,
+        history: History,
+        metrics: Arc<Metrics>,
+    ) -> Prewarm {
+        let mut bounded = History::default();
+        let over = bounded.merge(&limits, &history, unix_now());
+        (metrics.prewarm_entries_refused_total).fetch_add(over as u64, Ordering::Relaxed);
         Prewarm {
             limits,
             path,
             state: Mutex::new(State {
-                history,
+                history: bounded,
                 ..State::default()
             }),
+            metrics,
         }
     }
 
@@ -482,7 +609,10 @@ impl Prewarm {
                     state.pending.remove(&(node.to_owned(), name.to_owned()));
                 }
             }
-            state.history.record(&self.limits, service, name, minute);
+            let recorded = state.history.record(&self.limits, service, name, minute);
+            if recorded.over_bound() {
+                inc(&self.metrics.prewarm_entries_refused_total);
+            }
         }
         if counts != Counts::default()
             && (state.counts.contains_key(service) || state.counts.len() < MAX_SERVICES)
@@ -509,7 +639,9 @@ impl Prewarm {
             let mut state = self.lock();
             state.history.prune(&self.limits, now);
             if let Some(theirs) = &theirs {
-                state.history.merge(&self.limits, theirs, now);
+                let over = state.history.merge(&self.limits, theirs, now);
+                (self.metrics.prewarm_entries_refused_total)
+                    .fetch_add(over as u64, Ordering::Relaxed);
             }
             if theirs.as_ref() == Some(&state.history) {
                 return Ok(false);
@@ -555,6 +687,7 @@ impl Prewarm {
             "enabled": true,
             "file": self.path.as_ref().map(|p| p.display().to_string()),
             "max_per_service": self.limits.max_per_service,
+            "max_entries": self.limits.max_entries,
             "max_age_seconds": self.limits.max_age.as_secs(),
             "entries": state.history.len(),
             "services": services,
@@ -582,6 +715,7 @@ mod tests {
     fn limits(max: usize) -> Limits {
         Limits {
             max_per_service: max,
+            max_entries: DEFAULT_MAX_ENTRIES,
             max_age: Duration::from_secs(7 * DAY),
         }
     }
@@ -594,11 +728,12 @@ mod tests {
     fn a_service_is_predicted_what_its_proxies_used_most_recent_first() {
         let l = limits(10);
         let mut h = History::default();
-        assert!(h.record(&l, "billing", "users.vip", 100));
-        assert!(h.record(&l, "billing", "ledger.svip", 200));
-        assert!(h.record(&l, "search", "index.vip", 300));
-        assert!(
-            !h.record(&l, "billing", "users.vip", 50),
+        assert!(h.record(&l, "billing", "users.vip", 100).changed());
+        assert!(h.record(&l, "billing", "ledger.svip", 200).changed());
+        assert!(h.record(&l, "search", "index.vip", 300).changed());
+        assert_eq!(
+            h.record(&l, "billing", "users.vip", 50),
+            Recorded::Unchanged,
             "an older use changes nothing"
         );
         assert_eq!(
@@ -607,8 +742,9 @@ mod tests {
         );
         assert_eq!(h.predict(&l, "search", 400, all), ["index.vip"]);
         assert!(h.predict(&l, "unknown", 400, all).is_empty());
-        assert!(
-            !h.record(&l, "", "users.vip", 100),
+        assert_eq!(
+            h.record(&l, "", "users.vip", 100),
+            Recorded::Unchanged,
             "no service, no history"
         );
     }
@@ -635,6 +771,139 @@ mod tests {
             "a known one merges"
         );
         assert_eq!(full.last_used("one-more", "users.vip"), None);
+    }
+
+    /// At most `entries` over all services, 10 per service.
+    fn bounded(entries: usize) -> Limits {
+        Limits {
+            max_entries: entries,
+            ..limits(10)
+        }
+    }
+
+    #[test]
+    fn a_full_history_takes_no_service_s_entries_for_a_flood_of_new_services() {
+        let l = bounded(4);
+        let mut h = History::default();
+        h.record(&l, "billing", "a.vip", 10);
+        h.record(&l, "billing", "b.vip", 10);
+        h.record(&l, "search", "c.vip", 20);
+        // A client naming ever new services, each use later than every real one.
+        let flood: Vec<Recorded> = (0..100)
+            .map(|i| h.record(&l, &format!("flood-{i}"), "c.vip", 100 + i))
+            .collect();
+        assert_eq!(flood[0], Recorded::Kept, "the room that was free");
+        assert!(
+            flood[1..].iter().all(|r| *r == Recorded::Refused),
+            "{flood:?}"
+        );
+        assert_eq!(h.len(), 4);
+        assert_eq!(h.predict(&l, "billing", 200, all), ["a.vip", "b.vip"]);
+        assert_eq!(h.predict(&l, "search", 200, all), ["c.vip"]);
+
+        // A known service keeps learning, in the place of its own least recently used.
+        assert_eq!(h.record(&l, "billing", "d.vip", 200), Recorded::Replaced);
+        assert_eq!(h.predict(&l, "billing", 200, all), ["d.vip", "b.vip"]);
+        assert_eq!(
+            h.predict(&l, "search", 200, all),
+            ["c.vip"],
+            "not another's"
+        );
+        assert_eq!(
+            h.record(&l, "billing", "e.vip", 5),
+            Recorded::Refused,
+            "used before all it keeps"
+        );
+        assert_eq!(
+            h.record(&l, "billing", "b.vip", 210),
+            Recorded::Kept,
+            "a later use of a kept one needs no room"
+        );
+        assert_eq!(h.len(), 4);
+
+        // Once entries age out (search's, flood-0's), there is room again.
+        assert!(h.prune(&l, 100 + 7 * DAY + 1));
+        assert_eq!(h.len(), 2);
+        assert_eq!(
+            h.record(&l, "new", "c.vip", 8 * DAY),
+            Recorded::Kept,
+            "room again"
+        );
+    }
+
+    #[test]
+    fn a_merged_history_keeps_to_the_bound_on_entries_and_what_is_held_comes_first() {
+        let l = bounded(4);
+        let mut mine = History::default();
+        mine.record(&l, "billing", "a.vip", 10);
+        mine.record(&l, "billing", "b.vip", 20);
+        mine.record(&l, "search", "c.vip", 30);
+        // A file (another replica's, or anyone's who can write it) of many services, named to
+        // come first, and of later uses of billing's.
+        let mut theirs = History::default();
+        let free = limits(10);
+        for i in 0..50 {
+            theirs.record(&free, &format!("aaa-{i}"), "x.vip", 1_000);
+        }
+        theirs.record(&free, "billing", "a.vip", 500);
+        theirs.record(&free, "billing", "z.vip", 600);
+        theirs.record(&free, "billing", "y.vip", 550);
+        let over = mine.merge(&l, &theirs, 1_000);
+        assert_eq!(mine.len(), 4);
+        assert_eq!(
+            mine.predict(&l, "billing", 1_000, all),
+            ["z.vip", "y.vip", "a.vip"],
+            "a later use of a.vip; y.vip in the room left, z.vip in the place of b.vip"
+        );
+        assert_eq!(mine.predict(&l, "search", 1_000, all), ["c.vip"]);
+        assert_eq!(mine.services().count(), 2, "no service of the file");
+        assert_eq!(over, 51, "b.vip forgotten, the 50 services refused");
+
+        // A file larger than the bound, read at start, is taken in within it.
+        let metrics = Arc::new(Metrics::default());
+        let ageless = Limits {
+            max_age: Duration::from_secs(100 * 365 * DAY),
+            ..l
+        };
+        let p = Prewarm::new(ageless, None, theirs, metrics.clone());
+        assert_eq!(p.len(), 4);
+        assert_eq!(
+            metrics
+                .prewarm_entries_refused_total
+                .load(Ordering::Relaxed),
+            49
+        );
+    }
+
+    #[test]
+    fn uses_beyond_the_bound_on_entries_are_counted_wherever_they_come_from() {
+        let l = Limits {
+            max_age: Duration::from_secs(100 * 365 * DAY),
+            ..bounded(2)
+        };
+        let metrics = Arc::new(Metrics::default());
+        let p = Prewarm::new(l, None, History::default(), metrics.clone());
+        p.asked("billing", ["a.vip"]);
+        let interval = Duration::from_secs(30);
+        // Load reports of proxies claiming new services; on-demand asks of others.
+        for i in 0..10 {
+            p.report(
+                &format!("node-{i}"),
+                &format!("lrs-{i}"),
+                &["a.vip"],
+                interval,
+            );
+            p.asked(&format!("xds-{i}"), ["a.vip"]);
+        }
+        assert_eq!(p.len(), 2);
+        assert_eq!(p.predict("billing", all), ["a.vip"]);
+        assert_eq!(
+            metrics
+                .prewarm_entries_refused_total
+                .load(Ordering::Relaxed),
+            19,
+            "lrs-0 took the room left"
+        );
     }
 
     #[test]
@@ -735,7 +1004,7 @@ mod tests {
 
     #[test]
     fn hits_are_pushed_clusters_that_then_carried_requests() {
-        let p = Prewarm::new(limits(10), None, History::default());
+        let p = Prewarm::new(limits(10), None, History::default(), Default::default());
         let interval = Duration::from_secs(1);
         // Two proxies of billing were sent users.vip and ledger.vip; proxy-1 used users.vip
         // (in two reports) and other.vip; proxy-2 nothing.
@@ -765,7 +1034,7 @@ mod tests {
 
     #[test]
     fn a_cluster_is_idle_only_when_the_proxys_reports_cover_the_whole_timeout() {
-        let p = Prewarm::new(limits(10), None, History::default());
+        let p = Prewarm::new(limits(10), None, History::default(), Default::default());
         let (timeout, interval) = (Duration::from_secs(60), Duration::from_secs(10));
         let held = || [("used.vip", 0), ("idle.vip", 0), ("new.vip", 95)];
         assert!(
@@ -807,8 +1076,18 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("history.json");
         let _ = fs::remove_file(&path);
-        let a = Prewarm::new(limits(10), Some(path.clone()), History::default());
-        let b = Prewarm::new(limits(10), Some(path.clone()), History::default());
+        let a = Prewarm::new(
+            limits(10),
+            Some(path.clone()),
+            History::default(),
+            Default::default(),
+        );
+        let b = Prewarm::new(
+            limits(10),
+            Some(path.clone()),
+            History::default(),
+            Default::default(),
+        );
         a.asked("svc", ["a.vip"]);
         b.asked("svc", ["b.vip"]);
         assert!(a.save().unwrap());
