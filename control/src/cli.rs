@@ -176,6 +176,8 @@ pub(crate) struct PrewarmArgs {
     /// entry takes the place of its own service's least recently used cluster, never another
     /// service's, and a service without history gets none until entries age out
     /// (--prewarm-max-age): odmesh_prewarm_entries_refused_total counts what did not fit.
+    /// Apart, the load reports kept per connected proxy (for --idle-cluster-timeout) hold at
+    /// most as many clusters; a proxy whose report does not fit has no idle cluster.
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = prewarm::DEFAULT_MAX_ENTRIES)]
     pub(crate) prewarm_max_entries: usize,
 

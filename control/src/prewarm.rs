@@ -40,7 +40,8 @@ pub struct Limits {
     pub max_per_service: usize,
     /// (service, cluster) entries kept over all services: what bounds the history's memory,
     /// whatever services clients claim to be. See [`History::record`] for what happens when
-    /// it is reached.
+    /// it is reached. Apart, the most cluster names kept from the load reports of connected
+    /// proxies (for [`Prewarm::idle`]), whatever node ids they claim.
     pub max_entries: usize,
     /// A cluster not used for this long is forgotten.
     pub max_age: Duration,
@@ -419,6 +420,8 @@ struct State {
     pending: BTreeMap<(String, String), u32>,
     /// Per proxy (node id), what its load reports said: for evicting idle clusters.
     nodes: BTreeMap<String, NodeReports>,
+    /// The clusters `nodes` hold, over all proxies (within [`Limits::max_entries`]).
+    node_entries: usize,
 }
 
 /// What one proxy's load reports said, for [`Prewarm::idle`].
@@ -509,15 +512,17 @@ impl Prewarm {
     fn report_at(&self, node: &str, service: &str, names: &[&str], interval: Duration, now: u64) {
         self.used_at(node, service, names.iter().copied(), false, now);
         let mut state = self.lock();
+        let state = &mut *state;
         if !state.nodes.contains_key(node) && state.nodes.len() >= MAX_NODES {
             let oldest = (state.nodes.iter())
                 .min_by_key(|(_, r)| r.last_report)
                 .map(|(n, _)| n.clone());
-            if let Some(oldest) = oldest {
-                state.nodes.remove(&oldest);
+            if let Some(gone) = oldest.and_then(|oldest| state.nodes.remove(&oldest)) {
+                state.node_entries -= gone.used.len();
             }
         }
         let reports = state.nodes.entry(node.to_owned()).or_default();
+        let before = reports.used.len();
         // A report later than three intervals after the last one: what happened in between
         // is not known, so the proxy counts as reporting only from now.
         let gap = 3 * interval.as_secs().max(1);
@@ -534,12 +539,26 @@ impl Prewarm {
             let excess = reports.used.len() - self.limits.max_per_service;
             evict_oldest(&mut reports.used, excess);
         }
+        let entries = state.node_entries - before + reports.used.len();
+        if entries > self.limits.max_entries {
+            // Over the bound (proxies claiming ever new node ids): this proxy's reports are
+            // not kept, so it counts as not reporting and none of its clusters is idle (the
+            // safe side) until its reports fit again. Not another proxy's: those are kept.
+            state.nodes.remove(node);
+            state.node_entries -= before;
+            inc(&self.metrics.prewarm_entries_refused_total);
+        } else {
+            state.node_entries = entries;
+        }
     }
 
     /// The proxy `node`'s load reports ended (its stream closed): what they said is dropped, so
     /// nothing it holds counts as idle until it reports again for a whole timeout.
     pub fn reports_ended(&self, node: &str) {
-        self.lock().nodes.remove(node);
+        let mut state = self.lock();
+        if let Some(gone) = state.nodes.remove(node) {
+            state.node_entries -= gone.used.len();
+        }
     }
 
     /// Those of `held` (clusters the proxy `node` holds, each with when it got it) that
@@ -901,8 +920,8 @@ mod tests {
             metrics
                 .prewarm_entries_refused_total
                 .load(Ordering::Relaxed),
-            19,
-            "lrs-0 took the room left"
+            19 + 8,
+            "lrs-0 took the room left in the history, node-0 and node-1 in the reports kept"
         );
     }
 
@@ -1068,6 +1087,53 @@ mod tests {
             p.idle_at("n2", held(), timeout, interval, 260).is_empty(),
             "another proxy"
         );
+    }
+
+    #[test]
+    fn load_reports_of_new_node_ids_beyond_the_bound_are_not_kept_and_take_nothing_from_others() {
+        let metrics = Arc::new(Metrics::default());
+        let p = Prewarm::new(bounded(3), None, History::default(), metrics.clone());
+        let (timeout, interval) = (Duration::from_secs(60), Duration::from_secs(10));
+        let held = || [("a.vip", 0), ("b.vip", 0), ("idle.vip", 0)];
+        let refused = || {
+            metrics
+                .prewarm_entries_refused_total
+                .load(Ordering::Relaxed)
+        };
+        for t in (0..=100).step_by(10) {
+            p.report_at("real", "svc", &["a.vip", "b.vip"], interval, t);
+            // Proxies claiming a new node id at every report, each with two clusters (the
+            // same: the history has room for them).
+            p.report_at(
+                &format!("flood-{t}"),
+                "svc",
+                &["a.vip", "b.vip"],
+                interval,
+                t,
+            );
+        }
+        assert_eq!(refused(), 11, "no flood node fits beside the real one");
+        assert_eq!(p.lock().node_entries, 2);
+        assert_eq!(
+            p.idle_at("real", held(), timeout, interval, 100),
+            ["idle.vip"],
+            "the real proxy's reports are all there"
+        );
+        // A report of the real proxy that no longer fits: its reports go, so nothing of it
+        // is idle (the safe side).
+        p.report_at("real", "svc", &["c.vip", "d.vip"], interval, 110);
+        assert_eq!(
+            refused(),
+            11 + 2,
+            "its reports, and d.vip in the full history"
+        );
+        assert!(p.idle_at("real", held(), timeout, interval, 110).is_empty());
+        assert_eq!(p.lock().node_entries, 0);
+        // Room again: it reports, and is idle-checked once it has for a whole timeout.
+        p.report_at("real", "svc", &["a.vip"], interval, 120);
+        assert_eq!(p.lock().node_entries, 1);
+        p.reports_ended("real");
+        assert_eq!(p.lock().node_entries, 0);
     }
 
     #[test]
