@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::hash::{DefaultHasher, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -238,20 +239,21 @@ impl History {
     /// replica's own at start): for each cluster the later use wins, and each new entry is
     /// recorded as [`History::record`] does, within the same bounds. The services this
     /// history knows come first: entries already held are not pushed out for those of a file
-    /// (which anyone who can write it fills as they like). Returns how many entries the bound
-    /// over all services refused or forgot.
-    pub fn merge(&mut self, limits: &Limits, other: &History, now: u64) -> usize {
+    /// (which anyone who can write it fills as they like).
+    pub fn merge(&mut self, limits: &Limits, other: &History, now: u64) -> Merged {
         let oldest = now.saturating_sub(limits.max_age.as_secs());
-        let mut over = 0;
+        let mut merged = Merged::default();
         let (known, new): (Vec<_>, Vec<_>) =
             (other.services.iter()).partition(|(service, _)| self.services.contains_key(*service));
         for (service, clusters) in known.into_iter().chain(new) {
             for (cluster, last) in clusters.iter().filter(|(_, last)| **last >= oldest) {
-                over += usize::from(self.record(limits, service, cluster, *last).over_bound());
+                let recorded = self.record(limits, service, cluster, *last);
+                merged.changed |= recorded.changed();
+                merged.refused += usize::from(recorded.over_bound());
             }
         }
-        self.prune(limits, now);
-        over
+        merged.changed |= self.prune(limits, now);
+        merged
     }
 
     /// How many (service, cluster) entries the history holds.
@@ -275,6 +277,15 @@ impl History {
     }
 }
 
+/// What [`History::merge`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// Whether the history changed.
+    pub changed: bool,
+    /// Entries the bound over all services refused or forgot (see [`Recorded::over_bound`]).
+    pub refused: usize,
+}
+
 /// At most so many calling services have a history.
 pub const MAX_SERVICES: usize = 10_000;
 
@@ -294,13 +305,21 @@ fn evict_oldest(clusters: &mut BTreeMap<String, u64>, n: usize) {
 }
 
 /// The history file: a format tag, then the history.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HistoryFile {
     /// Format version; 1 is the only one.
     odmesh_prewarm_history: u32,
     #[serde(flatten)]
     history: History,
+}
+
+/// The history file, written from a history it borrows.
+#[derive(Serialize)]
+struct HistoryFileOf<'a> {
+    odmesh_prewarm_history: u32,
+    #[serde(flatten)]
+    history: &'a History,
 }
 
 const FORMAT: u32 = 1;
@@ -321,21 +340,30 @@ pub enum LoadError {
 
 /// Reads the history at `path`; an absent file is an empty history.
 pub fn load(path: &Path) -> Result<History, LoadError> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(History::default()),
-        Err(source) => {
-            return Err(LoadError::Read {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    let parsed: HistoryFile =
-        serde_json::from_slice(&bytes).map_err(|source| LoadError::Parse {
+    parse(path, read(path)?.as_deref())
+}
+
+/// The bytes of the file at `path`; `None` if there is none.
+fn read(path: &Path) -> Result<Option<Vec<u8>>, LoadError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(LoadError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        }),
+    }
+}
+
+/// The history in `bytes`, read from `path` (`None`: no file, an empty history).
+fn parse(path: &Path, bytes: Option<&[u8]>) -> Result<History, LoadError> {
+    let Some(bytes) = bytes else {
+        return Ok(History::default());
+    };
+    let parsed: HistoryFile = serde_json::from_slice(bytes).map_err(|source| LoadError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
     if parsed.odmesh_prewarm_history != FORMAT {
         return Err(LoadError::Parse {
             path: path.to_owned(),
@@ -352,11 +380,12 @@ pub fn load(path: &Path) -> Result<History, LoadError> {
 /// renamed over it, and the folder flushed. A reader sees the old file or the new one, never
 /// a part.
 pub fn store(path: &Path, history: &History) -> io::Result<()> {
-    let file = HistoryFile {
-        odmesh_prewarm_history: FORMAT,
-        history: history.clone(),
-    };
-    let json = serde_json::to_vec_pretty(&file).map_err(io::Error::other)?;
+    write(path, history).map(drop)
+}
+
+/// [`store`]; returns the [`digest`] of what it wrote. The JSON goes to the file as it is
+/// written, through a buffer, not whole into memory first.
+fn write(path: &Path, history: &History) -> io::Result<u64> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     let name = path.file_name().map_or_else(
         || "odmesh-prewarm".into(),
@@ -369,18 +398,61 @@ pub fn store(path: &Path, history: &History) -> io::Result<()> {
     let tmp = dir
         .unwrap_or(Path::new("."))
         .join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
-    let mut f = fs::OpenOptions::new()
+    let f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&tmp)?;
-    let written = f.write_all(&json).and_then(|()| f.sync_all());
+    let mut out = Digesting {
+        inner: io::BufWriter::new(f),
+        digest: DefaultHasher::new(),
+    };
+    let file = HistoryFileOf {
+        odmesh_prewarm_history: FORMAT,
+        history,
+    };
+    let written = serde_json::to_writer_pretty(&mut out, &file)
+        .map_err(io::Error::other)
+        .and_then(|()| {
+            out.inner
+                .into_inner()
+                .map_err(io::IntoInnerError::into_error)
+        })
+        .and_then(|f| f.sync_all());
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
     // The rename is in the folder's entries: flushed too, or a crash may bring back the old
     // file (or none).
-    fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+    fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+    Ok(out.digest.finish())
+}
+
+/// A digest of a history file's bytes: whether the file is still the one this replica last
+/// wrote or read (not a defence against whoever can write it, who can write anything).
+fn digest(bytes: &[u8]) -> u64 {
+    let mut digest = DefaultHasher::new();
+    digest.write(bytes);
+    digest.finish()
+}
+
+/// A writer that digests what goes through it, as [`digest`] does (one digest over the
+/// bytes, however they are split).
+struct Digesting<W> {
+    inner: W,
+    digest: DefaultHasher,
+}
+
+impl<W: Write> Write for Digesting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.digest.write(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Seconds since the Unix epoch.
@@ -409,6 +481,19 @@ pub struct Prewarm {
     state: Mutex<State>,
     /// Counts what the bound over all services refused (`prewarm_entries_refused_total`).
     metrics: Arc<Metrics>,
+    /// What the last save knew of the file; taken by saves only.
+    file: Mutex<FileState>,
+}
+
+/// What [`Prewarm::save`] knows of the file.
+#[derive(Debug, Default)]
+struct FileState {
+    /// The generation of the history the file holds, as this replica last wrote or read it.
+    generation: Option<u64>,
+    /// The [`digest`] of the file as this replica last wrote or read it.
+    digest: Option<u64>,
+    /// The minute (since the Unix epoch) the history was last pruned in.
+    pruned: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -422,6 +507,8 @@ struct State {
     nodes: BTreeMap<String, NodeReports>,
     /// The clusters `nodes` hold, over all proxies (within [`Limits::max_entries`]).
     node_entries: usize,
+    /// Counts the changes of `history`: a save writes only a generation the file lacks.
+    generation: u64,
 }
 
 /// What one proxy's load reports said, for [`Prewarm::idle`].
@@ -451,8 +538,8 @@ impl Prewarm {
         metrics: Arc<Metrics>,
     ) -> Prewarm {
         let mut bounded = History::default();
-        let over = bounded.merge(&limits, &history, unix_now());
-        (metrics.prewarm_entries_refused_total).fetch_add(over as u64, Ordering::Relaxed);
+        let merged = bounded.merge(&limits, &history, unix_now());
+        (metrics.prewarm_entries_refused_total).fetch_add(merged.refused as u64, Ordering::Relaxed);
         Prewarm {
             limits,
             path,
@@ -461,6 +548,7 @@ impl Prewarm {
                 ..State::default()
             }),
             metrics,
+            file: Mutex::default(),
         }
     }
 
@@ -629,6 +717,7 @@ impl Prewarm {
                 }
             }
             let recorded = state.history.record(&self.limits, service, name, minute);
+            state.generation += u64::from(recorded.changed());
             if recorded.over_bound() {
                 inc(&self.metrics.prewarm_entries_refused_total);
             }
@@ -645,30 +734,114 @@ impl Prewarm {
     /// Brings the history and its file together: merges in what the file holds (another
     /// replica's writes), then writes the result if the file does not hold it already.
     /// Returns whether it wrote. Called every few seconds, and at shutdown.
+    ///
+    /// The state's lock, which every stream takes on its subscriptions, is held only to take
+    /// a snapshot of the history, which copies no service's clusters (see [`Clusters`]), and
+    /// to put the merged history in its place; the file is read, parsed, merged, pruned,
+    /// compared, written and flushed without it. A history unchanged since the last save,
+    /// into a file unchanged since (read, and its digest compared with the one written), is
+    /// neither parsed, merged, compared nor copied. Putting the merged history in place
+    /// takes in the uses streams recorded meanwhile: a look at each service, and the clusters
+    /// of those they changed.
     pub fn save(&self) -> io::Result<bool> {
+        self.save_with(unix_now(), || (), write)
+    }
+
+    /// [`Prewarm::save`] at `now`, calling `meanwhile` once the snapshot is taken and writing
+    /// with `write`, which returns the [`digest`] of what it wrote (the tests' hooks).
+    fn save_with(
+        &self,
+        now: u64,
+        meanwhile: impl FnOnce(),
+        write: impl FnOnce(&Path, &History) -> io::Result<u64>,
+    ) -> io::Result<bool> {
         let Some(path) = &self.path else {
             return Ok(false);
         };
-        let now = unix_now();
+        // One save at a time; the streams never take this lock.
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         // A file that cannot be read now (an I/O error, or something another writer left that
         // is not a history of this format) is not overwritten: the error is reported, the
         // history stays in memory, and the next save tries again.
-        let theirs = Some(load(path).map_err(io::Error::other)?);
-        let history = {
-            let mut state = self.lock();
-            state.history.prune(&self.limits, now);
-            if let Some(theirs) = &theirs {
-                let over = state.history.merge(&self.limits, theirs, now);
-                (self.metrics.prewarm_entries_refused_total)
-                    .fetch_add(over as u64, Ordering::Relaxed);
-            }
-            if theirs.as_ref() == Some(&state.history) {
+        let bytes = read(path).map_err(io::Error::other)?;
+        let seen = bytes.as_deref().map(digest);
+        let theirs = match seen {
+            // As this replica last wrote or read it: nothing in it is new here.
+            Some(seen) if file.digest == Some(seen) => None,
+            _ => Some(parse(path, bytes.as_deref()).map_err(io::Error::other)?),
+        };
+        drop(bytes);
+        // Times are kept to the minute: nothing ages out between two saves in one minute.
+        let prune = file.pruned != Some(now / RESOLUTION);
+        let (taken, generation) = {
+            let state = self.lock();
+            if theirs.is_none() && !prune && file.generation == Some(state.generation) {
                 return Ok(false);
             }
-            state.history.clone()
+            (state.history.clone(), state.generation)
         };
-        store(path, &history)?;
+        meanwhile();
+        let mut history = taken.clone();
+        let mut changed = false;
+        if let Some(theirs) = &theirs {
+            let merged = history.merge(&self.limits, theirs, now);
+            (self.metrics.prewarm_entries_refused_total)
+                .fetch_add(merged.refused as u64, Ordering::Relaxed);
+            changed |= merged.changed;
+        }
+        if prune {
+            changed |= history.prune(&self.limits, now);
+            file.pruned = Some(now / RESOLUTION);
+        }
+        // What the file holds once written: this generation, or one the state has passed.
+        let mut holds = generation;
+        if changed {
+            holds = self.install(&taken, history.clone(), generation, now);
+        }
+        drop(taken);
+        let held = match &theirs {
+            Some(theirs) => *theirs == history,
+            None => !changed && file.generation == Some(generation),
+        };
+        if held {
+            (file.generation, file.digest) = (Some(holds), seen);
+            return Ok(false);
+        }
+        let written = write(path, &history)?;
+        (file.generation, file.digest) = (Some(holds), Some(written));
         Ok(true)
+    }
+
+    /// Puts `merged` (`taken` at `generation`, merged and pruned) in the place of the history,
+    /// with the uses streams recorded since `taken` was (the services whose clusters are no
+    /// longer `taken`'s). Returns the generation `merged` is now, or `generation` if the
+    /// history has more than `merged`.
+    fn install(&self, taken: &History, mut merged: History, generation: u64, now: u64) -> u64 {
+        let oldest = now.saturating_sub(self.limits.max_age.as_secs());
+        let mut state = self.lock();
+        let since = state.generation != generation;
+        if since {
+            for (service, clusters) in &state.history.services {
+                if (taken.services.get(service)).is_some_and(|c| Arc::ptr_eq(c, clusters)) {
+                    continue;
+                }
+                for (cluster, last) in clusters.iter().filter(|(_, last)| **last >= oldest) {
+                    if merged
+                        .record(&self.limits, service, cluster, *last)
+                        .over_bound()
+                    {
+                        inc(&self.metrics.prewarm_entries_refused_total);
+                    }
+                }
+            }
+        }
+        let replaced = std::mem::replace(&mut state.history, merged);
+        state.generation += 1;
+        let holds = if since { generation } else { state.generation };
+        drop(state);
+        // The clusters only the replaced history held are freed without the lock.
+        drop(replaced);
+        holds
     }
 
     /// The admin's view: per service, what a connecting proxy would be sent now (with when
@@ -867,7 +1040,7 @@ mod tests {
         theirs.record(&free, "billing", "a.vip", 500);
         theirs.record(&free, "billing", "z.vip", 600);
         theirs.record(&free, "billing", "y.vip", 550);
-        let over = mine.merge(&l, &theirs, 1_000);
+        let over = mine.merge(&l, &theirs, 1_000).refused;
         assert_eq!(mine.len(), 4);
         assert_eq!(
             mine.predict(&l, "billing", 1_000, all),
@@ -1134,6 +1307,128 @@ mod tests {
         assert_eq!(p.lock().node_entries, 1);
         p.reports_ended("real");
         assert_eq!(p.lock().node_entries, 0);
+    }
+
+    /// A history kept in a new file under the temporary folder, named `test`.
+    fn in_a_file(test: &str) -> (PathBuf, Prewarm) {
+        let dir =
+            std::env::temp_dir().join(format!("odmesh-prewarm-{test}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("history.json");
+        let _ = fs::remove_file(&path);
+        let p = Prewarm::new(
+            limits(10),
+            Some(path.clone()),
+            History::default(),
+            Default::default(),
+        );
+        (path, p)
+    }
+
+    #[test]
+    fn a_save_holds_the_lock_only_for_a_snapshot_and_writes_without_it() {
+        let (path, p) = in_a_file("unlocked");
+        let now = unix_now();
+        p.asked("billing", ["a.vip"]);
+        p.asked("search", ["b.vip"]);
+        assert!(p.save_with(now, || (), write).unwrap());
+        p.asked("billing", ["c.vip"]);
+        let mut wrote = false;
+        let saved = p.save_with(
+            now,
+            || (),
+            |path, snapshot| {
+                // The streams' lock is free while the snapshot is serialised and written...
+                let state = (p.state.try_lock()).expect("the state's lock is held while writing");
+                // ... and the snapshot copied no service: search's, unchanged, is the state's.
+                assert!(Arc::ptr_eq(
+                    &snapshot.services["search"],
+                    &state.history.services["search"]
+                ));
+                drop(state);
+                // A stream records meanwhile: into the history, not into what is written.
+                p.asked("billing", ["d.vip"]);
+                assert_eq!(snapshot.last_used("billing", "d.vip"), None);
+                wrote = true;
+                write(path, snapshot)
+            },
+        );
+        assert!(saved.unwrap() && wrote);
+        let file = load(&path).unwrap();
+        assert!(file.last_used("billing", "c.vip").is_some());
+        assert_eq!(file.last_used("billing", "d.vip"), None);
+        assert!(
+            p.save_with(now, || (), write).unwrap(),
+            "what was recorded meanwhile is written next"
+        );
+        assert!(load(&path).unwrap().last_used("billing", "d.vip").is_some());
+
+        // Nothing recorded since, and the file as it was written: no snapshot, no write.
+        let written = digest(&fs::read(&path).unwrap());
+        assert_eq!(p.file.lock().unwrap().digest, Some(written), "it is known");
+        let unchanged = p.save_with(
+            now,
+            || panic!("a snapshot was taken"),
+            |_, _| panic!("written"),
+        );
+        assert!(!unchanged.unwrap());
+        let next_minute = now + RESOLUTION;
+        let pruned = p.save_with(next_minute, || (), |_, _| panic!("nothing aged: written"));
+        assert!(
+            !pruned.unwrap(),
+            "a minute later: pruned, and nothing to write"
+        );
+        // A file someone else changed is read again, and one that is not a history is kept.
+        fs::write(&path, b"not a history").unwrap();
+        assert!(p.save_with(now, || (), write).is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"not a history");
+        fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn uses_recorded_while_a_save_merges_another_replicas_file_are_kept() {
+        let (path, a) = in_a_file("meanwhile");
+        let b = Prewarm::new(
+            limits(10),
+            Some(path.clone()),
+            History::default(),
+            Default::default(),
+        );
+        b.asked("search", ["b.vip"]);
+        assert!(b.save().unwrap());
+        a.asked("billing", ["a.vip"]);
+        let saved = a.save_with(
+            unix_now(),
+            || {
+                // The snapshot is taken; the file is merged into it without the lock, while a
+                // stream records into a service of the snapshot, and into a new one.
+                assert!(a.state.try_lock().is_ok());
+                a.asked("billing", ["late.vip"]);
+                a.asked("late", ["c.vip"]);
+            },
+            write,
+        );
+        assert!(saved.unwrap());
+        let sorted = |mut names: Vec<String>| {
+            names.sort();
+            names
+        };
+        assert_eq!(sorted(a.predict("billing", all)), ["a.vip", "late.vip"]);
+        assert_eq!(a.predict("search", all), ["b.vip"], "the file's");
+        assert_eq!(a.predict("late", all), ["c.vip"]);
+        let file = load(&path).unwrap();
+        assert!(file.last_used("search", "b.vip").is_some());
+        assert!(file.last_used("billing", "a.vip").is_some());
+        assert_eq!(file.last_used("billing", "late.vip"), None, "not yet");
+        assert!(
+            a.save().unwrap(),
+            "what was recorded meanwhile is written next"
+        );
+        let file = load(&path).unwrap();
+        assert!(file.last_used("billing", "late.vip").is_some());
+        assert!(file.last_used("late", "c.vip").is_some());
+        assert!(!a.save().unwrap());
+        fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 
     #[test]
