@@ -158,7 +158,9 @@ impl History {
             if *last >= now {
                 return Recorded::Unchanged;
             }
-            Arc::make_mut(clusters).insert(cluster.to_owned(), now);
+            if let Some(last) = Arc::make_mut(clusters).get_mut(cluster) {
+                *last = now;
+            }
             return Recorded::Kept;
         }
         let service_full = clusters.len() >= limits.max_per_service;
