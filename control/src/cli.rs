@@ -12,6 +12,7 @@ use clap::Parser;
 
 use odmesh_base::flags;
 use odmesh_base::http_server::HttpLimits;
+use odmesh_control::prewarm;
 use odmesh_control::session::SubscriptionLimits;
 use odmesh_eureka::server::auth::Authenticator;
 use odmesh_eureka::server::peers::PeerConfig;
@@ -159,13 +160,26 @@ pub(crate) struct PrewarmArgs {
     pub(crate) prewarm_history: PathBuf,
 
     /// Turn prewarm off: no history is kept or read, proxies get only what they ask for.
-    #[arg(long, conflicts_with_all = ["prewarm_history", "prewarm_max_clusters", "prewarm_max_age"])]
+    #[arg(long, conflicts_with_all = ["prewarm_history", "prewarm_max_clusters", "prewarm_max_entries", "prewarm_max_age"])]
     pub(crate) no_prewarm: bool,
 
     /// Clusters kept per calling service (the most recently used); also the most one
     /// connecting proxy is sent ahead.
     #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = 1_000)]
     pub(crate) prewarm_max_clusters: usize,
+
+    /// (calling service, cluster) entries the history keeps over all services: about 100
+    /// bytes of memory each and 40 in the file (with names of 20 characters; the default,
+    /// 1,000 services × 1,000 clusters: ~95 MB and a 40 MB file), so this bounds prewarm
+    /// whatever services clients claim to be (a proxy's `node.cluster` is whatever it
+    /// says). When full, a new
+    /// entry takes the place of its own service's least recently used cluster, never another
+    /// service's, and a service without history gets none until entries age out
+    /// (--prewarm-max-age): odmesh_prewarm_entries_refused_total counts what did not fit.
+    /// Apart, the load reports kept per connected proxy (for --idle-cluster-timeout) hold at
+    /// most as many clusters; a proxy whose report does not fit has no idle cluster.
+    #[arg(long, value_name = "N", value_parser = flags::at_least_one::<usize>, default_value_t = prewarm::DEFAULT_MAX_ENTRIES)]
+    pub(crate) prewarm_max_entries: usize,
 
     /// Time after which a cluster nobody used is forgotten (default: 7 days).
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "7d")]
@@ -546,6 +560,17 @@ impl GuardArgs {
     }
 }
 
+impl PrewarmArgs {
+    /// The bounds on the prewarm history.
+    pub(crate) fn limits(&self) -> prewarm::Limits {
+        prewarm::Limits {
+            max_per_service: self.prewarm_max_clusters,
+            max_entries: self.prewarm_max_entries,
+            max_age: self.prewarm_max_age,
+        }
+    }
+}
+
 impl XdsArgs {
     /// Bounds on what the proxies' streams may hold.
     pub(crate) fn subscriptions(&self) -> SubscriptionLimits {
@@ -587,5 +612,6 @@ mod tests {
             server.limits.max_instances_per_identity,
             defaults.limits.max_instances_per_identity
         );
+        assert_eq!(args.prewarm.limits(), prewarm::Limits::default());
     }
 }

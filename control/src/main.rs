@@ -139,7 +139,7 @@ async fn start_embedded(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sou
 }
 
 /// The xDS server's configuration from the flags.
-fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
+fn xds_config(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<XdsConfig> {
     let x = &args.xds_limits;
     let tls = match (&x.xds_tls_cert, &x.xds_tls_key) {
         (Some(cert), Some(key)) => Some(
@@ -167,7 +167,7 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         tls_handshake_timeout: args.tls_handshake_timeout,
         first_bytes_timeout: x.xds_first_bytes_timeout,
         tls,
-        prewarm: start_prewarm(&args.prewarm)?,
+        prewarm: start_prewarm(&args.prewarm, metrics)?,
         load_report_interval: args.prewarm.load_report_interval,
         idle_cluster_timeout: Some(args.prewarm.idle_cluster_timeout).filter(|t| !t.is_zero()),
     })
@@ -175,14 +175,14 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
 
 /// The prewarm history from the flags, read from its file; `None` with --no-prewarm. A file
 /// that is not a history is set aside (renamed to FILE.unreadable), not overwritten.
-fn start_prewarm(args: &PrewarmArgs) -> anyhow::Result<Option<Arc<Prewarm>>> {
+fn start_prewarm(
+    args: &PrewarmArgs,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<Arc<Prewarm>>> {
     if args.no_prewarm {
         return Ok(None);
     }
-    let limits = prewarm::Limits {
-        max_per_service: args.prewarm_max_clusters,
-        max_age: args.prewarm_max_age,
-    };
+    let limits = args.limits();
     let path = &args.prewarm_history;
     // Prewarm is an optimisation: a history that cannot be read never stops the control plane.
     let history = match prewarm::load(path) {
@@ -208,12 +208,10 @@ fn start_prewarm(args: &PrewarmArgs) -> anyhow::Result<Option<Arc<Prewarm>>> {
             prewarm::History::default()
         }
     };
-    tracing::info!(file = %path.display(), entries = history.len(), "prewarm history loaded");
-    Ok(Some(Arc::new(Prewarm::new(
-        limits,
-        Some(path.clone()),
-        history,
-    ))))
+    let read = history.len();
+    let prewarm = Prewarm::new(limits, Some(path.clone()), history, metrics.clone());
+    tracing::info!(file = %path.display(), entries = prewarm.len(), read, "prewarm history loaded");
+    Ok(Some(Arc::new(prewarm)))
 }
 
 /// How often the prewarm history is written to its file (when it changed).
@@ -349,7 +347,7 @@ async fn run() -> anyhow::Result<()> {
         async move { cache.follow(snapshots).await }
     });
     let policy_status = start_policy(&args, &cache, &metrics)?;
-    let xds_config = xds_config(&args)?;
+    let xds_config = xds_config(&args, &metrics)?;
     let prewarm = xds_config.prewarm.clone();
     let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config);
 

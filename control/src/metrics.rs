@@ -82,6 +82,11 @@ odmesh_base::metrics! {
         prewarm_save_errors_total: "counter",
         /// (calling service, cluster) entries in the prewarm history.
         prewarm_history_entries: "gauge",
+        /// Prewarm history entries refused, or forgotten for a later use of their own service,
+        /// because the history held --prewarm-max-entries (or 10,000 services); and load reports
+        /// not kept because the proxies' reports held as many clusters: clients claiming many
+        /// services or node ids, or a bound to raise.
+        prewarm_entries_refused_total: "counter",
     }
 }
 

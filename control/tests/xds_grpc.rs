@@ -11,12 +11,16 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, ClusterStats, UpstreamLocalityStats,
+};
 use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_client::ClusterDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest,
 };
+use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_client::LoadReportingServiceClient;
+use envoy_types::pb::envoy::service::load_stats::v3::{LoadStatsRequest, LoadStatsResponse};
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use odmesh_base::testing::{wait_ok, wait_until};
@@ -24,6 +28,7 @@ use odmesh_base::tls::ServerIdentity;
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
+use odmesh_control::prewarm::{History, Limits, Prewarm};
 use odmesh_control::server::{ProxyStatus, XdsConfig, XdsServer};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL, XdsOptions};
 use odmesh_registry::{Instance, Protocol, Registry, Status};
@@ -143,6 +148,13 @@ impl Harness {
     /// An ADS stream over TLS (server name `localhost`, the test CA), with a client
     /// certificate when `identity` is given; `Err` when the server refuses it.
     async fn ads_tls(&self, node: &str, identity: Option<Identity>) -> Result<Client, String> {
+        let channel = self.tls_channel(identity).await?;
+        Client::open(AggregatedDiscoveryServiceClient::new(channel), node).await
+    }
+
+    /// A channel over TLS (server name `localhost`, the test CA), with a client certificate
+    /// when `identity` is given.
+    async fn tls_channel(&self, identity: Option<Identity>) -> Result<Channel, String> {
         let read = |name: &str| std::fs::read(testdata(name)).unwrap();
         let mut tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(read("tls/ca.pem")))
@@ -150,14 +162,13 @@ impl Harness {
         if let Some(identity) = identity {
             tls = tls.identity(identity);
         }
-        let channel = Channel::from_shared(format!("https://{}", self.addr))
+        Channel::from_shared(format!("https://{}", self.addr))
             .unwrap()
             .tls_config(tls)
             .map_err(|e| e.to_string())?
             .connect()
             .await
-            .map_err(|e| format!("{e:?}"))?;
-        Client::open(AggregatedDiscoveryServiceClient::new(channel), node).await
+            .map_err(|e| format!("{e:?}"))
     }
 
     /// Polls the proxies view until `cond` holds for some stream of `node`.
@@ -606,6 +617,96 @@ async fn over_mtls_a_proxy_with_a_certificate_of_the_ca_is_served_and_one_withou
     };
     assert!(refused, "a plaintext client was served");
     assert_eq!(h.server.proxies().len(), 1);
+    h.stop().await;
+}
+
+/// Opens a load report stream (LRS) on `channel` and sends one report, from the proxy `node`
+/// of `service`, in which `cluster` carried a request; `Ok` with the server's answer, `Err`
+/// if the server refuses the stream or does not answer.
+async fn load_report(
+    channel: Channel,
+    node: &str,
+    service: &str,
+    cluster: &str,
+) -> Result<LoadStatsResponse, String> {
+    let report = LoadStatsRequest {
+        node: Some(Node {
+            id: node.into(),
+            cluster: service.into(),
+            ..Default::default()
+        }),
+        cluster_stats: vec![ClusterStats {
+            cluster_name: cluster.into(),
+            upstream_locality_stats: vec![UpstreamLocalityStats {
+                total_issued_requests: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(report).await.unwrap();
+    let exchange = async {
+        let mut answers = LoadReportingServiceClient::new(channel)
+            .stream_load_stats(ReceiverStream::new(rx))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        match answers.message().await {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Err("the stream ended unanswered".to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let answer = tokio::time::timeout(WAIT, exchange).await;
+    drop(tx);
+    answer.map_err(|_| "no answer in time".to_owned())?
+}
+
+#[tokio::test]
+async fn over_mtls_load_reports_too_are_taken_only_from_a_certificate_of_the_ca() {
+    // Load reports add to the prewarm history: the LRS service, served beside xDS, must
+    // refuse whom xDS refuses.
+    let prewarm = Arc::new(Prewarm::new(
+        Limits::default(),
+        None,
+        History::default(),
+        Default::default(),
+    ));
+    let config = XdsConfig {
+        prewarm: Some(prewarm.clone()),
+        ..mtls()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    let read = |name: &str| std::fs::read(testdata(name)).unwrap();
+    let proxy = Identity::from_pem(read("tls/client.pem"), read("tls/client.key"));
+    let channel = h.tls_channel(Some(proxy)).await.unwrap();
+    let answer = load_report(channel, "proxy-1", "billing", "hello.vip").await;
+    assert!(answer.unwrap().send_all_clusters);
+    assert_eq!(prewarm.predict("billing", |_| true), ["hello.vip"]);
+
+    // Without a client certificate, with one of another CA, or in plaintext: no report.
+    let stranger = Identity::from_pem(read("tls/other-server.pem"), read("tls/other-server.key"));
+    for identity in [None, Some(stranger)] {
+        let refused = match h.tls_channel(identity).await {
+            Err(_) => true,
+            Ok(channel) => {
+                (load_report(channel, "intruder-1", "intruder", "hello.vip").await).is_err()
+            }
+        };
+        assert!(
+            refused,
+            "a load report stream without a certificate of the CA"
+        );
+    }
+    let plain = Channel::from_shared(format!("http://{}", h.addr)).unwrap();
+    let refused = match plain.connect().await {
+        Err(_) => true,
+        Ok(channel) => (load_report(channel, "intruder-2", "intruder", "hello.vip").await).is_err(),
+    };
+    assert!(refused, "a plaintext load report stream");
+    assert!(prewarm.predict("intruder", |_| true).is_empty());
+    assert_eq!(h.metrics.load_reports_total.load(Ordering::Relaxed), 1);
     h.stop().await;
 }
 

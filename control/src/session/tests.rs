@@ -325,7 +325,12 @@ impl Prewarmed {
             XdsOptions::new(Some("/ca.pem".into())),
             Snapshot::from_registry(&registry).into(),
         );
-        let prewarm = Prewarm::new(Limits::default(), None, History::default());
+        let prewarm = Prewarm::new(
+            Limits::default(),
+            None,
+            History::default(),
+            Default::default(),
+        );
         prewarm.asked("billing", ["hello.vip", "world.vip", "gone.vip"]);
         Prewarmed {
             inbox: cache.open_stream(1),
