@@ -181,8 +181,6 @@ pub enum InvalidTlsFile {
 pub struct ServerIdentity {
     cert_path: PathBuf,
     key_path: PathBuf,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 }
@@ -195,7 +193,7 @@ fn read(path: &Path) -> Result<Vec<u8>, InvalidTlsFile> {
 }
 
 /// The certificates of a PEM file; at least one.
-fn certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), InvalidTlsFile> {
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, InvalidTlsFile> {
     let pem = read(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -211,14 +209,14 @@ fn certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), 
             source: None,
         });
     }
-    Ok((pem, certs))
+    Ok(certs)
 }
 
 impl ServerIdentity {
     /// Reads `cert` (the chain, leaf first) and `key` (PKCS#8, PKCS#1 or SEC1) and checks
     /// that the key is the certificate's.
     pub fn load(cert: &Path, key: &Path) -> Result<ServerIdentity, InvalidTlsFile> {
-        let (cert_pem, certs) = certificates(cert)?;
+        let certs = certificates(cert)?;
         let key_pem = read(key)?;
         let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| InvalidTlsFile::Pem {
             path: key.to_owned(),
@@ -228,8 +226,6 @@ impl ServerIdentity {
         let identity = ServerIdentity {
             cert_path: cert.to_owned(),
             key_path: key.to_owned(),
-            cert_pem,
-            key_pem,
             certs,
             key: private,
         };
@@ -271,21 +267,6 @@ impl ServerIdentity {
             .with_single_cert(self.certs.clone(), self.key.clone_key())
             .map_err(invalid)?;
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Ok(config)
-    }
-
-    /// tonic's TLS settings for the xDS server; with `client_ca`, clients must present a
-    /// certificate signed by it (mTLS).
-    pub fn grpc_config(
-        &self,
-        client_ca: Option<&Path>,
-    ) -> Result<tonic::transport::ServerTlsConfig, InvalidTlsFile> {
-        let identity = tonic::transport::Identity::from_pem(&self.cert_pem, &self.key_pem);
-        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-        if let Some(ca) = client_ca {
-            let (pem, _) = certificates(ca)?;
-            config = config.client_ca_root(tonic::transport::Certificate::from_pem(pem));
-        }
         Ok(config)
     }
 }
@@ -531,7 +512,7 @@ mod tests {
         if !client {
             return builder.with_no_client_auth();
         }
-        let (_, certs) = certificates(&testdata("tls/client.pem")).unwrap();
+        let certs = certificates(&testdata("tls/client.pem")).unwrap();
         let key = PrivateKeyDer::from_pem_file(testdata("tls/client.key")).unwrap();
         builder.with_client_auth_cert(certs, key).unwrap()
     }
@@ -564,7 +545,7 @@ mod tests {
     }
 
     fn leaf_of(name: &str) -> CertificateDer<'static> {
-        certificates(&testdata(name)).unwrap().1.remove(0)
+        certificates(&testdata(name)).unwrap().remove(0)
     }
 
     #[tokio::test]

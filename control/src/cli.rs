@@ -94,12 +94,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
     pub(crate) tls_handshake_timeout: Duration,
 
-    /// How often the embedded registry's TLS certificate and key (--eureka-tls-*) and its
-    /// tokens file (--eureka-auth) are looked at: files whose content changed, and then
-    /// stayed so until the next look, are read again and put in force (new TLS connections
-    /// get the new certificate, established ones keep theirs; each request is checked
-    /// against one whole tokens file). Files that cannot be used are refused and logged, and
-    /// those in force stay. SIGHUP reads them all again at once. 0: only on SIGHUP.
+    /// How often the TLS files (--xds-tls-cert, --xds-tls-key, --xds-client-ca,
+    /// --eureka-tls-cert, --eureka-tls-key) and the tokens file (--eureka-auth) are looked
+    /// at: files whose content changed, and then stayed so until the next look, are read
+    /// again and put in force (new TLS connections get the new certificate, established ones
+    /// keep theirs; each request is checked against one whole tokens file). Files that cannot
+    /// be used are refused and logged, and those in force stay. SIGHUP reads them all again
+    /// at once. 0: only on SIGHUP.
     #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "5s")]
     pub(crate) reload_interval: Duration,
 
@@ -379,7 +380,8 @@ pub(crate) struct EmbeddedArgs {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "xDS server")]
 pub(crate) struct XdsArgs {
-    /// Serve xDS over TLS with this certificate chain (PEM); needs --xds-tls-key.
+    /// Serve xDS over TLS with this certificate chain (PEM); needs --xds-tls-key. Read again,
+    /// with the key and --xds-client-ca, when they change and on SIGHUP (--reload-interval).
     #[arg(long, value_name = "FILE", requires = "xds_tls_key")]
     pub(crate) xds_tls_cert: Option<PathBuf>,
 

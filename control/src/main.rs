@@ -21,7 +21,7 @@ use odmesh_base::error::Chain;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::metrics::{inc, set};
 use odmesh_base::reload::{Outcome, Reloader, Watched};
-use odmesh_base::tls::{self, ServerIdentity, ServerTls, ServerTlsFiles};
+use odmesh_base::tls::{self, ServerTls, ServerTlsFiles};
 use odmesh_control::admin::{self, AdminView};
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::{AllMetrics, Metrics};
@@ -187,15 +187,30 @@ async fn start_embedded(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sou
     })
 }
 
-/// The xDS server's configuration from the flags.
-fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
+/// The xDS server's configuration from the flags, and its TLS files to read again when they
+/// change.
+fn xds_config(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<(XdsConfig, Vec<Watched>)> {
     let x = &args.xds_limits;
+    let mut reload = Vec::new();
     let tls = match (&x.xds_tls_cert, &x.xds_tls_key) {
-        (Some(cert), Some(key)) => Some(
-            ServerIdentity::load(cert, key)
-                .and_then(|id| id.grpc_config(x.xds_client_ca.as_deref()))
-                .context("--xds-tls-cert")?,
-        ),
+        (Some(cert), Some(key)) => {
+            let files = ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: x.xds_client_ca.clone(),
+            };
+            let tls = Arc::new(ServerTls::load(files, tls::ALPN_H2).context("--xds-tls-cert")?);
+            reload.push(Watched::new(
+                "--xds-tls-cert",
+                tls.clone(),
+                count_into(
+                    metrics.clone(),
+                    |m: &Metrics| &m.xds_tls_reloads_total,
+                    |m| &m.xds_tls_reloads_refused_total,
+                ),
+            ));
+            Some(tls)
+        }
         _ => None,
     };
     if !args.xds.ip().is_loopback() && x.xds_client_ca.is_none() {
@@ -204,7 +219,7 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
             "xDS is served to other hosts without client authentication: anyone who reaches it can read the registry's addresses (set --xds-tls-cert, --xds-tls-key and --xds-client-ca)"
         );
     }
-    Ok(XdsConfig {
+    let config = XdsConfig {
         subscriptions: x.subscriptions(),
         max_connections: x.xds_max_connections,
         max_streams_per_connection: x.xds_max_streams_per_connection.max(1),
@@ -215,7 +230,8 @@ fn xds_config(args: &Args) -> anyhow::Result<XdsConfig> {
         prewarm: start_prewarm(&args.prewarm)?,
         load_report_interval: args.prewarm.load_report_interval,
         idle_cluster_timeout: Some(args.prewarm.idle_cluster_timeout).filter(|t| !t.is_zero()),
-    })
+    };
+    Ok((config, reload))
 }
 
 /// The prewarm history from the flags, read from its file; `None` with --no-prewarm. A file
@@ -389,7 +405,7 @@ async fn run() -> anyhow::Result<()> {
 
     let options = xds_options(&args)?;
     let mut source = start_source(&args, &all_metrics).await?;
-    let reload = std::mem::take(&mut source.reload);
+    let mut reload = std::mem::take(&mut source.reload);
 
     let (snapshots, _pipeline) =
         model::follow(source.registry.clone(), all_metrics.registry.clone());
@@ -399,7 +415,8 @@ async fn run() -> anyhow::Result<()> {
         async move { cache.follow(snapshots).await }
     });
     let policy_status = start_policy(&args, &cache, &metrics)?;
-    let xds_config = xds_config(&args)?;
+    let (xds_config, xds_reload) = xds_config(&args, &metrics)?;
+    reload.extend(xds_reload);
     let prewarm = xds_config.prewarm.clone();
     let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config);
 

@@ -556,14 +556,30 @@ fn a_token_removed_from_the_tokens_file_is_refused_after_sighup_or_the_change_an
     assert_eq!(control.metric("odmesh_eureka_tokens_reloads_total"), 1);
 }
 
+/// `POST /eureka/apps/<APP>` of `app`'s instance at 127.0.0.1:`port`, on a kept-alive
+/// connection.
+fn register_request(app: &str, port: u16) -> Request {
+    Request::new(
+        "POST",
+        &format!("/eureka/apps/{}", app.to_ascii_uppercase()),
+    )
+    .host("localhost")
+    .header("content-type", "application/json")
+    .header("connection", "keep-alive")
+    .body(registration_body(app, &format!("{app}-1"), port))
+}
+
 #[test]
-fn a_rotated_certificate_serves_new_connections_and_connections_made_before_keep_going() {
+fn rotated_certificates_serve_new_connections_and_connections_made_before_keep_going() {
     let env = TestEnv::new("security_certificates_reload");
     let ca = TestCa::new(env.log_dir(), "rotated");
+    let proxy = ca.issue_client("proxy");
     let dir = env.log_dir();
-    let (cert, key) = (dir.join("eureka.pem"), dir.join("eureka.key"));
+    let (eureka_cert, eureka_key) = (dir.join("eureka.pem"), dir.join("eureka.key"));
+    let (xds_cert, xds_key) = (dir.join("xds.pem"), dir.join("xds.key"));
     let first = ca.issue("localhost");
-    first.install(&cert, &key);
+    first.install(&eureka_cert, &eureka_key);
+    first.install(&xds_cert, &xds_key);
     let first_leaf = first.leaf();
     let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let control = ControlPlane::start_source(
@@ -572,53 +588,113 @@ fn a_rotated_certificate_serves_new_connections_and_connections_made_before_keep
         Source::ServeEureka,
         &[
             "--eureka-tls-cert",
-            &path(&cert),
+            &path(&eureka_cert),
             "--eureka-tls-key",
-            &path(&key),
+            &path(&eureka_key),
+            "--xds-tls-cert",
+            &path(&xds_cert),
+            "--xds-tls-key",
+            &path(&xds_key),
+            "--xds-client-ca",
+            &path(ca.cert()),
             "--reload-interval",
             "0.2",
+            // The connection made before the rotation may sit idle meanwhile.
+            "--eureka-header-timeout",
+            "60",
         ],
     );
-    let addr = control.eureka_addr();
-    let connect = || TlsClient::connect(addr, ca.cert(), "localhost", None, &["http/1.1"]);
-    let apps = Request::get("/eureka/apps")
-        .host("localhost")
-        .header("connection", "keep-alive");
-    let mut before = connect().unwrap();
+    let eureka = control.eureka_addr();
+    let connect_eureka = || TlsClient::connect(eureka, ca.cert(), "localhost", None, &["http/1.1"]);
+    let connect_xds =
+        || TlsClient::connect(control.xds(), ca.cert(), "localhost", Some(&proxy), &["h2"]);
+    let (hello, world) = (
+        EchoUpstream::start("hello-1"),
+        EchoUpstream::start("world-1"),
+    );
+
+    // A registry client and a proxy (xDS over mutual TLS) connected before the rotation.
+    let mut before = connect_eureka().unwrap();
     assert_eq!(before.served(), first_leaf);
-    assert_eq!(before.send(&apps).unwrap().status, 200);
+    let registered = before
+        .send(&register_request("hello", hello.port()))
+        .unwrap();
+    assert_eq!(registered.status, 204, "{}", registered.text());
+    let envoy = Envoy::start(
+        &env,
+        "envoy",
+        &production_bootstrap(control.xds().port(), &ca, &proxy),
+    );
+    envoy.wait_xds_connected(true, DEADLINE);
+    let route = |host: &str| {
+        Request::get("/")
+            .host(host)
+            .send(envoy.listener(EGRESS_LISTENER))
+    };
+    wait_until(DEADLINE, "hello to route", || route("hello").status == 200);
+    let stream = control.proxies()[0]["stream_id"].clone();
+    let xds_before = connect_xds().unwrap();
+    assert_eq!(xds_before.served(), first_leaf);
+    assert_eq!(xds_before.alpn().as_deref(), Some("h2"));
 
     // A new key without its certificate: refused, and the first pair still serves.
     let second = ca.issue("localhost");
     let second_leaf = second.leaf();
-    let tmp = key.with_extension("new");
+    let tmp = eureka_key.with_extension("new");
     std::fs::copy(&second.key, &tmp).unwrap();
-    std::fs::rename(&tmp, &key).unwrap();
+    std::fs::rename(&tmp, &eureka_key).unwrap();
     wait_until(DEADLINE, "the mismatched pair refused", || {
         control.metric("odmesh_eureka_tls_reloads_refused_total") == 1
     });
     let log = control.process().log();
+    let refusal = (log.lines())
+        .find(|line| line.contains("--eureka-tls-cert: not reloaded"))
+        .unwrap_or_else(|| panic!("no refusal in the log:\n{log}"));
     assert!(
-        log.contains("--eureka-tls-cert: not reloaded")
-            && log.contains("eureka.pem and ")
-            && log.contains("eureka.key do not make a usable server identity"),
-        "{log}"
+        refusal.contains("eureka.pem and ")
+            && refusal.contains("eureka.key do not make a usable server identity"),
+        "{refusal}"
     );
-    assert_eq!(connect().unwrap().served(), first_leaf);
+    assert_eq!(connect_eureka().unwrap().served(), first_leaf);
 
-    // The certificate too: new connections get the new pair.
-    second.install(&cert, &key);
+    // The whole pair, on both servers: new connections get it.
+    second.install(&eureka_cert, &eureka_key);
+    second.install(&xds_cert, &xds_key);
     let (_, took) = timed(|| {
         wait_until(
             DEADLINE,
-            "a new connection served the new certificate",
-            || connect().unwrap().served() == second_leaf,
+            "new connections served the new certificate",
+            || {
+                connect_eureka().unwrap().served() == second_leaf
+                    && connect_xds().unwrap().served() == second_leaf
+            },
         )
     });
-    eprintln!("the new certificate served {took:?} after it was installed");
-    assert_eq!(connect().unwrap().send(&apps).unwrap().status, 200);
-    // The connection made before the rotation is still served.
-    assert_eq!(before.send(&apps).unwrap().status, 200);
-    assert_eq!(before.served(), first_leaf);
-    assert_eq!(control.metric("odmesh_eureka_tls_reloads_total"), 1);
+    eprintln!("the new certificates served {took:?} after they were installed");
+    // A proxy without a certificate of the client CA is still refused.
+    let anonymous = TlsClient::connect(control.xds(), ca.cert(), "localhost", None, &["h2"]);
+    assert!(
+        anonymous.is_ok_and(|c| c.refused(DEADLINE)),
+        "served without a certificate"
+    );
+
+    // What was connected before keeps going: the registry client registers a new VIP on its
+    // connection, and Envoy asks for it on its stream, never reconnected.
+    let registered = before
+        .send(&register_request("world", world.port()))
+        .unwrap();
+    assert_eq!(registered.status, 204, "{}", registered.text());
+    wait_until(DEADLINE, "world to route", || route("world").status == 200);
+    assert_eq!(route("hello").status, 200);
+    let proxies = control.proxies();
+    assert_eq!(proxies.len(), 1, "{proxies:?}");
+    assert_eq!(
+        proxies[0]["stream_id"], stream,
+        "Envoy's stream is the one from before"
+    );
+    assert_eq!(envoy.stat("control_plane.connected_state"), Some(1));
+    let metrics = control.metrics();
+    assert_eq!(metrics["odmesh_eureka_tls_reloads_total"], 1);
+    assert_eq!(metrics["odmesh_xds_tls_reloads_total"], 1);
+    assert_eq!(metrics["odmesh_xds_tls_reloads_refused_total"], 0);
 }
