@@ -20,6 +20,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::tls::ServerTls;
+
 use crate::listen::{ConnectionLimit, SourceLimit};
 
 /// The bounds of one HTTP server.
@@ -78,14 +80,15 @@ pub enum HttpEvent {
 /// How long a graceful stop waits for open requests before it drops their connections.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// Serves `router` on `listener` within `limits`, over TLS when `tls` is given, until
-/// `shutdown` completes; then lets open requests finish (for at most 5 s). Reports each
-/// [`HttpEvent`] to `on_event`.
+/// Serves `router` on `listener` within `limits`, over TLS when `tls` is given (each new
+/// connection's handshake with the configuration in force when it arrives: see
+/// [`ServerTls::reload`]), until `shutdown` completes; then lets open requests finish (for at
+/// most 5 s). Reports each [`HttpEvent`] to `on_event`.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ServerTls>>,
     on_event: impl Fn(HttpEvent) + Send + Sync + 'static,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -132,7 +135,7 @@ pub async fn serve(
             limits,
         };
         let on_event = on_event.clone();
-        let tls = tls.clone();
+        let tls = tls.as_ref().map(|tls| tls.acceptor());
         tokio::spawn(async move {
             let _slots = (slot, source_slot);
             connection.serve(tcp, tls, &*on_event).await;
@@ -742,6 +745,100 @@ mod tests {
         .await;
         assert!(answer.is_empty(), "{answer}");
         assert_eq!(events[0].load(Ordering::Relaxed), 1);
+    }
+
+    /// The path of fixture `name` under `base/testdata/`.
+    fn testdata(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
+
+    /// A TLS connection to `addr` trusting both test CAs, and the certificate it was served.
+    async fn connect_tls(
+        addr: std::net::SocketAddr,
+    ) -> (
+        tokio_rustls::client::TlsStream<TcpStream>,
+        rustls::pki_types::CertificateDer<'static>,
+    ) {
+        let mut roots = crate::tls::load_bundle(&testdata("tls/ca.pem")).unwrap();
+        for ca in crate::tls::load_bundle(&testdata("tls/other-ca.pem"))
+            .unwrap()
+            .roots
+        {
+            roots.roots.push(ca);
+        }
+        let config = crate::tls::client_config(roots).unwrap();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let stream = tokio::time::timeout(WAIT, connector.connect(name, tcp))
+            .await
+            .unwrap()
+            .unwrap();
+        let leaf = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
+        (stream, leaf)
+    }
+
+    /// Sends a kept-alive POST on `conn` and reads its answer's first line.
+    async fn post_kept_alive<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        conn: &mut S,
+    ) -> String {
+        conn.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+        answer.lines().next().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_gets_the_reloaded_certificate_and_an_open_one_keeps_going() {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let dir = std::env::temp_dir().join(format!("odmesh-https-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let install = |name: &str, as_name: &str| {
+            let tmp = dir.join(format!("{as_name}.tmp"));
+            std::fs::copy(testdata(name), &tmp).unwrap();
+            std::fs::rename(&tmp, dir.join(as_name)).unwrap();
+            dir.join(as_name)
+        };
+        let files = crate::tls::ServerTlsFiles {
+            cert: install("tls/server.pem", "cert.pem"),
+            key: install("tls/server.key", "key.pem"),
+            client_ca: None,
+        };
+        let tls = Arc::new(crate::tls::ServerTls::load(files, crate::tls::ALPN_HTTP1).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/", post(|| async { "ok" }));
+        tokio::spawn(serve(
+            listener,
+            router,
+            HttpLimits::default(),
+            Some(tls.clone()),
+            |_| {},
+            std::future::pending(),
+        ));
+        let leaf = |name: &str| CertificateDer::from_pem_file(testdata(name)).unwrap();
+
+        let (mut open, served) = connect_tls(addr).await;
+        assert_eq!(served, leaf("tls/server.pem"));
+        assert_eq!(post_kept_alive(&mut open).await, "HTTP/1.1 200 OK");
+
+        install("tls/other-server.pem", "cert.pem");
+        install("tls/other-server.key", "key.pem");
+        tls.reload().unwrap();
+        let (mut new, served) = connect_tls(addr).await;
+        assert_eq!(served, leaf("tls/other-server.pem"), "the new certificate");
+        assert_eq!(post_kept_alive(&mut new).await, "HTTP/1.1 200 OK");
+        // The connection made before the reload is still served, on its old session.
+        assert_eq!(post_kept_alive(&mut open).await, "HTTP/1.1 200 OK");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

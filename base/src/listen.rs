@@ -2,7 +2,8 @@
 //! the limit is closed as soon as it is accepted, so a flood of connections costs a file
 //! descriptor for a moment, not a task and buffers for as long as the client likes; and one
 //! that sends nothing at all is closed after a deadline, so silent connections cannot hold
-//! every slot.
+//! every slot. [`tls_handshakes`] then does each accepted connection's TLS handshake on its
+//! own task, within a time limit, with the certificate in force when it arrived.
 
 use std::collections::HashMap;
 use std::io;
@@ -18,7 +19,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tokio::time::{Sleep, sleep};
+use tokio_rustls::server::TlsStream;
+
+use crate::tls::ServerTls;
 
 /// At most so many connections at once.
 #[derive(Clone)]
@@ -272,6 +277,98 @@ impl tonic::transport::server::Connected for Counted<TcpStream> {
     }
 }
 
+/// `incoming` with a TLS handshake done on each connection, with the configuration `tls`
+/// has in force when the connection arrives (see [`ServerTls::reload`]): each handshake runs
+/// on its own task, so a slow client holds up no other, and one that fails or takes longer
+/// than `timeout` closes its connection (`failed` is told). Errors of `incoming` pass through.
+pub fn tls_handshakes<S, IO, E>(
+    incoming: S,
+    tls: Arc<ServerTls>,
+    timeout: Duration,
+    failed: impl Fn() + Send + Sync + 'static,
+) -> TlsHandshakes<S, IO>
+where
+    S: Stream<Item = Result<IO, E>>,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    TlsHandshakes {
+        incoming: Box::pin(incoming),
+        tls,
+        timeout,
+        failed: Arc::new(failed),
+        running: JoinSet::new(),
+        ended: false,
+    }
+}
+
+/// The connections of [`tls_handshakes`] whose handshake is done.
+pub struct TlsHandshakes<S, IO> {
+    incoming: Pin<Box<S>>,
+    tls: Arc<ServerTls>,
+    timeout: Duration,
+    failed: Silent,
+    /// The handshakes under way; aborted when this is dropped.
+    running: JoinSet<Option<TlsStream<IO>>>,
+    /// `incoming` has ended.
+    ended: bool,
+}
+
+impl<S, IO> std::fmt::Debug for TlsHandshakes<S, IO> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsHandshakes")
+            .field("tls", &self.tls)
+            .field("running", &self.running.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, IO, E> Stream for TlsHandshakes<S, IO>
+where
+    S: Stream<Item = Result<IO, E>>,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Item = Result<TlsStream<IO>, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        while !this.ended {
+            match this.incoming.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(io))) => {
+                    // The configuration in force now, for this connection's whole life.
+                    let acceptor = this.tls.acceptor();
+                    let (within, failed) = (this.timeout, this.failed.clone());
+                    this.running.spawn(async move {
+                        let why = match tokio::time::timeout(within, acceptor.accept(io)).await {
+                            Ok(Ok(stream)) => return Some(stream),
+                            Ok(Err(e)) => e.to_string(),
+                            Err(_) => format!("no handshake within {within:?}"),
+                        };
+                        failed();
+                        crate::limited!(debug, error = %why, "TLS handshake failed");
+                        None
+                    });
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => this.ended = true,
+                Poll::Pending => break,
+            }
+        }
+        loop {
+            match this.running.poll_join_next(cx) {
+                Poll::Ready(Some(Ok(Some(stream)))) => return Poll::Ready(Some(Ok(stream))),
+                Poll::Ready(Some(Ok(None))) => continue,
+                Poll::Ready(Some(Err(e))) if e.is_panic() => {
+                    std::panic::resume_unwind(e.into_panic())
+                }
+                Poll::Ready(Some(Err(_))) => continue,
+                // None under way: wait for `incoming`, unless it has ended.
+                Poll::Ready(None) if this.ended => return Poll::Ready(None),
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,5 +497,102 @@ mod tests {
         let quiet = tokio::time::timeout(within * 3, kept.read(&mut byte)).await;
         assert!(quiet.is_err(), "still open and waiting: {quiet:?}");
         assert_eq!(given_up.load(Ordering::Relaxed), 1);
+    }
+
+    /// The path of fixture `name` under `base/testdata/`.
+    fn testdata(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
+
+    /// A TLS client handshake with `addr` trusting both test CAs: the server's certificate.
+    async fn served_certificate(
+        addr: std::net::SocketAddr,
+    ) -> rustls::pki_types::CertificateDer<'static> {
+        let mut roots = crate::tls::load_bundle(&testdata("tls/ca.pem")).unwrap();
+        for ca in crate::tls::load_bundle(&testdata("tls/other-ca.pem"))
+            .unwrap()
+            .roots
+        {
+            roots.roots.push(ca);
+        }
+        let mut config = crate::tls::client_config(roots).unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let wait = Duration::from_secs(5);
+        let stream = tokio::time::timeout(wait, connector.connect(name, tcp))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        stream.get_ref().1.peer_certificates().unwrap()[0].clone()
+    }
+
+    #[tokio::test]
+    async fn tls_handshakes_run_apart_within_their_time_each_with_the_certificate_in_force() {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        use tokio::io::AsyncWriteExt;
+        let dir = std::env::temp_dir().join(format!("odmesh-handshakes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let install = |name: &str, as_name: &str| {
+            let tmp = dir.join(format!("{as_name}.tmp"));
+            std::fs::copy(testdata(name), &tmp).unwrap();
+            std::fs::rename(&tmp, dir.join(as_name)).unwrap();
+            dir.join(as_name)
+        };
+        let files = crate::tls::ServerTlsFiles {
+            cert: install("tls/server.pem", "cert.pem"),
+            key: install("tls/server.key", "key.pem"),
+            client_ca: None,
+        };
+        let tls = Arc::new(crate::tls::ServerTls::load(files, crate::tls::ALPN_H2).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let failed = Arc::new(AtomicUsize::new(0));
+        let counter = failed.clone();
+        let within = Duration::from_millis(300);
+        let incoming = ConnectionLimit::new(10).incoming(TcpListenerStream::new(listener), || {});
+        let mut handshaken = Box::pin(tls_handshakes(incoming, tls.clone(), within, move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }));
+        // What the server yields: only connections whose handshake is done.
+        let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(stream)) = handshaken.next().await {
+                let _ = done_tx.send(stream);
+            }
+        });
+        let wait = Duration::from_secs(5);
+        let leaf = |name: &str| CertificateDer::from_pem_file(testdata(name)).unwrap();
+
+        // One that never sends its hello, and one that sends garbage: neither holds up a
+        // client that does its handshake.
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let mut garbage = TcpStream::connect(addr).await.unwrap();
+        garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        assert_eq!(served_certificate(addr).await, leaf("tls/server.pem"));
+        let stream = tokio::time::timeout(wait, done.recv()).await.unwrap();
+        assert!(stream.is_some());
+        crate::testing::wait_until(wait, "the garbage and the silent one given up", || {
+            failed.load(Ordering::Relaxed) == 2
+        })
+        .await;
+
+        // Reloaded: the next connection gets the new certificate.
+        install("tls/other-server.pem", "cert.pem");
+        install("tls/other-server.key", "key.pem");
+        tls.reload().unwrap();
+        assert_eq!(served_certificate(addr).await, leaf("tls/other-server.pem"));
+        assert!(
+            tokio::time::timeout(wait, done.recv())
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(failed.load(Ordering::Relaxed), 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -2,14 +2,17 @@
 //! a rustls client (ring provider) that trusts the CAs of a PEM bundle, and the server
 //! identity of the control plane's TLS listeners (xDS, the embedded registry), read and
 //! checked at start, so that a wrong path or a key that does not match its certificate is a
-//! start-up error naming the file, not a failed handshake later.
+//! start-up error naming the file, not a failed handshake later. [`ServerTls`] reads them
+//! again when asked ([`crate::reload`]): new handshakes take the new files, established
+//! connections keep theirs, and files that cannot be used are refused the same way.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use rustls::RootCertStore;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
 
 /// Where distributions keep the system CA bundle, most common first.
 pub const SYSTEM_CA_BUNDLES: &[&str] = &[
@@ -162,6 +165,15 @@ pub enum InvalidTlsFile {
         #[source]
         source: rustls::Error,
     },
+    /// The CA that signs the clients' certificates (mutual TLS); the bundle's error names it.
+    #[error("the client CA cannot be used")]
+    ClientCa(#[from] InvalidCaBundle),
+    #[error("{path}: no client certificate can be verified with it")]
+    ClientVerifier {
+        path: PathBuf,
+        #[source]
+        source: rustls::server::VerifierBuilderError,
+    },
 }
 
 /// A certificate chain and its private key, read from PEM files.
@@ -169,8 +181,6 @@ pub enum InvalidTlsFile {
 pub struct ServerIdentity {
     cert_path: PathBuf,
     key_path: PathBuf,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 }
@@ -183,7 +193,7 @@ fn read(path: &Path) -> Result<Vec<u8>, InvalidTlsFile> {
 }
 
 /// The certificates of a PEM file; at least one.
-fn certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), InvalidTlsFile> {
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, InvalidTlsFile> {
     let pem = read(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -199,14 +209,14 @@ fn certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), 
             source: None,
         });
     }
-    Ok((pem, certs))
+    Ok(certs)
 }
 
 impl ServerIdentity {
     /// Reads `cert` (the chain, leaf first) and `key` (PKCS#8, PKCS#1 or SEC1) and checks
     /// that the key is the certificate's.
     pub fn load(cert: &Path, key: &Path) -> Result<ServerIdentity, InvalidTlsFile> {
-        let (cert_pem, certs) = certificates(cert)?;
+        let certs = certificates(cert)?;
         let key_pem = read(key)?;
         let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| InvalidTlsFile::Pem {
             path: key.to_owned(),
@@ -216,53 +226,160 @@ impl ServerIdentity {
         let identity = ServerIdentity {
             cert_path: cert.to_owned(),
             key_path: key.to_owned(),
-            cert_pem,
-            key_pem,
             certs,
             key: private,
         };
         // Builds once to check that the key matches the certificate.
-        identity.rustls_config(&[])?;
+        identity.rustls_config(&[], None)?;
         Ok(identity)
     }
 
-    /// A rustls server configuration with this identity, offering `alpn`.
-    fn rustls_config(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, InvalidTlsFile> {
+    /// A rustls server configuration with this identity, offering `alpn`; with `client_ca`
+    /// (its path and its CAs), clients must present a certificate one of them signed.
+    fn rustls_config(
+        &self,
+        alpn: &[&[u8]],
+        client_ca: Option<(&Path, RootCertStore)>,
+    ) -> Result<rustls::ServerConfig, InvalidTlsFile> {
         let invalid = |source| InvalidTlsFile::Identity {
             cert: self.cert_path.clone(),
             key: self.key_path.clone(),
             source,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(invalid)?
-            .with_no_client_auth()
+            .map_err(invalid)?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some((path, roots)) => {
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|source| InvalidTlsFile::ClientVerifier {
+                            path: path.to_owned(),
+                            source,
+                        })?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
             .with_single_cert(self.certs.clone(), self.key.clone_key())
             .map_err(invalid)?;
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(config)
     }
+}
 
-    /// A TLS acceptor for an HTTP/1.1 server (the embedded registry).
-    pub fn https_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, InvalidTlsFile> {
-        let config = self.rustls_config(&[b"http/1.1"])?;
-        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+/// The ALPN protocol of an HTTP/1.1 server (the embedded registry).
+pub const ALPN_HTTP1: &[&[u8]] = &[b"http/1.1"];
+/// The ALPN protocol of an HTTP/2 server (xDS over gRPC).
+pub const ALPN_H2: &[&[u8]] = &[b"h2"];
+
+/// The files of a TLS server: its certificate chain and key, and, for mutual TLS, the CA
+/// bundle its clients' certificates must be signed by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// The certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA bundle (PEM) of the clients' certificates; `None`: no client certificate asked.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTlsFiles {
+    /// Reads the files into a rustls server configuration offering `alpn`.
+    fn load(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, InvalidTlsFile> {
+        let identity = ServerIdentity::load(&self.cert, &self.key)?;
+        let client_ca = match &self.client_ca {
+            Some(path) => Some((path.as_path(), load_bundle(path)?)),
+            None => None,
+        };
+        identity.rustls_config(alpn, client_ca)
+    }
+}
+
+/// A TLS server's configuration, read from its files at start and read again on
+/// [`ServerTls::reload`]: each new handshake takes the configuration in force when it
+/// starts, and connections already established keep theirs. Files that cannot be used are
+/// refused and the configuration in force stays.
+pub struct ServerTls {
+    files: ServerTlsFiles,
+    alpn: Vec<&'static [u8]>,
+    config: RwLock<Arc<rustls::ServerConfig>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Reads `files` and checks them (the key is the certificate's, the client CA usable),
+    /// for a server offering `alpn` ([`ALPN_HTTP1`], [`ALPN_H2`]).
+    pub fn load(
+        files: ServerTlsFiles,
+        alpn: &[&'static [u8]],
+    ) -> Result<ServerTls, InvalidTlsFile> {
+        let config = files.load(alpn)?;
+        Ok(ServerTls {
+            files,
+            alpn: alpn.to_vec(),
+            config: RwLock::new(Arc::new(config)),
+        })
     }
 
-    /// tonic's TLS settings for the xDS server; with `client_ca`, clients must present a
-    /// certificate signed by it (mTLS).
-    pub fn grpc_config(
-        &self,
-        client_ca: Option<&Path>,
-    ) -> Result<tonic::transport::ServerTlsConfig, InvalidTlsFile> {
-        let identity = tonic::transport::Identity::from_pem(&self.cert_pem, &self.key_pem);
-        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-        if let Some(ca) = client_ca {
-            let (pem, _) = certificates(ca)?;
-            config = config.client_ca_root(tonic::transport::Certificate::from_pem(pem));
-        }
-        Ok(config)
+    /// The files it is read from.
+    pub fn files(&self) -> &ServerTlsFiles {
+        &self.files
+    }
+
+    /// The configuration in force, for the next handshake.
+    pub fn config(&self) -> Arc<rustls::ServerConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// An acceptor for the next connection, with the configuration in force.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.config())
+    }
+
+    /// Reads the files again and puts them in force for new handshakes; files that cannot
+    /// be used are refused, and the configuration in force stays.
+    pub fn reload(&self) -> Result<(), InvalidTlsFile> {
+        let config = Arc::new(self.files.load(&self.alpn)?);
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
+    }
+}
+
+impl crate::reload::Reload for ServerTls {
+    fn files(&self) -> Vec<PathBuf> {
+        let f = &self.files;
+        [Some(&f.cert), Some(&f.key), f.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    fn reload(&self) -> Result<String, crate::reload::BoxError> {
+        ServerTls::reload(self)?;
+        Ok(match &self.files.client_ca {
+            Some(ca) => format!(
+                "certificate {}, client CA {}",
+                self.files.cert.display(),
+                ca.display()
+            ),
+            None => format!("certificate {}", self.files.cert.display()),
+        })
     }
 }
 
@@ -365,6 +482,140 @@ mod tests {
         assert!(err.to_string().contains("no private key"), "{err}");
     }
 
+    /// A copy of fixture `name` as `dir/as_name`, replaced by a rename.
+    fn install(dir: &Path, name: &str, as_name: &str) -> PathBuf {
+        let path = dir.join(as_name);
+        let tmp = dir.join(format!("{as_name}.tmp"));
+        std::fs::copy(testdata(name), &tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path
+    }
+
+    /// A fresh folder for one test's files.
+    fn test_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("odmesh-tls-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A TLS client trusting both test CAs, with the test client certificate if `client`.
+    fn client(client: bool) -> rustls::ClientConfig {
+        let mut roots = load_bundle(&testdata("tls/ca.pem")).unwrap();
+        roots.add_parsable_certificates(read_certificates(&testdata("tls/other-ca.pem")).unwrap());
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+        if !client {
+            return builder.with_no_client_auth();
+        }
+        let certs = certificates(&testdata("tls/client.pem")).unwrap();
+        let key = PrivateKeyDer::from_pem_file(testdata("tls/client.key")).unwrap();
+        builder.with_client_auth_cert(certs, key).unwrap()
+    }
+
+    /// A handshake of `client` with a server taking its configuration from `tls`, over an
+    /// in-memory pipe: the server's certificate, or why either side failed.
+    async fn handshake(
+        tls: &ServerTls,
+        client: rustls::ClientConfig,
+    ) -> Result<CertificateDer<'static>, String> {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let acceptor = tls.acceptor();
+        let server = tokio::spawn(async move {
+            // Kept open until the client has its answer.
+            acceptor
+                .accept(far)
+                .await
+                .map_err(|e| format!("server: {e}"))
+        });
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let wait = std::time::Duration::from_secs(10);
+        let connected = tokio::time::timeout(wait, connector.connect(name, near)).await;
+        let client = connected.unwrap().map_err(|e| format!("client: {e}"));
+        // With TLS 1.3 the client is done before the server has checked its certificate.
+        let served = tokio::time::timeout(wait, server).await.unwrap().unwrap();
+        let client = client?;
+        served?;
+        Ok(client.get_ref().1.peer_certificates().unwrap()[0].clone())
+    }
+
+    fn leaf_of(name: &str) -> CertificateDer<'static> {
+        certificates(&testdata(name)).unwrap().remove(0)
+    }
+
+    #[tokio::test]
+    async fn a_reloaded_certificate_serves_the_next_handshake_and_a_bad_pair_keeps_the_old() {
+        let dir = test_dir("reload");
+        let files = ServerTlsFiles {
+            cert: install(&dir, "tls/server.pem", "cert.pem"),
+            key: install(&dir, "tls/server.key", "key.pem"),
+            client_ca: None,
+        };
+        let tls = ServerTls::load(files, ALPN_HTTP1).unwrap();
+        assert_eq!(
+            handshake(&tls, client(false)).await,
+            Ok(leaf_of("tls/server.pem"))
+        );
+
+        // A certificate without its key: refused, and the old pair still serves.
+        install(&dir, "tls/other-server.pem", "cert.pem");
+        let err = tls.reload().unwrap_err();
+        assert!(matches!(err, InvalidTlsFile::Identity { .. }), "{err:?}");
+        assert!(err.to_string().contains("cert.pem"), "{err}");
+        assert_eq!(
+            handshake(&tls, client(false)).await,
+            Ok(leaf_of("tls/server.pem"))
+        );
+        // Not a certificate at all: refused too.
+        std::fs::write(dir.join("cert.pem"), "garbage").unwrap();
+        assert!(tls.reload().is_err());
+        assert_eq!(
+            handshake(&tls, client(false)).await,
+            Ok(leaf_of("tls/server.pem"))
+        );
+
+        // The new pair whole: the next handshake gets it.
+        install(&dir, "tls/other-server.pem", "cert.pem");
+        install(&dir, "tls/other-server.key", "key.pem");
+        tls.reload().unwrap();
+        assert_eq!(
+            handshake(&tls, client(false)).await,
+            Ok(leaf_of("tls/other-server.pem"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reloaded_client_ca_decides_the_next_handshakes_client_certificate() {
+        let dir = test_dir("client-ca");
+        let files = ServerTlsFiles {
+            cert: testdata("tls/server.pem"),
+            key: testdata("tls/server.key"),
+            client_ca: Some(install(&dir, "tls/ca.pem", "clients.pem")),
+        };
+        let tls = ServerTls::load(files, ALPN_H2).unwrap();
+        assert!(handshake(&tls, client(true)).await.is_ok());
+        assert!(
+            handshake(&tls, client(false)).await.is_err(),
+            "no client certificate"
+        );
+
+        // A client CA that is not one: refused; the old CA still decides.
+        install(&dir, "tls/broken-ca.pem", "clients.pem");
+        let err = tls.reload().unwrap_err();
+        assert!(matches!(err, InvalidTlsFile::ClientCa(_)), "{err:?}");
+        assert!(handshake(&tls, client(true)).await.is_ok());
+
+        // Another CA: the test client's certificate (signed by ca.pem) is refused from now on.
+        install(&dir, "tls/other-ca.pem", "clients.pem");
+        tls.reload().unwrap();
+        assert!(handshake(&tls, client(true)).await.is_err());
+    }
+
     #[test]
     fn an_error_shows_its_cause_once() {
         use crate::error::{Chain, repeats_its_cause};
@@ -373,11 +624,17 @@ mod tests {
             "cert-only-chain.pem",
             "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n",
         );
-        let errors: [Box<dyn std::error::Error>; 4] = [
+        let broken_client_ca = ServerTlsFiles {
+            cert: testdata("tls/server.pem"),
+            key: testdata("tls/server.key"),
+            client_ca: Some(testdata("tls/broken-ca.pem")),
+        };
+        let errors: [Box<dyn std::error::Error>; 5] = [
             Box::new(load_bundle(&testdata("tls/nosuch.pem")).unwrap_err()),
             Box::new(load_bundle(&testdata("tls/broken-ca.pem")).unwrap_err()),
             Box::new(ServerIdentity::load(missing, missing).unwrap_err()),
             Box::new(ServerIdentity::load(&cert_only, &cert_only).unwrap_err()),
+            Box::new(ServerTls::load(broken_client_ca, ALPN_H2).unwrap_err()),
         ];
         for e in errors {
             let e = e.as_ref();

@@ -95,6 +95,16 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
     pub(crate) tls_handshake_timeout: Duration,
 
+    /// How often the TLS files (--xds-tls-cert, --xds-tls-key, --xds-client-ca,
+    /// --eureka-tls-cert, --eureka-tls-key) and the tokens file (--eureka-auth) are looked
+    /// at: files whose content changed, and then stayed so until the next look, are read
+    /// again and put in force (new TLS connections get the new certificate, established ones
+    /// keep theirs; each request is checked against one whole tokens file). Files that cannot
+    /// be used are refused and logged, and those in force stay. SIGHUP reads them all again
+    /// at once. 0: only on SIGHUP.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration_or_zero, default_value = "5s")]
+    pub(crate) reload_interval: Duration,
+
     /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
     /// Eureka clients register with. This is the default when no source is given.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
@@ -273,7 +283,9 @@ pub(crate) struct EmbeddedArgs {
 
     /// Tokens file (YAML) of the identities that may use the registry; with it, every
     /// request needs `Authorization: Bearer <token>` or Basic name:token, and an identity
-    /// may change only the instances it registered and register only its VIPs. See
+    /// may change only the instances it registered and register only its VIPs. Read again
+    /// when it changes and on SIGHUP (--reload-interval): a new file replaces every identity
+    /// at once, one that cannot be used is refused and the identities in force stay. See
     /// docs/production.md.
     #[arg(long, value_name = "FILE")]
     pub(crate) eureka_auth: Option<PathBuf>,
@@ -310,7 +322,7 @@ pub(crate) struct EmbeddedArgs {
     pub(crate) peer_max_pending: usize,
 
     /// Serve the registry over HTTPS with this certificate chain (PEM); needs
-    /// --eureka-tls-key.
+    /// --eureka-tls-key. Read again when it changes and on SIGHUP (--reload-interval).
     #[arg(long, value_name = "FILE", requires = "eureka_tls_key")]
     pub(crate) eureka_tls_cert: Option<PathBuf>,
 
@@ -389,7 +401,8 @@ pub(crate) struct EmbeddedArgs {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "xDS server")]
 pub(crate) struct XdsArgs {
-    /// Serve xDS over TLS with this certificate chain (PEM); needs --xds-tls-key.
+    /// Serve xDS over TLS with this certificate chain (PEM); needs --xds-tls-key. Read again,
+    /// with the key and --xds-client-ca, when they change and on SIGHUP (--reload-interval).
     #[arg(long, value_name = "FILE", requires = "xds_tls_key")]
     pub(crate) xds_tls_cert: Option<PathBuf>,
 

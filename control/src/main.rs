@@ -1,9 +1,11 @@
 //! `odmesh-control`: the composition root. Parses the command line, starts the registry
 //! source, the snapshot pipeline, the xDS server and the admin endpoint, and stops them on
-//! SIGINT or SIGTERM.
+//! SIGINT or SIGTERM. The TLS files and the tokens file are read again when they change and
+//! on SIGHUP.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};
 
 mod cli;
@@ -18,7 +20,8 @@ use tokio::sync::watch;
 use odmesh_base::error::Chain;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::metrics::{inc, set};
-use odmesh_base::tls::ServerIdentity;
+use odmesh_base::reload::{Outcome, Reloader, Watched};
+use odmesh_base::tls::{self, ServerTls, ServerTlsFiles};
 use odmesh_control::admin::{self, AdminView};
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::{AllMetrics, Metrics};
@@ -27,8 +30,9 @@ use odmesh_control::policy::{self, watch::PolicyStatus};
 use odmesh_control::prewarm::{self, Prewarm};
 use odmesh_control::server::{XdsConfig, XdsServer};
 use odmesh_control::xds::XdsOptions;
+use odmesh_eureka::server::auth::TokensFile;
 use odmesh_eureka::wire::json::read_registry_file;
-use odmesh_eureka::{client as eureka_client, server as eureka_server};
+use odmesh_eureka::{ServerMetrics, client as eureka_client, server as eureka_server};
 use odmesh_registry::guard::DropGuardConfig;
 use odmesh_registry::{Registry, SourceHealth, file};
 
@@ -39,6 +43,8 @@ struct Source {
     description: String,
     /// The source's own task (watcher, poller or server); it runs as long as odmesh does.
     task: tokio::task::JoinHandle<()>,
+    /// Its files to read again when they change (the embedded registry's TLS and tokens).
+    reload: Vec<Watched>,
 }
 
 /// Starts the source the flags name (the embedded registry when none is named).
@@ -74,6 +80,7 @@ async fn start_file(
         health: src.health,
         description: format!("registry file {}", path.display()),
         task: src.task,
+        reload: Vec::new(),
     })
 }
 
@@ -95,7 +102,20 @@ async fn start_eureka(
         description: src.health.snapshot().description,
         health: src.health,
         task: src.task,
+        reload: Vec::new(),
     })
+}
+
+/// Counts each reload's outcome into one of two counters of `metrics`.
+fn count_into<M: Send + Sync + 'static>(
+    metrics: Arc<M>,
+    reloaded: fn(&M) -> &AtomicU64,
+    refused: fn(&M) -> &AtomicU64,
+) -> impl Fn(Outcome) + Send + Sync + 'static {
+    move |outcome| match outcome {
+        Outcome::Reloaded => inc(reloaded(&metrics)),
+        Outcome::Refused => inc(refused(&metrics)),
+    }
 }
 
 /// The embedded registry (`--serve-eureka`, the default).
@@ -103,12 +123,40 @@ async fn start_embedded(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sou
     let addr = args.serve_eureka_addr();
     let config = args.eureka_server()?;
     let e = &args.embedded;
+    let m = &metrics.eureka_server;
+    let mut reload = Vec::new();
+    if let (Some(path), Some(auth)) = (&e.eureka_auth, &config.auth) {
+        let file = TokensFile::new(path.clone(), auth.clone());
+        reload.push(Watched::new(
+            "--eureka-auth",
+            Arc::new(file),
+            count_into(
+                m.clone(),
+                |m: &ServerMetrics| &m.eureka_tokens_reloads_total,
+                |m| &m.eureka_tokens_reloads_refused_total,
+            ),
+        ));
+    }
     let tls = match (&e.eureka_tls_cert, &e.eureka_tls_key) {
-        (Some(cert), Some(key)) => Some(
-            ServerIdentity::load(cert, key)
-                .and_then(|id| id.https_acceptor())
-                .context("--eureka-tls-cert")?,
-        ),
+        (Some(cert), Some(key)) => {
+            let files = ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: None,
+            };
+            let tls =
+                Arc::new(ServerTls::load(files, tls::ALPN_HTTP1).context("--eureka-tls-cert")?);
+            reload.push(Watched::new(
+                "--eureka-tls-cert",
+                tls.clone(),
+                count_into(
+                    m.clone(),
+                    |m: &ServerMetrics| &m.eureka_tls_reloads_total,
+                    |m| &m.eureka_tls_reloads_refused_total,
+                ),
+            ));
+            Some(tls)
+        }
         _ => None,
     };
     if !addr.ip().is_loopback() && config.auth.is_none() {
@@ -135,18 +183,34 @@ async fn start_embedded(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sou
             src.local_addr
         ),
         task: src.task,
+        reload,
     })
 }
 
-/// The xDS server's configuration from the flags.
-fn xds_config(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<XdsConfig> {
+/// The xDS server's configuration from the flags, and its TLS files to read again when they
+/// change.
+fn xds_config(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<(XdsConfig, Vec<Watched>)> {
     let x = &args.xds_limits;
+    let mut reload = Vec::new();
     let tls = match (&x.xds_tls_cert, &x.xds_tls_key) {
-        (Some(cert), Some(key)) => Some(
-            ServerIdentity::load(cert, key)
-                .and_then(|id| id.grpc_config(x.xds_client_ca.as_deref()))
-                .context("--xds-tls-cert")?,
-        ),
+        (Some(cert), Some(key)) => {
+            let files = ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: x.xds_client_ca.clone(),
+            };
+            let tls = Arc::new(ServerTls::load(files, tls::ALPN_H2).context("--xds-tls-cert")?);
+            reload.push(Watched::new(
+                "--xds-tls-cert",
+                tls.clone(),
+                count_into(
+                    metrics.clone(),
+                    |m: &Metrics| &m.xds_tls_reloads_total,
+                    |m| &m.xds_tls_reloads_refused_total,
+                ),
+            ));
+            Some(tls)
+        }
         _ => None,
     };
     if !args.xds.ip().is_loopback() && x.xds_client_ca.is_none() {
@@ -155,7 +219,7 @@ fn xds_config(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<XdsConfig> 
             "xDS is served to other hosts without client authentication: anyone who reaches it can read the registry's addresses (set --xds-tls-cert, --xds-tls-key and --xds-client-ca)"
         );
     }
-    Ok(XdsConfig {
+    let config = XdsConfig {
         subscriptions: x.subscriptions(),
         max_connections: x.xds_max_connections,
         max_connections_per_source: x.xds_max_connections_per_source,
@@ -170,7 +234,8 @@ fn xds_config(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<XdsConfig> 
         prewarm: start_prewarm(&args.prewarm, metrics)?,
         load_report_interval: args.prewarm.load_report_interval,
         idle_cluster_timeout: Some(args.prewarm.idle_cluster_timeout).filter(|t| !t.is_zero()),
-    })
+    };
+    Ok((config, reload))
 }
 
 /// The prewarm history from the flags, read from its file; `None` with --no-prewarm. A file
@@ -333,11 +398,16 @@ async fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    // Before any file is read: from here on, a SIGHUP reads them again, and never stops the
+    // process (its default action).
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot handle SIGHUP")?;
     let all_metrics = AllMetrics::default();
     let metrics = all_metrics.control.clone();
 
     let options = xds_options(&args)?;
-    let source = start_source(&args, &all_metrics).await?;
+    let mut source = start_source(&args, &all_metrics).await?;
+    let mut reload = std::mem::take(&mut source.reload);
 
     let (snapshots, _pipeline) =
         model::follow(source.registry.clone(), all_metrics.registry.clone());
@@ -347,7 +417,8 @@ async fn run() -> anyhow::Result<()> {
         async move { cache.follow(snapshots).await }
     });
     let policy_status = start_policy(&args, &cache, &metrics)?;
-    let xds_config = xds_config(&args, &metrics)?;
+    let (xds_config, xds_reload) = xds_config(&args, &metrics)?;
+    reload.extend(xds_reload);
     let prewarm = xds_config.prewarm.clone();
     let xds = XdsServer::with_config(cache.clone(), metrics.clone(), xds_config);
 
@@ -385,6 +456,7 @@ async fn run() -> anyhow::Result<()> {
     let prewarm_task = (prewarm.clone())
         .map(|p| tokio::spawn(keep_prewarm_history(p, metrics.clone(), stopped())));
     let mut source_task = source.task;
+    start_reloads(reload, args.reload_interval, hangups);
     tracing::info!(xds = %args.xds, admin = %args.admin, source = %source.description, "odmesh-control serving");
 
     // Serve until a signal, or until a part stops by itself: then exit non-zero rather than
@@ -405,6 +477,34 @@ async fn run() -> anyhow::Result<()> {
         stop_within("prewarm history", &mut task).await;
     }
     outcome
+}
+
+/// Reads `watched` again when their files change (looked at every `interval`; never with 0)
+/// and, all of them, on every SIGHUP.
+fn start_reloads(
+    watched: Vec<Watched>,
+    interval: Duration,
+    mut hangups: tokio::signal::unix::Signal,
+) {
+    let reloader = Reloader::new(watched);
+    let now = Arc::new(tokio::sync::Notify::new());
+    let nothing = reloader.is_empty();
+    tokio::spawn({
+        let now = now.clone();
+        async move {
+            while hangups.recv().await.is_some() {
+                if nothing {
+                    tracing::info!("SIGHUP: no TLS or tokens file to read again");
+                } else {
+                    tracing::info!("SIGHUP: reading the TLS files and the tokens file again");
+                    now.notify_one();
+                }
+            }
+        }
+    });
+    if !nothing {
+        tokio::spawn(reloader.run(interval, now));
+    }
 }
 
 /// Waits for a server task to finish closing its connections, for at most [`STOP_TIMEOUT`].

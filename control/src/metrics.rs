@@ -59,6 +59,16 @@ odmesh_base::metrics! {
         xds_connections_refused_source_total: "counter",
         /// xDS connections closed because they sent nothing within --xds-first-bytes-timeout.
         xds_connections_silent_total: "counter",
+        /// xDS TLS handshakes that failed or took longer than --tls-handshake-timeout (a
+        /// proxy without a certificate of --xds-client-ca, a plaintext client, say).
+        xds_tls_failures_total: "counter",
+        /// The xDS certificate, key and client CA (--xds-tls-cert, --xds-tls-key,
+        /// --xds-client-ca) read again and put in force for new connections (they changed,
+        /// or SIGHUP).
+        xds_tls_reloads_total: "counter",
+        /// New xDS certificates, keys or client CAs refused (unreadable, not a matching pair,
+        /// no usable CA): those in force stayed.
+        xds_tls_reloads_refused_total: "counter",
         /// Names answered with a removal because a stream was over --xds-max-names or
         /// --xds-max-unregistered, or the names tracked over all streams or by its source's
         /// over theirs (--xds-max-names-total, --xds-max-names-per-source).

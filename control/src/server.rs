@@ -45,9 +45,10 @@ use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::session::SubscriptionLimits;
 use crate::session::{Admission, Context, Eviction, Service, Session};
-use odmesh_base::listen::ConnectionLimit;
+use odmesh_base::listen::{ConnectionLimit, tls_handshakes};
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::inc;
+use odmesh_base::tls::ServerTls;
 
 pub use crate::session::{NackStatus, ProxyStatus};
 
@@ -91,8 +92,10 @@ pub struct XdsConfig {
     pub max_names_total: usize,
     /// Of `max_names_total`, the names the streams of one source address track together.
     pub max_names_per_source: usize,
-    /// TLS (and, with a client CA, mTLS) on the gRPC server; `None` for plaintext.
-    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// TLS (and, with a client CA, mTLS) on the gRPC server, each new connection with the
+    /// certificate, key and client CA in force when it arrives ([`ServerTls::reload`]);
+    /// `None` for plaintext.
+    pub tls: Option<Arc<ServerTls>>,
     /// How long a client may take to complete its TLS handshake.
     pub tls_handshake_timeout: Duration,
     /// How long a connection may take to send its first bytes (the HTTP/2 preface, or the
@@ -285,7 +288,9 @@ impl XdsServer {
     /// Serves xDS on `listener` (with `TCP_NODELAY`) until `shutdown` completes; then ends
     /// every stream and returns once connections are closed. Connections over
     /// [`XdsConfig::max_connections`] are closed when accepted (metric
-    /// `xds_connections_refused_total`).
+    /// `xds_connections_refused_total`). With TLS, each connection's handshake runs on its
+    /// own task, with the configuration in force when it arrived: a reloaded certificate
+    /// serves new connections, and open ones keep theirs.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -294,6 +299,7 @@ impl XdsServer {
         let config = &self.shared.config;
         if let Ok(addr) = listener.local_addr() {
             let security = match &config.tls {
+                Some(tls) if tls.files().client_ca.is_some() => "mutual TLS",
                 Some(_) => "TLS",
                 None => "plaintext",
             };
@@ -319,16 +325,30 @@ impl XdsServer {
             shutdown.await;
             shared.closing.send_replace(true);
         };
-        let mut builder = tonic::transport::Server::builder()
+        let routes = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(KEEPALIVE))
-            .max_concurrent_streams(Some(config.max_streams_per_connection));
-        if let Some(tls) = &config.tls {
-            builder = builder.tls_config(tls.clone().timeout(config.tls_handshake_timeout))?;
+            .max_concurrent_streams(Some(config.max_streams_per_connection))
+            .add_routes(self.routes());
+        // TLS here rather than in tonic, whose configuration is fixed once it serves.
+        match &config.tls {
+            Some(tls) => {
+                let failed = self.shared.metrics.clone();
+                let incoming = tls_handshakes(
+                    incoming,
+                    tls.clone(),
+                    config.tls_handshake_timeout,
+                    move || inc(&failed.xds_tls_failures_total),
+                );
+                routes
+                    .serve_with_incoming_shutdown(incoming, signal)
+                    .await?
+            }
+            None => {
+                routes
+                    .serve_with_incoming_shutdown(incoming, signal)
+                    .await?
+            }
         }
-        builder
-            .add_routes(self.routes())
-            .serve_with_incoming_shutdown(incoming, signal)
-            .await?;
         Ok(())
     }
 

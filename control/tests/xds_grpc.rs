@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::load_stats::v3::{LoadStatsRequest, LoadStat
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use odmesh_base::testing::{wait_ok, wait_until};
-use odmesh_base::tls::ServerIdentity;
+use odmesh_base::tls::{ALPN_H2, ServerTls, ServerTlsFiles};
 use odmesh_control::cache::Cache;
 use odmesh_control::metrics::Metrics;
 use odmesh_control::model::Snapshot;
@@ -148,16 +148,35 @@ impl Harness {
     /// An ADS stream over TLS (server name `localhost`, the test CA), with a client
     /// certificate when `identity` is given; `Err` when the server refuses it.
     async fn ads_tls(&self, node: &str, identity: Option<Identity>) -> Result<Client, String> {
-        let channel = self.tls_channel(identity).await?;
+        self.ads_tls_trusting("tls/ca.pem", node, identity).await
+    }
+
+    /// [`Harness::ads_tls`] trusting only the CA of fixture `ca`.
+    async fn ads_tls_trusting(
+        &self,
+        ca: &str,
+        node: &str,
+        identity: Option<Identity>,
+    ) -> Result<Client, String> {
+        let channel = self.tls_channel_trusting(ca, identity).await?;
         Client::open(AggregatedDiscoveryServiceClient::new(channel), node).await
     }
 
     /// A channel over TLS (server name `localhost`, the test CA), with a client certificate
     /// when `identity` is given.
     async fn tls_channel(&self, identity: Option<Identity>) -> Result<Channel, String> {
+        self.tls_channel_trusting("tls/ca.pem", identity).await
+    }
+
+    /// [`Harness::tls_channel`] trusting only the CA of fixture `ca`.
+    async fn tls_channel_trusting(
+        &self,
+        ca: &str,
+        identity: Option<Identity>,
+    ) -> Result<Channel, String> {
         let read = |name: &str| std::fs::read(testdata(name)).unwrap();
         let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read("tls/ca.pem")))
+            .ca_certificate(Certificate::from_pem(read(ca)))
             .domain_name("localhost");
         if let Some(identity) = identity {
             tls = tls.identity(identity);
@@ -588,12 +607,118 @@ async fn the_standalone_cluster_service_serves_clusters_on_its_own_stream() {
 
 /// A server over TLS with the test certificate, requiring client certificates of the test CA.
 fn mtls() -> XdsConfig {
-    let identity =
-        ServerIdentity::load(&testdata("tls/server.pem"), &testdata("tls/server.key")).unwrap();
+    let files = ServerTlsFiles {
+        cert: testdata("tls/server.pem"),
+        key: testdata("tls/server.key"),
+        client_ca: Some(testdata("tls/ca.pem")),
+    };
     XdsConfig {
-        tls: Some(identity.grpc_config(Some(&testdata("tls/ca.pem"))).unwrap()),
+        tls: Some(Arc::new(ServerTls::load(files, ALPN_H2).unwrap())),
         ..XdsConfig::default()
     }
+}
+
+/// A copy of fixture `name` as `dir/as_name`, renamed into place.
+fn install(dir: &std::path::Path, name: &str, as_name: &str) -> std::path::PathBuf {
+    let (path, tmp) = (dir.join(as_name), dir.join(format!("{as_name}.tmp")));
+    std::fs::copy(testdata(name), &tmp).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn over_mtls_a_reloaded_certificate_serves_new_connections_and_open_streams_keep_going() {
+    let dir = std::env::temp_dir().join(format!("odmesh-xds-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = ServerTlsFiles {
+        cert: install(&dir, "tls/server.pem", "xds.pem"),
+        key: install(&dir, "tls/server.key", "xds.key"),
+        client_ca: Some(install(&dir, "tls/ca.pem", "proxies.pem")),
+    };
+    let tls = Arc::new(ServerTls::load(files, ALPN_H2).unwrap());
+    let config = XdsConfig {
+        tls: Some(tls.clone()),
+        ..XdsConfig::default()
+    };
+    let instances = vec![
+        inst("hello", "10.0.0.1", Status::Up),
+        inst("other", "10.0.0.2", Status::Up),
+        inst("third", "10.0.0.3", Status::Up),
+    ];
+    let h = Harness::start_with(instances, config).await;
+    let read = |name: &str| std::fs::read(testdata(name)).unwrap();
+    let identity = || Identity::from_pem(read("tls/client.pem"), read("tls/client.key"));
+    let mut before = h.ads_tls("before", Some(identity())).await.unwrap();
+    before.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&before.recv().await), ["hello.vip"]);
+    assert_eq!(names(&before.recv().await), ["hello.vip"], "its endpoints");
+
+    // Another certificate, of another CA: new connections get it.
+    install(&dir, "tls/other-server.pem", "xds.pem");
+    install(&dir, "tls/other-server.key", "xds.key");
+    tls.reload().unwrap();
+    let old_ca = h.ads_tls("trusts-the-old", Some(identity())).await;
+    assert!(old_ca.is_err(), "a new connection got the old certificate");
+    let mut after = (h
+        .ads_tls_trusting("tls/other-ca.pem", "after", Some(identity()))
+        .await)
+        .expect("a new connection trusting the new CA is served");
+    after.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
+    assert_eq!(names(&after.recv().await), ["other.vip"]);
+    // The stream opened before keeps going, on its connection.
+    before.subscribe(CLUSTER_TYPE_URL, &["third.vip"]).await;
+    assert_eq!(names(&before.recv().await), ["third.vip"]);
+
+    // A certificate without its key: refused, the pair in force still serves.
+    install(&dir, "tls/server.pem", "xds.pem");
+    assert!(tls.reload().is_err());
+    let mut still = (h
+        .ads_tls_trusting("tls/other-ca.pem", "still", Some(identity()))
+        .await)
+        .expect("the pair in force still serves");
+    still.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&still.recv().await), ["hello.vip"]);
+    assert_eq!(h.server.proxies().len(), 3);
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn over_tls_silent_connections_are_closed_after_the_first_bytes_timeout_and_free_their_slots()
+{
+    let config = XdsConfig {
+        max_connections: 2,
+        first_bytes_timeout: Duration::from_millis(300),
+        ..mtls()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    // Two connections that never send their TLS hello take both slots, for a while.
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(h.addr).await.unwrap());
+    }
+    for conn in &mut silent {
+        let mut sent = Vec::new();
+        let closed = tokio::time::timeout(WAIT, conn.read_to_end(&mut sent)).await;
+        assert!(matches!(closed, Ok(Ok(_) | Err(_))), "closed: {closed:?}");
+    }
+    h.until_metric("both silent connections counted", |m| {
+        m.xds_connections_silent_total.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    // Their slots are free: a proxy is served; one without a certificate is not, and counted.
+    let read = |name: &str| std::fs::read(testdata(name)).unwrap();
+    let identity = Identity::from_pem(read("tls/client.pem"), read("tls/client.key"));
+    let mut proxy = h.ads_tls("proxy-1", Some(identity)).await.unwrap();
+    proxy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&proxy.recv().await), ["hello.vip"]);
+    let failed = h.metrics.xds_tls_failures_total.load(Ordering::Relaxed);
+    assert!(h.ads_tls("anonymous", None).await.is_err());
+    h.until_metric("the refused handshake counted", |m| {
+        m.xds_tls_failures_total.load(Ordering::Relaxed) > failed
+    })
+    .await;
+    h.stop().await;
 }
 
 #[tokio::test]

@@ -117,5 +117,17 @@ odmesh_base::metrics! {
         eureka_http_timeouts_total: "counter",
         /// Embedded Eureka registry: TLS handshakes that failed or timed out.
         eureka_http_tls_failures_total: "counter",
+        /// Embedded Eureka registry: the tokens file (--eureka-auth) read again and put in
+        /// force (it changed, or SIGHUP).
+        eureka_tokens_reloads_total: "counter",
+        /// Embedded Eureka registry: new versions of the tokens file refused (not a tokens
+        /// file, unreadable): the identities in force stayed.
+        eureka_tokens_reloads_refused_total: "counter",
+        /// Embedded Eureka registry: its HTTPS certificate and key (--eureka-tls-cert,
+        /// --eureka-tls-key) read again and put in force for new connections.
+        eureka_tls_reloads_total: "counter",
+        /// Embedded Eureka registry: new HTTPS certificates or keys refused (unreadable, or
+        /// not a matching pair): the ones in force stayed.
+        eureka_tls_reloads_refused_total: "counter",
     }
 }

@@ -206,6 +206,16 @@ impl ControlPlane {
         }
     }
 
+    /// Sends the running process SIGHUP: it reads its TLS files and tokens file again.
+    pub fn hangup(&self) {
+        let pid = self.process().id().to_string();
+        let status = Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run kill -HUP {pid}: {e}"));
+        assert!(status.success(), "kill -HUP {pid}: {status}");
+    }
+
     /// Starts the control plane again, with the same source, arguments and addresses,
     /// after [`ControlPlane::kill`]; the log of the n-th start is `<label>-<n>.log`.
     pub fn restart(&mut self, env: &TestEnv, label: &str) {

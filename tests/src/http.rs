@@ -95,6 +95,32 @@ impl Request {
     }
 }
 
+/// Writes `request` on `stream`, a connection of any kind (e.g. TLS), and reads one response;
+/// each read is bounded by the stream's own timeout. A request without a `connection`
+/// header closes the connection after its answer.
+pub fn exchange_on(stream: &mut (impl Read + Write), request: &Request) -> io::Result<Response> {
+    stream.write_all(&request.to_bytes())?;
+    stream.flush()?;
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk)?;
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some((response, _)) = parse_response(&buf, n == 0)? {
+            return Ok(response);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "connection closed after {} bytes, before a whole response",
+                    buf.len()
+                ),
+            ));
+        }
+    }
+}
+
 /// Sends `raw` bytes to `addr` and reads one HTTP/1.1 response.
 pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> io::Result<Response> {
     let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;

@@ -78,7 +78,7 @@ pub use eureka::{
     listed_instances,
 };
 pub use fake_eureka::{FakeEureka, Garbage, Mode};
-pub use http::{Connection, Request, Response};
+pub use http::{Connection, Request, Response, exchange_on};
 pub use java::{JVM_START_TIMEOUT, JavaEureka, JavaEurekaBuilder};
 pub use load::{Load, LoadConfig, LoadReport, MAX_LATENCY, Outcome};
 pub use memory::{Rss, RssReport, RssSampler, mib, rss_of};
@@ -93,7 +93,7 @@ pub use protocols::{
 pub use registry::{Instance, RegistryFile};
 pub use shell::Shell;
 pub use tcp_proxy::TcpProxy;
-pub use tls::{CertifiedKey, TestCa, TlsUpstream};
+pub use tls::{CertifiedKey, TestCa, TlsClient, TlsUpstream};
 pub use wait::{
     CHANGE_DEADLINE, hold_for, timed, wait_for, wait_ok, wait_ok_every, wait_until,
     wait_until_since,

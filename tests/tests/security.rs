@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use odmesh_e2e::mesh::EGRESS_LISTENER;
 use odmesh_e2e::{
     ClientDriver, ControlPlane, EchoUpstream, Envoy, EurekaClient, Instance, Mesh, Registration,
-    RegistryFile, Request, Response, Source, TestCa, TestEnv, hold_for, odmesh_bootstrap,
-    repo_root, shipped_bootstrap, timed, wait_until,
+    RegistryFile, Request, Response, Source, TestCa, TestEnv, TlsClient, hold_for,
+    odmesh_bootstrap, repo_root, shipped_bootstrap, timed, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -377,4 +377,324 @@ fn a_hostile_client_gets_a_clear_answer_from_the_registry_and_changes_nothing() 
     );
     assert_eq!(metrics["odmesh_eureka_refused_invalid_total"], 4);
     assert!(metrics["odmesh_eureka_http_timeouts_total"] >= 1);
+}
+
+/// Writes `content` over `path` as an operator should: a new file renamed over it.
+fn replace_file(path: &std::path::Path, content: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A tokens file: `keeper` (in every version), `revoked` (only in this one).
+const TOKENS_BEFORE: &str = "identities:\n  - name: keeper\n    token: keeper-token-0123456789\n  - name: revoked\n    token: revoked-token-0123456789\n";
+/// The next version: `revoked` gone, `fresh` added.
+const TOKENS_AFTER: &str = "identities:\n  - name: keeper\n    token: keeper-token-0123456789\n  - name: fresh\n    token: fresh-token-0123456789\n";
+/// A version that is not a tokens file (`operator` is not a boolean), with a token in it.
+const TOKENS_BROKEN: &str = "identities:\n  - name: keeper\n    token: keeper-token-0123456789\n  - name: leaky\n    token: leaked-token-0123456789\n    operator: maybe\n";
+
+/// `keeper` heartbeating its instance on the embedded registry at `addr` on its own thread
+/// until stopped (also when the test fails): every answer not 200 is kept.
+struct Keeper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(usize, Vec<String>)>>,
+}
+
+impl Keeper {
+    fn start(addr: std::net::SocketAddr) -> Keeper {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut sent, mut failed) = (0, Vec::new());
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let answer = Request::new("PUT", "/eureka/apps/KEEPER/keeper-1")
+                    .host(&addr.to_string())
+                    .header("authorization", "Bearer keeper-token-0123456789")
+                    .try_send(addr);
+                sent += 1;
+                match answer {
+                    Ok(answer) if answer.status == 200 => {}
+                    Ok(answer) => failed.push(format!("{}: {}", answer.status, answer.text())),
+                    Err(e) => failed.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (sent, failed)
+        });
+        Keeper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops it; asserts that it sent requests and that none failed.
+    fn assert_never_failed(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let thread = self.thread.take().expect("running");
+        let (sent, failed) = thread.join().unwrap();
+        assert!(
+            failed.is_empty(),
+            "{} of {sent} failed: {failed:?}",
+            failed.len()
+        );
+        assert!(sent > 10, "keeper sent {sent} requests");
+        eprintln!("keeper: {sent} heartbeats, none failed");
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The status of `identity`'s heartbeat of its instance (registered first if `register`).
+fn heartbeat_as(addr: std::net::SocketAddr, identity: &str, register: bool) -> u16 {
+    let app = identity.to_ascii_uppercase();
+    let token = format!("Bearer {identity}-token-0123456789");
+    if register {
+        let answer = Request::new("POST", &format!("/eureka/apps/{app}"))
+            .host(&addr.to_string())
+            .header("authorization", &token)
+            .header("content-type", "application/json")
+            .body(registration_body(identity, &format!("{identity}-1"), 9))
+            .send(addr);
+        assert_eq!(
+            answer.status,
+            204,
+            "{identity} registers: {}",
+            answer.text()
+        );
+    }
+    let path = format!("/eureka/apps/{app}/{identity}-1");
+    (Request::new("PUT", &path).host(&addr.to_string()))
+        .header("authorization", &token)
+        .send(addr)
+        .status
+}
+
+#[test]
+fn a_token_removed_from_the_tokens_file_is_refused_after_sighup_or_the_change_and_others_never_fail()
+ {
+    let env = TestEnv::new("security_tokens_reload");
+    let tokens = env.write_file("tokens.yaml", TOKENS_BEFORE);
+    let tokens_arg = tokens.to_string_lossy().into_owned();
+
+    // On SIGHUP (the files are not looked at otherwise: --reload-interval 0).
+    let control = ControlPlane::start_source(
+        &env,
+        "control-sighup",
+        Source::ServeEureka,
+        &["--eureka-auth", &tokens_arg, "--reload-interval", "0"],
+    );
+    let addr = control.eureka_addr();
+    assert_eq!(heartbeat_as(addr, "keeper", true), 200);
+    assert_eq!(heartbeat_as(addr, "revoked", true), 200);
+    let keeper = Keeper::start(addr);
+    replace_file(&tokens, TOKENS_AFTER);
+    hold_for(
+        Duration::from_secs(1),
+        "the old file in force until SIGHUP",
+        || heartbeat_as(addr, "revoked", false) == 200,
+    );
+    control.hangup();
+    let (_, took) = timed(|| {
+        wait_until(DEADLINE, "the removed identity refused", || {
+            heartbeat_as(addr, "revoked", false) == 401
+        })
+    });
+    eprintln!("SIGHUP: the removed identity refused {took:?} later");
+    assert_eq!(heartbeat_as(addr, "fresh", true), 200, "the new identity");
+    assert_eq!(control.metric("odmesh_eureka_tokens_reloads_total"), 1);
+
+    // A broken version: refused, saying where and why and no token; the last good stays.
+    replace_file(&tokens, TOKENS_BROKEN);
+    control.hangup();
+    wait_until(DEADLINE, "the broken file refused", || {
+        control.metric("odmesh_eureka_tokens_reloads_refused_total") == 1
+    });
+    let log = control.process().log();
+    let refusal = (log.lines())
+        .find(|line| line.contains("--eureka-auth: not reloaded"))
+        .unwrap_or_else(|| panic!("no refusal in the log:\n{log}"));
+    assert!(
+        refusal.contains("tokens.yaml") && refusal.contains("identities[1].operator"),
+        "{refusal}"
+    );
+    assert!(!log.contains("leaked-token"), "a token in the log:\n{log}");
+    assert_eq!(
+        heartbeat_as(addr, "fresh", false),
+        200,
+        "the last good file"
+    );
+    assert_eq!(heartbeat_as(addr, "revoked", false), 401);
+    assert!(control.process().log().contains("SIGHUP"));
+    keeper.assert_never_failed();
+    drop(control);
+
+    // On the change alone, looked at every 200 ms.
+    replace_file(&tokens, TOKENS_BEFORE);
+    let control = ControlPlane::start_source(
+        &env,
+        "control-change",
+        Source::ServeEureka,
+        &["--eureka-auth", &tokens_arg, "--reload-interval", "0.2"],
+    );
+    let addr = control.eureka_addr();
+    assert_eq!(heartbeat_as(addr, "keeper", true), 200);
+    assert_eq!(heartbeat_as(addr, "revoked", true), 200);
+    let keeper = Keeper::start(addr);
+    replace_file(&tokens, TOKENS_AFTER);
+    let (_, took) = timed(|| {
+        wait_until(DEADLINE, "the removed identity refused", || {
+            heartbeat_as(addr, "revoked", false) == 401
+        })
+    });
+    eprintln!("file change: the removed identity refused {took:?} later");
+    assert_eq!(heartbeat_as(addr, "fresh", true), 200);
+    keeper.assert_never_failed();
+    assert_eq!(control.metric("odmesh_eureka_tokens_reloads_total"), 1);
+}
+
+/// `POST /eureka/apps/<APP>` of `app`'s instance at 127.0.0.1:`port`, on a kept-alive
+/// connection.
+fn register_request(app: &str, port: u16) -> Request {
+    Request::new(
+        "POST",
+        &format!("/eureka/apps/{}", app.to_ascii_uppercase()),
+    )
+    .host("localhost")
+    .header("content-type", "application/json")
+    .header("connection", "keep-alive")
+    .body(registration_body(app, &format!("{app}-1"), port))
+}
+
+#[test]
+fn rotated_certificates_serve_new_connections_and_connections_made_before_keep_going() {
+    let env = TestEnv::new("security_certificates_reload");
+    let ca = TestCa::new(env.log_dir(), "rotated");
+    let proxy = ca.issue_client("proxy");
+    let dir = env.log_dir();
+    let (eureka_cert, eureka_key) = (dir.join("eureka.pem"), dir.join("eureka.key"));
+    let (xds_cert, xds_key) = (dir.join("xds.pem"), dir.join("xds.key"));
+    let first = ca.issue("localhost");
+    first.install(&eureka_cert, &eureka_key);
+    first.install(&xds_cert, &xds_key);
+    let first_leaf = first.leaf();
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let control = ControlPlane::start_source(
+        &env,
+        "control",
+        Source::ServeEureka,
+        &[
+            "--eureka-tls-cert",
+            &path(&eureka_cert),
+            "--eureka-tls-key",
+            &path(&eureka_key),
+            "--xds-tls-cert",
+            &path(&xds_cert),
+            "--xds-tls-key",
+            &path(&xds_key),
+            "--xds-client-ca",
+            &path(ca.cert()),
+            "--reload-interval",
+            "0.2",
+            // The connection made before the rotation may sit idle meanwhile.
+            "--eureka-header-timeout",
+            "60",
+        ],
+    );
+    let eureka = control.eureka_addr();
+    let connect_eureka = || TlsClient::connect(eureka, ca.cert(), "localhost", None, &["http/1.1"]);
+    let connect_xds =
+        || TlsClient::connect(control.xds(), ca.cert(), "localhost", Some(&proxy), &["h2"]);
+    let (hello, world) = (
+        EchoUpstream::start("hello-1"),
+        EchoUpstream::start("world-1"),
+    );
+
+    // A registry client and a proxy (xDS over mutual TLS) connected before the rotation.
+    let mut before = connect_eureka().unwrap();
+    assert_eq!(before.served(), first_leaf);
+    let registered = before
+        .send(&register_request("hello", hello.port()))
+        .unwrap();
+    assert_eq!(registered.status, 204, "{}", registered.text());
+    let envoy = Envoy::start(
+        &env,
+        "envoy",
+        &production_bootstrap(control.xds().port(), &ca, &proxy),
+    );
+    envoy.wait_xds_connected(true, DEADLINE);
+    let route = |host: &str| {
+        Request::get("/")
+            .host(host)
+            .send(envoy.listener(EGRESS_LISTENER))
+    };
+    wait_until(DEADLINE, "hello to route", || route("hello").status == 200);
+    let stream = control.proxies()[0]["stream_id"].clone();
+    let xds_before = connect_xds().unwrap();
+    assert_eq!(xds_before.served(), first_leaf);
+    assert_eq!(xds_before.alpn().as_deref(), Some("h2"));
+
+    // A new key without its certificate: refused, and the first pair still serves.
+    let second = ca.issue("localhost");
+    let second_leaf = second.leaf();
+    let tmp = eureka_key.with_extension("new");
+    std::fs::copy(&second.key, &tmp).unwrap();
+    std::fs::rename(&tmp, &eureka_key).unwrap();
+    wait_until(DEADLINE, "the mismatched pair refused", || {
+        control.metric("odmesh_eureka_tls_reloads_refused_total") == 1
+    });
+    let log = control.process().log();
+    let refusal = (log.lines())
+        .find(|line| line.contains("--eureka-tls-cert: not reloaded"))
+        .unwrap_or_else(|| panic!("no refusal in the log:\n{log}"));
+    assert!(
+        refusal.contains("eureka.pem and ")
+            && refusal.contains("eureka.key do not make a usable server identity"),
+        "{refusal}"
+    );
+    assert_eq!(connect_eureka().unwrap().served(), first_leaf);
+
+    // The whole pair, on both servers: new connections get it.
+    second.install(&eureka_cert, &eureka_key);
+    second.install(&xds_cert, &xds_key);
+    let (_, took) = timed(|| {
+        wait_until(
+            DEADLINE,
+            "new connections served the new certificate",
+            || {
+                connect_eureka().unwrap().served() == second_leaf
+                    && connect_xds().unwrap().served() == second_leaf
+            },
+        )
+    });
+    eprintln!("the new certificates served {took:?} after they were installed");
+    // A proxy without a certificate of the client CA is still refused.
+    let anonymous = TlsClient::connect(control.xds(), ca.cert(), "localhost", None, &["h2"]);
+    assert!(
+        anonymous.is_ok_and(|c| c.refused(DEADLINE)),
+        "served without a certificate"
+    );
+
+    // What was connected before keeps going: the registry client registers a new VIP on its
+    // connection, and Envoy asks for it on its stream, never reconnected.
+    let registered = before
+        .send(&register_request("world", world.port()))
+        .unwrap();
+    assert_eq!(registered.status, 204, "{}", registered.text());
+    wait_until(DEADLINE, "world to route", || route("world").status == 200);
+    assert_eq!(route("hello").status, 200);
+    let proxies = control.proxies();
+    assert_eq!(proxies.len(), 1, "{proxies:?}");
+    assert_eq!(
+        proxies[0]["stream_id"], stream,
+        "Envoy's stream is the one from before"
+    );
+    assert_eq!(envoy.stat("control_plane.connected_state"), Some(1));
+    let metrics = control.metrics();
+    assert_eq!(metrics["odmesh_eureka_tls_reloads_total"], 1);
+    assert_eq!(metrics["odmesh_xds_tls_reloads_total"], 1);
+    assert_eq!(metrics["odmesh_xds_tls_reloads_refused_total"], 0);
 }

@@ -20,8 +20,8 @@
 //! ```
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::sync::{Arc, LazyLock};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, RwLock};
 
 use axum::http::HeaderValue;
 use serde::Deserialize;
@@ -194,9 +194,11 @@ impl Caller {
 )]
 pub struct Unauthenticated;
 
-/// The identities of a tokens file.
+/// The identities of a tokens file. They can be replaced whole while requests are served
+/// ([`Authenticator::reload`]): each request is authenticated against one version of the
+/// file, the old or the new.
 pub struct Authenticator {
-    identities: Vec<Identity>,
+    identities: RwLock<Arc<Vec<Identity>>>,
 }
 
 struct Identity {
@@ -273,7 +275,7 @@ impl std::fmt::Debug for Authenticator {
     /// Names only: tokens never reach a log.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.identities.iter().map(Identity::name))
+            .entries(self.current().iter().map(Identity::name))
             .finish()
     }
 }
@@ -331,7 +333,40 @@ impl Authenticator {
             })?;
             identities.push(identity);
         }
-        Ok(Authenticator { identities })
+        Ok(Authenticator {
+            identities: RwLock::new(Arc::new(identities)),
+        })
+    }
+
+    /// The identities in force.
+    fn current(&self) -> Arc<Vec<Identity>> {
+        (self.identities.read())
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// How many identities are in force.
+    pub fn len(&self) -> usize {
+        self.current().len()
+    }
+
+    /// Whether no identity is in force (never: a tokens file lists at least one).
+    pub fn is_empty(&self) -> bool {
+        self.current().is_empty()
+    }
+
+    /// Reads the tokens file at `path` again and puts its identities in force, all at once,
+    /// for the requests that arrive from now on; a file that cannot be used is refused, and
+    /// the identities in force stay. Returns how many there are now.
+    pub fn reload(&self, path: &Path) -> Result<usize, InvalidAuthFile> {
+        let new = Authenticator::load(path)?;
+        let identities = new
+            .identities
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        let count = identities.len();
+        *self.identities.write().unwrap_or_else(|e| e.into_inner()) = identities;
+        Ok(count)
     }
 
     /// The caller an `Authorization` header proves.
@@ -358,8 +393,10 @@ impl Authenticator {
         // Every token is compared, in time independent of where they differ and of their
         // lengths.
         let token = digest(token);
+        // One version of the file for the whole request.
+        let identities = self.current();
         let mut found: Option<&Identity> = None;
-        for identity in &self.identities {
+        for identity in identities.iter() {
             if constant_time_eq(&identity.token, &token) {
                 found = Some(identity);
             }
@@ -369,6 +406,33 @@ impl Authenticator {
             (Some(identity), _) => Ok(identity.caller.clone()),
             (None, _) => Err(Unauthenticated),
         }
+    }
+}
+
+/// An [`Authenticator`] and the tokens file it is read from, read again when the file
+/// changes or on SIGHUP ([`odmesh_base::reload`]).
+#[derive(Debug)]
+pub struct TokensFile {
+    path: PathBuf,
+    auth: Arc<Authenticator>,
+}
+
+impl TokensFile {
+    /// `auth`, as read from `path`.
+    pub fn new(path: PathBuf, auth: Arc<Authenticator>) -> TokensFile {
+        TokensFile { path, auth }
+    }
+}
+
+impl odmesh_base::reload::Reload for TokensFile {
+    fn files(&self) -> Vec<PathBuf> {
+        vec![self.path.clone()]
+    }
+
+    fn reload(&self) -> Result<String, odmesh_base::reload::BoxError> {
+        let count = self.auth.reload(&self.path)?;
+        // Names and counts only: never a token.
+        Ok(format!("{count} identities"))
     }
 }
 
@@ -576,6 +640,74 @@ mod tests {
         let shown = format!("{:?}", auth());
         assert!(!shown.contains("token-0123"), "{shown}");
         assert!(shown.contains("hello"));
+    }
+
+    /// Writes `content` over `path` as an operator should: a new file renamed over it.
+    fn replace(path: &Path, content: &str) {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    #[test]
+    fn a_reloaded_tokens_file_replaces_every_identity_at_once_and_a_bad_one_keeps_the_old() {
+        use odmesh_base::reload::Reload;
+        let dir = std::env::temp_dir().join(format!("odmesh-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens.yaml");
+        replace(&path, FILE);
+        let auth = Arc::new(Authenticator::load(&path).unwrap());
+        let file = TokensFile::new(path.clone(), auth.clone());
+        let bearer = |token: &str| HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+        let hello = auth
+            .authenticate(Some(&bearer("hello-token-0123456789")))
+            .unwrap();
+
+        // `hello` revoked, `fresh` added, `ops` kept.
+        let revoked = "identities:\n  - name: fresh\n    token: fresh-token-0123456789\n  - name: ops\n    token: ops-token-0123456789ab\n    operator: true\n";
+        replace(&path, revoked);
+        assert_eq!(file.reload().unwrap(), "2 identities");
+        assert_eq!(
+            auth.authenticate(Some(&bearer("hello-token-0123456789"))),
+            Err(Unauthenticated)
+        );
+        assert!(
+            auth.authenticate(Some(&bearer("fresh-token-0123456789")))
+                .is_ok()
+        );
+        assert!(
+            auth.authenticate(Some(&bearer("ops-token-0123456789ab")))
+                .is_ok()
+        );
+        // A request authenticated before keeps its caller to its end.
+        assert_eq!(hello.owner(), Some("hello"));
+
+        // Files that cannot be used are refused, without a token in the reason, and the
+        // identities in force stay.
+        for bad in [
+            "identities:\n  - name: a\n    token: leaked-token-0123456789\n    operator: maybe\n",
+            "identities:\n  - {name: a, token: leaked-token-0123456789}\n  - {name: b, token: leaked-token-0123456789}\n",
+            "identities: []\n",
+            "",
+        ] {
+            replace(&path, bad);
+            let err = file.reload().unwrap_err();
+            let shown = Chain(&*err).to_string();
+            assert!(shown.contains("tokens.yaml"), "{shown}");
+            assert!(!shown.contains("leaked"), "{shown}");
+            assert_eq!(auth.len(), 2, "{bad:?}");
+            assert!(
+                auth.authenticate(Some(&bearer("fresh-token-0123456789")))
+                    .is_ok()
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.reload().is_err(), "a file gone");
+        assert!(
+            auth.authenticate(Some(&bearer("fresh-token-0123456789")))
+                .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -75,6 +75,7 @@ use tokio::time::Instant;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
+use odmesh_base::tls::ServerTls;
 
 use self::admission::PeerCopy;
 use self::answers::Answers;
@@ -979,13 +980,14 @@ fn may_change(caller: &Caller, state: &Ledger, app: &str, id: &str) -> Result<()
         .map_err(InvalidRequest::forbidden)
 }
 
-/// Runs the REST API on `listener` (over TLS with `tls`), within the configured
+/// Runs the REST API on `listener` (over TLS with `tls`, each new connection with the
+/// certificate in force when it arrives), within the configured
 /// [`HttpLimits`], beside the publisher of changes and the eviction of expired leases,
 /// until the server fails.
 pub async fn serve(
     listener: TcpListener,
     registry: EurekaRegistry,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<ServerTls>>,
 ) -> std::io::Result<()> {
     let metrics = registry.shared.metrics.clone();
     let on_event = move |event| {
@@ -1035,7 +1037,7 @@ pub struct EmbeddedSource {
 pub async fn start(
     addr: SocketAddr,
     config: ServerConfig,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<ServerTls>>,
     registry_metrics: Arc<RegistryMetrics>,
     metrics: Arc<ServerMetrics>,
 ) -> std::io::Result<EmbeddedSource> {
