@@ -424,6 +424,7 @@ fn drain(body: Body, timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::testdata;
     use crate::testing::{connect_from, wait_until};
     use axum::routing::post;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -747,13 +748,6 @@ mod tests {
         assert_eq!(events[0].load(Ordering::Relaxed), 1);
     }
 
-    /// The path of fixture `name` under `base/testdata/`.
-    fn testdata(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name)
-    }
-
     /// A TLS connection to `addr` trusting both test CAs, and the certificate it was served.
     async fn connect_tls(
         addr: std::net::SocketAddr,
@@ -799,19 +793,8 @@ mod tests {
     #[tokio::test]
     async fn a_new_connection_gets_the_reloaded_certificate_and_an_open_one_keeps_going() {
         use rustls::pki_types::{CertificateDer, pem::PemObject};
-        let dir = std::env::temp_dir().join(format!("odmesh-https-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let install = |name: &str, as_name: &str| {
-            let tmp = dir.join(format!("{as_name}.tmp"));
-            std::fs::copy(testdata(name), &tmp).unwrap();
-            std::fs::rename(&tmp, dir.join(as_name)).unwrap();
-            dir.join(as_name)
-        };
-        let files = crate::tls::ServerTlsFiles {
-            cert: install("tls/server.pem", "cert.pem"),
-            key: install("tls/server.key", "key.pem"),
-            client_ca: None,
-        };
+        let folder = crate::testing::TlsFolder::new("https");
+        let files = folder.files();
         let tls = Arc::new(crate::tls::ServerTls::load(files, crate::tls::ALPN_HTTP1).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -830,15 +813,14 @@ mod tests {
         assert_eq!(served, leaf("tls/server.pem"));
         assert_eq!(post_kept_alive(&mut open).await, "HTTP/1.1 200 OK");
 
-        install("tls/other-server.pem", "cert.pem");
-        install("tls/other-server.key", "key.pem");
+        folder.install("tls/other-server.pem", "cert.pem");
+        folder.install("tls/other-server.key", "key.pem");
         tls.reload().unwrap();
         let (mut new, served) = connect_tls(addr).await;
         assert_eq!(served, leaf("tls/other-server.pem"), "the new certificate");
         assert_eq!(post_kept_alive(&mut new).await, "HTTP/1.1 200 OK");
         // The connection made before the reload is still served, on its old session.
         assert_eq!(post_kept_alive(&mut open).await, "HTTP/1.1 200 OK");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

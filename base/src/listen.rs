@@ -373,6 +373,7 @@ where
 mod tests {
     use super::*;
     use crate::testing::connect_from;
+    use crate::testing::testdata;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
@@ -499,13 +500,6 @@ mod tests {
         assert_eq!(given_up.load(Ordering::Relaxed), 1);
     }
 
-    /// The path of fixture `name` under `base/testdata/`.
-    fn testdata(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name)
-    }
-
     /// A TLS client handshake with `addr` trusting both test CAs: the server's certificate.
     async fn served_certificate(
         addr: std::net::SocketAddr,
@@ -535,19 +529,8 @@ mod tests {
     async fn tls_handshakes_run_apart_within_their_time_each_with_the_certificate_in_force() {
         use rustls::pki_types::{CertificateDer, pem::PemObject};
         use tokio::io::AsyncWriteExt;
-        let dir = std::env::temp_dir().join(format!("odmesh-handshakes-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let install = |name: &str, as_name: &str| {
-            let tmp = dir.join(format!("{as_name}.tmp"));
-            std::fs::copy(testdata(name), &tmp).unwrap();
-            std::fs::rename(&tmp, dir.join(as_name)).unwrap();
-            dir.join(as_name)
-        };
-        let files = crate::tls::ServerTlsFiles {
-            cert: install("tls/server.pem", "cert.pem"),
-            key: install("tls/server.key", "key.pem"),
-            client_ca: None,
-        };
+        let folder = crate::testing::TlsFolder::new("handshakes");
+        let files = folder.files();
         let tls = Arc::new(crate::tls::ServerTls::load(files, crate::tls::ALPN_H2).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -582,8 +565,8 @@ mod tests {
         .await;
 
         // Reloaded: the next connection gets the new certificate.
-        install("tls/other-server.pem", "cert.pem");
-        install("tls/other-server.key", "key.pem");
+        folder.install("tls/other-server.pem", "cert.pem");
+        folder.install("tls/other-server.key", "key.pem");
         tls.reload().unwrap();
         assert_eq!(served_certificate(addr).await, leaf("tls/other-server.pem"));
         assert!(
@@ -593,6 +576,5 @@ mod tests {
                 .is_some()
         );
         assert_eq!(failed.load(Ordering::Relaxed), 2);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

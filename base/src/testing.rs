@@ -72,6 +72,55 @@ pub async fn hold_for(duration: Duration, what: &str, mut condition: impl FnMut(
     }
 }
 
+/// The path of fixture `name` under `base/testdata/` (the TLS test certificates).
+pub fn testdata(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
+}
+
+/// A server's certificate and key in a folder of their own, which a test replaces as an
+/// operator would (a copy renamed into place); the folder goes when this is dropped.
+pub struct TlsFolder {
+    dir: std::path::PathBuf,
+}
+
+impl TlsFolder {
+    /// A new folder, `label` and the process id in its name, holding the test server
+    /// certificate and key as `cert.pem` and `key.pem`.
+    pub fn new(label: &str) -> TlsFolder {
+        let dir = std::env::temp_dir().join(format!("odmesh-{label}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let folder = TlsFolder { dir };
+        folder.install("tls/server.pem", "cert.pem");
+        folder.install("tls/server.key", "key.pem");
+        folder
+    }
+
+    /// Puts fixture `fixture` in the folder as `name`, renamed into place; returns its path.
+    pub fn install(&self, fixture: &str, name: &str) -> std::path::PathBuf {
+        let (tmp, path) = (self.dir.join(format!("{name}.tmp")), self.dir.join(name));
+        std::fs::copy(testdata(fixture), &tmp).unwrap_or_else(|e| panic!("{fixture}: {e}"));
+        std::fs::rename(&tmp, &path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        path
+    }
+
+    /// The certificate and key, with no client CA.
+    pub fn files(&self) -> crate::tls::ServerTlsFiles {
+        crate::tls::ServerTlsFiles {
+            cert: self.dir.join("cert.pem"),
+            key: self.dir.join("key.pem"),
+            client_ca: None,
+        }
+    }
+}
+
+impl Drop for TlsFolder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::future::Future;

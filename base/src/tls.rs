@@ -386,13 +386,7 @@ impl crate::reload::Reload for ServerTls {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The path of fixture `name` under `base/testdata/`.
-    fn testdata(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name)
-    }
+    use crate::testing::testdata;
 
     #[test]
     fn a_pem_bundle_of_ca_certificates_loads() {

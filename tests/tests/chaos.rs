@@ -482,12 +482,8 @@ fn a_flood_of_random_hosts_and_of_xds_names_keeps_memory_bounded_and_other_proxi
 #[test]
 fn hostile_xds_streams_of_random_names_take_no_room_from_a_real_proxys_new_vips() {
     let env = TestEnv::new("chaos_hostile_streams");
-    let hello = EchoUpstream::start("hello-1");
-    let fresh = EchoUpstream::start("fresh");
-    const NEW_VIPS: u64 = 20;
-    let registered: Vec<Instance> = std::iter::once(Instance::new("hello", hello.port()))
-        .chain((0..NEW_VIPS).map(|i| Instance::new(&fresh_vip(i), fresh.port())))
-        .collect();
+    let (hello, fresh) = (EchoUpstream::start("hello-1"), EchoUpstream::start("fresh"));
+    let registered = hello_and_new_vips(&hello, &fresh);
     // Room for 2,000 cluster names over all streams: the 10,000 random cluster names below
     // would take all of it if names refused as unregistered took room.
     let mesh = Mesh::start_with(&env, &registered, &["--xds-max-subscriptions", "2000"]);
@@ -604,12 +600,8 @@ impl AdminProbe {
 #[test]
 fn a_hostile_xds_client_at_scale_leaves_the_admin_answering_memory_bounded_and_new_vips_routing() {
     let env = TestEnv::new("chaos_hostile_scale");
-    let hello = EchoUpstream::start("hello-1");
-    let fresh = EchoUpstream::start("fresh");
-    const NEW_VIPS: u64 = 20;
-    let registered: Vec<Instance> = std::iter::once(Instance::new("hello", hello.port()))
-        .chain((0..NEW_VIPS).map(|i| Instance::new(&fresh_vip(i), fresh.port())))
-        .collect();
+    let (hello, fresh) = (EchoUpstream::start("hello-1"), EchoUpstream::start("fresh"));
+    let registered = hello_and_new_vips(&hello, &fresh);
     // The defaults: the bounds a platform team runs with.
     let mesh = Mesh::start(&env, &registered);
     assert_eq!(mesh.route("hello"), "hello-1");
@@ -730,6 +722,16 @@ const REFUSED_NAME_BYTES: u64 = 512;
 const COUNTED_NAME_BYTES: u64 = 1536;
 /// The most an xDS connection costs, by docs/production.md.
 const CONNECTION_BYTES: u64 = 100 * 1024;
+
+/// How many VIPs the hostile-client tests register for a real proxy's first requests.
+const NEW_VIPS: u64 = 20;
+
+/// VIP `hello` on `hello`, and [`NEW_VIPS`] VIPs on `fresh` that no proxy has asked for.
+fn hello_and_new_vips(hello: &EchoUpstream, fresh: &EchoUpstream) -> Vec<Instance> {
+    std::iter::once(Instance::new("hello", hello.port()))
+        .chain((0..NEW_VIPS).map(|i| Instance::new(&fresh_vip(i), fresh.port())))
+        .collect()
+}
 
 /// The `i`th VIP registered for the other proxy's first requests in the flood test.
 fn fresh_vip(i: u64) -> String {
