@@ -228,7 +228,7 @@ async fn get_delta(AxState(eureka): Eureka, headers: HeaderMap) -> Response {
 
 /// The written answer of `document`, shared by every reader (see `answers`): taken here if
 /// it is up to date, else written, or waited for, on a blocking thread, off the workers that
-/// serve heartbeats and xDS.
+/// serve heartbeats and xDS, by at most [`WHOLE_READERS`](super::WHOLE_READERS) readers at once.
 async fn whole(
     eureka: &EurekaRegistry,
     document: Document,
@@ -238,8 +238,9 @@ async fn whole(
     if let Some(body) = eureka.fresh_answer(document, json, gzip) {
         return body;
     }
-    let eureka = eureka.clone();
-    let answer = move || eureka.answer(document, json, gzip);
+    let _thread = eureka.whole_reader().await;
+    let reader = eureka.clone();
+    let answer = move || reader.answer(document, json, gzip);
     match tokio::task::spawn_blocking(answer).await {
         Ok(body) => body,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -212,6 +212,9 @@ struct Shared {
     /// `GET /apps` and `GET /apps/delta` as last written ([`Document`]): readers share one
     /// copy.
     answers: [Answers; 2],
+    /// A permit per thread that may read (write, or wait for) a whole-registry answer at once
+    /// ([`WHOLE_READERS`]): other readers wait for one without a thread.
+    whole_readers: tokio::sync::Semaphore,
     /// Failed authentications per source address.
     auth_throttle: Mutex<throttle::AuthThrottle>,
     peers: Peers,
@@ -220,6 +223,12 @@ struct Shared {
     /// This process's name among its peers ([`peers::NODE_HEADER`]).
     node: String,
 }
+
+/// Threads that may read the whole registry's answers at once: one writes each form of each
+/// document at most, the others wait for it on their thread. Readers beyond wait for a
+/// permit without a thread, so that a thousand readers of a changing registry take no more of
+/// tokio's blocking threads, which the xDS server's heavy work shares, than these.
+pub const WHOLE_READERS: usize = 4;
 
 /// A read of the whole registry, whose written answers readers share ([`answers`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,6 +345,7 @@ impl EurekaRegistry {
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
                 answers: Default::default(),
+                whole_readers: tokio::sync::Semaphore::new(WHOLE_READERS),
                 auth_throttle,
                 peers,
                 filled: AtomicBool::new(false),
@@ -802,6 +812,21 @@ impl EurekaRegistry {
         let now = self.shared.clock.instant();
         let min_age = self.shared.config.response_cache_interval;
         answers.fresh(Answers::slot(json, gzip), version, now, min_age)
+    }
+
+    /// A permit to read a whole-registry answer on a blocking thread ([`WHOLE_READERS`]);
+    /// waited for, and counted in `eureka_registry_readers_queued_total`, when every one is
+    /// taken.
+    pub async fn whole_reader(&self) -> tokio::sync::SemaphorePermit<'_> {
+        let readers = &self.shared.whole_readers;
+        if let Ok(permit) = readers.try_acquire() {
+            return permit;
+        }
+        inc(&self.shared.metrics.eureka_registry_readers_queued_total);
+        readers
+            .acquire()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     /// `GET /apps` or `GET /apps/delta`, as [`Self::applications_answer`].

@@ -2038,6 +2038,51 @@ async fn readers_of_the_whole_registry_share_one_written_copy_until_it_changes()
     assert_eq!(f.get_json("/eureka/apps").await.body.as_bytes(), &c[..]);
 }
 
+#[tokio::test]
+async fn readers_beyond_the_threads_that_read_the_whole_registry_wait_for_one_without_a_thread() {
+    let f = fixture();
+    f.register("HELLO", instance("h1", "HELLO", "hello", 8080))
+        .await;
+    const WAIT: Duration = Duration::from_secs(5);
+    // Every thread that may read the whole registry is taken.
+    let mut taken = Vec::new();
+    for _ in 0..super::WHOLE_READERS {
+        taken.push(f.eureka.whole_reader().await);
+    }
+    assert_eq!(count(&f.metrics.eureka_registry_readers_queued_total), 0);
+    // A reader that needs the answer written waits for a thread.
+    let router = f.eureka.router();
+    let reader = tokio::spawn(async move {
+        let req = Request::get("/eureka/apps").header(header::ACCEPT, "application/json");
+        let resp = router
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.into_body().collect().await.unwrap().to_bytes())
+    });
+    wait_until(WAIT, "the reader queued", || {
+        count(&f.metrics.eureka_registry_readers_queued_total) == 1
+    })
+    .await;
+    assert!(!reader.is_finished());
+    drop(taken);
+    let (status, body) = tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK);
+    // Up to date now: a reader takes it without a thread, while every one is taken again.
+    let mut taken = Vec::new();
+    for _ in 0..super::WHOLE_READERS {
+        taken.push(f.eureka.whole_reader().await);
+    }
+    let again = tokio::time::timeout(WAIT, f.get_json("/eureka/apps")).await;
+    assert_eq!(
+        again.unwrap().body.as_bytes(),
+        &body[..],
+        "the shared answer"
+    );
+    assert_eq!(count(&f.metrics.eureka_registry_readers_queued_total), 1);
+}
+
 /// `GET uri` with `Accept: application/json` and `accept_encoding`: the answer's
 /// `Content-Encoding` and `Vary`, and its body as sent.
 async fn get_encoded(f: &Fixture, uri: &str, accept_encoding: &str) -> (String, String, Vec<u8>) {
