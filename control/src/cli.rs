@@ -430,6 +430,12 @@ pub(crate) struct XdsArgs {
     #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
     pub(crate) xds_first_bytes_timeout: Duration,
 
+    /// How long an xDS connection may take to open its first stream (Envoy opens its ADS
+    /// stream at once); one that sends only settings and pings until then is closed, so idle
+    /// connections cannot hold slots either.
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration, default_value = "10s")]
+    pub(crate) xds_first_request_timeout: Duration,
+
     /// HTTP/2 streams one connection may open at once (Envoy opens one, for ADS).
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub(crate) xds_max_streams_per_connection: u32,

@@ -59,6 +59,9 @@ odmesh_base::metrics! {
         xds_connections_refused_source_total: "counter",
         /// xDS connections closed because they sent nothing within --xds-first-bytes-timeout.
         xds_connections_silent_total: "counter",
+        /// xDS connections closed because they opened no stream within
+        /// --xds-first-request-timeout.
+        xds_connections_idle_total: "counter",
         /// xDS TLS handshakes that failed or took longer than --tls-handshake-timeout (a
         /// proxy without a certificate of --xds-client-ca, a plaintext client, say).
         xds_tls_failures_total: "counter",

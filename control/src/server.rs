@@ -34,6 +34,7 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -45,6 +46,7 @@ use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::session::SubscriptionLimits;
 use crate::session::{Admission, Context, Eviction, Service, Session};
+use odmesh_base::first_request::FirstRequest;
 use odmesh_base::listen::{ConnectionLimit, tls_handshakes};
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::inc;
@@ -102,6 +104,9 @@ pub struct XdsConfig {
     /// TLS handshake's first message); one that sends nothing is closed then, so silent
     /// connections cannot hold every slot.
     pub first_bytes_timeout: Duration,
+    /// How long a connection may take to open its first HTTP/2 stream (a request); one that
+    /// opens none is closed then (metric `xds_connections_idle_total`).
+    pub first_request_timeout: Duration,
     /// The request history that connecting proxies are prewarmed from and that on-demand
     /// requests and load reports are recorded into; `None`: prewarm is off, and the load
     /// reporting service is not served.
@@ -130,6 +135,7 @@ impl Default for XdsConfig {
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
             first_bytes_timeout: Duration::from_secs(10),
+            first_request_timeout: Duration::from_secs(10),
             prewarm: None,
             load_report_interval: Duration::from_secs(30),
             idle_cluster_timeout: None,
@@ -320,6 +326,10 @@ impl XdsServer {
         let incoming = limit.incoming(incoming, move || {
             inc(&metrics.xds_connections_refused_total);
         });
+        let idle = self.shared.metrics.clone();
+        let idle: Arc<dyn Fn() + Send + Sync> =
+            Arc::new(move || inc(&idle.xds_connections_idle_total));
+        let first_request = config.first_request_timeout;
         let shared = self.shared.clone();
         let signal = async move {
             shutdown.await;
@@ -338,12 +348,18 @@ impl XdsServer {
                     tls.clone(),
                     config.tls_handshake_timeout,
                     move || inc(&failed.xds_tls_failures_total),
-                );
+                )
+                .map(move |accepted| {
+                    accepted.map(|io| FirstRequest::new(io, first_request, idle.clone()))
+                });
                 routes
                     .serve_with_incoming_shutdown(incoming, signal)
                     .await?
             }
             None => {
+                let incoming = incoming.map(move |accepted| {
+                    accepted.map(|io| FirstRequest::new(io, first_request, idle.clone()))
+                });
                 routes
                     .serve_with_incoming_shutdown(incoming, signal)
                     .await?

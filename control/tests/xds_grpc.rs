@@ -1008,6 +1008,59 @@ async fn silent_connections_are_closed_after_the_first_bytes_timeout_and_free_th
 }
 
 #[tokio::test]
+async fn connections_that_open_no_stream_are_closed_after_the_first_request_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let within = Duration::from_millis(500);
+    let config = XdsConfig {
+        max_connections: 2,
+        first_request_timeout: within,
+        ..XdsConfig::default()
+    };
+    let h = Harness::start_with(vec![inst("hello", "10.0.0.1", Status::Up)], config).await;
+    // A proxy whose stream is open stays, well past the deadline.
+    let mut proxy = h.ads("proxy-1").await;
+    proxy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&proxy.recv().await), ["hello.vip"]);
+    // A client that sends the preface, its settings and then a ping every 100 ms, and never
+    // a request, takes the other slot until the deadline.
+    let mut idle = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend([0, 0, 0, 0x4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    idle.write_all(&hello).await.unwrap();
+    let pinging = tokio::spawn(async move {
+        let ping = [0, 0, 8, 0x6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        while idle.write_all(&ping).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    h.until_metric("the idle connection closed and counted", |m| {
+        m.xds_connections_idle_total.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    tokio::time::timeout(WAIT, pinging)
+        .await
+        .expect("its writes fail once it is closed")
+        .unwrap();
+    // Its slot is free, and the proxy is still served.
+    let mut other = h.ads("proxy-2").await;
+    other.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&other.recv().await), ["hello.vip"]);
+    tokio::time::sleep(within).await;
+    proxy.subscribe(CLUSTER_TYPE_URL, &["other.vip"]).await;
+    assert_eq!(
+        names(&proxy.recv().await),
+        ["hello.vip"],
+        "its endpoints, then"
+    );
+    assert_eq!(names(&proxy.recv().await), ["other.vip"]);
+    assert_eq!(
+        h.metrics.xds_connections_idle_total.load(Ordering::Relaxed),
+        1
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn a_name_beyond_the_servers_subscription_bound_waits_and_is_pushed_once_there_is_room() {
     let config = XdsConfig {
         max_subscriptions: 1,
