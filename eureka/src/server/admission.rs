@@ -21,6 +21,10 @@ use crate::wire::xml;
 pub(super) struct PeerCopy {
     pub reported: Status,
     pub overridden: Option<Status>,
+    /// What the peer held when this node filled itself from it (see [`Replicated::held`]).
+    ///
+    /// [`Replicated::held`]: super::peers::Replicated::held
+    pub held: bool,
 }
 
 /// A registration ready for the ledger.
@@ -158,5 +162,6 @@ fn terms(
         renewal_interval,
         owner,
         replicated: copy.is_some(),
+        expected_now: copy.is_some_and(|c| c.held),
     }
 }

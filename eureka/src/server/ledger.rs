@@ -89,8 +89,10 @@ pub struct Lease {
     /// since extends it.
     credit_at: Duration,
     duration: Duration,
-    /// When this lease began (registration), for self-preservation's expectations.
-    registered: Instant,
+    /// Since when self-preservation expects renewals of it, and the ticket its expectation
+    /// goes by ([`Expected`] wants them in time order): from its first renewal, not its
+    /// registration (see [`Ledger::renew`]); `None` until then.
+    expected_since: Option<(u64, Instant)>,
     /// How often the client says it renews, within 1 s and the lease.
     renewal_interval: Duration,
     /// How often self-preservation expects it to: `renewal_interval`, floored
@@ -238,6 +240,10 @@ pub struct Registration {
     /// A peer's copy ([`super::peers`]): `body_override` is the override, exactly (none
     /// removes one), instead of what a client's registration again may not take away.
     pub replicated: bool,
+    /// Self-preservation expects renewals of it from now on, as of any instance that has
+    /// renewed: a peer's live instance, copied at a fill. Otherwise only from its first
+    /// renewal (or at once if it registers again while expected).
+    pub expected_now: bool,
 }
 
 /// A registration's document as the registry serves it, stamped `now`: its lease's terms
@@ -482,6 +488,9 @@ impl Ledger {
             .or((r.reported == Status::Up).then_some(now.ms));
         let token = self.next_token;
         self.next_token += 1;
+        // A client registering again (a changed document) while it renews stays expected.
+        let was_expected = (self.lease(&app, &id)).is_some_and(|l| l.expected_since.is_some());
+        let expected_since = (r.expected_now || was_expected).then_some((token, now.at));
         let mut lease = Lease {
             doc: Arc::new(stamped(r.info, r.duration, service_up, now)),
             reported: r.reported,
@@ -491,7 +500,7 @@ impl Ledger {
             renewed_ms: now.ms,
             credit_at: self.credit,
             duration: r.duration,
-            registered: now.at,
+            expected_since,
             renewal_interval: r.renewal_interval,
             expected_interval: (self.terms.preservation).expected_interval(r.renewal_interval),
             counted: now.at,
@@ -542,7 +551,9 @@ impl Ledger {
     /// new instance.
     fn insert(&mut self, app: Name, id: Name, lease: Lease, now: Now) -> bool {
         let (token, deadline) = (lease.token, lease.deadline(self.credit));
-        self.expected.add(token, now.at, lease.expected_interval);
+        if let Some((ticket, since)) = lease.expected_since {
+            self.expected.add(ticket, since, lease.expected_interval);
+        }
         self.statuses[status_slot(lease.doc.status())] += 1;
         if let Some(owner) = &lease.owner {
             *self.owned.entry(owner.clone()).or_insert(0) += 1;
@@ -598,7 +609,9 @@ impl Ledger {
                 }
             }
         }
-        (self.expected).remove(lease.token, lease.registered, lease.expected_interval);
+        if let Some((ticket, since)) = lease.expected_since {
+            (self.expected).remove(ticket, since, lease.expected_interval);
+        }
         self.statuses[status_slot(lease.doc.status())] -= 1;
         if let Some(owner) = &lease.owner
             && let Some(n) = self.owned.get_mut(owner)
@@ -631,6 +644,16 @@ impl Ledger {
         lease.renewed = now.at;
         lease.renewed_ms = now.ms;
         lease.credit_at = credit;
+        // Renewals are expected from the first one on: an instance that registers and never
+        // renews (a client that died at once, or one that means to keep eviction off by
+        // holding leases nobody renews) weighs nothing in self-preservation, while one that
+        // renewed and then went quiet (a partition) does.
+        if lease.expected_since.is_none() {
+            let ticket = self.next_token;
+            self.next_token += 1;
+            lease.expected_since = Some((ticket, now.at));
+            (self.expected).add(ticket, now.at, lease.expected_interval);
+        }
         // Self-preservation counts about one renewal per expected interval: a client
         // heartbeating faster than it is expected to cannot hide that others went quiet.
         let since = now.at.saturating_duration_since(lease.counted);

@@ -223,6 +223,10 @@ pub struct Replicated {
     /// The whole instance, for `Register` (its owner in its metadata, see
     /// [`document`](super::document)).
     pub info: Option<Arc<InstanceInfo>>,
+    /// A `Register` of what a peer held when this node filled itself from it: an instance
+    /// that was live there, which self-preservation expects renewals of at once (see
+    /// [`Registration::expected_now`](super::ledger::Registration::expected_now)).
+    pub held: bool,
 }
 
 impl Replicated {
@@ -236,6 +240,7 @@ impl Replicated {
             status: None,
             overridden: None,
             info: None,
+            held: false,
         }
     }
 
@@ -307,6 +312,7 @@ impl Replicated {
             status: Some(info.status()),
             overridden: override_of(info.overridden_status.as_deref()),
             info: Some(Arc::new(info)),
+            held: true,
             ..Replicated::new(Action::Register, app, &id)
         }
     }
@@ -373,6 +379,8 @@ pub fn decode(body: &[u8]) -> Result<Vec<Replicated>, InvalidRequest> {
             status: e.status.as_deref().and_then(Status::parse),
             overridden: override_of(e.overridden_status.as_deref()),
             info: e.instance_info.map(Arc::new),
+            // What a peer sends in a batch is one write, not the fill's whole registry.
+            held: false,
         })
         .collect())
 }
@@ -583,7 +591,8 @@ impl EurekaRegistry {
         let (app, id) = (write.app.as_str(), write.id.as_str());
         match write.action {
             Action::Register => {
-                self.apply_register(app, write.status, write.overridden, write.info)
+                let held = write.held;
+                self.apply_register(app, write.status, write.overridden, write.info, held)
             }
             Action::Heartbeat => self.apply_heartbeat(app, id, write.last_dirty_timestamp),
             Action::Cancel => {
@@ -608,6 +617,7 @@ impl EurekaRegistry {
         reported: Option<Status>,
         overridden: Option<Status>,
         info: Option<Arc<InstanceInfo>>,
+        held: bool,
     ) -> Result<Applied, InvalidRequest> {
         let Some(info) = info else {
             return Err(InvalidRequest::invalid(
@@ -618,6 +628,7 @@ impl EurekaRegistry {
         let copy = PeerCopy {
             reported: reported.unwrap_or_else(|| info.status()),
             overridden,
+            held,
         };
         super::policy::check_app(app)?;
         self.admit(&Caller::Anyone, app.to_owned(), info, Some(copy))?;

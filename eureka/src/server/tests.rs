@@ -1724,6 +1724,48 @@ async fn one_registration_stating_a_1_s_interval_weighs_as_one_instance_not_thir
 }
 
 #[tokio::test(start_paused = true)]
+async fn registrations_that_never_renew_do_not_switch_eviction_off() {
+    // Self-preservation as shipped. Twelve instances renew every 2 s (8 s leases).
+    let f = fixture();
+    let ids: Vec<String> = (0..12).map(|n| format!("h{n}")).collect();
+    for id in &ids {
+        f.register("HELLO", leased(id, 8, 2)).await;
+    }
+    let renew_for = |secs: u64, ids: Vec<String>| {
+        let f = &f;
+        async move {
+            for _ in 0..secs / 2 {
+                tokio::time::advance(Duration::from_secs(2)).await;
+                f.renew(&ids).await;
+                f.eureka.evict_expired();
+            }
+        }
+    };
+    renew_for(30, ids.clone()).await;
+    // Ten registrations, with 5 min leases, that never renew: a client that means to hold
+    // leases nobody renews, as many as a partition would leave quiet.
+    for n in 0..10 {
+        f.register("HELLO", leased(&format!("quiet-{n}"), 300, 30))
+            .await;
+    }
+    renew_for(90, ids.clone()).await;
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    // One instance stops: it is evicted when its lease runs out.
+    renew_for(20, ids[1..].to_vec()).await;
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    let published = f.published().await;
+    let listed: Vec<&str> = published
+        .instances()
+        .map(|i| i.instance_id.as_str())
+        .collect();
+    assert!(
+        !listed.contains(&"h0"),
+        "the stopped instance is still listed: {listed:?}"
+    );
+    assert_eq!(listed.len(), 21, "{listed:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn half_of_the_fast_renewers_going_quiet_engages_self_preservation_despite_the_floor() {
     // Expected at most every 30 s, instances renewing every 2 s count about once per 30 s:
     // the six that still renew cannot hide the six that went quiet (90 s leases: a lease

@@ -58,6 +58,7 @@ fn registration(app: &str, id: &str, lease: Duration) -> Registration {
         renewal_interval: SEC * 30,
         owner: None,
         replicated: false,
+        expected_now: false,
     }
 }
 
@@ -401,4 +402,37 @@ fn a_replicated_registration_sets_the_override_exactly_and_a_client_one_keeps_it
     (drained.replicated, drained.body_override) = (true, Some(Status::OutOfService));
     ledger.register("HELLO", "h1", drained, clock.now);
     assert_eq!(status(&ledger), Some(Status::OutOfService));
+}
+
+#[test]
+fn renewals_are_expected_from_an_instances_first_renewal_or_at_once_for_a_peers_live_copy() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    let window = terms().preservation.window;
+    // Every instance here is expected every 30 s: a window of one minute expects two renewals.
+    let per_window = window.as_secs_f64() / 30.0;
+    let mut copy = registration("HELLO", "copy", SEC * 90);
+    copy.expected_now = true;
+    ledger.register("HELLO", "copy", copy, clock.now);
+    hello(&mut ledger, "client", SEC * 90, clock.now);
+    clock.advance(window);
+    let expected = |ledger: &mut Ledger, now: Instant| ledger.expected.at(now);
+    assert_eq!(
+        expected(&mut ledger, clock.now.at),
+        per_window,
+        "the copy alone"
+    );
+
+    // The client's first renewal: expected from then on.
+    ledger.renew("HELLO", "client", None, clock.now).unwrap();
+    clock.advance(window);
+    assert_eq!(expected(&mut ledger, clock.now.at), 2.0 * per_window);
+    // Registering again while expected (a changed document) keeps it expected.
+    hello(&mut ledger, "client", SEC * 90, clock.now);
+    clock.advance(window);
+    assert_eq!(expected(&mut ledger, clock.now.at), 2.0 * per_window);
+    // Leaving takes each out, whenever it came in.
+    ledger.cancel("HELLO", "client", clock.now).unwrap();
+    ledger.cancel("HELLO", "copy", clock.now).unwrap();
+    assert_eq!(expected(&mut ledger, clock.now.at), 0.0);
 }
