@@ -171,6 +171,8 @@ struct Seen {
     refused_unregistered: usize,
     /// Checks of a name once refused that is now registered and held.
     refused_then_held: usize,
+    /// Refused names registered since that found no room and wait for it.
+    refused_then_waiting: usize,
     /// Kept unregistered names admitted (and counted) on a new stream, within
     /// `max_unregistered`.
     kept_unregistered: usize,
@@ -189,7 +191,7 @@ struct Seen {
 }
 
 impl Seen {
-    fn counts(&self) -> [(&'static str, usize); 11] {
+    fn counts(&self) -> [(&'static str, usize); 12] {
         [
             ("a check", self.checks),
             ("a kept name held back", self.kept_held_back),
@@ -197,6 +199,10 @@ impl Seen {
             (
                 "a refused name held once registered",
                 self.refused_then_held,
+            ),
+            (
+                "a refused name registered with no room, waiting",
+                self.refused_then_waiting,
             ),
             ("a kept unregistered name admitted", self.kept_unregistered),
             ("a name not known yet while loading", self.not_known_yet),
@@ -1039,6 +1045,38 @@ impl Bounds {
         }
     }
 
+    /// Follows a response to a request or a wake that `looked` at refused cluster names
+    /// registered since: those `pushed` took room, at most `room`; the others wait for room,
+    /// and only if no room was left. Returns how many wait.
+    fn refused_registered(
+        &mut self,
+        looked: impl Fn(&str) -> bool,
+        pushed: &[String],
+        snapshot: &Snapshot,
+        room: usize,
+    ) -> Result<usize, String> {
+        let registered: Vec<String> = (self.refused.iter())
+            .filter(|name| looked(name))
+            .filter(|name| matches!(Lookup::in_snapshot(snapshot, name), Lookup::Registered(_)))
+            .cloned()
+            .collect();
+        let (sent, wait): (Vec<String>, Vec<String>) = registered
+            .into_iter()
+            .partition(|name| pushed.contains(name));
+        if sent.len() > room || (!wait.is_empty() && sent.len() < room) {
+            return Err(format!(
+                "refused names registered since: {sent:?} sent and {wait:?} left waiting, with \
+                 room for {room}"
+            ));
+        }
+        let waiting = wait.len();
+        for name in wait {
+            self.refused.remove(&name);
+            self.waiting.insert(name);
+        }
+        Ok(waiting)
+    }
+
     /// Follows a response: a name sent registered counts against no bound from then on (a
     /// refused load assignment is sent only once registered).
     fn sent(&mut self, response: &DeltaDiscoveryResponse, snapshot: &Snapshot) {
@@ -1372,6 +1410,15 @@ impl World {
                 what()
             ));
         }
+        if ty == ResourceType::Cluster {
+            // Refused names asked for again and registered since take what room is left.
+            let taken = expected.admitted.len() - (refused - expected.over_max_names.len());
+            let pushed: Vec<String> = sent(&responses[0]).into_iter().map(str::to_owned).collect();
+            let looked = |name: &str| req.resource_names_subscribe.iter().any(|n| n == name);
+            seen.refused_then_waiting += (stream.bounds)
+                .refused_registered(looked, &pushed, &self.snapshot, room.saturating_sub(taken))
+                .map_err(|e| format!("after {}, {e}", what()))?;
+        }
         stream.check_waiting(|| format!("after {}", what()))?;
         if ty == ResourceType::Cluster {
             // A name that waits for room is answered with a removal right away.
@@ -1414,6 +1461,7 @@ impl World {
         let stream = &mut self.streams[p];
         let changes = stream.inbox.take();
         let changed = !changes.is_empty();
+        let told = changes.clone();
         if !changed && !stream.session.is_waiting() {
             return Ok(false);
         }
@@ -1432,6 +1480,13 @@ impl World {
                  {room}"
             )
         };
+        // Refused names registered since take what room the admitted left; the rest wait.
+        let left = room.saturating_sub(admitted.len() - refused);
+        let pushed: Vec<String> = sent(&responses[0]).into_iter().map(str::to_owned).collect();
+        let looked = |name: &str| told.all || told.names.contains(name);
+        seen.refused_then_waiting += (stream.bounds)
+            .refused_registered(looked, &pushed, &self.snapshot, left)
+            .map_err(|e| format!("{}, {e}", what()))?;
         stream.check_waiting(what)?;
         let counted = stream.session.status().refused - refused_before;
         if counted != refused as u64 {

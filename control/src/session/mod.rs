@@ -749,6 +749,13 @@ impl Session {
         // resources; Envoy holds its listeners until it comes (or `initial_fetch_timeout`).
         let answer_due =
             ty == ResourceType::Cluster && std::mem::take(&mut self.wildcard_answer_due);
+        // A refused cluster name, once registered, takes room like any new name: sent within
+        // the room left, else it waits for room.
+        let room = std::cell::Cell::new(match ty {
+            ResourceType::Cluster => cx.admission.room_for(self.source),
+            ResourceType::Endpoints => usize::MAX,
+        });
+        let no_room = std::cell::RefCell::new(Vec::new());
         let subs = self.subs(ty);
         let loading = !cache.is_complete();
         let delta = {
@@ -758,7 +765,15 @@ impl Session {
             let subs: &Subscriptions = subs;
             let current = |name: &ResourceName| match subs.is_refused(name.as_str()) {
                 true if !registered(name.as_str()) => None,
-                _ => lookup(name),
+                true if room.get() == 0 => {
+                    no_room.borrow_mut().push(name.clone());
+                    None
+                }
+                true => {
+                    room.set(room.get() - 1);
+                    lookup(name)
+                }
+                false => lookup(name),
             };
             match diff {
                 _ if subs.is_idle() => Delta::default(),
@@ -766,8 +781,13 @@ impl Session {
                 Diff::Pending => diff_pending(subs, loading, current),
             }
         };
+        let waiting = no_room.into_inner();
+        if !waiting.is_empty() {
+            subs.wait_for_room(&waiting);
+            (cx.metrics.xds_names_waiting_total).fetch_add(waiting.len() as u64, Ordering::Relaxed);
+        }
         let counted = subs.record(&delta);
-        if !counted.is_empty() {
+        if !counted.is_empty() || !waiting.is_empty() {
             cx.count_in(self.who(), &caller, ty, &counted);
             self.note_refusing(cx);
         }

@@ -355,6 +355,17 @@ impl Subscriptions {
         }
     }
 
+    /// Makes `names`, refused and registered since, wait for room like names beyond the room
+    /// when they were asked for: the client still holds nothing for them, and they are sent
+    /// once admitted ([`Subscriptions::admit_waiting`]).
+    pub fn wait_for_room(&mut self, names: &[ResourceName]) {
+        for name in names {
+            if self.is_refused(name.as_str()) {
+                self.set_standing(name, Standing::Waiting);
+            }
+        }
+    }
+
     /// Takes at most `room` of the names waiting for room: they are subscribed like any other
     /// from now on, and sent by the next diff. Returns them, for the caller to watch and
     /// count.

@@ -724,3 +724,50 @@ fn names_tracked_over_all_streams_and_per_source_are_bounded_whatever_their_stan
     b1.close(&cx);
     assert_eq!(admission.names_tracked(Some(b)), (0, 0));
 }
+
+#[test]
+fn a_refused_name_once_registered_takes_room_like_any_other_or_waits_for_it() {
+    let stream = ads_stream();
+    let admission = Admission::new(1);
+    let cx = bounded(&stream.cache, &stream.metrics, &admission);
+    let refusing = SubscriptionLimits {
+        max_unregistered: 0,
+        ..SubscriptionLimits::default()
+    };
+    let inbox = stream.cache.open_stream(1);
+    let mut a = Session::new(1, Service::Ads, refusing);
+    let mut b = Session::new(2, Service::Ads, SubscriptionLimits::default());
+    a.on_request(&cx, request(CLUSTER_TYPE_URL, &["x.vip"], &[]));
+    assert_eq!(a.status().refused, 1);
+    // The other stream takes the only room.
+    let [cluster, _] = b.on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    assert_eq!(sent(&cluster), ["hello.vip"]);
+    assert_eq!(admission.room(), 0);
+
+    // x is registered: no room, so it waits rather than being counted over the bound.
+    let registry = Registry::from_iter([
+        testdata::instance("hello", "hello-1", "10.0.0.1"),
+        testdata::instance("x", "x-1", "10.0.0.2"),
+    ]);
+    stream
+        .cache
+        .set_snapshot(Snapshot::from_registry(&registry).into());
+    let [cluster, _] = a.on_change(&cx, inbox.take());
+    assert!(
+        sent(&cluster).is_empty(),
+        "sent over the bound: {:?}",
+        sent(&cluster)
+    );
+    assert!(a.is_waiting());
+    assert_eq!(admission.room(), 0);
+    // Room again: it is pushed.
+    b.close(&cx);
+    let [cluster, endpoints] = a.on_change(&cx, Changes::default());
+    assert_eq!(
+        (sent(&cluster), sent(&endpoints)),
+        (vec!["x.vip"], vec!["x.vip"])
+    );
+    assert_eq!(admission.room(), 0);
+    a.close(&cx);
+    assert_eq!(admission.room(), 1);
+}
