@@ -216,19 +216,21 @@ pub fn load(path: &Path) -> Result<History, LoadError> {
             });
         }
     };
-    let parsed: HistoryFile =
-        serde_json::from_slice(&bytes).map_err(|source| LoadError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
+    parse(&bytes).map_err(|source| LoadError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads a history file's content (what [`load`] reads from the file): the error says why it
+/// is not a history of this format.
+pub fn parse(bytes: &[u8]) -> Result<History, serde_json::Error> {
+    let parsed: HistoryFile = serde_json::from_slice(bytes)?;
     if parsed.odmesh_prewarm_history != FORMAT {
-        return Err(LoadError::Parse {
-            path: path.to_owned(),
-            source: serde::de::Error::custom(format!(
-                "format {} is not {FORMAT}",
-                parsed.odmesh_prewarm_history
-            )),
-        });
+        return Err(serde::de::Error::custom(format!(
+            "format {} is not {FORMAT}",
+            parsed.odmesh_prewarm_history
+        )));
     }
     Ok(parsed.history)
 }
