@@ -659,3 +659,33 @@ fn one_source_takes_its_share_of_the_shared_room_and_no_more_however_many_stream
         (0, 0, 10)
     );
 }
+
+#[test]
+fn a_name_subscribed_and_unsubscribed_in_one_request_is_neither_counted_nor_watched() {
+    // Found by the xds_session fuzz target: the name was given back before it was counted,
+    // so its source kept counting it (and the cache watching it) after it was gone.
+    let stream = ads_stream();
+    let admission = Admission::with_share(10, 5);
+    let cx = bounded(&stream.cache, &stream.metrics, &admission);
+    let source: IpAddr = "10.1.0.1".parse().unwrap();
+    let mut session =
+        Session::new(1, Service::Ads, SubscriptionLimits::default()).from_source(Some(source));
+    session.on_request(
+        &cx,
+        request(CLUSTER_TYPE_URL, &["hello.vip"], &["hello.vip"]),
+    );
+    let gauge = |g: &std::sync::atomic::AtomicU64| g.load(Ordering::Relaxed);
+    let counts = || {
+        (
+            admission.used_by(source),
+            admission.room(),
+            gauge(&stream.metrics.xds_cluster_subscriptions),
+            gauge(&stream.metrics.xds_subscriptions),
+            stream.cache.watched(),
+        )
+    };
+    assert_eq!(session.subscribed(), 0);
+    assert_eq!(counts(), (0, 10, 0, 0, 0));
+    session.close(&cx);
+    assert_eq!(counts(), (0, 10, 0, 0, 0));
+}
