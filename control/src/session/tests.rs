@@ -689,3 +689,53 @@ fn a_name_subscribed_and_unsubscribed_in_one_request_is_neither_counted_nor_watc
     session.close(&cx);
     assert_eq!(counts(), (0, 10, 0, 0, 0));
 }
+
+#[test]
+#[ignore = "known overshoot of the bounds, not fixed: docs/fuzzing.md, \"What it found\""]
+fn a_refused_name_once_registered_is_counted_within_its_sources_share() {
+    // Found by the xds_session fuzz target. A name refused as unregistered takes no room;
+    // registered later, it is sent and counted (`Subscriptions::record`) without room under
+    // the bound or the source's share: here the source counts 2 names with a share of 1, and
+    // the streams 2 with a bound of 1.
+    let hello = testdata::instance("hello", "hello-1", "10.0.0.1");
+    let later = testdata::instance("later", "later-1", "10.0.0.2");
+    let options = XdsOptions::new(Some("/ca.pem".into()));
+    let snapshot = Snapshot::from_registry(&Registry::from_iter([hello.clone()]));
+    let cache = Cache::with_snapshot(options, snapshot.into());
+    let metrics = Metrics::default();
+    let admission = Admission::with_share(1, 1);
+    let cx = bounded(&cache, &metrics, &admission);
+    let source: IpAddr = "10.1.0.1".parse().unwrap();
+    let limits = SubscriptionLimits {
+        max_names: 10,
+        max_unregistered: 0,
+    };
+    let mut session = Session::new(1, Service::Ads, limits).from_source(Some(source));
+    let inbox = cache.open_stream(1);
+    let [cluster, _] = session.on_request(&cx, request(CLUSTER_TYPE_URL, &["later.vip"], &[]));
+    assert_eq!(
+        removed(&cluster),
+        ["later.vip"],
+        "refused: no unregistered name allowed"
+    );
+    let [cluster, _] = session.on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    assert_eq!(sent(&cluster), ["hello.vip"]);
+    assert_eq!(
+        (admission.used_by(source), admission.room()),
+        (1, 0),
+        "the share is full"
+    );
+
+    cache.set_snapshot(Snapshot::from_registry(&Registry::from_iter([hello, later])).into());
+    let [cluster, _] = session.on_change(&cx, inbox.take());
+    assert!(
+        admission.used_by(source) <= 1,
+        "the source counts {} names over its share of 1 (later.vip {}sent)",
+        admission.used_by(source),
+        if sent(&cluster).contains(&"later.vip") {
+            ""
+        } else {
+            "not "
+        }
+    );
+}
