@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the seeds of the fuzz targets whose input `arbitrary` decodes (derived on the
-target's `Input`): xds_session (fuzz/seeds/<target>/).
+target's `Input`): xds_session and load_report (fuzz/seeds/<target>/).
 
 A seed is written here in that format, for an input worth starting from: integers little-endian,
 a bool one byte (its lowest bit), an enum variant as a u32 (the variant `(x * count) >> 32`),
@@ -193,8 +193,53 @@ SEEDS = {
 }
 
 
+# load_report: the alphabet (NAMES) and services (SERVICES) of the target.
+LR_A_VIP, LR_B_VIP, LR_C_VIP, LR_A_SVIP, LR_B_SVIP, LR_GONE_VIP, LR_UPPER_A_VIP, LR_ODMESH_XDS = range(8)
+SVC_A, SVC_B, SVC_NONE = range(3)
+
+
+def known(i):
+    return variant(0, 2) + u8(i)
+
+
+def stats(cluster, localities, dropped=0):
+    """A cluster's stats; each locality: (issued, successful, error, in progress), each a byte
+    the target reads as 0 (below 128), that number, or the largest u64 (255)."""
+    return known(cluster) + vec([bytes(l) for l in localities]) + u8(dropped)
+
+
+def load_report(max_per_service, registered, reports):
+    return (
+        u8(max_per_service)
+        + struct.pack("<H", sum(1 << i for i in registered))
+        + vec(u8(node) + known(service) + vec(clusters) for node, service, clusters in reports)
+    )
+
+
+LOAD_REPORT_SEEDS = {
+    # Two services' proxies report; some clusters carried requests, some only dropped ones,
+    # some are not registered or not odmesh clusters; svc-a uses more than its bound of 2.
+    "two-services": load_report(
+        2,
+        [LR_A_VIP, LR_B_VIP, LR_C_VIP, LR_A_SVIP, LR_ODMESH_XDS],
+        [
+            (0, SVC_A, [
+                stats(LR_A_VIP, [(130, 0, 0, 0)]),
+                stats(LR_B_VIP, [(0, 0, 0, 0), (0, 0, 0, 200)]),
+                stats(LR_C_VIP, [(0, 0, 0, 0)], dropped=140),
+                stats(LR_GONE_VIP, [(150, 150, 0, 0)]),
+                stats(LR_ODMESH_XDS, [(255, 0, 0, 0)]),
+            ]),
+            (1, SVC_B, [stats(LR_A_SVIP, [(0, 129, 129, 0)]), stats(LR_UPPER_A_VIP, [(200, 0, 0, 0)])]),
+            (0, SVC_A, [stats(LR_C_VIP, [(0, 0, 255, 0)]), stats(LR_A_VIP, [(131, 0, 0, 0)])]),
+            (2, SVC_NONE, [stats(LR_B_VIP, [(131, 0, 0, 0)])]),
+        ],
+    ),
+}
+
+
 def main():
-    for target, seeds in (("xds_session", SEEDS),):
+    for target, seeds in (("xds_session", SEEDS), ("load_report", LOAD_REPORT_SEEDS)):
         out = HERE / "seeds" / target
         out.mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():
