@@ -342,7 +342,7 @@ pub enum LoadError {
 
 /// Reads the history at `path`; an absent file is an empty history.
 pub fn load(path: &Path) -> Result<History, LoadError> {
-    parse(path, read(path)?.as_deref())
+    parse_file(path, read(path)?.as_deref())
 }
 
 /// The bytes of the file at `path`; `None` if there is none.
@@ -358,22 +358,25 @@ fn read(path: &Path) -> Result<Option<Vec<u8>>, LoadError> {
 }
 
 /// The history in `bytes`, read from `path` (`None`: no file, an empty history).
-fn parse(path: &Path, bytes: Option<&[u8]>) -> Result<History, LoadError> {
+fn parse_file(path: &Path, bytes: Option<&[u8]>) -> Result<History, LoadError> {
     let Some(bytes) = bytes else {
         return Ok(History::default());
     };
-    let parsed: HistoryFile = serde_json::from_slice(bytes).map_err(|source| LoadError::Parse {
+    parse(bytes).map_err(|source| LoadError::Parse {
         path: path.to_owned(),
         source,
-    })?;
+    })
+}
+
+/// Reads a history file's content (what [`load`] reads from the file): the error says why it
+/// is not a history of this format.
+pub fn parse(bytes: &[u8]) -> Result<History, serde_json::Error> {
+    let parsed: HistoryFile = serde_json::from_slice(bytes)?;
     if parsed.odmesh_prewarm_history != FORMAT {
-        return Err(LoadError::Parse {
-            path: path.to_owned(),
-            source: serde::de::Error::custom(format!(
-                "format {} is not {FORMAT}",
-                parsed.odmesh_prewarm_history
-            )),
-        });
+        return Err(serde::de::Error::custom(format!(
+            "format {} is not {FORMAT}",
+            parsed.odmesh_prewarm_history
+        )));
     }
     Ok(parsed.history)
 }
@@ -770,7 +773,7 @@ impl Prewarm {
         let theirs = match seen {
             // As this replica last wrote or read it: nothing in it is new here.
             Some(seen) if file.digest == Some(seen) => None,
-            _ => Some(parse(path, bytes.as_deref()).map_err(io::Error::other)?),
+            _ => Some(parse_file(path, bytes.as_deref()).map_err(io::Error::other)?),
         };
         drop(bytes);
         // Times are kept to the minute: nothing ages out between two saves in one minute.

@@ -91,6 +91,20 @@ pub fn assert_published_is_the_full_document(
     assert_eq!(published.is_complete(), full.is_complete());
 }
 
+/// Panics (a fuzzing failure) unless `error` says why: the last error of its chain, the
+/// cause the others wrap, has a message. (A level that only adds context may be empty:
+/// `odmesh_base::error::Chain`, which logs them, leaves it out.)
+pub fn assert_says_why(error: &(dyn std::error::Error + 'static)) {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    assert!(
+        !cause.to_string().trim().is_empty(),
+        "a refusal without a reason: {error:?}"
+    );
+}
+
 /// One runtime for every input of a target (a current-thread one, with time).
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();

@@ -9,7 +9,7 @@
 //! follows them; they come from Envoy's "xDS REST and gRPC protocol" page, section
 //! "Incremental xDS", and the `DeltaDiscoveryRequest` field docs (see docs/envoy.md).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::xds::{ResourceName, Versioned};
@@ -237,6 +237,20 @@ impl Subscriptions {
             // give back.
             if let Some((name, Standing::Counted | Standing::Unregistered)) = self.remove(name) {
                 change.removed.push(name);
+            }
+        }
+        // A name this request both subscribed and unsubscribed was not subscribed before and
+        // is not now: neither added (it must not be counted, nor its load assignment
+        // subscribed) nor removed (nothing counted it, nothing to give back).
+        if !change.added.is_empty() && !change.removed.is_empty() {
+            let added: HashSet<&ResourceName> = change.added.iter().collect();
+            let both: HashSet<ResourceName> = (change.removed.iter())
+                .filter(|name| added.contains(name))
+                .cloned()
+                .collect();
+            if !both.is_empty() {
+                change.added.retain(|name| !both.contains(name));
+                change.removed.retain(|name| !both.contains(name));
             }
         }
         change

@@ -771,3 +771,81 @@ fn a_refused_name_once_registered_takes_room_like_any_other_or_waits_for_it() {
     a.close(&cx);
     assert_eq!(admission.room(), 1);
 }
+
+#[test]
+fn a_name_subscribed_and_unsubscribed_in_one_request_is_neither_counted_nor_watched() {
+    // Found by the xds_session fuzz target: the name was given back before it was counted,
+    // so its source kept counting it (and the cache watching it) after it was gone.
+    let stream = ads_stream();
+    let admission = Admission::with_share(10, 5);
+    let cx = bounded(&stream.cache, &stream.metrics, &admission);
+    let source: IpAddr = "10.1.0.1".parse().unwrap();
+    let mut session =
+        Session::new(1, Service::Ads, SubscriptionLimits::default()).from_source(Some(source));
+    session.on_request(
+        &cx,
+        request(CLUSTER_TYPE_URL, &["hello.vip"], &["hello.vip"]),
+    );
+    let gauge = |g: &std::sync::atomic::AtomicU64| g.load(Ordering::Relaxed);
+    let counts = || {
+        (
+            admission.used_by(source),
+            admission.room(),
+            gauge(&stream.metrics.xds_cluster_subscriptions),
+            gauge(&stream.metrics.xds_subscriptions),
+            stream.cache.watched(),
+        )
+    };
+    assert_eq!(session.subscribed(), 0);
+    assert_eq!(counts(), (0, 10, 0, 0, 0));
+    session.close(&cx);
+    assert_eq!(counts(), (0, 10, 0, 0, 0));
+}
+
+#[test]
+fn a_refused_name_once_registered_is_counted_within_its_sources_share() {
+    // Found by the xds_session fuzz target. A name refused as unregistered takes no room;
+    // registered later, it was sent and counted without room under the bound or the source's
+    // share: here the source counted 2 names with a share of 1. It waits for room now.
+    let hello = testdata::instance("hello", "hello-1", "10.0.0.1");
+    let later = testdata::instance("later", "later-1", "10.0.0.2");
+    let options = XdsOptions::new(Some("/ca.pem".into()));
+    let snapshot = Snapshot::from_registry(&Registry::from_iter([hello.clone()]));
+    let cache = Cache::with_snapshot(options, snapshot.into());
+    let metrics = Metrics::default();
+    let admission = Admission::with_share(1, 1);
+    let cx = bounded(&cache, &metrics, &admission);
+    let source: IpAddr = "10.1.0.1".parse().unwrap();
+    let limits = SubscriptionLimits {
+        max_names: 10,
+        max_unregistered: 0,
+    };
+    let mut session = Session::new(1, Service::Ads, limits).from_source(Some(source));
+    let inbox = cache.open_stream(1);
+    let [cluster, _] = session.on_request(&cx, request(CLUSTER_TYPE_URL, &["later.vip"], &[]));
+    assert_eq!(
+        removed(&cluster),
+        ["later.vip"],
+        "refused: no unregistered name allowed"
+    );
+    let [cluster, _] = session.on_request(&cx, request(CLUSTER_TYPE_URL, &["hello.vip"], &[]));
+    assert_eq!(sent(&cluster), ["hello.vip"]);
+    assert_eq!(
+        (admission.used_by(source), admission.room()),
+        (1, 0),
+        "the share is full"
+    );
+
+    cache.set_snapshot(Snapshot::from_registry(&Registry::from_iter([hello, later])).into());
+    let [cluster, _] = session.on_change(&cx, inbox.take());
+    assert!(
+        admission.used_by(source) <= 1,
+        "the source counts {} names over its share of 1 (later.vip {}sent)",
+        admission.used_by(source),
+        if sent(&cluster).contains(&"later.vip") {
+            ""
+        } else {
+            "not "
+        }
+    );
+}
