@@ -9,7 +9,9 @@ streams (one connection each), each subscribing NAMES random names, as load assi
 (default) or as clusters, until every name is answered. It then reads the control plane's
 RSS and high-water mark from /proc, and its subscription gauges from /metrics, and prints
 one JSON object, with how long the admin port took to answer `/healthz` and `/metrics`
-(polled every 100 ms) while the flood ran. A one-off probe: nothing here is asserted. Needs
+(polled every 100 ms) while the flood ran. With `--envoy`, a real Envoy (the shipped
+bootstrap) also sends first requests to never-asked VIPs, 10 at a time, for as long as the
+flood runs, and their statuses and times are reported. A one-off probe: nothing here is asserted. Needs
 target/release/{odmesh-control,odmesh-bench,odmesh-xds-flood}.
 """
 
@@ -99,14 +101,25 @@ def main():
     kind = ap.add_mutually_exclusive_group()
     kind.add_argument("--load-assignments", action="store_true", default=True)
     kind.add_argument("--clusters", action="store_true")
+    ap.add_argument("--envoy", action="store_true",
+                    help="a real Envoy routes first requests to new VIPs during the flood")
     args = ap.parse_args()
     run.CONTROL = args.control.resolve()
+    if args.envoy:
+        run.ENVOY = run.envoy_binary()
     workdir = Path(tempfile.mkdtemp(prefix="odmesh-hostile-"))
     registry = workdir / "registry.yaml"
-    run.bench_json("gen-registry", "--vips", 100, "--instances", 3, "--out", registry)
     procs = run.Procs(workdir)
     try:
+        upstream = ["--loopback", "--port", run.start_nginx(procs, workdir)] if args.envoy else []
+        run.bench_json("gen-registry", "--vips", 100, "--instances", 3, "--prefix", "fr-",
+                       "--out", registry, *upstream)
         cp = run.start_control(procs, registry)
+        envoy = None
+        if args.envoy:
+            lst, adm = run.free_port(), run.free_port()
+            envoy = run.start_envoy(procs, workdir, "envoy", run.odmesh_bootstrap(lst, adm, cp.xds),
+                                    lst, adm)
         before = rss_and_peak(cp.pid)
         flood = [FLOOD, "--xds", f"127.0.0.1:{cp.xds}", "--streams", str(args.streams),
                  "--names", str(args.names), "--batch", str(args.batch),
@@ -121,6 +134,15 @@ def main():
         # The streams stay open while the control plane is read: the flood runs until every
         # name is answered, then the figures are taken before it exits.
         p = subprocess.Popen(flood, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        first = []
+        if envoy:
+            # New VIPs, 10 at a time, for as long as the flood runs (at most 100).
+            for start in range(0, 100, 10):
+                if p.poll() is not None:
+                    break
+                rows = run.bench_json("first-request", "--envoy", f"127.0.0.1:{envoy.listener}",
+                                      "--prefix", "fr-", "--start", start, "--count", 10, lines=True)
+                first += [(r["first_status"], r["first_us"], p.poll() is None) for r in rows]
         out, _ = p.communicate(timeout=900)
         report = json.loads(out.strip().splitlines()[-1])
         admin = sampler.summary()
@@ -140,6 +162,13 @@ def main():
             "rss_peak_mib": round(after[1] / 2**20, 1),
             "gauges_after": gauges(cp.admin),
             "admin_during_flood": admin,
+            "envoy_first_requests": None if not envoy else {
+                "count": len(first),
+                "during_flood": sum(1 for _, _, during in first if during),
+                "statuses": sorted({status for status, _, _ in first}),
+                "first_ms_p50": round(sorted(us for _, us, _ in first)[len(first) // 2] / 1000, 2),
+                "first_ms_max": round(max(us for _, us, _ in first) / 1000, 2),
+            },
         }
         print(json.dumps(result, indent=1))
     finally:
