@@ -239,35 +239,50 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
+/// `impl AsyncWrite for $wrapper<IO>`, every call passed to its `io` field as it is: the
+/// wrappers that bound a connection act on its reads only.
+macro_rules! writes_pass_through {
+    ($wrapper:ident) => {
+        impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for $wrapper<IO> {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+            }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.io).poll_flush(cx)
+            }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+            }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
+            fn is_write_vectored(&self) -> bool {
+                self.io.is_write_vectored()
+            }
+        }
+    };
 }
+pub(crate) use writes_pass_through;
+
+writes_pass_through!(Counted);
 
 impl tonic::transport::server::Connected for Counted<TcpStream> {
     type ConnectInfo = <TcpStream as tonic::transport::server::Connected>::ConnectInfo;

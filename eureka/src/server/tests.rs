@@ -1684,84 +1684,71 @@ async fn ten_renewing(f: &Fixture) -> Vec<String> {
     ids
 }
 
-#[tokio::test(start_paused = true)]
-async fn one_registration_stating_a_1_s_interval_weighs_as_one_instance_not_thirty() {
-    // Self-preservation as shipped: one minute, from 10 instances, every instance expected
-    // at most every 30 s. Twelve instances renew every 2 s (8 s leases).
-    let f = fixture();
+/// Registers twelve instances of HELLO (8 s leases, a renewal every 2 s), and renews them for
+/// 30 s with eviction rounds; returns their ids. Self-preservation as shipped: one minute,
+/// from 10 instances, every instance expected at most every 30 s.
+async fn twelve_renewing_every_2_s(f: &Fixture) -> Vec<String> {
     let ids: Vec<String> = (0..12).map(|n| format!("h{n}")).collect();
     for id in &ids {
         f.register("HELLO", leased(id, 8, 2)).await;
     }
-    let renew_for = |secs: u64, ids: Vec<String>| {
-        let f = &f;
-        async move {
-            for _ in 0..secs / 2 {
-                tokio::time::advance(Duration::from_secs(2)).await;
-                f.renew(&ids).await;
-                f.eureka.evict_expired();
-            }
-        }
-    };
-    renew_for(30, ids.clone()).await;
-    // One more registration states a 1 s interval, with a 5 min lease, and never renews.
-    f.register("HELLO", leased("quiet", 300, 1)).await;
-    renew_for(90, ids.clone()).await;
-    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
-    // One instance stops: it is evicted when its lease runs out, as without the quiet one.
-    renew_for(20, ids[1..].to_vec()).await;
-    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    renew_every_2_s(f, 30, &ids).await;
+    ids
+}
+
+/// For `secs`, a heartbeat from each of `ids` and an eviction round every 2 s.
+async fn renew_every_2_s(f: &Fixture, secs: u64, ids: &[String]) {
+    for _ in 0..secs / 2 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        f.renew(ids).await;
+        f.eureka.evict_expired();
+    }
+}
+
+/// The ids of the instances published, having checked that `h0` (stopped) is not among them.
+async fn listed_without_h0(f: &Fixture) -> Vec<String> {
     let published = f.published().await;
-    let listed: Vec<&str> = published
-        .instances()
-        .map(|i| i.instance_id.as_str())
+    let listed: Vec<String> = (published.instances())
+        .map(|i| i.instance_id.clone())
         .collect();
     assert!(
-        !listed.contains(&"h0"),
+        !listed.iter().any(|id| id == "h0"),
         "the stopped instance is still listed: {listed:?}"
     );
+    listed
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_registration_stating_a_1_s_interval_weighs_as_one_instance_not_thirty() {
+    let f = fixture();
+    let ids = twelve_renewing_every_2_s(&f).await;
+    // One more registration states a 1 s interval, with a 5 min lease, and never renews.
+    f.register("HELLO", leased("quiet", 300, 1)).await;
+    renew_every_2_s(&f, 90, &ids).await;
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    // One instance stops: it is evicted when its lease runs out, as without the quiet one.
+    renew_every_2_s(&f, 20, &ids[1..]).await;
+    assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
+    let listed = listed_without_h0(&f).await;
     assert_eq!(listed.len(), 12, "{listed:?}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn registrations_that_never_renew_do_not_switch_eviction_off() {
-    // Self-preservation as shipped. Twelve instances renew every 2 s (8 s leases).
     let f = fixture();
-    let ids: Vec<String> = (0..12).map(|n| format!("h{n}")).collect();
-    for id in &ids {
-        f.register("HELLO", leased(id, 8, 2)).await;
-    }
-    let renew_for = |secs: u64, ids: Vec<String>| {
-        let f = &f;
-        async move {
-            for _ in 0..secs / 2 {
-                tokio::time::advance(Duration::from_secs(2)).await;
-                f.renew(&ids).await;
-                f.eureka.evict_expired();
-            }
-        }
-    };
-    renew_for(30, ids.clone()).await;
+    let ids = twelve_renewing_every_2_s(&f).await;
     // Ten registrations, with 5 min leases, that never renew: a client that means to hold
     // leases nobody renews, as many as a partition would leave quiet.
     for n in 0..10 {
         f.register("HELLO", leased(&format!("quiet-{n}"), 300, 30))
             .await;
     }
-    renew_for(90, ids.clone()).await;
+    renew_every_2_s(&f, 90, &ids).await;
     assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
     // One instance stops: it is evicted when its lease runs out.
-    renew_for(20, ids[1..].to_vec()).await;
+    renew_every_2_s(&f, 20, &ids[1..]).await;
     assert_eq!(count(&f.metrics.eureka_self_preservation), 0);
-    let published = f.published().await;
-    let listed: Vec<&str> = published
-        .instances()
-        .map(|i| i.instance_id.as_str())
-        .collect();
-    assert!(
-        !listed.contains(&"h0"),
-        "the stopped instance is still listed: {listed:?}"
-    );
+    let listed = listed_without_h0(&f).await;
     assert_eq!(listed.len(), 21, "{listed:?}");
 }
 
