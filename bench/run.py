@@ -191,6 +191,12 @@ http {{
     return port
 
 
+def control_flags():
+    """The flags the control plane's `--help` lists."""
+    out = subprocess.run([CONTROL, "--help"], capture_output=True, text=True).stdout
+    return set(w.rstrip(",") for w in out.split() if w.startswith("--"))
+
+
 def start_control(procs, registry, name="control", extra=(), rust_log=None):
     """odmesh-control on `registry` (a file), or with registry=None its embedded Eureka registry;
     `extra`: more flags; `rust_log`: more `RUST_LOG` directives. Without a `--prewarm-history` in `extra`, prewarm is off: a proxy then
@@ -198,11 +204,12 @@ def start_control(procs, registry, name="control", extra=(), rust_log=None):
     if not any(a in ("--prewarm-history", "--no-prewarm") for a in extra):
         extra = [*extra, "--no-prewarm"]
     # Every simulated proxy of a benchmark connects from 127.0.0.1: one address may hold as
-    # much as all of them.
+    # much as all of them (in builds that bound an address at all: an A/B may run older ones).
+    known = control_flags()
     for flag, value in (("--xds-max-connections-per-source", "10000"),
                         ("--xds-max-subscriptions-per-source", "1000000"),
                         ("--xds-max-names-per-source", "4000000")):
-        if flag not in extra:
+        if flag not in extra and flag in known:
             extra = [*extra, flag, value]
     xds, admin, eureka = free_port(), free_port(), free_port()
     source = ["--registry", registry] if registry else ["--serve-eureka", f"127.0.0.1:{eureka}"]

@@ -34,7 +34,7 @@ odmesh_base::metrics! {
         /// form each: JSON or XML, gzip or not), which every reader meanwhile shares.
         eureka_registry_answers_written_total: "counter",
         /// Reads of GET /apps or /apps/delta that waited, without a thread, for one of the
-        /// threads that read the whole registry at once (4) to be free.
+        /// threads that read the whole registry at once (64) to be free.
         eureka_registry_readers_queued_total: "counter",
         /// Embedded Eureka registry: heartbeats that renewed a lease.
         eureka_renewals_total: "counter",
