@@ -62,6 +62,7 @@ fn bootstrap(plugin_config: &str, vip: &EchoUpstream, svip: &EchoUpstream) -> St
         BOOTSTRAP,
         &[
             ("FILTER", &Shell::current().http_filter(plugin_config, 10)),
+            ("ROUTE", &Shell::current().route(plugin_config, 16)),
             ("VIP_PORT", &vip.port().to_string()),
             ("SVIP_PORT", &svip.port().to_string()),
         ],
@@ -79,7 +80,8 @@ fn a_plain_host_reaches_the_vip_cluster() {
 
     let echo = mesh.routed(get("hello"));
     assert_eq!(echo["upstream"], "hello.vip");
-    assert_eq!(echo["headers"]["x-odmesh-cluster"], "hello.vip");
+    let cluster_header = Shell::current().cluster_header_upstream("hello.vip");
+    assert_eq!(echo["headers"]["x-odmesh-cluster"], cluster_header);
     assert_eq!(echo["headers"]["host"], "hello");
 
     let echo = mesh.routed(get("Hello.:8080"));
@@ -131,7 +133,8 @@ fn a_cluster_header_sent_by_the_client_is_overwritten() {
 
     let echo = mesh.routed(get("hello").header("x-odmesh-cluster", "hello.svip"));
     assert_eq!(echo["upstream"], "hello.vip");
-    assert_eq!(echo["headers"]["x-odmesh-cluster"], "hello.vip");
+    let cluster_header = Shell::current().cluster_header_upstream("hello.vip");
+    assert_eq!(echo["headers"]["x-odmesh-cluster"], cluster_header);
 
     // An invalid host with a spoofed cluster never reaches that cluster either.
     let response = mesh.send(get("bad_name!").header("x-odmesh-cluster", "hello.vip"));
@@ -238,17 +241,15 @@ fn two_plugins_in_one_vm_each_route_with_their_own_configuration() {
     let env = TestEnv::new("filter_two_plugins");
     let vip = EchoUpstream::start("hello.vip");
     let svip = EchoUpstream::start("hello.svip");
+    let shell = Shell::current();
+    let internal = r#"{"strip_suffixes": [".mesh.internal"], "cluster_header": "x-route-to"}"#;
     let bootstrap = render(
         include_str!("../envoy/filter-two-plugins.yaml"),
         &[
-            ("FILTER_EGRESS", &Shell::current().http_filter("{}", 10)),
-            (
-                "FILTER_INTERNAL",
-                &Shell::current().http_filter(
-                    r#"{"strip_suffixes": [".mesh.internal"], "cluster_header": "x-route-to"}"#,
-                    10,
-                ),
-            ),
+            ("FILTER_EGRESS", &shell.http_filter("{}", 10)),
+            ("FILTER_INTERNAL", &shell.http_filter(internal, 10)),
+            ("ROUTE_EGRESS", &shell.route("{}", 16)),
+            ("ROUTE_INTERNAL", &shell.route(internal, 16)),
             ("VIP_PORT", &vip.port().to_string()),
             ("SVIP_PORT", &svip.port().to_string()),
         ],
@@ -257,7 +258,7 @@ fn two_plugins_in_one_vm_each_route_with_their_own_configuration() {
     // Wasm: both plugins share each VM: with one plugin Envoy 1.40 also has 3 (the base VM, the
     // main thread's and the worker's, at --concurrency 1); with a VM per plugin it has 6. The
     // native module is loaded once, whatever the number of configurations.
-    if Shell::current() == Shell::Wasm {
+    if shell == Shell::Wasm {
         assert_eq!(envoy.stat("wasm.envoy.wasm.runtime.v8.active"), Some(3));
     }
     let egress = envoy.listener("egress");
@@ -269,7 +270,8 @@ fn two_plugins_in_one_vm_each_route_with_their_own_configuration() {
         assert_eq!(response.status, 200, "round {round}: {}", response.text());
         let echo = response.json();
         assert_eq!(echo["upstream"], "hello.vip");
-        assert_eq!(echo["headers"]["x-route-to"], "hello.vip");
+        let route_to = shell.cluster_header_upstream("hello.vip");
+        assert_eq!(echo["headers"]["x-route-to"], route_to);
         assert!(echo["headers"].get("x-odmesh-cluster").is_none(), "{echo}");
 
         // The default configuration strips no suffix: no such cluster.
@@ -280,7 +282,8 @@ fn two_plugins_in_one_vm_each_route_with_their_own_configuration() {
         assert_eq!(response.status, 200, "round {round}: {}", response.text());
         let echo = response.json();
         assert_eq!(echo["upstream"], "hello.svip");
-        assert_eq!(echo["headers"]["x-odmesh-cluster"], "hello.svip");
+        let cluster_header = shell.cluster_header_upstream("hello.svip");
+        assert_eq!(echo["headers"]["x-odmesh-cluster"], cluster_header);
         assert!(echo["headers"].get("x-route-to").is_none(), "{echo}");
     }
     assert_eq!(vip.requests(), 3);

@@ -1,20 +1,35 @@
 //! The two shells of the filter side by side: the native bootstrap is the wasm one with the
-//! other filter, both bootstraps validate, and Envoy treats a native module built for another
-//! ABI version as it says (a warning, and the module still runs). The rest of the real-Envoy
-//! suite runs once per shell (`make e2e`; `odmesh_e2e::Shell`). Needs `make envoy`,
-//! `make wasm` and `make native`.
+//! mapping in the route instead of a filter, both bootstraps validate, the native module's ABI
+//! is the shipped Envoy's (each callback it imports is one Envoy exports, each hook it exports
+//! one Envoy looks up), and Envoy treats a native module built for another ABI version as it
+//! says (a warning, and the module still runs). The rest of the real-Envoy suite runs once per
+//! shell (`make e2e`; `odmesh_e2e::Shell`). Needs `make envoy`, `make wasm`, `make native` and
+//! binutils' `nm`.
 
+use std::collections::BTreeSet;
 use std::fs;
+use std::path::Path;
+use std::process::Command;
 
-use odmesh_e2e::{EchoUpstream, Envoy, Request, Shell, TestEnv, render, shipped_bootstrap};
+use odmesh_e2e::{
+    EchoUpstream, Envoy, Request, Shell, TestEnv, envoy_binary, render, shipped_bootstrap,
+};
 
 /// The ABI version the native module is built for (filter/native/src/abi.rs), as it sits in
 /// the `.so`: NUL-terminated.
 const ABI_VERSION: &[u8] = b"v0.2.0\0";
 
-/// `yaml` without its first HTTP filter entry (from its `- name:` line to the next one).
-fn without_first_http_filter(yaml: &str) -> String {
-    let lines: Vec<&str> = yaml.lines().collect();
+/// `yaml` split at its route configuration: what comes before `route_config:`, the route
+/// configuration up to `http_filters:`, and the HTTP filters to the end.
+fn sections(yaml: &str) -> (&str, &str, &str) {
+    let routes = yaml.find("route_config:").expect("a route_config");
+    let filters = yaml.find("http_filters:").expect("http_filters");
+    (&yaml[..routes], &yaml[routes..filters], &yaml[filters..])
+}
+
+/// `filters` (an `http_filters:` list) without its first entry.
+fn without_first_http_filter(filters: &str) -> String {
+    let lines: Vec<&str> = filters.lines().collect();
     let start = (lines.iter())
         .position(|l| l.trim_start().starts_with("- name: envoy.filters.http."))
         .expect("an HTTP filter");
@@ -31,17 +46,96 @@ fn without_first_http_filter(yaml: &str) -> String {
 }
 
 #[test]
-fn the_native_bootstrap_is_the_wasm_one_with_the_native_filter() {
+fn the_native_bootstrap_is_the_wasm_one_with_the_mapping_in_the_route() {
     let wasm = shipped_bootstrap("odmesh.yaml", &[]);
     let native = shipped_bootstrap("odmesh-native.yaml", &[]);
     assert!(wasm.contains("envoy.filters.http.wasm"));
-    assert!(native.contains("envoy.filters.http.dynamic_modules"));
+    assert!(!native.contains("envoy.filters.http.dynamic_modules"));
+    assert!(native.contains("envoy.router.cluster_specifier_plugin.dynamic_modules"));
     assert!(native.contains("filename: dist/libodmesh_filter.so"));
+    let (wasm_before, wasm_routes, wasm_filters) = sections(&wasm);
+    let (native_before, native_routes, native_filters) = sections(&native);
     assert_eq!(
-        without_first_http_filter(&wasm),
-        without_first_http_filter(&native),
-        "envoy/odmesh-native.yaml must differ from envoy/odmesh.yaml in its first HTTP filter only"
+        wasm_before, native_before,
+        "the two bootstraps must be the same up to the route configuration"
     );
+    assert_eq!(
+        without_first_http_filter(wasm_filters),
+        native_filters.trim_end(),
+        "the native bootstrap's HTTP filters must be the wasm one's without the wasm filter"
+    );
+    // The route configuration: the native one holds every line of the wasm one except the
+    // cluster header the wasm filter writes, and the replies that read it.
+    let native_lines: BTreeSet<&str> = native_routes.lines().collect();
+    let missing: Vec<&str> = (wasm_routes.lines())
+        .filter(|l| !l.contains("x-odmesh-cluster") && !native_lines.contains(l))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "envoy/odmesh-native.yaml's route configuration lacks these lines of envoy/odmesh.yaml's: \
+         {missing:#?}"
+    );
+}
+
+/// The dynamic symbols of `file` that start with `prefix`: defined ones, or undefined ones.
+fn symbols(file: &Path, defined: bool, prefix: &str) -> BTreeSet<String> {
+    let which = if defined {
+        "--defined-only"
+    } else {
+        "--undefined-only"
+    };
+    let out = Command::new("nm")
+        .args(["-D", which])
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run nm (binutils) on {}: {e}", file.display()));
+    assert!(out.status.success(), "nm {}: {out:?}", file.display());
+    (String::from_utf8_lossy(&out.stdout).lines())
+        .filter_map(|line| line.split_whitespace().last())
+        .filter(|name| name.starts_with(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_callback_the_native_module_imports_is_one_envoy_exports() {
+    let prefix = "envoy_dynamic_module_callback_";
+    let imported = symbols(&Shell::Native.artifact(), false, prefix);
+    let exported = symbols(&envoy_binary(), true, prefix);
+    assert!(
+        imported.contains("envoy_dynamic_module_callback_cluster_specifier_set_cluster_name"),
+        "the module should import the specifier's callbacks: {imported:?}"
+    );
+    let missing: Vec<&String> = imported.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "the native module calls these, which the shipped Envoy does not export: {missing:?}"
+    );
+}
+
+#[test]
+fn every_hook_the_native_module_exports_is_one_envoy_looks_up() {
+    let hooks = symbols(&Shell::Native.artifact(), true, "envoy_dynamic_module_on_");
+    let expected = [
+        "envoy_dynamic_module_on_program_init",
+        "envoy_dynamic_module_on_cluster_specifier_config_new",
+        "envoy_dynamic_module_on_cluster_specifier_config_destroy",
+        "envoy_dynamic_module_on_cluster_specifier_select",
+    ];
+    assert_eq!(
+        hooks,
+        expected.map(str::to_owned).into(),
+        "the module's hooks"
+    );
+    // Envoy finds hooks by name (dlsym), so each name is a string in its binary.
+    let envoy = fs::read(envoy_binary()).expect("the Envoy binary");
+    for hook in &hooks {
+        let needle = format!("{hook}\0");
+        assert!(
+            envoy.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "the shipped Envoy never looks up {hook}"
+        );
+    }
 }
 
 #[test]
@@ -76,14 +170,15 @@ fn a_native_module_of_another_abi_version_loads_with_envoys_warning() {
 
     let vip = EchoUpstream::start("hello.vip");
     let svip = EchoUpstream::start("hello.svip");
-    let filter = Shell::Native.http_filter("{}", 10).replace(
+    let route = Shell::Native.route("{}", 16).replace(
         &Shell::Native.artifact().to_string_lossy().into_owned(),
         &path.to_string_lossy(),
     );
     let bootstrap = render(
         include_str!("../envoy/filter-test.yaml"),
         &[
-            ("FILTER", &filter),
+            ("FILTER", ""),
+            ("ROUTE", &route),
             ("VIP_PORT", &vip.port().to_string()),
             ("SVIP_PORT", &svip.port().to_string()),
         ],

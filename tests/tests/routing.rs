@@ -1,14 +1,17 @@
 //! Where requests go, against real Envoy and `odmesh-control`: round robin over the `UP`
 //! instances of a VIP, registry edits (atomic or in place) that move traffic within 2 s, and
 //! requests that must reach nothing (invalid hosts) or not the cluster a client named
-//! (spoofed `x-odmesh-cluster`); a plain JDK client with Envoy as its HTTP proxy. Needs
+//! (spoofed `x-odmesh-cluster`); a plain JDK client with Envoy as its HTTP proxy; how many
+//! times Envoy resolves each request's route (once with the native module). Needs
 //! `make envoy`, `make wasm`, `cargo build -p odmesh-control` and Java 17.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use odmesh_e2e::mesh::EGRESS_LISTENER;
 use odmesh_e2e::{
-    CHANGE_DEADLINE, EchoUpstream, Instance, Mesh, Request, TestEnv, wait_until_since,
+    CHANGE_DEADLINE, ControlPlane, EchoUpstream, Envoy, Instance, Mesh, RegistryFile, Request,
+    Shell, TestEnv, odmesh_bootstrap, wait_for, wait_until_since,
 };
 
 /// With strict round robin, an instance shows up once in every `n` requests to `n`
@@ -240,7 +243,8 @@ fn a_spoofed_cluster_header_reaches_only_the_vip_of_the_host() {
         let echo = response.json();
         assert_eq!(echo["upstream"], "hello-1", "{spoofs:?}");
         assert_eq!(
-            echo["headers"]["x-odmesh-cluster"], "hello.vip",
+            echo["headers"]["x-odmesh-cluster"],
+            Shell::current().cluster_header_upstream("hello.vip"),
             "{spoofs:?}"
         );
     }
@@ -300,4 +304,79 @@ fn a_plain_jdk_client_with_envoy_as_its_http_proxy_reaches_the_vip_its_url_names
         assert_eq!(body["path"], "/jdk", "{client}");
     }
     assert_eq!(hello.requests(), 2);
+}
+
+/// The access log line the route-resolution test adds to the shipped bootstrap.
+const RESOLUTIONS_LOG: &str = "          stat_prefix: odmesh_egress
+          record_route_resolution_stats: true
+          access_log:
+          - name: envoy.access_loggers.stdout
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
+              log_format:
+                text_format_source:
+                  inline_string: \"RESOLVED host=%REQ(:AUTHORITY)% status=%RESPONSE_CODE% flags=%RESPONSE_FLAGS% resolutions=%ROUTE_RESOLUTION_COUNT%\\n\"
+";
+
+#[test]
+fn each_request_resolves_its_route_once_with_the_native_module_and_twice_with_wasm() {
+    let env = TestEnv::new("routing_route_resolutions");
+    let hello = EchoUpstream::start("hello-1");
+    let registry = RegistryFile::create(
+        &env.log_dir().join("registry.yaml"),
+        &[Instance::new("hello", hello.port())],
+    );
+    let control = ControlPlane::start(&env, "control", registry.path(), &[]);
+    let shipped = odmesh_bootstrap(control.xds().port());
+    let anchor = "          stat_prefix: odmesh_egress\n";
+    assert_eq!(shipped.matches(anchor).count(), 1, "{shipped}");
+    let envoy = Envoy::start(&env, "envoy", &shipped.replace(anchor, RESOLUTIONS_LOG));
+    envoy.wait_xds_connected(true, Duration::from_secs(10));
+
+    // A first request (the cluster is discovered on demand), a second, a secure one to an
+    // unregistered VIP, an unregistered VIP, and a host that names no VIP.
+    let sent = [
+        ("hello", 200),
+        ("hello", 200),
+        ("hello:8443", 503),
+        ("late", 503),
+        ("bad_name!", 400),
+    ];
+    let listener = envoy.listener(EGRESS_LISTENER);
+    for (host, status) in sent {
+        let response = Request::get("/").host(host).send(listener);
+        assert_eq!(response.status, status, "Host {host}: {}", response.text());
+    }
+    assert_eq!(hello.requests(), 2);
+
+    // The wasm filter writes the cluster header after the route was resolved, so Envoy
+    // resolves it again (not for the host it refuses itself); the native module chooses the
+    // cluster while the route resolves.
+    let expected = |host: &str| match Shell::current() {
+        Shell::Wasm if host == "bad_name!" => 1,
+        Shell::Wasm => 2,
+        Shell::Native => 1,
+    };
+    // Envoy writes access logs out every 10 s (`--file-flush-interval-msec`).
+    let lines = wait_for(Duration::from_secs(30), "the access log lines", || {
+        let log = envoy.log();
+        let lines: Vec<String> = (log.lines())
+            .filter(|line| line.starts_with("RESOLVED "))
+            .map(str::to_owned)
+            .collect();
+        (lines.len() >= sent.len()).then_some(lines)
+    });
+    assert_eq!(lines.len(), sent.len(), "{lines:#?}");
+    for ((host, status), line) in sent.iter().zip(&lines) {
+        let want = format!("RESOLVED host={host} status={status} ");
+        assert!(line.starts_with(&want), "{line:?} should start {want:?}");
+        let resolutions = expected(host);
+        assert!(
+            line.ends_with(&format!(" resolutions={resolutions}")),
+            "{:?}: the route of a request to {host} should be resolved {resolutions} time(s): \
+             {line}",
+            Shell::current()
+        );
+    }
+    eprintln!("{:?}: {lines:#?}", Shell::current());
 }
