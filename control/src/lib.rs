@@ -8,7 +8,9 @@
 //! (one stream's protocol without the transport: subscriptions, the delta diff, admission) →
 //! [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each calling service
 //! used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that a connecting
-//! proxy is sent them ahead. [`admin`] and [`metrics`] watch from the side. What every odmesh
+//! proxy is sent them ahead. [`routes`] serves each proxy its route (RDS), with the
+//! policy's timeouts for its calling service ([`xds::route`]). [`admin`] and [`metrics`]
+//! watch from the side. What every odmesh
 //! server shares (bounded listeners and HTTP serving, log clipping, TLS files, the metrics
 //! macro) is in `odmesh-base`. docs/architecture.md follows a first request through them.
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod prewarm;
+pub mod routes;
 pub mod server;
 pub mod session;
 pub mod xds;

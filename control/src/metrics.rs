@@ -24,6 +24,15 @@ odmesh_base::metrics! {
         policy_drops_held_total: "counter",
         /// Admin connections closed on arrival because 1,024 were open.
         admin_connections_refused_total: "counter",
+        /// Route (RDS) streams open now.
+        rds_streams_active: "gauge",
+        /// Routes sent (RDS responses): at a proxy's start, and when its timeouts change.
+        rds_responses_total: "counter",
+        /// Routes Envoy rejected (NACK); each is logged with Envoy's error.
+        rds_nacks_total: "counter",
+        /// Route streams answered with nothing because the proxy's node metadata `odmesh`
+        /// is invalid (logged, with what is wrong).
+        rds_invalid_nodes_total: "counter",
         /// xDS streams open now.
         xds_streams_active: "gauge",
         /// xDS streams opened since start.

@@ -438,6 +438,30 @@ impl Policy {
         out
     }
 
+    /// The request and per-try timeouts proxies of `caller` give each cluster: what the
+    /// route carries (docs/envoy.md, "Timeouts live in the route"). `default` for every cluster
+    /// the file does not set apart; each VIP's or SVIP's cluster whose timeouts, for this
+    /// caller, differ from it. Bounded by the file, never by the registry.
+    pub fn timeouts(&self, caller: &str) -> RouteTimeouts {
+        let timeouts = |e: &Effective| Timeouts {
+            request: e.request_timeout.value,
+            per_try: e.per_try_timeout.value,
+        };
+        let mut defaults = Effective::builtin();
+        defaults.apply(&self.defaults, Source::Defaults);
+        let default = timeouts(&defaults);
+        let entries = (self.vips.keys().map(|vip| (Kind::Vip, vip)))
+            .chain(self.svips.keys().map(|svip| (Kind::Svip, svip)));
+        let clusters = entries
+            .filter_map(|(kind, vip)| {
+                let effective = self.resolve(kind, &vip.0, Some(caller), Protocol::Auto);
+                let own = timeouts(&effective);
+                (own != default).then(|| (odmesh_names::cluster_name(&vip.0, kind), own))
+            })
+            .collect();
+        RouteTimeouts { default, clusters }
+    }
+
     /// Whether going from `self` to `new` can change what `vip` (of `kind`) gets: its entry,
     /// or the defaults, differ.
     pub fn changes_for(&self, new: &Policy, kind: Kind, vip: &str) -> bool {
@@ -457,6 +481,25 @@ impl Policy {
         };
         serde_json::json!({ "vips": list(&self.vips), "svips": list(&self.svips) })
     }
+}
+
+/// A request's two deadlines, as a route carries them; zero: none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Timeouts {
+    /// The whole request, all tries included.
+    pub request: Duration,
+    /// Each try.
+    pub per_try: Duration,
+}
+
+/// The timeouts of every cluster for one calling service ([`Policy::timeouts`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RouteTimeouts {
+    /// Every cluster not in `clusters`.
+    pub default: Timeouts,
+    /// By cluster name (`<vip>.vip`, `<svip>.svip`): those whose timeouts differ from
+    /// `default`.
+    pub clusters: BTreeMap<String, Timeouts>,
 }
 
 /// Where an effective value came from.

@@ -47,11 +47,16 @@ pub fn odmesh_bootstrap_replicas(xds_ports: &[u16]) -> String {
         .map(|port| XDS_ENDPOINT.replace("port_value: 18000", &format!("port_value: {port}")))
         .collect();
     let shell = Shell::current();
-    let relative = match shell {
-        Shell::Wasm => "filename: dist/odmesh_filter.wasm",
-        Shell::Native => "filename: dist/libodmesh_filter.so",
+    // The wasm filter's file, or the native module's (for the route the control plane
+    // serves: node metadata).
+    let key = match shell {
+        Shell::Wasm => "filename",
+        Shell::Native => "module",
     };
-    let absolute = format!("filename: {}", shell.artifact().display());
+    let artifact = shell.artifact();
+    let file = artifact.file_name().expect("a file").to_string_lossy();
+    let relative = format!("{key}: dist/{file}");
+    let absolute = format!("{key}: {}", artifact.display());
     shipped_bootstrap(
         shell.bootstrap(),
         &[
@@ -59,7 +64,7 @@ pub fn odmesh_bootstrap_replicas(xds_ports: &[u16]) -> String {
             ("port_value: 15001", "port_value: 0", 1),
             ("port_value: 9901", "port_value: 0", 1),
             (XDS_ENDPOINT, &xds, 1),
-            (relative, &absolute, 1),
+            (&relative, &absolute, 1),
         ],
     )
 }

@@ -10,7 +10,8 @@
 //! {"upstream": "hello", "version": "HTTP/2.0", "alpn": "h2", "path": "/", "authority": "hello"}
 //! ```
 //!
-//! `/slow?ms=N` answers after N milliseconds; an HTTP/1.1 `Upgrade: websocket` request is
+//! `/slow?ms=N` answers after N milliseconds (with `&on=NAME`, only on the instance called
+//! NAME); an HTTP/1.1 `Upgrade: websocket` request is
 //! accepted and every message is sent back.
 
 use std::collections::BTreeMap;
@@ -224,11 +225,15 @@ async fn answer(name: Arc<str>, alpn: Option<String>, req: Request<Incoming>) ->
         return Ok(accept_websocket(req));
     }
     if req.uri().path() == "/slow" {
-        let ms = (req.uri().query().unwrap_or_default())
-            .strip_prefix("ms=")
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or(0);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let query = req.uri().query().unwrap_or_default();
+        let param = |key: &str| {
+            (query.split('&')).find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+        };
+        let ms = param("ms").and_then(|ms| ms.parse().ok()).unwrap_or(0);
+        // `on=NAME`: only the instance called NAME is slow.
+        if param("on").is_none_or(|on| on == &*name) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
     }
     let authority = (req.uri().authority().map(|a| a.to_string()))
         .or_else(|| header(&req, "host").map(str::to_owned));

@@ -19,12 +19,27 @@ use odmesh_e2e::{
 /// the `.so`: NUL-terminated.
 const ABI_VERSION: &[u8] = b"v0.2.0\0";
 
-/// `yaml` split at its route configuration: what comes before `route_config:`, the route
-/// configuration up to `http_filters:`, and the HTTP filters to the end.
-fn sections(yaml: &str) -> (&str, &str, &str) {
-    let routes = yaml.find("route_config:").expect("a route_config");
+/// `yaml` split at its local replies: what comes before `local_reply_config:` (without the
+/// node's metadata, which names the mapping), the local replies up to `http_filters:`, and
+/// the HTTP filters to the end.
+fn sections(yaml: &str) -> (String, &str, &str) {
+    let replies = yaml
+        .find("local_reply_config:")
+        .expect("a local_reply_config");
     let filters = yaml.find("http_filters:").expect("http_filters");
-    (&yaml[..routes], &yaml[routes..filters], &yaml[filters..])
+    let mut in_metadata = false;
+    let before: Vec<&str> = (yaml[..replies].lines())
+        .filter(|line| {
+            let indent = line.len() - line.trim_start().len();
+            if line.trim_start().starts_with("metadata:") && indent == 2 {
+                in_metadata = true;
+                return false;
+            }
+            in_metadata &= indent > 2;
+            !in_metadata
+        })
+        .collect();
+    (before.join("\n"), &yaml[replies..filters], &yaml[filters..])
 }
 
 /// `filters` (an `http_filters:` list) without its first entry.
@@ -50,29 +65,31 @@ fn the_native_bootstrap_is_the_wasm_one_with_the_mapping_in_the_route() {
     let wasm = shipped_bootstrap("odmesh.yaml", &[]);
     let native = shipped_bootstrap("odmesh-native.yaml", &[]);
     assert!(wasm.contains("envoy.filters.http.wasm"));
+    assert!(wasm.contains("mapping: wasm"));
     assert!(!native.contains("envoy.filters.http.dynamic_modules"));
-    assert!(native.contains("envoy.router.cluster_specifier_plugin.dynamic_modules"));
-    assert!(native.contains("filename: dist/libodmesh_filter.so"));
-    let (wasm_before, wasm_routes, wasm_filters) = sections(&wasm);
-    let (native_before, native_routes, native_filters) = sections(&native);
+    assert!(native.contains("mapping: native"));
+    assert!(native.contains("module: dist/libodmesh_filter.so"));
+    let (wasm_before, wasm_replies, wasm_filters) = sections(&wasm);
+    let (native_before, native_replies, native_filters) = sections(&native);
     assert_eq!(
         wasm_before, native_before,
-        "the two bootstraps must be the same up to the route configuration"
+        "the two bootstraps must be the same up to their local replies, but for the node's \
+         metadata"
     );
     assert_eq!(
         without_first_http_filter(wasm_filters),
         native_filters.trim_end(),
         "the native bootstrap's HTTP filters must be the wasm one's without the wasm filter"
     );
-    // The route configuration: the native one holds every line of the wasm one except the
-    // cluster header the wasm filter writes, and the replies that read it.
-    let native_lines: BTreeSet<&str> = native_routes.lines().collect();
-    let missing: Vec<&str> = (wasm_routes.lines())
+    // The local replies: the native ones hold every line of the wasm ones except those that
+    // read the cluster header the wasm filter writes.
+    let native_lines: BTreeSet<&str> = native_replies.lines().collect();
+    let missing: Vec<&str> = (wasm_replies.lines())
         .filter(|l| !l.contains("x-odmesh-cluster") && !native_lines.contains(l))
         .collect();
     assert!(
         missing.is_empty(),
-        "envoy/odmesh-native.yaml's route configuration lacks these lines of envoy/odmesh.yaml's: \
+        "envoy/odmesh-native.yaml's local replies lack these lines of envoy/odmesh.yaml's: \
          {missing:#?}"
     );
 }

@@ -1,5 +1,6 @@
 //! Per-destination policy (`odmesh-control --policy FILE`) against real Envoy: each knob takes
-//! effect in the shipped bootstrap (a request timeout, a circuit breaker, retries on reset), a
+//! effect in the shipped bootstrap (a request timeout, a per-try timeout, a circuit breaker,
+//! retries on reset), a timeout change reaches Envoy live as a new route, a
 //! per-caller override applies to that caller only, a bad file keeps the last good policy and
 //! says where it is wrong, and a change reaches only the proxies holding the affected cluster,
 //! without cutting a request in flight. Needs `make envoy`, `make wasm` and
@@ -387,4 +388,65 @@ fn a_hashing_balancer_sends_every_request_with_one_key_to_one_instance() {
         2,
         "16 keys should spread over both instances: {used:?}"
     );
+}
+
+#[test]
+fn a_per_try_timeout_retries_a_slow_try_on_another_instance() {
+    let env = TestEnv::new("policy_per_try_timeout");
+    let slow = HttpUpstream::start("slow-1", Versions::Both);
+    let fast = HttpUpstream::start("fast-1", Versions::Both);
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[
+            Instance::new("tries", slow.port()),
+            Instance::new("tries", fast.port()),
+        ],
+        "vips: {tries: {per_try_timeout: 200ms, retries: {on: [5xx, reset], count: 2}}}",
+    );
+    // Round robin: every other first try goes to slow-1, which answers after 3 s; its try is
+    // cut at 200 ms and the request retried on fast-1 (never the same instance again).
+    for round in 0..6 {
+        let (answer, took) = timed_get(mesh.egress(), "tries", "/slow?ms=3000&on=slow-1");
+        assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
+        assert_eq!(answer.json()["upstream"], "fast-1", "round {round}");
+        assert!(
+            took < Duration::from_millis(2500),
+            "round {round}: {took:?}"
+        );
+    }
+    let cut = mesh
+        .envoy
+        .stat("cluster.tries.vip.upstream_rq_per_try_timeout");
+    assert!(cut.unwrap_or(0) >= 1, "no try was cut: {cut:?}");
+}
+
+#[test]
+fn a_timeout_change_reaches_the_proxy_as_a_new_route_and_its_removal_too() {
+    let env = TestEnv::new("policy_timeout_live");
+    let slow = HttpUpstream::start("slow-1", Versions::Both);
+    let (mesh, policy) = mesh_with_policy(&env, &[Instance::new("live", slow.port())], "");
+    let (answer, _) = timed_get(mesh.egress(), "live", "/slow?ms=1000");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let routes_before = mesh.control.metric("odmesh_rds_responses_total");
+
+    write_policy(&policy, "vips: {live: {request_timeout: 300ms}}");
+    let written = Instant::now();
+    // Each look sends a request that would take 1 s: cut at 300 ms once the route arrived.
+    wait_until(POLICY_DEADLINE * 3, "the request timeout to apply", || {
+        timed_get(mesh.egress(), "live", "/slow?ms=1000").0.status == 504
+    });
+    eprintln!(
+        "request timeout applied {:?} after the write",
+        written.elapsed()
+    );
+    assert!(mesh.control.metric("odmesh_rds_responses_total") > routes_before);
+    let (cut, took) = timed_get(mesh.egress(), "live", "/slow?ms=1000");
+    assert_eq!(cut.status, 504, "{}", cut.text());
+    assert!(took < Duration::from_millis(900), "{took:?}");
+
+    // (The entry stays, with no timeout: a file that loses every entry at once is held.)
+    write_policy(&policy, "vips: {live: {request_timeout: 0s}}");
+    wait_until(POLICY_DEADLINE * 3, "the request timeout to go", || {
+        timed_get(mesh.egress(), "live", "/slow?ms=1000").0.status == 200
+    });
 }

@@ -1,13 +1,14 @@
 //! Failures around the chain, against real Envoy and `odmesh-control`: the control plane dies
-//! and comes back, the registry file breaks and is fixed, Envoy rejects a cluster (NACK).
+//! and comes back, a proxy starts while it is down, the registry file breaks and is fixed,
+//! Envoy rejects a cluster (NACK).
 //! Traffic that can flow keeps flowing, what cannot fails in bounded time, and nothing
 //! loops. Needs `make envoy`, `make wasm` and `cargo build -p odmesh-control`.
 
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    CHANGE_DEADLINE, EchoUpstream, Instance, Mesh, TestEnv, hold_for, timed, wait_for, wait_until,
-    wait_until_since,
+    CHANGE_DEADLINE, EchoUpstream, Envoy, Instance, Mesh, Request, TestEnv, hold_for,
+    odmesh_bootstrap, timed, wait_for, wait_until, wait_until_since,
 };
 use serde_json::Value;
 
@@ -83,6 +84,40 @@ fn a_dead_control_plane_keeps_known_vips_working_fails_new_ones_in_bounded_time_
             "{cluster} not in {clusters:?}"
         );
     }
+}
+
+#[test]
+fn a_proxy_started_while_the_control_plane_is_down_answers_503_until_it_comes_then_routes() {
+    let env = TestEnv::new("resilience_cold_start");
+    let hello = EchoUpstream::start("hello-1");
+    let mut mesh = Mesh::start(&env, &[Instance::new("hello", hello.port())]);
+    assert_eq!(mesh.route("hello"), "hello-1");
+    mesh.control.kill();
+
+    // A new proxy, with no route and no cluster yet: it serves once its wait for the control
+    // plane (`initial_fetch_timeout`) is over, and says why it cannot route.
+    let cold = Envoy::start(&env, "cold", &odmesh_bootstrap(mesh.control.xds().port()));
+    let egress = cold.listener(odmesh_e2e::mesh::EGRESS_LISTENER);
+    let response = Request::get("/").host("hello").send(egress);
+    assert_eq!(response.status, 503, "{}", response.text());
+    let body: Value = response.json();
+    assert_eq!(
+        body["error"], "no route yet: the control plane has not answered",
+        "{body}"
+    );
+    assert_eq!(hello.requests(), 1);
+
+    mesh.control.restart(&env, "control");
+    let restarted = Instant::now();
+    let took = wait_until_since(
+        restarted,
+        RECONNECT_DEADLINE,
+        "the new proxy to route",
+        || Request::get("/").host("hello").send(egress).status == 200,
+    );
+    eprintln!("a proxy started while the control plane was down routes {took:?} after it came");
+    // The proxy that had its route kept it all along.
+    assert_eq!(mesh.route("hello"), "hello-1");
 }
 
 #[test]

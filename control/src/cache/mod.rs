@@ -403,6 +403,8 @@ impl State {
 pub struct Cache {
     options: XdsOptions,
     state: Mutex<State>,
+    /// The generation of the last policy applied: the route streams watch it.
+    policies: watch::Sender<u64>,
 }
 
 impl Cache {
@@ -415,6 +417,7 @@ impl Cache {
     pub fn with_snapshot(options: XdsOptions, snapshot: Arc<Snapshot>) -> Cache {
         Cache {
             options,
+            policies: watch::channel(0).0,
             state: Mutex::new(State {
                 snapshot,
                 policy: Arc::default(),
@@ -453,6 +456,12 @@ impl Cache {
     /// The policy in use.
     pub fn policy(&self) -> Arc<Policy> {
         self.lock().policy.clone()
+    }
+
+    /// Changes with every policy applied ([`Cache::set_policy`]): what a route stream waits
+    /// on, as a proxy's route depends on the policy only.
+    pub fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.policies.subscribe()
     }
 
     /// The generation: bumped by every [`Cache::set_snapshot`] and [`Cache::set_policy`].
@@ -588,6 +597,7 @@ impl Cache {
             (state.generation, state.mail(&names, &[], false))
         };
         deliver(mail, false);
+        self.policies.send_replace(generation);
         changed.sort();
         tracing::info!(
             generation,

@@ -337,7 +337,7 @@ fn a_policy_change_is_sent_to_the_subscribers_of_the_clusters_it_changes_only() 
     send(&cache, ResourceType::Cluster, &mut on_a);
     send(&cache, ResourceType::Cluster, &mut on_b);
 
-    let changed = cache.set_policy(policy("vips: {a: {request_timeout: 300ms}}"));
+    let changed = cache.set_policy(policy("vips: {a: {circuit_breakers: {max_requests: 5}}}"));
     assert_eq!(changed, ["a.vip"]);
     assert_eq!(
         sent_names(&send(&cache, ResourceType::Cluster, &mut on_a)),
@@ -347,7 +347,7 @@ fn a_policy_change_is_sent_to_the_subscribers_of_the_clusters_it_changes_only() 
     // The same policy again changes nothing.
     assert!(
         cache
-            .set_policy(policy("vips: {a: {request_timeout: 300ms}}"))
+            .set_policy(policy("vips: {a: {circuit_breakers: {max_requests: 5}}}"))
             .is_empty()
     );
     assert!(send(&cache, ResourceType::Cluster, &mut on_a).is_empty());
@@ -406,7 +406,7 @@ fn an_override_added_for_a_subscribed_caller_moves_it_to_its_own_cluster_alone()
     send_as(&cache, "cart", ResourceType::Cluster, &mut cart);
 
     let changed = cache.set_policy(policy(
-        "vips: {pay: {callers: {checkout: {request_timeout: 1s}}}}",
+        "vips: {pay: {callers: {checkout: {connect_timeout: 2s}}}}",
     ));
     assert_eq!(changed, ["pay.vip"]);
     let to_checkout = send_as(&cache, "checkout", ResourceType::Cluster, &mut checkout);
@@ -416,11 +416,11 @@ fn an_override_added_for_a_subscribed_caller_moves_it_to_its_own_cluster_alone()
     // The last subscriber of each variant takes it along; the name stays for the other.
     cache.unwatch(stream_of("cart"), ["pay.vip"]);
     assert_eq!(cache.watched(), 1);
-    let timeout = cache
+    let connect = cache
         .effective_policy("pay.vip", "checkout")
         .unwrap()
-        .request_timeout;
-    assert_eq!(timeout.value, std::time::Duration::from_secs(1));
+        .connect_timeout;
+    assert_eq!(connect.value, std::time::Duration::from_secs(2));
     cache.unwatch(stream_of("checkout"), ["pay.vip"]);
     assert_eq!(cache.watched(), 0);
 }

@@ -309,3 +309,64 @@ fn a_policy_file_error_shows_its_cause_once() {
         );
     }
 }
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn the_routes_timeouts_list_only_the_clusters_that_differ_from_the_defaults_per_caller() {
+    let policy = example();
+    let anyone = policy.timeouts("shipping");
+    assert_eq!(anyone.default, Timeouts::default());
+    let payments = Timeouts {
+        request: ms(300),
+        per_try: Duration::ZERO,
+    };
+    // The SVIP's entry sets no timeout: it is not listed.
+    assert_eq!(
+        anyone.clusters,
+        BTreeMap::from([("payments.vip".to_owned(), payments)])
+    );
+    let checkout = policy.timeouts("checkout");
+    assert_eq!(checkout.clusters["payments.vip"].request, ms(1000));
+    assert_eq!(Policy::default().timeouts("x"), RouteTimeouts::default());
+}
+
+#[test]
+fn a_default_timeout_applies_to_every_cluster_and_an_entry_can_lift_it() {
+    let policy = Policy::parse(
+        b"defaults: {request_timeout: 2s, per_try_timeout: 500ms}
+vips:
+  slow: {request_timeout: 0s}
+  same: {request_timeout: 2s}
+  tries: {per_try_timeout: 100ms}
+",
+    )
+    .unwrap();
+    let timeouts = policy.timeouts("anyone");
+    assert_eq!(
+        timeouts.default,
+        Timeouts {
+            request: ms(2000),
+            per_try: ms(500)
+        }
+    );
+    let expected = BTreeMap::from([
+        (
+            "slow.vip".to_owned(),
+            Timeouts {
+                request: Duration::ZERO,
+                per_try: ms(500),
+            },
+        ),
+        (
+            "tries.vip".to_owned(),
+            Timeouts {
+                request: ms(2000),
+                per_try: ms(100),
+            },
+        ),
+    ]);
+    assert_eq!(timeouts.clusters, expected);
+}

@@ -66,6 +66,7 @@ use crate::policy::{Effective, LoadBalancing, Policy};
 use odmesh_registry::Protocol;
 
 mod name;
+pub mod route;
 mod version;
 
 pub use name::ResourceName;
@@ -81,10 +82,6 @@ pub const METADATA_NAMESPACE: &str = "odmesh";
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const HTTP_PROTOCOL_OPTIONS_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
-/// The cluster metadata keys (namespace `odmesh`) of the request and per-try timeouts, in
-/// milliseconds; absent for none.
-pub const REQUEST_TIMEOUT_KEY: &str = "request_timeout_ms";
-pub const PER_TRY_TIMEOUT_KEY: &str = "per_try_timeout_ms";
 const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
 const PREVIOUS_HOSTS_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
@@ -584,19 +581,6 @@ impl<'a> Target<'a> {
                 },
             ),
         ]);
-        let mut fields = fields;
-        // Read by the bootstrap's `header_mutation` filter, which turns them into the router's
-        // `x-envoy-upstream-rq-timeout-ms` and `x-envoy-upstream-rq-per-try-timeout-ms`: the
-        // one way a cluster can give its requests a timeout with a single shared route.
-        for (key, timeout) in [
-            (REQUEST_TIMEOUT_KEY, &self.policy.request_timeout),
-            (PER_TRY_TIMEOUT_KEY, &self.policy.per_try_timeout),
-        ] {
-            if !timeout.value.is_zero() {
-                let ms = timeout.value.as_millis().max(1).to_string();
-                fields.insert(key.to_owned(), string_value(&ms));
-            }
-        }
         Metadata {
             filter_metadata: HashMap::from([(METADATA_NAMESPACE.to_owned(), Struct { fields })]),
             ..Default::default()

@@ -261,12 +261,6 @@ fn without_a_policy_a_request_that_never_reached_an_instance_is_retried_on_anoth
     assert_eq!(retry.host_selection_retry_max_attempts, 3);
     assert_eq!(c.connect_timeout.unwrap().seconds, 1);
     assert_eq!(c.lb_policy, LbPolicy::RoundRobin as i32);
-    let meta = odmesh_meta(&c);
-    assert!(
-        !meta.contains_key(REQUEST_TIMEOUT_KEY),
-        "no request timeout by default"
-    );
-    assert!(!meta.contains_key(PER_TRY_TIMEOUT_KEY));
 }
 
 #[test]
@@ -309,10 +303,21 @@ fn each_policy_value_lands_in_its_envoy_field() {
     assert_eq!(outliers.interval.unwrap().seconds, 2);
     assert_eq!(outliers.base_ejection_time.unwrap().seconds, 9);
     assert_eq!(n(&outliers.max_ejection_percent), 50);
-    // The timeouts travel in the metadata, for the bootstrap's header_mutation filter.
-    let meta = odmesh_meta(&c);
-    assert_eq!(meta[REQUEST_TIMEOUT_KEY], string_value("2000"));
-    assert_eq!(meta[PER_TRY_TIMEOUT_KEY], string_value("500"));
+    // The timeouts are the route's (xds::route), not the cluster's: a timeout changes
+    // nothing in the cluster.
+    let (without, _) = under_policy(
+        "vips:
+  hello:
+    connect_timeout: 250ms
+    idle_timeout: 5m
+    load_balancing: least_request
+    retries: {on: [5xx, reset], count: 3, backoff: {base: 10ms, max: 1s}, budget_percent: 20}
+    circuit_breakers: {max_connections: 10, max_pending_requests: 11, max_requests: 12, max_retries: 2}
+    outlier_detection: {consecutive_5xx: 7, interval: 2s, base_ejection_time: 9s, max_ejection_percent: 50}
+",
+        None,
+    );
+    assert_eq!(c, without);
 }
 
 #[test]
@@ -333,10 +338,8 @@ fn hashing_balancers_hash_the_policys_header_and_the_others_hash_nothing() {
 }
 
 /// One change of each policy value, away from its default.
-const POLICY_KNOBS: [&str; 20] = [
+const POLICY_KNOBS: [&str; 18] = [
     "connect_timeout: 2s",
-    "request_timeout: 1s",
-    "per_try_timeout: 1s",
     "idle_timeout: 1m",
     "protocol: http2",
     "load_balancing: least_request",
@@ -378,6 +381,11 @@ fn every_policy_knob_changes_the_cluster_version() {
         assert_ne!(changed, base, "{knob} did not change the version");
     }
     assert_eq!(version("vips: {other: {retries: {count: 1}}}"), base);
+    // Timeouts are the route's (xds::route): they leave the cluster alone.
+    assert_eq!(
+        version("vips: {hello: {request_timeout: 1s, per_try_timeout: 1s}}"),
+        base
+    );
     assert_ne!(
         version("vips: {hello: {load_balancing: ring_hash, hash_header: a}}"),
         version("vips: {hello: {load_balancing: ring_hash, hash_header: b}}"),

@@ -61,6 +61,14 @@ pub(super) fn load_assignment(cluster_version: u64, encoded: &[u8]) -> u64 {
     h.0
 }
 
+/// The version of a resource whose encoding is canonical already (no map field holds more
+/// than one entry, or the builder wrote the entries in key order): a hash of its bytes.
+pub(super) fn encoded(encoded: &[u8]) -> u64 {
+    let mut h = Fnv64::default();
+    h.prefixed(encoded);
+    h.0
+}
+
 /// FNV-1a, 64 bits, fed the canonical encoding.
 struct Fnv64(u64);
 

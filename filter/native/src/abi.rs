@@ -73,6 +73,14 @@ unsafe extern "C" {
         context: *mut c_void,
         status_code: u32,
     ) -> bool;
+    fn envoy_dynamic_module_callback_cluster_specifier_set_timeout(
+        context: *mut c_void,
+        timeout_ms: u64,
+    );
+    fn envoy_dynamic_module_callback_cluster_specifier_set_route_action_override(
+        context: *mut c_void,
+        name: ModuleBuffer,
+    ) -> bool;
     fn envoy_dynamic_module_callback_cluster_specifier_set_route_metadata_string(
         context: *mut c_void,
         namespace: ModuleBuffer,
@@ -243,6 +251,21 @@ impl shell::Request for Selection<'_> {
         unsafe {
             envoy_dynamic_module_callback_cluster_specifier_set_cluster_not_found_response_code(
                 self.envoy, status,
+            )
+        }
+    }
+
+    fn set_timeout_ms(&mut self, ms: u64) {
+        // SAFETY: the context of the running `select`.
+        unsafe { envoy_dynamic_module_callback_cluster_specifier_set_timeout(self.envoy, ms) }
+    }
+
+    fn use_override(&mut self, name: &str) -> bool {
+        // SAFETY: the context of the running `select`; Envoy looks the name up during the call.
+        unsafe {
+            envoy_dynamic_module_callback_cluster_specifier_set_route_action_override(
+                self.envoy,
+                ModuleBuffer::of(name.as_bytes()),
             )
         }
     }

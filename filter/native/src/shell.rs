@@ -11,6 +11,14 @@
 //!   without a cluster.
 //!
 //! The secure header is removed by the route (`request_headers_to_remove`), not here.
+//!
+//! The route the control plane serves (RDS) may add a `timeouts` table to the configuration:
+//! `{"timeouts": {"slow.vip": {"request_ms": 500, "per_try": "per-try-100ms"}}}`, the policy's
+//! request timeout of each cluster whose timeouts differ from the route's own, and the route
+//! action override (declared beside the configuration) that carries its per-try timeout
+//! (control/src/xds/route.rs). A request to such a cluster gets them while its route resolves.
+
+use std::collections::HashMap;
 
 use odmesh_filter::config::Config;
 use odmesh_filter::mapping::{METRIC_REJECTED, METRIC_SVIP, METRIC_VIP, Verdict, decide};
@@ -41,8 +49,41 @@ pub trait Request {
     fn note(&mut self, key: &str, value: &str);
     /// The status Envoy answers with when the request has no cluster; `false` if refused.
     fn not_found_status(&mut self, status: u32) -> bool;
+    /// Sets the request's timeout (the whole request, all tries); 0 for none.
+    fn set_timeout_ms(&mut self, ms: u64);
+    /// Applies the route action override `name`; `false` if the route declares none such.
+    fn use_override(&mut self, name: &str) -> bool;
     /// Adds one to counter `id`.
     fn count(&mut self, id: CounterId);
+}
+
+/// The configuration key of the control plane's timeouts table.
+pub const TIMEOUTS_KEY: &str = "timeouts";
+
+/// One cluster's timeouts, from the table.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterTimeouts {
+    /// The request timeout; 0 for none.
+    request_ms: u64,
+    /// The route action override with its per-try timeout, if it differs from the route's.
+    #[serde(default)]
+    per_try: Option<String>,
+}
+
+/// The configuration without its `timeouts` key, and the table under it (empty without one).
+fn split_timeouts(config: &[u8]) -> Result<(Vec<u8>, HashMap<String, ClusterTimeouts>), String> {
+    let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(config) else {
+        // Not an object (or empty): the mapping's own parser says what is wrong.
+        return Ok((config.to_vec(), HashMap::new()));
+    };
+    let Some(table) = object.remove(TIMEOUTS_KEY) else {
+        return Ok((config.to_vec(), HashMap::new()));
+    };
+    let table = serde_json::from_value(table)
+        .map_err(|e| format!("invalid odmesh filter configuration: field `{TIMEOUTS_KEY}`: {e}"))?;
+    let rest = serde_json::Value::Object(object).to_string().into_bytes();
+    Ok((rest, table))
 }
 
 /// Route metadata key: the cluster a first request waits for.
@@ -68,15 +109,21 @@ struct Counters {
 #[derive(Debug)]
 pub struct Plugin {
     config: Config,
+    timeouts: HashMap<String, ClusterTimeouts>,
     counters: Counters,
 }
 
 /// `config_new`: parses the configuration (the specifier's `specifier_config`, JSON) and
 /// defines the counters; `None` refuses it, with a log line that names the field.
 pub fn config_new(envoy: &impl Setup, _name: &[u8], config: &[u8]) -> Option<Plugin> {
-    match Config::parse(config) {
-        Ok(config) => Some(Plugin {
+    let parsed = split_timeouts(config).and_then(|(config, timeouts)| {
+        let config = Config::parse(&config).map_err(|e| e.to_string())?;
+        Ok((config, timeouts))
+    });
+    match parsed {
+        Ok((config, timeouts)) => Some(Plugin {
             config,
+            timeouts,
             counters: Counters {
                 vip: envoy.define_counter(METRIC_VIP),
                 svip: envoy.define_counter(METRIC_SVIP),
@@ -84,7 +131,7 @@ pub fn config_new(envoy: &impl Setup, _name: &[u8], config: &[u8]) -> Option<Plu
             },
         }),
         Err(e) => {
-            envoy.log_critical(&e.to_string());
+            envoy.log_critical(&e);
             None
         }
     }
@@ -92,12 +139,23 @@ pub fn config_new(envoy: &impl Setup, _name: &[u8], config: &[u8]) -> Option<Plu
 
 /// `select`: one decision, then its verdict. Always `true`: the decision applies.
 pub fn select(plugin: &Plugin, request: &mut impl Request) -> bool {
-    let Plugin { config, counters } = plugin;
+    let Plugin {
+        config,
+        timeouts,
+        counters,
+    } = plugin;
     let counter = match decide(config, |name| request.header(name)) {
         Verdict::Route { cluster, kind, .. } => {
             request.route_to(&cluster);
             if !request.has_cluster(&cluster) {
                 request.note(NOTE_CLUSTER, &cluster);
+            }
+            if let Some(own) = timeouts.get(&cluster) {
+                request.set_timeout_ms(own.request_ms);
+                if let Some(name) = &own.per_try {
+                    let declared = request.use_override(name);
+                    debug_assert!(declared, "the route declares override {name}");
+                }
             }
             match kind {
                 Kind::Vip => counters.vip,
@@ -145,6 +203,8 @@ mod tests {
         cluster: Option<String>,
         notes: BTreeMap<String, String>,
         status: Option<u32>,
+        timeout_ms: Option<u64>,
+        overrides: Vec<String>,
         counted: Vec<CounterId>,
     }
 
@@ -175,6 +235,13 @@ mod tests {
         fn not_found_status(&mut self, status: u32) -> bool {
             self.status = Some(status);
             (200..600).contains(&status)
+        }
+        fn set_timeout_ms(&mut self, ms: u64) {
+            self.timeout_ms = Some(ms);
+        }
+        fn use_override(&mut self, name: &str) -> bool {
+            self.overrides.push(name.to_owned());
+            true
         }
         fn count(&mut self, id: CounterId) {
             self.counted.push(id);
@@ -282,5 +349,34 @@ mod tests {
         assert_eq!(request.status, Some(FAILED_STATUS));
         assert_eq!(request.notes[NOTE_ERROR], FAILED_TEXT);
         assert_eq!(request.cluster, None);
+    }
+
+    #[test]
+    fn a_cluster_in_the_timeouts_table_gets_its_timeout_and_override_and_others_nothing() {
+        let (plugin, _) = plugin(
+            r#"{"strip_suffixes": [".mesh"], "timeouts": {
+                "slow.vip": {"request_ms": 500, "per_try": "per-try-100ms"},
+                "free.vip": {"request_ms": 0}}}"#,
+        );
+        let mut slow = request(&[(":authority", "slow.mesh")], &["slow.vip"]);
+        select(&plugin, &mut slow);
+        assert_eq!(slow.cluster.as_deref(), Some("slow.vip"));
+        assert_eq!(slow.timeout_ms, Some(500));
+        assert_eq!(slow.overrides, ["per-try-100ms"]);
+        let mut free = request(&[(":authority", "free")], &[]);
+        select(&plugin, &mut free);
+        assert_eq!((free.timeout_ms, free.overrides.len()), (Some(0), 0));
+        let mut other = request(&[(":authority", "other")], &[]);
+        select(&plugin, &mut other);
+        assert_eq!((other.timeout_ms, other.overrides.len()), (None, 0));
+    }
+
+    #[test]
+    fn a_bad_timeouts_table_is_refused_naming_it() {
+        let envoy = Fake::default();
+        let config = br#"{"timeouts": {"slow.vip": {"request_ms": "soon"}}}"#;
+        assert!(config_new(&envoy, b"odmesh", config).is_none());
+        let logged = envoy.logged.take();
+        assert!(logged[0].contains("`timeouts`"), "{logged:?}");
     }
 }

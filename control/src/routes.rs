@@ -1,0 +1,438 @@
+//! The route discovery service (RDS, state of the world): each proxy's mesh route, built for
+//! its calling service's timeouts ([`crate::xds::route`]), sent when the proxy asks and again
+//! whenever a policy change changes it.
+//!
+//! A proxy asks for its route configuration by name (the bootstrap's `route_config_name`,
+//! `odmesh`) on a stream of its own; the route depends on the proxy (its node metadata says how
+//! it maps requests, its node `cluster` is its calling service) and on the policy, never on
+//! the registry, so a registry change sends nothing here. Protocol (state of the world):
+//! a response carries every name the proxy asked for; a request whose `response_nonce` is the
+//! last response's acknowledges it (or, with `error_detail`, rejects it: the proxy keeps its
+//! route, and is sent another only when it changes); a request with an older nonce is stale
+//! and ignored. A proxy reconnecting with the version it holds (`version_info`) is sent
+//! nothing if that is still its route.
+//!
+//! [`RouteStream`] is the protocol, pure; [`Routes`] the tonic service.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::route::v3::route_discovery_service_server::{
+    RouteDiscoveryService, RouteDiscoveryServiceServer,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::debug;
+
+use crate::cache::Cache;
+use crate::metrics::Metrics;
+use crate::policy::{Policy, RouteTimeouts};
+use crate::xds::route::{self, ROUTE_TYPE_URL, RouteShell};
+use odmesh_base::logs::{self, clip};
+use odmesh_base::metrics::inc;
+
+/// At most so many route names per stream (a proxy asks for one), each at most
+/// [`MAX_NAME`] bytes: a stream costs a few routes whatever a client asks.
+pub const MAX_NAMES: usize = 4;
+/// At most so many bytes of a route name, a node's `cluster` and a NACK's message are kept.
+const MAX_NAME: usize = 256;
+const MAX_NACK_MESSAGE: usize = 4096;
+
+/// One route stream's protocol state.
+#[derive(Debug, Default)]
+pub struct RouteStream {
+    /// The proxy's mapping, from its first request's node (`Err`: its metadata is invalid,
+    /// and it is answered nothing).
+    shell: Option<Result<RouteShell, String>>,
+    /// The proxy's calling service (`node.cluster`).
+    caller: String,
+    node_id: String,
+    /// The names the proxy asked for last.
+    names: Vec<String>,
+    /// The last version the proxy was sent, or the one it said it holds when the stream
+    /// began.
+    holds: String,
+    /// The nonce of the last response (0: none yet).
+    nonce: u64,
+    /// Whether the invalid node was reported (once per stream).
+    reported: bool,
+}
+
+/// What [`RouteStream`] tells its service besides responses.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The proxy rejected a response, with Envoy's message.
+    Nack(String),
+    /// The proxy's node metadata is invalid: nothing is sent.
+    InvalidNode(String),
+}
+
+impl RouteStream {
+    /// Applies one request; returns the response due, if any, and what to log and count.
+    pub fn on_request(
+        &mut self,
+        req: &DiscoveryRequest,
+        policy: &Policy,
+    ) -> (Option<DiscoveryResponse>, Option<Event>) {
+        if self.shell.is_none() {
+            self.note_node(req.node.as_ref(), &req.version_info);
+        }
+        let mut event = None;
+        if !req.response_nonce.is_empty() {
+            if req.response_nonce != self.nonce.to_string() {
+                // Stale: about an older response; the proxy's next request tells.
+                return (None, None);
+            }
+            if let Some(error) = &req.error_detail {
+                // The proxy keeps the route it had; this one is sent again only if it changes.
+                event = Some(Event::Nack(logs::truncated(
+                    &error.message,
+                    MAX_NACK_MESSAGE,
+                )));
+            }
+        }
+        self.names = (req.resource_names.iter())
+            .take(MAX_NAMES)
+            .map(|name| logs::truncated(name, MAX_NAME))
+            .collect();
+        if let Some(Err(why)) = &self.shell {
+            let first = !std::mem::replace(&mut self.reported, true);
+            return (None, first.then(|| Event::InvalidNode(why.clone())));
+        }
+        (self.respond(policy), event)
+    }
+
+    /// The policy changed: the route, if it changed for this proxy.
+    pub fn on_policy(&mut self, policy: &Policy) -> Option<DiscoveryResponse> {
+        match &self.shell {
+            Some(Ok(_)) => self.respond(policy),
+            _ => None,
+        }
+    }
+
+    /// The node, from the stream's first request.
+    pub fn note_node(&mut self, node: Option<&Node>, version_info: &str) {
+        self.shell = Some(RouteShell::from_node(node));
+        self.caller = logs::truncated(node.map_or("", |n| n.cluster.as_str()), MAX_NAME);
+        self.node_id = logs::truncated(node.map_or("", |n| n.id.as_str()), MAX_NAME);
+        self.holds = logs::truncated(version_info, MAX_NAME);
+    }
+
+    /// The proxy's node id and calling service, for logs.
+    pub fn who(&self) -> (&str, &str) {
+        (&self.node_id, &self.caller)
+    }
+
+    /// The route now, if it is not the last one the proxy was sent (or, at the stream's
+    /// start, the one it holds). After a NACK the proxy keeps its older route, and the one it
+    /// rejected is not sent again until the policy changes it.
+    fn respond(&mut self, policy: &Policy) -> Option<DiscoveryResponse> {
+        let Some(Ok(shell)) = &self.shell else {
+            return None;
+        };
+        if self.names.is_empty() {
+            return None;
+        }
+        let timeouts: RouteTimeouts = policy.timeouts(&self.caller);
+        let built: Vec<_> = (self.names.iter())
+            .map(|name| route::build(name, shell, &timeouts))
+            .collect();
+        let version = (built.iter())
+            .map(|b| b.version.as_str())
+            .collect::<Vec<_>>()
+            .join("-");
+        if version == self.holds {
+            return None;
+        }
+        self.nonce += 1;
+        self.holds = version.clone();
+        Some(DiscoveryResponse {
+            version_info: version,
+            resources: built.into_iter().map(|b| b.route).collect(),
+            type_url: ROUTE_TYPE_URL.to_owned(),
+            nonce: self.nonce.to_string(),
+            ..Default::default()
+        })
+    }
+}
+
+/// The route discovery service.
+#[derive(Clone, Debug)]
+pub struct Routes {
+    cache: Arc<Cache>,
+    metrics: Arc<Metrics>,
+    /// `true` on shutdown: every stream ends.
+    closing: watch::Receiver<bool>,
+}
+
+impl Routes {
+    /// A service answering from `cache`'s policy.
+    pub fn new(cache: Arc<Cache>, metrics: Arc<Metrics>, closing: watch::Receiver<bool>) -> Routes {
+        Routes {
+            cache,
+            metrics,
+            closing,
+        }
+    }
+
+    /// The gRPC service.
+    pub fn into_service(self) -> RouteDiscoveryServiceServer<Routes> {
+        RouteDiscoveryServiceServer::new(self)
+    }
+
+    async fn run(
+        self,
+        mut inbound: Streaming<DiscoveryRequest>,
+        tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    ) {
+        let mut closing = self.closing.clone();
+        let mut policies = self.cache.policy_changes();
+        let mut stream = RouteStream::default();
+        loop {
+            let response = tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => {
+                        let (response, event) = stream.on_request(&req, &self.cache.policy());
+                        self.log(&stream, event);
+                        response
+                    }
+                    Ok(None) | Err(_) => break,
+                },
+                changed = policies.changed() => match changed {
+                    Ok(()) => stream.on_policy(&self.cache.policy()),
+                    Err(_) => break,
+                },
+                _ = closing.changed() => break,
+            };
+            if let Some(response) = response {
+                inc(&self.metrics.rds_responses_total);
+                debug!(version = %response.version_info, "sending route");
+                if tx.send(Ok(response)).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn log(&self, stream: &RouteStream, event: Option<Event>) {
+        let (node, caller) = stream.who();
+        match event {
+            None => {}
+            Some(Event::Nack(message)) => {
+                inc(&self.metrics.rds_nacks_total);
+                odmesh_base::limited!(
+                    warn,
+                    node = %clip(node),
+                    caller = %clip(caller),
+                    error = %message,
+                    "proxy rejected its route (NACK); it keeps the one it had"
+                );
+            }
+            Some(Event::InvalidNode(why)) => {
+                inc(&self.metrics.rds_invalid_nodes_total);
+                odmesh_base::limited!(
+                    warn,
+                    node = %clip(node),
+                    error = %why,
+                    "no route for this proxy: its bootstrap's node metadata is invalid"
+                );
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RouteDiscoveryService for Routes {
+    type StreamRoutesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_routes(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamRoutesStream>, Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let service = self.clone();
+        let metrics = self.metrics.clone();
+        inc(&metrics.rds_streams_active);
+        tokio::spawn(async move {
+            service.run(request.into_inner(), tx).await;
+            (metrics.rds_streams_active).fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type DeltaRoutesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn delta_routes(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaRoutesStream>, Status> {
+        Err(Status::unimplemented(
+            "odmesh serves routes over the state-of-the-world stream (api_type: GRPC)",
+        ))
+    }
+
+    async fn fetch_routes(
+        &self,
+        _request: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        Err(Status::unimplemented(
+            "odmesh serves routes over the state-of-the-world stream (api_type: GRPC)",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use envoy_types::pb::google::protobuf::{Struct, Value, value};
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+    use super::*;
+
+    fn node(caller: &str, mapping: Option<&str>) -> Node {
+        let metadata = mapping.map(|m| {
+            let odmesh = Struct {
+                fields: HashMap::from([(
+                    "mapping".to_owned(),
+                    Value {
+                        kind: Some(value::Kind::StringValue(m.to_owned())),
+                    },
+                )]),
+            };
+            Struct {
+                fields: HashMap::from([(
+                    "odmesh".to_owned(),
+                    Value {
+                        kind: Some(value::Kind::StructValue(odmesh)),
+                    },
+                )]),
+            }
+        });
+        Node {
+            id: "proxy-1".to_owned(),
+            cluster: caller.to_owned(),
+            metadata,
+            ..Default::default()
+        }
+    }
+
+    fn request(node: Option<Node>, version: &str, nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            node,
+            version_info: version.to_owned(),
+            resource_names: vec!["odmesh".to_owned()],
+            type_url: ROUTE_TYPE_URL.to_owned(),
+            response_nonce: nonce.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    fn policy(yaml: &str) -> Policy {
+        Policy::parse(yaml.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_proxy_gets_its_route_once_then_only_when_its_timeouts_change() {
+        let mut stream = RouteStream::default();
+        let p1 = policy("vips: {slow: {request_timeout: 500ms}}");
+        let (first, event) = stream.on_request(&request(Some(node("web", None)), "", ""), &p1);
+        let first = first.expect("the first request is answered");
+        assert_eq!(event, None);
+        assert_eq!(first.nonce, "1");
+        assert_eq!(first.resources.len(), 1);
+        // The ACK: nothing more.
+        let ack = request(None, &first.version_info, "1");
+        assert_eq!(stream.on_request(&ack, &p1), (None, None));
+        // A policy change that changes nothing for this route: nothing; one that does: sent.
+        let p2 =
+            policy("vips: {slow: {request_timeout: 500ms, circuit_breakers: {max_requests: 5}}}");
+        assert_eq!(stream.on_policy(&p2), None);
+        let p3 = policy("vips: {slow: {request_timeout: 600ms}}");
+        let second = stream.on_policy(&p3).expect("a changed timeout is sent");
+        assert_eq!(second.nonce, "2");
+        assert_ne!(second.version_info, first.version_info);
+    }
+
+    #[test]
+    fn a_reconnecting_proxy_that_holds_its_route_is_sent_nothing() {
+        let p = policy("vips: {slow: {request_timeout: 500ms}}");
+        let mut first = RouteStream::default();
+        let sent = (first
+            .on_request(&request(Some(node("web", None)), "", ""), &p)
+            .0)
+            .unwrap();
+        let mut again = RouteStream::default();
+        let resumed = request(Some(node("web", None)), &sent.version_info, "");
+        assert_eq!(again.on_request(&resumed, &p), (None, None));
+        // Another caller's route differs.
+        let mut other = RouteStream::default();
+        let theirs = request(Some(node("batch", None)), &sent.version_info, "");
+        let p_batch = policy(
+            "vips: {slow: {request_timeout: 500ms, callers: {batch: {request_timeout: 9s}}}}",
+        );
+        assert!(other.on_request(&theirs, &p_batch).0.is_some());
+    }
+
+    #[test]
+    fn a_nack_is_reported_and_the_rejected_route_is_not_sent_again_until_it_changes() {
+        let p = policy("vips: {slow: {request_timeout: 500ms}}");
+        let mut stream = RouteStream::default();
+        stream.on_request(&request(Some(node("web", None)), "", ""), &p);
+        let mut nack = request(None, "", "1");
+        nack.error_detail = Some(RpcStatus {
+            message: "bad route".to_owned(),
+            ..Default::default()
+        });
+        let (response, event) = stream.on_request(&nack, &p);
+        assert_eq!(
+            (response, event),
+            (None, Some(Event::Nack("bad route".to_owned())))
+        );
+        assert_eq!(stream.on_policy(&p), None);
+        let changed = policy("vips: {slow: {request_timeout: 700ms}}");
+        assert_eq!(
+            stream.on_policy(&changed).map(|r| r.nonce),
+            Some("2".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_stale_nonce_is_ignored() {
+        let p = policy("");
+        let mut stream = RouteStream::default();
+        stream.on_request(&request(Some(node("web", None)), "", ""), &p);
+        stream.on_policy(&policy("defaults: {request_timeout: 1s}"));
+        assert_eq!(stream.on_request(&request(None, "", "1"), &p), (None, None));
+    }
+
+    #[test]
+    fn an_invalid_node_is_answered_nothing_and_said_once() {
+        let p = policy("");
+        let mut stream = RouteStream::default();
+        let (response, event) =
+            stream.on_request(&request(Some(node("web", Some("lua"))), "", ""), &p);
+        assert_eq!(response, None);
+        assert!(matches!(event, Some(Event::InvalidNode(ref why)) if why.contains("lua")));
+        assert_eq!(stream.on_request(&request(None, "", ""), &p), (None, None));
+        assert_eq!(
+            stream.on_policy(&policy("defaults: {request_timeout: 1s}")),
+            None
+        );
+    }
+
+    #[test]
+    fn a_stream_keeps_a_few_names_whatever_it_asks() {
+        let p = policy("");
+        let mut stream = RouteStream::default();
+        let mut req = request(Some(node("web", None)), "", "");
+        req.resource_names = (0..1000).map(|i| format!("r{i}")).collect();
+        let response = stream.on_request(&req, &p).0.unwrap();
+        assert_eq!(response.resources.len(), MAX_NAMES);
+    }
+}
