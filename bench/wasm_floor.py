@@ -3,8 +3,10 @@
 
     bench/wasm_floor.py                                   # 30 rounds of 5 s
     bench/wasm_floor.py --filter sdk=/tmp/old.wasm --filter new=dist/odmesh_filter.wasm
-    bench/wasm_floor.py --no-floor --filter native=dist/libodmesh_filter.so \
-        --filter wasm=dist/odmesh_filter.wasm                # the two shells side by side
+    bench/wasm_floor.py --no-floor --filter native=/tmp/old/libodmesh_filter.so \
+        --filter wasm=dist/odmesh_filter.wasm   # a native HTTP-filter module (before ce73175)
+
+The two shells as they ship today, side by side: bench/chains.py (`make bench-shells`).
 
 Envoys (each `--concurrency 1`, one nginx upstream), in bench/run.py's harness:
 - `static`: a plain static route, the baseline;
@@ -19,8 +21,9 @@ Envoys (each `--concurrency 1`, one nginx upstream), in bench/run.py's harness:
   the floor of any filter that routes by setting it;
 - each `--filter NAME=FILE` (default: `odmesh=dist/odmesh_filter.wasm`): the filter and a
   static cluster named like the VIP, as bench/run.py's overhead section. A `.so` is loaded as
-  a native Envoy dynamic module (`envoy.filters.http.dynamic_modules`), a `.wasm` by the wasm
-  filter.
+  a native Envoy dynamic module (`envoy.filters.http.dynamic_modules`: only a module built
+  before commit ce73175, when it was an HTTP filter; today's is the route's cluster specifier,
+  measured by bench/chains.py), a `.wasm` by the wasm filter.
 `--no-floor` leaves out the hand-written modules (the floor steps), to compare filters only.
 The hand-written modules are a few bytes each, written here; the static route serves them since
 nothing sets the cluster header. Each round runs `wrk -t1 -c32` against every Envoy, the order
@@ -95,6 +98,8 @@ NATIVE_FILTER = """
 
 
 HEADER_ROUTE = "header-route"
+# What a native module that is an HTTP filter exports (found in its dynamic symbol names).
+HTTP_FILTER_HOOK = b"envoy_dynamic_module_on_http_filter_config_new"
 
 
 def bootstrap(listener, admin, upstream, wasm, static_route):
@@ -109,7 +114,12 @@ def bootstrap(listener, admin, upstream, wasm, static_route):
     if static_route and wasm is not None:
         boot = boot.replace("route: {cluster_header: x-odmesh-cluster}", "route: {cluster: fr-000000.vip}")
     if wasm is not None and Path(wasm).suffix == ".so":
-        # The same chain with the native module in the wasm filter's place.
+        # The same chain with the native module in the wasm filter's place: only a module that
+        # is an HTTP filter (before commit ce73175; since, the module is the route's cluster
+        # specifier, which bench/chains.py measures in envoy/odmesh-native.yaml as shipped).
+        if HTTP_FILTER_HOOK not in Path(wasm).read_bytes():
+            sys.exit(f"{wasm} is no HTTP filter (it exports no {HTTP_FILTER_HOOK.decode()}): "
+                     "measure it with bench/chains.py")
         start = boot.index("\n          - name: envoy.filters.http.wasm")
         end = boot.index("\n", boot.index("code: {local:", start))
         boot = boot[:start] + NATIVE_FILTER.format(path=wasm) + boot[end:]
