@@ -3,7 +3,8 @@
 request path"; `make bench-shells`).
 
     bench/chains.py                                        # 20 rounds of 4 s
-    bench/chains.py --rounds 40 --seconds 4 --out docs/bench/chains.json
+    bench/chains.py --rounds 70 --seconds 4 --out docs/bench/chains.json
+    bench/chains.py --only native,wasm                     # static and those two
     bench/chains.py --chain wasm-hand-abi=/tmp/odmesh-hand-abi.wasm \\
         --chain native-filter=/tmp/old/envoy/odmesh-native.yaml:/tmp/old/libodmesh_filter.so
 
@@ -191,13 +192,15 @@ def extra_chain(spec, xds):
     name, sep, target = spec.partition("=")
     if not sep or not name or not target:
         raise SystemExit(f"--chain {spec!r}: NAME=FILE expected")
-    if target.endswith(".so"):
+    boot, _, module = target.partition(":")
+    if boot.endswith((".yaml", ".yml")):
+        boot, module = Path(boot).resolve(), (Path(module).resolve() if module else None)
+    elif target.endswith(".so"):
         boot, module = NATIVE_BOOTSTRAP, Path(target).resolve()
     elif target.endswith(".wasm"):
         boot, module = WASM_BOOTSTRAP, Path(target).resolve()
     else:
-        boot, _, module = target.partition(":")
-        boot, module = Path(boot).resolve(), (Path(module).resolve() if module else None)
+        raise SystemExit(f"--chain {spec!r}: a .so, a .wasm or BOOTSTRAP.yaml[:MODULE] expected")
     for p in (boot, module):
         if p and not p.is_file():
             raise SystemExit(f"--chain {spec!r}: no file {p}")
@@ -229,6 +232,17 @@ def chains(workdir, upstream, xds, extras=()):
     if len(set(names)) != len(names):
         raise SystemExit(f"two chains of one name: {names}")
     return out
+
+
+def only(todo, names):
+    """The chains of `todo` named in `names` (comma-separated), and `static`; all if no names."""
+    if not names:
+        return todo
+    want = {"static", *names.split(",")}
+    unknown = want - {c.name for c in todo}
+    if unknown:
+        raise SystemExit(f"--only: no chain {sorted(unknown)}; the chains: {[c.name for c in todo]}")
+    return [c for c in todo if c.name in want]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,6 +425,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="seconds of load per Envoy before the rounds")
     ap.add_argument("--chain", action="append", default=[], metavar="NAME=FILE",
                     help="another chain: a .so, a .wasm, or BOOTSTRAP.yaml[:MODULE]")
+    ap.add_argument("--only", help="these chains only (comma-separated; static always runs)")
     ap.add_argument("--envoy-cpu", type=int, default=0)
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--no-pin", action="store_true", help="no taskset: the scheduler places everything")
@@ -437,7 +452,7 @@ def main():
     try:
         upstream = run.start_nginx(procs, workdir)
         cp = run.start_control(procs, write_registry(workdir, upstream), extra=control_extra(workdir))
-        todo = chains(workdir, upstream, cp.xds, args.chain)
+        todo = only(chains(workdir, upstream, cp.xds, args.chain), args.only)
         results["chains"] = {c.name: c.describe() for c in todo}
         results["chains_order"] = [c.name for c in todo]
         envoys = {}

@@ -115,13 +115,7 @@ def main():
     try:
         upstream = run.start_nginx(procs, workdir)
         cp = run.start_control(procs, chains.write_registry(workdir, upstream), extra=chains.control_extra(workdir))
-        todo = chains.chains(workdir, upstream, cp.xds, args.chain)
-        if args.only:
-            want = {"static", *args.only.split(",")}
-            unknown = want - {c.name for c in todo}
-            if unknown:
-                sys.exit(f"--only: no chain {sorted(unknown)}; the chains: {[c.name for c in todo]}")
-            todo = [c for c in todo if c.name in want]
+        todo = chains.only(chains.chains(workdir, upstream, cp.xds, args.chain), args.only)
         results["chains"] = {c.name: c.describe() for c in todo}
         for c in todo:
             out = workdir / f"callgrind-{c.name}.out"
