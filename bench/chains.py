@@ -38,7 +38,8 @@ of the load. Each round runs `wrk -t1 -c32 -d<seconds>s` (keep-alive, `Host: fr-
 against every Envoy in turn, the order rotated by one each round; a non-2xx answer fails the run.
 Per round and chain: throughput (wrk's requests/s) and Envoy's CPU per request (user + system
 time of the whole process, /proc/<pid>/stat, over the wrk run), each as a ratio to the same
-round's `static`; and the load average after each round.
+round's `static`; and the load average after each round. With `--out`, the rounds so far are
+written after each round (marked `partial`), the whole report at the end.
 
 Pinning (taskset / sched_setaffinity): every Envoy on CPU 0 (`--envoy-cpu`); this script and
 everything it starts besides the Envoys (nginx, the control plane, wrk, curl) on CPU 1
@@ -480,13 +481,15 @@ def main():
             for name, e in envoys.items():
                 if e.poll() is not None:
                     raise RuntimeError(f"Envoy of {name} exited: see {e.logpath}")
+            if args.out:  # the rounds so far, should the run be cut short
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps({**results, "rounds": rounds, "partial": True}, indent=1) + "\n")
     finally:
         procs.stop_all()
     results["rounds"] = rounds
     results["summary"] = summarize(rounds, names, args.target)
     results["machine"]["loadavg_end"] = open("/proc/loadavg").read().strip()
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         run.log(f"wrote {run.recorded(args.out)}")
     report(results, args.target)
