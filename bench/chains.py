@@ -15,23 +15,27 @@ instance: the nginx), and one Envoy per chain, each `--concurrency 1`:
 - `static`: a plain static route to a static cluster (bench/run.py's baseline), the ratios'
   denominator;
 - `floor`: envoy/odmesh.yaml's chain with no odmesh code: its route (`cluster_header:
-  x-odmesh-cluster`), on_demand and the router, nothing else (the wasm filter and, when the
-  bootstrap has it, header_mutation taken out); the client sends `x-odmesh-cluster:
-  fr-000000.vip` itself;
-- `native`: envoy/odmesh-native.yaml as shipped (the module as the route's cluster specifier);
+  x-odmesh-cluster`: inline in the bootstrap, or served by the control plane over RDS for a
+  proxy whose node metadata says the wasm filter maps), on_demand and the router, nothing else
+  (the wasm filter and, when the bootstrap has it, header_mutation taken out); the client sends
+  `x-odmesh-cluster: fr-000000.vip` itself;
+- `native`: envoy/odmesh-native.yaml as shipped (the module as the route's cluster specifier,
+  the route inline or by RDS);
 - `wasm`: envoy/odmesh.yaml as shipped (dist/odmesh_filter.wasm);
 - `wasm-empty`: envoy/odmesh.yaml with the wasm module replaced by bench/wasm_floor.py's
   `no-callbacks` module (what the wasm filter costs by itself); it maps nothing, so the client
   sends the cluster header;
 - each `--chain NAME=FILE`: a `.so` in envoy/odmesh-native.yaml's place of the module, a
   `.wasm` in envoy/odmesh.yaml's, or `BOOTSTRAP.yaml[:MODULE]`, another bootstrap (say one of an
-  older commit, `git show COMMIT:envoy/odmesh-native.yaml`) with the same edits and its one
-  `filename: dist/...` module path replaced by MODULE (without MODULE: made absolute against the
-  folder above the bootstrap's, a checkout's root). Such a chain sends only the Host header.
+  older commit, `git show COMMIT:envoy/odmesh-native.yaml`; bench/probes/native_at.sh builds
+  its module) with the same edits and its one module path (`filename:` or `module: dist/...`)
+  replaced by MODULE (without MODULE: made absolute against the folder above the bootstrap's, a
+  checkout's root). Such a chain sends only the Host header.
 
 The shipped bootstraps are read at run time, without their comment lines, and edited as
 tests/src/mesh.rs `odmesh_bootstrap` does: the listener (15001), the admin (9901), the xDS
 endpoint (18000) and the module's relative path, each edit asserted to match exactly once.
+Nothing else is changed: the node (id, cluster, metadata) stays as shipped.
 Every Envoy is warmed before the rounds: a first request answered 200 by nginx (for the dynamic
 chains the cluster `fr-000000.vip` discovered on demand and healthy), then `--warmup` seconds
 of the load. Each round runs `wrk -t1 -c32 -d<seconds>s` (keep-alive, `Host: fr-000000`)
@@ -81,7 +85,10 @@ CLUSTER_HEADER = HOST + [f"x-odmesh-cluster: {CLUSTER}"]
 LISTENER_PORT = "port_value: 15001"
 ADMIN_PORT = "port_value: 9901"
 XDS_ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 18000}}}\n"
-MODULE_PATH = re.compile(r"filename: (dist/[^\s}]+)")
+# The module's relative path: the wasm filter's `filename:`, or the native module's: the route's
+# `filename:` in a bootstrap with its route inline (ce73175 and before), the node metadata's
+# `module:` in one whose route comes by RDS.
+MODULE_PATH = re.compile(r"\b((?:filename|module): )(dist/[^\s}]+)")
 # The filters the floor keeps, in this order.
 FLOOR_FILTERS = ["envoy.filters.http.on_demand", "envoy.filters.http.router"]
 
@@ -105,8 +112,8 @@ def edit_once(y, what, old, new):
 
 def mesh_bootstrap(path, listener, admin, xds, module=None, module_root=None):
     """The bootstrap at `path` as Envoy reads it, with this run's ports and xDS endpoint and its
-    one relative module path (`filename: dist/...`) replaced by `module`, or made absolute
-    against `module_root` (default: the folder above the bootstrap's)."""
+    one relative module path (`filename: dist/...` or `module: dist/...`) replaced by `module`,
+    or made absolute against `module_root` (default: the folder above the bootstrap's)."""
     path = Path(path)
     y = without_comments(path.read_text())
     y = edit_once(y, path, LISTENER_PORT, f"port_value: {listener}")
@@ -114,9 +121,11 @@ def mesh_bootstrap(path, listener, admin, xds, module=None, module_root=None):
     y = edit_once(y, path, XDS_ENDPOINT, XDS_ENDPOINT.replace("port_value: 18000", f"port_value: {xds}"))
     modules = MODULE_PATH.findall(y)
     if len(modules) != 1:
-        raise RuntimeError(f"{path} should name one module (filename: dist/...), it names {modules}")
-    target = Path(module) if module else (Path(module_root) if module_root else path.resolve().parent.parent) / modules[0]
-    return edit_once(y, path, f"filename: {modules[0]}", f"filename: {Path(target).resolve()}")
+        raise RuntimeError(f"{path} should name one module (filename: or module: dist/...), it names "
+                           f"{[''.join(m) for m in modules]}")
+    key, relative = modules[0]
+    target = Path(module) if module else (Path(module_root) if module_root else path.resolve().parent.parent) / relative
+    return edit_once(y, path, key + relative, key + str(Path(target).resolve()))
 
 
 def http_filters(y):
