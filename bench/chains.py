@@ -396,8 +396,8 @@ def summarize(rounds, names, target):
 
 def report(results, target):
     s, names, rounds = results["summary"], results["chains_order"], results["rounds"]
-    print(f"\nPer round: load average (1 min, after the round), static's CPU per request and "
-          f"throughput, every chain's CPU per request / static's")
+    print("\nPer round: load average (1 min, after the round), static's CPU per request and "
+          "throughput, every chain's CPU per request / static's")
     print(f"{'round':>5} {'load':>5} {'static µs':>9} {'static rps':>10}  " + " ".join(f"{n:>11}" for n in names[1:]))
     for i, r in enumerate(rounds):
         st = r["chains"]["static"]
