@@ -49,6 +49,16 @@ impl ModuleBuffer {
     }
 }
 
+/// A header Envoy owns (`envoy_dynamic_module_type_envoy_http_header`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EnvoyHttpHeader {
+    key_ptr: *const c_char,
+    key_length: usize,
+    value_ptr: *const c_char,
+    value_length: usize,
+}
+
 /// Log level `Critical` (`envoy_dynamic_module_type_log_level`).
 const LOG_CRITICAL: u32 = 5;
 /// `envoy_dynamic_module_type_metrics_result_Success`.
@@ -58,12 +68,12 @@ const METRICS_SUCCESS: u32 = 0;
 const METADATA_NAMESPACE: &[u8] = b"odmesh";
 
 unsafe extern "C" {
-    fn envoy_dynamic_module_callback_cluster_specifier_get_request_header_value(
+    fn envoy_dynamic_module_callback_cluster_specifier_get_request_headers_size(
         context: *mut c_void,
-        key: ModuleBuffer,
-        result: *mut EnvoyBuffer,
-        index: usize,
-        total_count: *mut usize,
+    ) -> usize;
+    fn envoy_dynamic_module_callback_cluster_specifier_get_request_headers(
+        context: *mut c_void,
+        result: *mut EnvoyHttpHeader,
     ) -> bool;
     fn envoy_dynamic_module_callback_cluster_specifier_set_cluster_name(
         context: *mut c_void,
@@ -178,33 +188,60 @@ impl Counters {
 pub struct Selection<'a> {
     envoy: *mut c_void,
     counters: &'a Counters,
+    /// The request's headers, read from Envoy at the first look: one call for all of them
+    /// costs less than one lookup by name per header the mapping reads (docs/benchmarks.md,
+    /// "6. Request chains").
+    headers: std::cell::OnceCell<Vec<EnvoyHttpHeader>>,
+}
+
+impl Selection<'_> {
+    fn all_headers(&self) -> &[EnvoyHttpHeader] {
+        self.headers.get_or_init(|| {
+            // SAFETY: `self.envoy` is the context of the running `select`.
+            let count = unsafe {
+                envoy_dynamic_module_callback_cluster_specifier_get_request_headers_size(self.envoy)
+            };
+            let mut headers = Vec::with_capacity(count);
+            // SAFETY: the context of the running `select`; `headers` has room for the `count`
+            // entries Envoy writes (the header map cannot change during `select`).
+            let filled = unsafe {
+                envoy_dynamic_module_callback_cluster_specifier_get_request_headers(
+                    self.envoy,
+                    headers.as_mut_ptr(),
+                )
+            };
+            if filled {
+                // SAFETY: Envoy wrote `count` entries.
+                unsafe { headers.set_len(count) };
+            }
+            headers
+        })
+    }
+}
+
+/// The bytes of a buffer in Envoy's header map.
+///
+/// # Safety
+/// `ptr` and `length` must describe a header key or value Envoy handed to the running
+/// `select`: the header map outlives the call and cannot change during it.
+unsafe fn header_bytes<'a>(ptr: *const c_char, length: usize) -> &'a [u8] {
+    if ptr.is_null() || length == 0 {
+        return &[];
+    }
+    // SAFETY: per this function's contract.
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), length) }
 }
 
 impl shell::Request for Selection<'_> {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        let mut value = EnvoyBuffer {
-            ptr: std::ptr::null(),
-            length: 0,
-        };
-        let mut total = 0usize;
-        // SAFETY: `self.envoy` is the context of the running `select`; the key buffer outlives
-        // the call; `value` and `total` are valid places for the answers; index 0.
-        let found = unsafe {
-            envoy_dynamic_module_callback_cluster_specifier_get_request_header_value(
-                self.envoy,
-                ModuleBuffer::of(name.as_bytes()),
-                &mut value,
-                0,
-                &mut total,
-            )
-        };
-        if !found || value.ptr.is_null() {
-            return None;
-        }
-        // SAFETY: Envoy answered `true` with a buffer into the request's header map, which
-        // `select` cannot change and which outlives the call; it is copied at once.
-        let bytes = unsafe { std::slice::from_raw_parts(value.ptr.cast::<u8>(), value.length) };
-        Some(bytes.to_vec())
+        (self.all_headers().iter()).find_map(|h| {
+            // SAFETY: an entry Envoy wrote during this `select` (see `all_headers`).
+            let key = unsafe { header_bytes(h.key_ptr, h.key_length) };
+            key.eq_ignore_ascii_case(name.as_bytes()).then(|| {
+                // SAFETY: as the key; copied at once.
+                unsafe { header_bytes(h.value_ptr, h.value_length) }.to_vec()
+            })
+        })
     }
 
     fn route_to(&mut self, cluster: &str) {
@@ -351,6 +388,7 @@ extern "C" fn envoy_dynamic_module_on_cluster_specifier_select(
     let mut selection = Selection {
         envoy: context,
         counters: &loaded.counters,
+        headers: std::cell::OnceCell::new(),
     };
     let chosen = catch_unwind(AssertUnwindSafe(|| {
         shell::select(&loaded.plugin, &mut selection)
