@@ -5,8 +5,8 @@ request path"; `make bench-shells`).
     bench/chains.py                                        # 20 rounds of 4 s
     bench/chains.py --rounds 70 --seconds 4 --out docs/bench/chains.json
     bench/chains.py --only native,wasm                     # static and those two
-    bench/chains.py --chain wasm-hand-abi=/tmp/odmesh-hand-abi.wasm \\
-        --chain native-filter=/tmp/old/envoy/odmesh-native.yaml:/tmp/old/libodmesh_filter.so
+    bench/chains.py --chain wasm-hand-abi=$(bench/probes/hand_abi_wasm.sh 702a260 hand-abi.wasm) \\
+        --chain native-filter=$(bench/probes/native_at.sh ca74098)
 
 One nginx upstream, one `odmesh-control --registry FILE` (release build; prewarm on, as by
 default, so that Envoy's load reports are answered) whose registry has the VIP `fr-000000` (one

@@ -2,9 +2,10 @@
 """What a proxy-wasm filter costs Envoy per request, step by step, and filter builds side by side.
 
     bench/wasm_floor.py                                   # 30 rounds of 5 s
-    bench/wasm_floor.py --filter sdk=/tmp/old.wasm --filter new=dist/odmesh_filter.wasm
-    bench/wasm_floor.py --no-floor --filter native=/tmp/old/libodmesh_filter.so \
-        --filter wasm=dist/odmesh_filter.wasm   # a native HTTP-filter module (before ce73175)
+    bench/wasm_floor.py --filter old=OLD.wasm --filter new=dist/odmesh_filter.wasm
+    bench/wasm_floor.py --no-floor --filter native=OLD/libodmesh_filter.so \
+        --filter wasm=dist/odmesh_filter.wasm   # a native HTTP-filter module (before ce73175;
+                                                # bench/probes/native_at.sh ca74098 builds one)
 
 The two shells as they ship today, side by side: bench/chains.py (`make bench-shells`).
 

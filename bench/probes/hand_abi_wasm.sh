@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the filter as it was before the proxy-wasm SDK shell replaced it: the hand-written
 # proxy-wasm ABI of commit 702a260 (filter/src/abi.rs, glue.rs, contexts.rs), so that
-# bench/wasm_floor.py can measure it beside today's shells in the same run (docs/benchmarks.md,
-# "Two shells"). Prints the path of the built .wasm.
+# bench/chains.py can measure it beside today's chains in the same run (docs/benchmarks.md,
+# "6. Request chains"). Prints the path of the built .wasm.
 #   bench/probes/hand_abi_wasm.sh [COMMIT] [OUT]
 set -euo pipefail
 commit="${1:-702a260}"
