@@ -26,8 +26,12 @@ odmesh_base::metrics! {
         admin_connections_refused_total: "counter",
         /// Route (RDS) streams open now.
         rds_streams_active: "gauge",
-        /// Routes sent (RDS responses): at a proxy's start, and when its timeouts change.
+        /// Routes sent (RDS responses): at a proxy's start, and when its route-level policy
+        /// (timeouts, hedging, faults) changes or a fault entry ends.
         rds_responses_total: "counter",
+        /// Routes sent without part of their policy, which they could not carry (logged,
+        /// with what and why).
+        rds_policy_dropped_total: "counter",
         /// Routes Envoy rejected (NACK); each is logged with Envoy's error.
         rds_nacks_total: "counter",
         /// Route streams answered with nothing because the proxy's node metadata `odmesh`

@@ -1,6 +1,7 @@
 //! Per-destination policy: what a cluster gets beyond its endpoints (timeouts, retries,
-//! circuit breakers, outlier detection, load balancing, upstream protocol, idle timeout), from
-//! the policy file (`--policy FILE`), for each calling service, and where each value came from.
+//! hedging, circuit breakers, outlier detection, load balancing, upstream protocol, idle
+//! timeout, injected faults), from the policy file (`--policy FILE`), for each calling service,
+//! and where each value came from.
 //!
 //! ```yaml
 //! defaults:                      # every cluster
@@ -18,7 +19,7 @@
 //! Precedence, weakest first: odmesh's built-in defaults ([`Settings::builtin`]), the file's
 //! `defaults`, the VIP's entry, the VIP's entry for the calling service. Each layer sets only
 //! the values it names, down to single fields of `retries`, `circuit_breakers` and
-//! `outlier_detection`. The upstream protocol declared by the instances in the registry sits
+//! `outlier_detection`; a `fault` entry is whole (a caller's replaces the VIP's). The upstream protocol declared by the instances in the registry sits
 //! between the file's `defaults` and the VIP's entry: a service owner knows what their server
 //! speaks, and a platform team can still decide per VIP.
 //!
@@ -28,14 +29,17 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use odmesh_names::Kind;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use odmesh_registry::Protocol;
 
+pub mod fault;
 pub mod watch;
+
+pub use fault::Fault;
 
 /// The whole policy file.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -87,6 +91,11 @@ pub struct Settings<C = NoCallers> {
     pub retries: Option<Retries>,
     pub circuit_breakers: Option<CircuitBreakers>,
     pub outlier_detection: Option<OutlierDetection>,
+    /// When a try has had no answer for the per-try timeout, send another try to another
+    /// instance without cancelling the first; the first answer wins.
+    pub hedge: Option<bool>,
+    /// Faults injected for a chaos experiment: a VIP's (or a caller's), never the defaults'.
+    pub fault: Option<Fault>,
 }
 
 /// What to retry, how often, and how fast.
@@ -364,6 +373,10 @@ pub enum InvalidPolicy {
     /// A mistake in the document as a whole (not a mapping of fields).
     #[error(transparent)]
     Document(Box<serde_saphyr::Error>),
+    /// Fields that are each valid but do not go together, as in a hedge without a per-try
+    /// timeout.
+    #[error("{field}: {reason}")]
+    Conflict { field: String, reason: String },
 }
 
 impl Policy {
@@ -397,6 +410,50 @@ impl Policy {
             },
             None => InvalidPolicy::Document(Box::new(e)),
         })
+        .and_then(|policy: Policy| policy.check().map(|()| policy))
+    }
+
+    /// What the fields cannot say one by one: a fault belongs to a destination, and a hedge
+    /// needs a per-try timeout (when to send it) and a retry (what it is), for every caller.
+    fn check(&self) -> Result<(), InvalidPolicy> {
+        let conflict = |field: String, reason: &str| InvalidPolicy::Conflict {
+            field,
+            reason: reason.to_owned(),
+        };
+        if self.defaults.fault.is_some() {
+            return Err(conflict(
+                "defaults.fault".to_owned(),
+                "a fault is for one VIP or SVIP (its entry, or a caller's in it), never for every destination",
+            ));
+        }
+        let hedge_ok = |e: &Effective| {
+            !e.hedge.value || (!e.per_try_timeout.value.is_zero() && e.retries.value > 0)
+        };
+        const HEDGE: &str = "a hedge is sent when a try has had no answer for the per-try timeout, as a retry: set per_try_timeout, and retries.count of at least 1";
+        let mut defaults = Effective::builtin();
+        defaults.apply(&self.defaults, Source::Defaults);
+        if !hedge_ok(&defaults) {
+            return Err(conflict("defaults.hedge".to_owned(), HEDGE));
+        }
+        for (table, kind, entries) in [
+            ("vips", Kind::Vip, &self.vips),
+            ("svips", Kind::Svip, &self.svips),
+        ] {
+            for (vip, entry) in entries {
+                let callers = std::iter::once(None).chain(entry.callers.keys().map(Some));
+                for caller in callers {
+                    let e = self.resolve(kind, &vip.0, caller.map(String::as_str), Protocol::Auto);
+                    if !hedge_ok(&e) {
+                        let field = match caller {
+                            None => format!("{table}.{}.hedge", vip.0),
+                            Some(c) => format!("{table}.{}.callers.{c}.hedge", vip.0),
+                        };
+                        return Err(conflict(field, HEDGE));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The entry of `vip` (of `kind`), if the file has one.
@@ -438,28 +495,45 @@ impl Policy {
         out
     }
 
-    /// The request and per-try timeouts proxies of `caller` give each cluster: what the
-    /// route carries (docs/envoy.md, "Timeouts live in the route"). `default` for every cluster
-    /// the file does not set apart; each VIP's or SVIP's cluster whose timeouts, for this
-    /// caller, differ from it. Bounded by the file, never by the registry.
-    pub fn timeouts(&self, caller: &str) -> RouteTimeouts {
-        let timeouts = |e: &Effective| Timeouts {
-            request: e.request_timeout.value,
-            per_try: e.per_try_timeout.value,
+    /// What proxies of `caller` give each cluster in their route at `now` (docs/envoy.md,
+    /// "Timeouts live in the route"): request and per-try timeouts, hedging, faults whose
+    /// `until` has not passed. `default` for every cluster the file does not set apart; each
+    /// VIP's or SVIP's cluster whose route-level policy, for this caller, differs from it.
+    /// Bounded by the file, never by the registry.
+    pub fn routes(&self, caller: &str, now: SystemTime) -> RoutePolicy {
+        let level = |e: Effective| RouteLevel {
+            timeouts: Timeouts {
+                request: e.request_timeout.value,
+                per_try: e.per_try_timeout.value,
+            },
+            hedge: e.hedge.value,
+            fault: e.fault.value.filter(|f| f.applies_at(now)),
         };
         let mut defaults = Effective::builtin();
         defaults.apply(&self.defaults, Source::Defaults);
-        let default = timeouts(&defaults);
+        let default = level(defaults);
         let entries = (self.vips.keys().map(|vip| (Kind::Vip, vip)))
             .chain(self.svips.keys().map(|svip| (Kind::Svip, svip)));
         let clusters = entries
             .filter_map(|(kind, vip)| {
-                let effective = self.resolve(kind, &vip.0, Some(caller), Protocol::Auto);
-                let own = timeouts(&effective);
+                let own = level(self.resolve(kind, &vip.0, Some(caller), Protocol::Auto));
                 (own != default).then(|| (odmesh_names::cluster_name(&vip.0, kind), own))
             })
             .collect();
-        RouteTimeouts { default, clusters }
+        RoutePolicy { default, clusters }
+    }
+
+    /// The first moment after `now` at which a fault entry stops applying: when the routes
+    /// must be built again.
+    pub fn next_expiry(&self, now: SystemTime) -> Option<SystemTime> {
+        let entries = self.vips.values().chain(self.svips.values());
+        let settings = entries.flat_map(|e| {
+            std::iter::once(e.fault.as_ref()).chain(e.callers.values().map(|c| c.fault.as_ref()))
+        });
+        (settings.flatten())
+            .filter_map(|f| f.until.as_ref().map(fault::Until::at))
+            .filter(|at| *at > now)
+            .min()
     }
 
     /// Whether going from `self` to `new` can change what `vip` (of `kind`) gets: its entry,
@@ -492,14 +566,39 @@ pub struct Timeouts {
     pub per_try: Duration,
 }
 
-/// The timeouts of every cluster for one calling service ([`Policy::timeouts`]).
+/// What a route gives requests to one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RouteTimeouts {
+pub struct RouteLevel {
+    pub timeouts: Timeouts,
+    /// Hedge on the per-try timeout.
+    pub hedge: bool,
+    /// Faults to inject, if an entry applies now.
+    pub fault: Option<Fault>,
+}
+
+impl RoutePolicy {
+    /// What requests to `cluster` get.
+    pub fn level(&self, cluster: &str) -> &RouteLevel {
+        self.clusters.get(cluster).unwrap_or(&self.default)
+    }
+}
+
+impl RouteLevel {
+    /// Whether anything but timeouts is set: what the native module's timeout table cannot
+    /// carry (the route must).
+    pub fn beyond_timeouts(&self) -> bool {
+        self.hedge || self.fault.is_some()
+    }
+}
+
+/// The route-level policy of every cluster for one calling service ([`Policy::routes`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RoutePolicy {
     /// Every cluster not in `clusters`.
-    pub default: Timeouts,
-    /// By cluster name (`<vip>.vip`, `<svip>.svip`): those whose timeouts differ from
-    /// `default`.
-    pub clusters: BTreeMap<String, Timeouts>,
+    pub default: RouteLevel,
+    /// By cluster name (`<vip>.vip`, `<svip>.svip`): those whose route-level policy differs
+    /// from `default`.
+    pub clusters: BTreeMap<String, RouteLevel>,
 }
 
 /// Where an effective value came from.
@@ -558,6 +657,9 @@ pub struct Effective {
     pub outlier_interval: Sourced<Duration>,
     pub base_ejection_time: Sourced<Duration>,
     pub max_ejection_percent: Sourced<u32>,
+    pub hedge: Sourced<bool>,
+    /// `None`: no fault.
+    pub fault: Sourced<Option<Fault>>,
 }
 
 impl Effective {
@@ -598,6 +700,8 @@ impl Effective {
             outlier_interval: secs(10),
             base_ejection_time: secs(30),
             max_ejection_percent: b(10),
+            hedge: b(false),
+            fault: Sourced::new(None, Source::Builtin),
         }
     }
 
@@ -646,6 +750,10 @@ impl Effective {
                 &o.max_ejection_percent,
                 from,
             );
+        }
+        set(&mut self.hedge, &s.hedge, from);
+        if let Some(fault) = &s.fault {
+            self.fault = Sourced::new(Some(fault.clone()), from);
         }
     }
 }

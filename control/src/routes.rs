@@ -1,6 +1,6 @@
 //! The route discovery service (RDS, state of the world): each proxy's mesh route, built for
-//! its calling service's timeouts ([`crate::xds::route`]), sent when the proxy asks and again
-//! whenever a policy change changes it.
+//! its calling service's route-level policy (timeouts, hedging, faults: [`crate::xds::route`]),
+//! sent when the proxy asks and again whenever a policy change, or a fault's end, changes it.
 //!
 //! A proxy asks for its route configuration by name (the bootstrap's `route_config_name`,
 //! `odmesh`) on a stream of its own; the route depends on the proxy (its node metadata says how
@@ -15,6 +15,7 @@
 //! [`RouteStream`] is the protocol, pure; [`Routes`] the tonic service.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{
@@ -31,7 +32,7 @@ use tracing::debug;
 
 use crate::cache::Cache;
 use crate::metrics::Metrics;
-use crate::policy::{Policy, RouteTimeouts};
+use crate::policy::{Policy, RoutePolicy};
 use crate::xds::route::{self, ROUTE_TYPE_URL, RouteShell};
 use odmesh_base::logs::{self, clip};
 use odmesh_base::metrics::inc;
@@ -70,6 +71,8 @@ pub enum Event {
     Nack(String),
     /// The proxy's node metadata is invalid: nothing is sent.
     InvalidNode(String),
+    /// The route sent could not carry some of the policy: why.
+    Dropped(String),
 }
 
 impl RouteStream {
@@ -78,6 +81,7 @@ impl RouteStream {
         &mut self,
         req: &DiscoveryRequest,
         policy: &Policy,
+        now: SystemTime,
     ) -> (Option<DiscoveryResponse>, Option<Event>) {
         if self.shell.is_none() {
             self.note_node(req.node.as_ref(), &req.version_info);
@@ -104,14 +108,19 @@ impl RouteStream {
             let first = !std::mem::replace(&mut self.reported, true);
             return (None, first.then(|| Event::InvalidNode(why.clone())));
         }
-        (self.respond(policy), event)
+        let (response, dropped) = self.respond(policy, now);
+        (response, event.or(dropped))
     }
 
-    /// The policy changed: the route, if it changed for this proxy.
-    pub fn on_policy(&mut self, policy: &Policy) -> Option<DiscoveryResponse> {
+    /// The policy changed, or a fault entry ended: the route, if it changed for this proxy.
+    pub fn on_policy(
+        &mut self,
+        policy: &Policy,
+        now: SystemTime,
+    ) -> (Option<DiscoveryResponse>, Option<Event>) {
         match &self.shell {
-            Some(Ok(_)) => self.respond(policy),
-            _ => None,
+            Some(Ok(_)) => self.respond(policy, now),
+            _ => (None, None),
         }
     }
 
@@ -131,33 +140,47 @@ impl RouteStream {
     /// The route now, if it is not the last one the proxy was sent (or, at the stream's
     /// start, the one it holds). After a NACK the proxy keeps its older route, and the one it
     /// rejected is not sent again until the policy changes it.
-    fn respond(&mut self, policy: &Policy) -> Option<DiscoveryResponse> {
+    fn respond(
+        &mut self,
+        policy: &Policy,
+        now: SystemTime,
+    ) -> (Option<DiscoveryResponse>, Option<Event>) {
         let Some(Ok(shell)) = &self.shell else {
-            return None;
+            return (None, None);
         };
         if self.names.is_empty() {
-            return None;
+            return (None, None);
         }
-        let timeouts: RouteTimeouts = policy.timeouts(&self.caller);
+        let levels: RoutePolicy = policy.routes(&self.caller, now);
         let built: Vec<_> = (self.names.iter())
-            .map(|name| route::build(name, shell, &timeouts))
+            .map(|name| route::build(name, shell, &levels))
             .collect();
+        let dropped = built.iter().find_map(|b| b.dropped.clone());
         let version = (built.iter())
             .map(|b| b.version.as_str())
             .collect::<Vec<_>>()
             .join("-");
         if version == self.holds {
-            return None;
+            return (None, None);
         }
         self.nonce += 1;
         self.holds = version.clone();
-        Some(DiscoveryResponse {
+        let response = DiscoveryResponse {
             version_info: version,
             resources: built.into_iter().map(|b| b.route).collect(),
             type_url: ROUTE_TYPE_URL.to_owned(),
             nonce: self.nonce.to_string(),
             ..Default::default()
-        })
+        };
+        (Some(response), dropped.map(Event::Dropped))
+    }
+}
+
+/// Sleeps `wait` (and just past it: the moment itself must have passed), or for ever.
+async fn sleep_for(wait: Option<std::time::Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait + std::time::Duration::from_millis(1)).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -194,21 +217,26 @@ impl Routes {
         let mut policies = self.cache.policy_changes();
         let mut stream = RouteStream::default();
         loop {
-            let response = tokio::select! {
+            // A fault entry that ends changes the route then, with no policy change.
+            let expiry = (self.cache.policy().next_expiry(SystemTime::now()))
+                .and_then(|at| at.duration_since(SystemTime::now()).ok());
+            let (response, event) = tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
-                        let (response, event) = stream.on_request(&req, &self.cache.policy());
-                        self.log(&stream, event);
-                        response
+                        stream.on_request(&req, &self.cache.policy(), SystemTime::now())
                     }
                     Ok(None) | Err(_) => break,
                 },
                 changed = policies.changed() => match changed {
-                    Ok(()) => stream.on_policy(&self.cache.policy()),
+                    Ok(()) => stream.on_policy(&self.cache.policy(), SystemTime::now()),
                     Err(_) => break,
                 },
+                () = sleep_for(expiry) => {
+                    stream.on_policy(&self.cache.policy(), SystemTime::now())
+                }
                 _ = closing.changed() => break,
             };
+            self.log(&stream, event);
             if let Some(response) = response {
                 inc(&self.metrics.rds_responses_total);
                 debug!(version = %response.version_info, "sending route");
@@ -231,6 +259,16 @@ impl Routes {
                     caller = %clip(caller),
                     error = %message,
                     "proxy rejected its route (NACK); it keeps the one it had"
+                );
+            }
+            Some(Event::Dropped(why)) => {
+                inc(&self.metrics.rds_policy_dropped_total);
+                odmesh_base::limited!(
+                    warn,
+                    node = %clip(node),
+                    caller = %clip(caller),
+                    why = %why,
+                    "this proxy's route leaves out part of its policy"
                 );
             }
             Some(Event::InvalidNode(why)) => {
@@ -295,6 +333,9 @@ mod tests {
 
     use super::*;
 
+    /// "Now", for streams whose policy has no fault.
+    const T0: SystemTime = SystemTime::UNIX_EPOCH;
+
     fn node(caller: &str, mapping: Option<&str>) -> Node {
         let metadata = mapping.map(|m| {
             let odmesh = Struct {
@@ -341,20 +382,23 @@ mod tests {
     fn a_proxy_gets_its_route_once_then_only_when_its_timeouts_change() {
         let mut stream = RouteStream::default();
         let p1 = policy("vips: {slow: {request_timeout: 500ms}}");
-        let (first, event) = stream.on_request(&request(Some(node("web", None)), "", ""), &p1);
+        let (first, event) = stream.on_request(&request(Some(node("web", None)), "", ""), &p1, T0);
         let first = first.expect("the first request is answered");
         assert_eq!(event, None);
         assert_eq!(first.nonce, "1");
         assert_eq!(first.resources.len(), 1);
         // The ACK: nothing more.
         let ack = request(None, &first.version_info, "1");
-        assert_eq!(stream.on_request(&ack, &p1), (None, None));
+        assert_eq!(stream.on_request(&ack, &p1, T0), (None, None));
         // A policy change that changes nothing for this route: nothing; one that does: sent.
         let p2 =
             policy("vips: {slow: {request_timeout: 500ms, circuit_breakers: {max_requests: 5}}}");
-        assert_eq!(stream.on_policy(&p2), None);
+        assert_eq!(stream.on_policy(&p2, T0).0, None);
         let p3 = policy("vips: {slow: {request_timeout: 600ms}}");
-        let second = stream.on_policy(&p3).expect("a changed timeout is sent");
+        let second = stream
+            .on_policy(&p3, T0)
+            .0
+            .expect("a changed timeout is sent");
         assert_eq!(second.nonce, "2");
         assert_ne!(second.version_info, first.version_info);
     }
@@ -364,40 +408,40 @@ mod tests {
         let p = policy("vips: {slow: {request_timeout: 500ms}}");
         let mut first = RouteStream::default();
         let sent = (first
-            .on_request(&request(Some(node("web", None)), "", ""), &p)
+            .on_request(&request(Some(node("web", None)), "", ""), &p, T0)
             .0)
             .unwrap();
         let mut again = RouteStream::default();
         let resumed = request(Some(node("web", None)), &sent.version_info, "");
-        assert_eq!(again.on_request(&resumed, &p), (None, None));
+        assert_eq!(again.on_request(&resumed, &p, T0), (None, None));
         // Another caller's route differs.
         let mut other = RouteStream::default();
         let theirs = request(Some(node("batch", None)), &sent.version_info, "");
         let p_batch = policy(
             "vips: {slow: {request_timeout: 500ms, callers: {batch: {request_timeout: 9s}}}}",
         );
-        assert!(other.on_request(&theirs, &p_batch).0.is_some());
+        assert!(other.on_request(&theirs, &p_batch, T0).0.is_some());
     }
 
     #[test]
     fn a_nack_is_reported_and_the_rejected_route_is_not_sent_again_until_it_changes() {
         let p = policy("vips: {slow: {request_timeout: 500ms}}");
         let mut stream = RouteStream::default();
-        stream.on_request(&request(Some(node("web", None)), "", ""), &p);
+        stream.on_request(&request(Some(node("web", None)), "", ""), &p, T0);
         let mut nack = request(None, "", "1");
         nack.error_detail = Some(RpcStatus {
             message: "bad route".to_owned(),
             ..Default::default()
         });
-        let (response, event) = stream.on_request(&nack, &p);
+        let (response, event) = stream.on_request(&nack, &p, T0);
         assert_eq!(
             (response, event),
             (None, Some(Event::Nack("bad route".to_owned())))
         );
-        assert_eq!(stream.on_policy(&p), None);
+        assert_eq!(stream.on_policy(&p, T0).0, None);
         let changed = policy("vips: {slow: {request_timeout: 700ms}}");
         assert_eq!(
-            stream.on_policy(&changed).map(|r| r.nonce),
+            stream.on_policy(&changed, T0).0.map(|r| r.nonce),
             Some("2".to_owned())
         );
     }
@@ -406,9 +450,12 @@ mod tests {
     fn a_stale_nonce_is_ignored() {
         let p = policy("");
         let mut stream = RouteStream::default();
-        stream.on_request(&request(Some(node("web", None)), "", ""), &p);
-        stream.on_policy(&policy("defaults: {request_timeout: 1s}"));
-        assert_eq!(stream.on_request(&request(None, "", "1"), &p), (None, None));
+        stream.on_request(&request(Some(node("web", None)), "", ""), &p, T0);
+        stream.on_policy(&policy("defaults: {request_timeout: 1s}"), T0);
+        assert_eq!(
+            stream.on_request(&request(None, "", "1"), &p, T0),
+            (None, None)
+        );
     }
 
     #[test]
@@ -416,12 +463,17 @@ mod tests {
         let p = policy("");
         let mut stream = RouteStream::default();
         let (response, event) =
-            stream.on_request(&request(Some(node("web", Some("lua"))), "", ""), &p);
+            stream.on_request(&request(Some(node("web", Some("lua"))), "", ""), &p, T0);
         assert_eq!(response, None);
         assert!(matches!(event, Some(Event::InvalidNode(ref why)) if why.contains("lua")));
-        assert_eq!(stream.on_request(&request(None, "", ""), &p), (None, None));
         assert_eq!(
-            stream.on_policy(&policy("defaults: {request_timeout: 1s}")),
+            stream.on_request(&request(None, "", ""), &p, T0),
+            (None, None)
+        );
+        assert_eq!(
+            stream
+                .on_policy(&policy("defaults: {request_timeout: 1s}"), T0)
+                .0,
             None
         );
     }
@@ -432,7 +484,66 @@ mod tests {
         let mut stream = RouteStream::default();
         let mut req = request(Some(node("web", None)), "", "");
         req.resource_names = (0..1000).map(|i| format!("r{i}")).collect();
-        let response = stream.on_request(&req, &p).0.unwrap();
+        let response = stream.on_request(&req, &p, T0).0.unwrap();
         assert_eq!(response.resources.len(), MAX_NAMES);
+    }
+
+    #[test]
+    fn a_fault_that_ends_changes_the_route_with_no_policy_change() {
+        let p = policy("vips: {pay: {fault: {abort: {status: 503}, until: 2026-12-05T10:00:00Z}}}");
+        let end = p.next_expiry(T0).unwrap();
+        let before = end - std::time::Duration::from_secs(1);
+        let mut stream = RouteStream::default();
+        let first = (stream
+            .on_request(&request(Some(node("web", None)), "", ""), &p, before)
+            .0)
+            .unwrap();
+        assert_eq!(stream.on_policy(&p, before).0, None);
+        let after = stream
+            .on_policy(&p, end)
+            .0
+            .expect("the route without the fault");
+        assert_ne!(after.version_info, first.version_info);
+        // The same as a proxy that never had the fault gets.
+        let mut fresh = RouteStream::default();
+        let plain = (fresh
+            .on_request(&request(Some(node("web", None)), "", ""), &policy(""), T0)
+            .0)
+            .unwrap();
+        assert_eq!(after.version_info, plain.version_info);
+    }
+
+    #[test]
+    fn a_route_that_cannot_carry_its_policy_says_so() {
+        let native = |config: &str| {
+            let mut n = node("web", Some("native"));
+            let odmesh = n
+                .metadata
+                .as_mut()
+                .unwrap()
+                .fields
+                .get_mut("odmesh")
+                .unwrap();
+            let Some(value::Kind::StructValue(fields)) = &mut odmesh.kind else {
+                unreachable!()
+            };
+            for (k, v) in [("module", "/m.so"), ("filter_config", config)] {
+                let v = Value {
+                    kind: Some(value::Kind::StringValue(v.to_owned())),
+                };
+                fields.fields.insert(k.to_owned(), v);
+            }
+            n
+        };
+        let p = policy("vips: {pay: {fault: {delay: {fixed: 1s}}}}");
+        let mut stream = RouteStream::default();
+        let other = native(r#"{"source_header": "x-vip"}"#);
+        let (response, event) = stream.on_request(&request(Some(other), "", ""), &p, T0);
+        assert!(response.is_some());
+        assert!(matches!(event, Some(Event::Dropped(ref why)) if why.contains("pay")));
+        let mut fine = RouteStream::default();
+        let (response, event) = fine.on_request(&request(Some(native("{}")), "", ""), &p, T0);
+        assert!(response.is_some());
+        assert_eq!(event, None);
     }
 }

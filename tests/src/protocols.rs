@@ -11,7 +11,7 @@
 //! ```
 //!
 //! `/slow?ms=N` answers after N milliseconds (with `&on=NAME`, only on the instance called
-//! NAME); an HTTP/1.1 `Upgrade: websocket` request is
+//! NAME, and after `&others=M` milliseconds on the others); an HTTP/1.1 `Upgrade: websocket` request is
 //! accepted and every message is sent back.
 
 use std::collections::BTreeMap;
@@ -229,11 +229,13 @@ async fn answer(name: Arc<str>, alpn: Option<String>, req: Request<Incoming>) ->
         let param = |key: &str| {
             (query.split('&')).find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
         };
-        let ms = param("ms").and_then(|ms| ms.parse().ok()).unwrap_or(0);
-        // `on=NAME`: only the instance called NAME is slow.
-        if param("on").is_none_or(|on| on == &*name) {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
+        let ms = |key| param(key).and_then(|ms| ms.parse().ok()).unwrap_or(0);
+        // `on=NAME`: only the instance called NAME takes `ms`; the others take `others`.
+        let wait = match param("on") {
+            Some(on) if on != &*name => ms("others"),
+            _ => ms("ms"),
+        };
+        tokio::time::sleep(Duration::from_millis(wait)).await;
     }
     let authority = (req.uri().authority().map(|a| a.to_string()))
         .or_else(|| header(&req, "host").map(str::to_owned));

@@ -10,7 +10,7 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use odmesh_e2e::{
     Envoy, HttpUpstream, Instance, Mesh, Request, Response, TestEnv, Versions, hold_for,
@@ -449,4 +449,189 @@ fn a_timeout_change_reaches_the_proxy_as_a_new_route_and_its_removal_too() {
     wait_until(POLICY_DEADLINE * 3, "the request timeout to go", || {
         timed_get(mesh.egress(), "live", "/slow?ms=1000").0.status == 200
     });
+}
+
+#[test]
+fn a_hedge_at_the_per_try_timeout_lets_the_first_answer_win_without_cutting_the_first_try() {
+    let env = TestEnv::new("policy_hedge");
+    let stall = HttpUpstream::start("stall-1", Versions::Both);
+    let fast = HttpUpstream::start("fast-1", Versions::Both);
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[
+            Instance::new("hedged", stall.port()),
+            Instance::new("hedged", fast.port()),
+        ],
+        "vips: {hedged: {per_try_timeout: 100ms, hedge: true, retries: {count: 1}}}",
+    );
+    // stall-1 stalls 3 s: a request whose first try goes there is answered by the hedge to
+    // fast-1, sent after 100 ms.
+    for round in 0..6 {
+        let (answer, took) = timed_get(mesh.egress(), "hedged", "/slow?ms=3000&on=stall-1");
+        assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
+        assert_eq!(answer.json()["upstream"], "fast-1", "round {round}");
+        assert!(
+            took < Duration::from_millis(2500),
+            "round {round}: {took:?}"
+        );
+        eprintln!("round {round}: {took:?}");
+    }
+    // A hedge, not a retry: the first try is not cut. stall-1 answers after 300 ms and fast-1
+    // after 2 s; whichever gets the first try, stall-1's answer wins. (A per-try timeout
+    // without hedging would cut both tries at 100 ms each and answer 504.)
+    for round in 0..4 {
+        let (answer, took) = timed_get(
+            mesh.egress(),
+            "hedged",
+            "/slow?ms=300&on=stall-1&others=2000",
+        );
+        assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
+        assert_eq!(answer.json()["upstream"], "stall-1", "round {round}");
+        assert!(
+            took >= Duration::from_millis(300),
+            "round {round}: {took:?}"
+        );
+    }
+    let stat = |name: &str| (mesh.envoy.stat(&format!("cluster.hedged.vip.{name}"))).unwrap_or(0);
+    let hedges = stat("upstream_rq_retry");
+    eprintln!("hedges sent {hedges}");
+    assert!(hedges >= 7, "{hedges}");
+}
+
+/// `n` GETs of `host` to `addr`: how many were aborted by the policy's fault.
+fn aborted(addr: SocketAddr, host: &str, n: usize, header: Option<&str>) -> usize {
+    (0..n)
+        .filter(|_| {
+            let mut request = Request::get("/").host(host);
+            if let Some(name) = header {
+                request = request.header(name, "1");
+            }
+            let answer = request
+                .send_within(addr, REQUEST_BOUND)
+                .unwrap_or_else(|e| panic!("GET / to {host}: {e}"));
+            match answer.status {
+                200 => false,
+                503 => {
+                    assert_eq!(answer.text(), FAULT_BODY, "an abort says why");
+                    true
+                }
+                other => panic!("{other}: {}", answer.text()),
+            }
+        })
+        .count()
+}
+
+/// The text an aborted request gets (control/src/xds/route.rs).
+const FAULT_BODY: &str = "odmesh: fault injected by the policy file (a chaos experiment)";
+
+#[test]
+fn a_fault_aborts_its_share_of_requests_on_the_callers_it_names_only() {
+    let env = TestEnv::new("policy_fault_abort");
+    let up = HttpUpstream::start("chaos-1", Versions::Both);
+    let (mesh, policy) = mesh_with_policy(
+        &env,
+        &[Instance::new("chaos", up.port())],
+        "vips: {chaos: {retries: {count: 1}}}",
+    );
+    let checkout = envoy_of_service(&env, &mesh, "checkout");
+    assert_eq!(aborted(egress(&checkout), "chaos", 5, None), 0);
+
+    write_policy(
+        &policy,
+        "vips: {chaos: {callers: {checkout: {fault: {abort: {status: 503, percent: 50}}}}}}",
+    );
+    let written = Instant::now();
+    wait_until(POLICY_DEADLINE * 3, "the fault to apply", || {
+        aborted(egress(&checkout), "chaos:8080", 1, None) == 1
+    });
+    eprintln!("fault applied {:?} after the write", written.elapsed());
+    // 50%: over 400 requests, 200 ± 50 aborts (five standard deviations of a fair coin).
+    let n = aborted(egress(&checkout), "chaos", 400, None);
+    eprintln!("aborted {n} of 400");
+    assert!((150..=250).contains(&n), "{n} of 400 aborted");
+    // The mesh's own proxy is another caller: untouched.
+    assert_eq!(aborted(mesh.egress(), "chaos", 40, None), 0);
+    let injected = checkout.stat("http.odmesh_egress.fault.aborts_injected");
+    assert_eq!(injected, Some(n as u64 + 1), "Envoy counts each abort");
+    let elsewhere = mesh.envoy.stat("http.odmesh_egress.fault.aborts_injected");
+    assert_eq!(elsewhere.unwrap_or(0), 0);
+
+    // Only requests with the header: the rest pass.
+    write_policy(
+        &policy,
+        "vips: {chaos: {callers: {checkout: {fault: {abort: {status: 503}, header: x-chaos}}}}}",
+    );
+    // (Ten requests in a row without an abort: not the 50% fault any more.)
+    wait_until(POLICY_DEADLINE * 3, "the header to be required", || {
+        aborted(egress(&checkout), "chaos", 10, None) == 0
+    });
+    assert_eq!(aborted(egress(&checkout), "chaos", 20, Some("x-chaos")), 20);
+    assert_eq!(aborted(egress(&checkout), "chaos", 20, None), 0);
+
+    // Removed (the VIP's entry stays: a file that loses every entry at once is held).
+    write_policy(&policy, "vips: {chaos: {retries: {count: 1}}}");
+    let removed = Instant::now();
+    wait_until(POLICY_DEADLINE * 3, "the fault to go", || {
+        aborted(egress(&checkout), "chaos", 1, Some("x-chaos")) == 0
+    });
+    eprintln!("fault removed {:?} after the write", removed.elapsed());
+    assert_eq!(aborted(egress(&checkout), "chaos", 20, Some("x-chaos")), 0);
+}
+
+#[test]
+fn a_fault_delay_adds_its_time_and_a_fault_with_an_end_stops_by_itself() {
+    let env = TestEnv::new("policy_fault_delay");
+    let up = HttpUpstream::start("chaos-1", Versions::Both);
+    let (mesh, policy) = mesh_with_policy(&env, &[Instance::new("chaos", up.port())], "");
+    assert_eq!(timed_get(mesh.egress(), "chaos", "/").0.status, 200);
+
+    // Ends a few seconds from now, with no file change.
+    let end = SystemTime::now() + Duration::from_secs(6);
+    let end_secs = end.duration_since(UNIX_EPOCH).unwrap().as_secs() + 1;
+    let until = rfc3339(end_secs);
+    write_policy(
+        &policy,
+        &format!("vips: {{chaos: {{fault: {{delay: {{fixed: 500ms}}, until: {until}}}}}}}"),
+    );
+    wait_until(POLICY_DEADLINE * 3, "the delay to apply", || {
+        timed_get(mesh.egress(), "chaos", "/").1 >= Duration::from_millis(480)
+    });
+    for _ in 0..3 {
+        let (answer, took) = timed_get(mesh.egress(), "chaos", "/");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        // (Envoy's timer may fire a few milliseconds early.)
+        assert!(took >= Duration::from_millis(480), "{took:?}");
+        if SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 1
+            >= end_secs
+        {
+            break;
+        }
+    }
+    let delayed = mesh.envoy.stat("http.odmesh_egress.fault.delays_injected");
+    assert!(delayed.unwrap_or(0) >= 2, "{delayed:?}");
+    // (Well under the delay: a delayed request may come a few milliseconds early.)
+    wait_until(
+        Duration::from_secs(20),
+        "the delay to end at its until",
+        || timed_get(mesh.egress(), "chaos", "/").1 < Duration::from_millis(300),
+    );
+    let ended = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    eprintln!(
+        "delay ended {:.2} s after its until",
+        ended.as_secs_f64() - end_secs as f64
+    );
+    assert!(ended.as_secs() >= end_secs, "not before its until");
+}
+
+/// `unix_secs` as `2026-12-05T10:00:00Z`, through `date`.
+fn rfc3339(unix_secs: u64) -> String {
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("@{unix_secs}"), "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .expect("date");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }

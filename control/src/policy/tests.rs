@@ -1,5 +1,6 @@
 use super::*;
 use odmesh_base::error::{Chain, repeats_its_cause};
+use std::time::SystemTime;
 
 const EXAMPLE: &str = r#"
 defaults:
@@ -314,23 +315,35 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// "Now" for route-level policy without fault times.
+const NOW: SystemTime = SystemTime::UNIX_EPOCH;
+
+/// The timeouts of each cluster set apart in `caller`'s routes.
+fn timeouts_of(policy: &Policy, caller: &str) -> (Timeouts, BTreeMap<String, Timeouts>) {
+    let routes = policy.routes(caller, NOW);
+    let clusters = (routes.clusters.into_iter())
+        .map(|(cluster, level)| (cluster, level.timeouts))
+        .collect();
+    (routes.default.timeouts, clusters)
+}
+
 #[test]
 fn the_routes_timeouts_list_only_the_clusters_that_differ_from_the_defaults_per_caller() {
     let policy = example();
-    let anyone = policy.timeouts("shipping");
-    assert_eq!(anyone.default, Timeouts::default());
+    let (default, clusters) = timeouts_of(&policy, "shipping");
+    assert_eq!(default, Timeouts::default());
     let payments = Timeouts {
         request: ms(300),
         per_try: Duration::ZERO,
     };
     // The SVIP's entry sets no timeout: it is not listed.
     assert_eq!(
-        anyone.clusters,
+        clusters,
         BTreeMap::from([("payments.vip".to_owned(), payments)])
     );
-    let checkout = policy.timeouts("checkout");
-    assert_eq!(checkout.clusters["payments.vip"].request, ms(1000));
-    assert_eq!(Policy::default().timeouts("x"), RouteTimeouts::default());
+    let (_, checkout) = timeouts_of(&policy, "checkout");
+    assert_eq!(checkout["payments.vip"].request, ms(1000));
+    assert_eq!(Policy::default().routes("x", NOW), RoutePolicy::default());
 }
 
 #[test]
@@ -344,9 +357,9 @@ vips:
 ",
     )
     .unwrap();
-    let timeouts = policy.timeouts("anyone");
+    let (default, clusters) = timeouts_of(&policy, "anyone");
     assert_eq!(
-        timeouts.default,
+        default,
         Timeouts {
             request: ms(2000),
             per_try: ms(500)
@@ -368,5 +381,154 @@ vips:
             },
         ),
     ]);
-    assert_eq!(timeouts.clusters, expected);
+    assert_eq!(clusters, expected);
+}
+
+#[test]
+fn hedging_and_faults_are_per_vip_and_caller_and_a_callers_fault_replaces_the_vips() {
+    let policy = Policy::parse(
+        br#"
+defaults: {per_try_timeout: 100ms}
+vips:
+  search:
+    hedge: true
+    callers:
+      batch: {hedge: false}
+  payments:
+    fault:
+      abort: {status: 503, percent: 50}
+      header: X-Chaos
+    callers:
+      checkout:
+        fault:
+          delay: {fixed: 500ms}
+"#,
+    )
+    .unwrap();
+    let web = policy.routes("web", NOW);
+    assert!(web.clusters["search.vip"].hedge);
+    assert!(!web.default.hedge && web.default.fault.is_none());
+    let abort = web.clusters["payments.vip"].fault.as_ref().unwrap();
+    assert_eq!(abort.delay, None);
+    let expected = fault::Abort {
+        with: fault::AbortWith::Status(503),
+        percent: fault::Percent {
+            per_million: 500_000,
+        },
+    };
+    assert_eq!(abort.abort, Some(expected));
+    assert_eq!(abort.header, Some(HeaderName("x-chaos".to_owned())));
+
+    let checkout = policy.routes("checkout", NOW);
+    let delay = checkout.clusters["payments.vip"].fault.as_ref().unwrap();
+    assert_eq!(delay.abort, None, "the caller's fault is whole, not merged");
+    assert_eq!(delay.delay.as_ref().unwrap().fixed.0, ms(500));
+    assert_eq!(
+        delay.delay.as_ref().unwrap().percent.per_million,
+        1_000_000,
+        "every request by default"
+    );
+    let batch = policy.routes("batch", NOW);
+    assert!(!batch.clusters.contains_key("search.vip"), "{batch:?}");
+    // Shown with their source.
+    let e = policy.resolve(Kind::Vip, "search", Some("batch"), Protocol::Auto);
+    assert_eq!(e.hedge, Sourced::new(false, Source::Caller));
+    let e = policy.resolve(Kind::Vip, "payments", None, Protocol::Auto);
+    assert_eq!(e.fault.from, Source::Vip);
+}
+
+#[test]
+fn a_fault_stops_at_its_until_and_the_routes_say_when() {
+    let policy = Policy::parse(
+        b"vips:
+  a: {fault: {abort: {grpc_status: 14}, until: 2026-12-05T10:00:00Z}}
+  b: {fault: {abort: {status: 500}, until: '2026-12-05T11:00:00+00:00'}}
+  c: {fault: {abort: {status: 500}}}
+",
+    )
+    .unwrap();
+    let ten = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_464_800);
+    let before = ten - Duration::from_secs(1);
+    assert_eq!(policy.routes("x", before).clusters.len(), 3);
+    assert_eq!(policy.next_expiry(before), Some(ten));
+    let at_ten = policy.routes("x", ten);
+    assert_eq!(
+        at_ten.clusters.keys().collect::<Vec<_>>(),
+        ["b.vip", "c.vip"]
+    );
+    assert_eq!(
+        policy.next_expiry(ten),
+        Some(ten + Duration::from_secs(3600))
+    );
+    assert_eq!(policy.next_expiry(ten + Duration::from_secs(3600)), None);
+}
+
+#[test]
+fn a_fault_or_hedge_that_cannot_work_is_refused_with_its_field() {
+    for (yaml, says) in [
+        (
+            "defaults: {fault: {abort: {status: 503}}}",
+            "defaults.fault: a fault is for one VIP",
+        ),
+        (
+            "vips: {a: {fault: {}}}",
+            "a fault needs a delay or an abort",
+        ),
+        (
+            "vips: {a: {fault: {header: x-chaos}}}",
+            "a fault needs a delay or an abort",
+        ),
+        (
+            "vips: {a: {fault: {abort: {percent: 5}}}}",
+            "either `status` or `grpc_status`",
+        ),
+        (
+            "vips: {a: {fault: {abort: {status: 503, grpc_status: 14}}}}",
+            "either `status` or `grpc_status`",
+        ),
+        (
+            "vips: {a: {fault: {abort: {status: 600}}}}",
+            "600 is not between 200 and 599",
+        ),
+        (
+            "vips: {a: {fault: {abort: {grpc_status: 0}}}}",
+            "0 is not between 1 and 16",
+        ),
+        (
+            "vips: {a: {fault: {abort: {status: 503, percent: 101}}}}",
+            "101 is not a percentage from 0 to 100",
+        ),
+        (
+            "vips: {a: {fault: {delay: {fixed: 0s}}}}",
+            "must be more than 0",
+        ),
+        (
+            "vips: {a: {fault: {delay: {fixed: 1s}, until: tomorrow}}}",
+            "is not a time like 2026-12-05T10:00:00Z",
+        ),
+        (
+            "vips: {a: {fault: {delay: {fixed: 1s}, header: 'x chaos'}}}",
+            "is not a header name",
+        ),
+        (
+            "vips: {a: {fault: {delay: {fixed: 1s, pct: 5}}}}",
+            "unknown field `pct`",
+        ),
+        ("vips: {a: {hedge: true}}", "vips.a.hedge: a hedge is sent"),
+        (
+            "vips: {a: {hedge: true, per_try_timeout: 100ms, retries: {count: 0}}}",
+            "vips.a.hedge",
+        ),
+        (
+            "svips: {a: {hedge: true, per_try_timeout: 1s, callers: {web: {per_try_timeout: 0s}}}}",
+            "svips.a.callers.web.hedge",
+        ),
+        ("defaults: {hedge: true}", "defaults.hedge"),
+        ("vips: {a: {hedge: maybe}}", "hedge"),
+    ] {
+        let shown = refused(yaml);
+        assert!(shown.contains(says), "{yaml}: {shown}");
+    }
+    // A hedge with its per-try timeout from the defaults is fine.
+    Policy::parse(b"defaults: {per_try_timeout: 1s}\nvips: {a: {hedge: true}}").unwrap();
 }

@@ -29,7 +29,7 @@
 //! node metadata `odmesh` ([`RouteShell::from_node`]). Pure: the RDS service is
 //! [`crate::routes`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -37,24 +37,36 @@ use envoy_types::pb::envoy::config::core::v3::{
     data_source::Specifier,
 };
 use envoy_types::pb::envoy::config::route::v3::{
-    ClusterSpecifierPlugin, HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration,
-    RouteMatch, VirtualHost,
+    ClusterSpecifierPlugin, FilterConfig as RouteFilterConfig, HeaderMatcher, HedgePolicy,
+    RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
     header_matcher::HeaderMatchSpecifier,
     route::Action,
     route_action::{ClusterSpecifier, MaxStreamDuration},
     route_match::PathSpecifier,
 };
 use envoy_types::pb::envoy::extensions::dynamic_modules::v3::DynamicModuleConfig;
+use envoy_types::pb::envoy::extensions::filters::common::fault::v3::{
+    FaultDelay, fault_delay::FaultDelaySecifier,
+};
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
+    FaultAbort, HttpFault, fault_abort::ErrorType,
+};
 use envoy_types::pb::envoy::extensions::router::cluster_specifiers::dynamic_modules::v3::{
     DynamicModuleClusterSpecifier, RouteActionOverride,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    RegexMatcher, StringMatcher, string_matcher::MatchPattern,
+};
+use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
 use envoy_types::pb::google::protobuf::{Any, StringValue, value};
 use odmesh_filter::config::Config as FilterConfig;
 use prost::Message;
 
+use odmesh_names::Kind;
+
 use super::{duration, version};
-use crate::policy::{RouteTimeouts, Timeouts};
+use crate::policy::fault::{AbortWith, Percent};
+use crate::policy::{RouteLevel, RoutePolicy, Timeouts};
 
 /// Type URL of `envoy.config.route.v3.RouteConfiguration` (RDS).
 pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
@@ -73,6 +85,12 @@ pub const TIMEOUTS_KEY: &str = "timeouts";
 const CLUSTER_HEADER: &str = "x-odmesh-cluster";
 /// What a gRPC call's `content-type` starts with.
 const GRPC_CONTENT_TYPE: &str = "application/grpc";
+/// The fault filter's name in the bootstraps' chain, where it is off unless a route says.
+pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
+const FAULT_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
+const FILTER_CONFIG_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+/// The body of an answer the fault filter aborted: whoever reads it learns why.
+pub const FAULT_BODY: &str = "odmesh: fault injected by the policy file (a chaos experiment)";
 
 /// How a proxy maps a request to its cluster, as its bootstrap describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -144,28 +162,30 @@ impl RouteShell {
 pub struct BuiltRoute {
     pub route: Any,
     pub version: String,
+    /// Route-level policy the route could not carry, for the control plane's log: hedging and
+    /// faults with the native module reading another header than `:authority`.
+    pub dropped: Option<String>,
 }
 
-/// The route configuration `name` for a proxy mapping with `shell`, with `timeouts` (its
+/// The route configuration `name` for a proxy mapping with `shell`, with `policy` (its
 /// calling service's), and its version (the same in every process for the same route).
-pub fn build(name: &str, shell: &RouteShell, timeouts: &RouteTimeouts) -> BuiltRoute {
-    let (routes, plugins) = match shell {
-        RouteShell::Native { module, config } => native_routes(module, config, timeouts),
-        RouteShell::Header { cluster_header } => (header_routes(cluster_header, timeouts), vec![]),
+pub fn build(name: &str, shell: &RouteShell, policy: &RoutePolicy) -> BuiltRoute {
+    let (virtual_hosts, plugins, dropped) = match shell {
+        RouteShell::Native { module, config } => native_hosts(module, config, policy),
+        RouteShell::Header { cluster_header } => (
+            vec![catch_all(header_routes(cluster_header, policy))],
+            vec![],
+            None,
+        ),
     };
     let config = RouteConfiguration {
         name: name.to_owned(),
-        virtual_hosts: vec![VirtualHost {
-            name: "all".to_owned(),
-            domains: vec!["*".to_owned()],
-            routes,
-            ..Default::default()
-        }],
+        virtual_hosts,
         cluster_specifier_plugins: plugins,
         ..Default::default()
     };
-    // Canonical: the one map (the overrides) is encoded in key order, and every other map
-    // is empty.
+    // Canonical: the maps (the overrides; each route's one filter configuration) are encoded
+    // in key order, and every other map is empty.
     let bytes = config.encode_to_vec();
     BuiltRoute {
         version: format!("{:016x}", version::encoded(&bytes)),
@@ -173,52 +193,162 @@ pub fn build(name: &str, shell: &RouteShell, timeouts: &RouteTimeouts) -> BuiltR
             type_url: ROUTE_TYPE_URL.to_owned(),
             value: bytes,
         },
+        dropped,
     }
 }
 
-/// The native module's routes (gRPC, then the rest) and its plugin: the module with its
-/// configuration and the timeouts table; the default timeouts on the routes themselves.
-fn native_routes(
+/// The virtual host every request without one of its own takes.
+fn catch_all(routes: Vec<Route>) -> VirtualHost {
+    VirtualHost {
+        name: "all".to_owned(),
+        domains: vec!["*".to_owned()],
+        routes,
+        ..Default::default()
+    }
+}
+
+/// The native module's virtual hosts and its plugin (the module with its configuration and
+/// the timeouts table). Every route chooses the cluster with the module; the catch-all's
+/// routes carry the defaults. A VIP with route-level policy beyond timeouts (hedging, a
+/// fault) gets virtual hosts of its own, matched on the host before the module runs, since
+/// the module can set a request's timeouts but not its hedging or filters
+/// (docs/envoy.md, "Route-level policy on the native mapping").
+fn native_hosts(
     module: &str,
     config: &str,
-    timeouts: &RouteTimeouts,
-) -> (Vec<Route>, Vec<ClusterSpecifierPlugin>) {
+    policy: &RoutePolicy,
+) -> (
+    Vec<VirtualHost>,
+    Vec<ClusterSpecifierPlugin>,
+    Option<String>,
+) {
     let filter = FilterConfig::parse(config.as_bytes()).unwrap_or_default();
     let plugin = ClusterSpecifierPlugin {
         extension: Some(TypedExtensionConfig {
             name: SPECIFIER.to_owned(),
             typed_config: Some(Any {
                 type_url: SPECIFIER_TYPE_URL.to_owned(),
-                value: specifier(module, config, timeouts),
+                value: specifier(module, config, policy),
             }),
         }),
         is_optional: false,
     };
-    let route = |name: &str, grpc: bool| Route {
-        name: name.to_owned(),
-        r#match: Some(route_match(Vec::new(), grpc)),
-        // The mapping read the secure header while the route resolved; the upstream does not
-        // see it, nor a cluster header a caller sent (nothing reads one here).
-        request_headers_to_remove: vec![filter.secure_header.clone(), CLUSTER_HEADER.to_owned()],
-        action: Some(Action::Route(RouteAction {
-            cluster_specifier: Some(ClusterSpecifier::ClusterSpecifierPlugin(
-                SPECIFIER.to_owned(),
-            )),
-            ..timed_action(timeouts.default, grpc)
-        })),
-        ..Default::default()
+    let route = |name: String, level: &RouteLevel, headers: Vec<HeaderMatcher>, grpc: bool| {
+        Route {
+            name,
+            r#match: Some(route_match(headers, grpc)),
+            // The mapping read the secure header while the route resolved; the upstream does
+            // not see it, nor a cluster header a caller sent (nothing reads one here).
+            request_headers_to_remove: vec![
+                filter.secure_header.clone(),
+                CLUSTER_HEADER.to_owned(),
+            ],
+            action: Some(Action::Route(RouteAction {
+                cluster_specifier: Some(ClusterSpecifier::ClusterSpecifierPlugin(
+                    SPECIFIER.to_owned(),
+                )),
+                ..level_action(level, grpc)
+            })),
+            typed_per_filter_config: fault_config(level),
+            ..Default::default()
+        }
     };
-    (
-        vec![route("mesh-grpc", true), route("mesh", false)],
-        vec![plugin],
-    )
+    // The gRPC route and the route for the rest, named after what they serve.
+    let pair = |name: &str, level: &RouteLevel, headers: Vec<HeaderMatcher>| {
+        vec![
+            route(format!("mesh-grpc{name}"), level, headers.clone(), true),
+            route(format!("mesh{name}"), level, headers, false),
+        ]
+    };
+    let vips: BTreeSet<&str> = (policy.clusters.iter())
+        .filter(|(_, level)| level.beyond_timeouts())
+        .filter_map(|(cluster, _)| odmesh_names::split_cluster_name(cluster))
+        .map(|(vip, _)| vip)
+        .collect();
+    let mut hosts = Vec::new();
+    let mut dropped = None;
+    if filter.source_header != odmesh_filter::config::DEFAULT_SOURCE_HEADER && !vips.is_empty() {
+        dropped = Some(format!(
+            "hedging and faults for {} are not applied: with the native module they need its \
+             source_header to be :authority, not {}",
+            vips.into_iter().collect::<Vec<_>>().join(", "),
+            filter.source_header
+        ));
+    } else {
+        for vip in vips {
+            let plain = policy.level(&odmesh_names::cluster_name(vip, Kind::Vip));
+            let secure = policy.level(&odmesh_names::cluster_name(vip, Kind::Svip));
+            for (kind, level) in [(Kind::Vip, plain), (Kind::Svip, secure)] {
+                if level.beyond_timeouts() {
+                    let cluster = odmesh_names::cluster_name(vip, kind);
+                    hosts.push(VirtualHost {
+                        name: cluster.clone(),
+                        domains: domains(&cluster, &filter),
+                        routes: pair(&format!(":{cluster}"), level, vec![]),
+                        ..Default::default()
+                    });
+                }
+            }
+            // The bare name: the secure rule picks the cluster, and so the policy.
+            let mut routes = Vec::new();
+            if plain != secure {
+                let svip = format!(":{vip}.svip");
+                for (how, matcher) in secure_matchers(&filter) {
+                    routes.extend(pair(&format!("{svip}:{how}"), secure, vec![matcher]));
+                }
+            }
+            routes.extend(pair(&format!(":{vip}"), plain, vec![]));
+            hosts.push(VirtualHost {
+                name: vip.to_owned(),
+                domains: domains(vip, &filter),
+                routes,
+                ..Default::default()
+            });
+        }
+    }
+    hosts.push(catch_all(pair("", &policy.default, vec![])));
+    (hosts, vec![plugin], dropped)
+}
+
+/// The hosts the mapping takes to `name` (a VIP, or a cluster name): with or without one of
+/// the suffixes it strips, a trailing dot and a port (filter/src/mapping.rs). Envoy compares
+/// hosts without case.
+fn domains(name: &str, filter: &FilterConfig) -> Vec<String> {
+    let suffixes = std::iter::once("").chain(filter.strip_suffixes.iter().map(String::as_str));
+    suffixes
+        .flat_map(|suffix| {
+            let host = format!("{name}{suffix}");
+            let dotted = format!("{host}.");
+            [format!("{host}:*"), format!("{dotted}:*"), host, dotted]
+        })
+        .collect()
+}
+
+/// The request matchers of the secure rule, for a bare VIP name: the secure header asks for
+/// it (`true` or `1`, any case), or the host's port is a secure one.
+fn secure_matchers(filter: &FilterConfig) -> Vec<(&'static str, HeaderMatcher)> {
+    let mut matchers = vec![(
+        "header",
+        regex(&filter.secure_header, r"(?i)\s*(?:true|1)\s*"),
+    )];
+    if !filter.secure_ports.is_empty() {
+        let ports: Vec<String> = filter.secure_ports.iter().map(u16::to_string).collect();
+        let pattern = format!(".*:0*(?:{})", ports.join("|"));
+        matchers.push(("port", regex(":authority", &pattern)));
+    }
+    matchers
 }
 
 /// The module's configuration, encoded: its file, the mapping's configuration with the
 /// timeouts table, and the overrides the table names.
-fn specifier(module: &str, config: &str, timeouts: &RouteTimeouts) -> Vec<u8> {
-    let differs = |t: &Timeouts| t.per_try != timeouts.default.per_try;
-    let table: serde_json::Map<String, serde_json::Value> = (timeouts.clusters.iter())
+fn specifier(module: &str, config: &str, policy: &RoutePolicy) -> Vec<u8> {
+    let default = policy.default.timeouts;
+    let differs = |t: &Timeouts| t.per_try != default.per_try;
+    let own: Vec<(&String, Timeouts)> = (policy.clusters.iter())
+        .map(|(cluster, level)| (cluster, level.timeouts))
+        .filter(|(_, t)| *t != default)
+        .collect();
+    let table: serde_json::Map<String, serde_json::Value> = (own.iter())
         .map(|(cluster, t)| {
             // Whole milliseconds, at least one for a timeout (0 means none).
             let ms = match t.request.as_millis() {
@@ -229,7 +359,7 @@ fn specifier(module: &str, config: &str, timeouts: &RouteTimeouts) -> Vec<u8> {
             if differs(t) {
                 entry["per_try"] = override_name(t.per_try).into();
             }
-            (cluster.clone(), entry)
+            ((*cluster).clone(), entry)
         })
         .collect();
     let mut specifier_config: serde_json::Value =
@@ -261,9 +391,9 @@ fn specifier(module: &str, config: &str, timeouts: &RouteTimeouts) -> Vec<u8> {
     // The overrides in name order: prost would write its `HashMap` in any order, and the same
     // route must give the same bytes (a protobuf message may repeat a map field: the entries
     // add up).
-    let overrides: BTreeSet<Duration> = (timeouts.clusters.values())
-        .filter(|t| differs(t))
-        .map(|t| t.per_try)
+    let overrides: BTreeSet<Duration> = (own.iter())
+        .filter(|(_, t)| differs(t))
+        .map(|(_, t)| t.per_try)
         .collect();
     let mut encoded = specifier.encode_to_vec();
     for per_try in overrides {
@@ -284,9 +414,9 @@ fn specifier(module: &str, config: &str, timeouts: &RouteTimeouts) -> Vec<u8> {
 }
 
 /// The routes of a mapping that writes `cluster_header`: a gRPC route and a route for the
-/// rest for each cluster with timeouts of its own, then the two with the defaults.
-fn header_routes(cluster_header: &str, timeouts: &RouteTimeouts) -> Vec<Route> {
-    let route = |name: String, cluster: Option<&str>, t: Timeouts, grpc: bool| {
+/// rest for each cluster with route-level policy of its own, then the two with the defaults.
+fn header_routes(cluster_header: &str, policy: &RoutePolicy) -> Vec<Route> {
+    let route = |name: String, cluster: Option<&str>, level: &RouteLevel, grpc: bool| {
         let headers = cluster
             .map(|c| exact(cluster_header, c))
             .into_iter()
@@ -296,24 +426,112 @@ fn header_routes(cluster_header: &str, timeouts: &RouteTimeouts) -> Vec<Route> {
             r#match: Some(route_match(headers, grpc)),
             action: Some(Action::Route(RouteAction {
                 cluster_specifier: Some(ClusterSpecifier::ClusterHeader(cluster_header.to_owned())),
-                ..timed_action(t, grpc)
+                ..level_action(level, grpc)
             })),
+            typed_per_filter_config: fault_config(level),
             ..Default::default()
         }
     };
     let mut routes = Vec::new();
-    for (cluster, t) in &timeouts.clusters {
+    // Envoy creates a request's filters from the route it matches on arrival, before the wasm
+    // filter has named the cluster (docs/envoy.md, "Faults only where the policy has one"):
+    // while any cluster has a fault, every route switches the fault filter on, and only the
+    // faulty clusters' routes give it a fault.
+    let any_fault = policy.clusters.values().any(|l| l.fault.is_some());
+    let route = |name, cluster, level: &RouteLevel, grpc| {
+        let mut route = route(name, cluster, level, grpc);
+        if any_fault && route.typed_per_filter_config.is_empty() {
+            route.typed_per_filter_config = fault_filter_on();
+        }
+        route
+    };
+    for (cluster, level) in &policy.clusters {
         routes.push(route(
             format!("mesh-grpc:{cluster}"),
             Some(cluster),
-            *t,
+            level,
             true,
         ));
-        routes.push(route(format!("mesh:{cluster}"), Some(cluster), *t, false));
+        routes.push(route(
+            format!("mesh:{cluster}"),
+            Some(cluster),
+            level,
+            false,
+        ));
     }
-    routes.push(route("mesh-grpc".to_owned(), None, timeouts.default, true));
-    routes.push(route("mesh".to_owned(), None, timeouts.default, false));
+    routes.push(route("mesh-grpc".to_owned(), None, &policy.default, true));
+    routes.push(route("mesh".to_owned(), None, &policy.default, false));
     routes
+}
+
+/// A route action with `level`'s timeouts ([`timed_action`]) and hedging.
+fn level_action(level: &RouteLevel, grpc: bool) -> RouteAction {
+    RouteAction {
+        hedge_policy: level.hedge.then(|| HedgePolicy {
+            hedge_on_per_try_timeout: true,
+            ..Default::default()
+        }),
+        ..timed_action(level.timeouts, grpc)
+    }
+}
+
+/// The fault filter switched on with its own configuration (no fault), for a route whose
+/// requests may go on to one that has a fault.
+fn fault_filter_on() -> HashMap<String, Any> {
+    let on = RouteFilterConfig {
+        // Present and empty: "on, with the filter's own configuration" (Envoy 1.40).
+        config: Some(Any::default()),
+        ..Default::default()
+    };
+    HashMap::from([(
+        FAULT_FILTER.to_owned(),
+        Any {
+            type_url: FILTER_CONFIG_TYPE_URL.to_owned(),
+            value: on.encode_to_vec(),
+        },
+    )])
+}
+
+/// The fault filter's configuration for a route with `level`'s fault, which switches the
+/// filter on for that route (it is off for every other: `disabled: true` in the bootstraps,
+/// docs/envoy.md, "Faults only where the policy has one").
+fn fault_config(level: &RouteLevel) -> HashMap<String, Any> {
+    let Some(fault) = &level.fault else {
+        return HashMap::new();
+    };
+    let percentage = |p: Percent| FractionalPercent {
+        numerator: p.per_million,
+        denominator: fractional_percent::DenominatorType::Million as i32,
+    };
+    let http = HttpFault {
+        delay: fault.delay.as_ref().map(|d| FaultDelay {
+            percentage: Some(percentage(d.percent)),
+            fault_delay_secifier: Some(FaultDelaySecifier::FixedDelay(duration(d.fixed.0))),
+        }),
+        abort: fault.abort.as_ref().map(|a| FaultAbort {
+            percentage: Some(percentage(a.percent)),
+            response_body: FAULT_BODY.to_owned(),
+            error_type: Some(match a.with {
+                AbortWith::Status(s) => ErrorType::HttpStatus(s),
+                AbortWith::GrpcStatus(g) => ErrorType::GrpcStatus(g),
+            }),
+        }),
+        headers: (fault.header.iter())
+            .map(|h| HeaderMatcher {
+                name: h.0.clone(),
+                header_match_specifier: Some(HeaderMatchSpecifier::PresentMatch(true)),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    HashMap::from([(
+        FAULT_FILTER.to_owned(),
+        Any {
+            type_url: FAULT_TYPE_URL.to_owned(),
+            value: http.encode_to_vec(),
+        },
+    )])
 }
 
 /// A route action with `timeouts`. For a gRPC call, its own deadline (`grpc-timeout`), with
@@ -348,6 +566,21 @@ fn route_match(mut headers: Vec<HeaderMatcher>, grpc: bool) -> RouteMatch {
     RouteMatch {
         path_specifier: Some(PathSpecifier::Prefix("/".to_owned())),
         headers,
+        ..Default::default()
+    }
+}
+
+/// Header `name` matches `pattern` whole (RE2).
+fn regex(name: &str, pattern: &str) -> HeaderMatcher {
+    HeaderMatcher {
+        name: name.to_owned(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(MatchPattern::SafeRegex(RegexMatcher {
+                regex: pattern.to_owned(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })),
         ..Default::default()
     }
 }
@@ -444,27 +677,22 @@ mod tests {
         }
     }
 
-    fn timeouts() -> RouteTimeouts {
-        RouteTimeouts {
-            default: Timeouts {
-                request: ms(2000),
-                per_try: Duration::ZERO,
+    fn level(request: u64, per_try: u64) -> RouteLevel {
+        RouteLevel {
+            timeouts: Timeouts {
+                request: ms(request),
+                per_try: ms(per_try),
             },
+            ..Default::default()
+        }
+    }
+
+    fn timeouts() -> RoutePolicy {
+        RoutePolicy {
+            default: level(2000, 0),
             clusters: BTreeMap::from([
-                (
-                    "slow.vip".to_owned(),
-                    Timeouts {
-                        request: ms(500),
-                        per_try: ms(100),
-                    },
-                ),
-                (
-                    "free.svip".to_owned(),
-                    Timeouts {
-                        request: Duration::ZERO,
-                        per_try: Duration::ZERO,
-                    },
-                ),
+                ("slow.vip".to_owned(), level(500, 100)),
+                ("free.svip".to_owned(), level(0, 0)),
             ]),
         }
     }
@@ -579,7 +807,7 @@ mod tests {
             module: "/m.so".to_owned(),
             config: "{}".to_owned(),
         };
-        let config = decode(&build("odmesh", &shell, &RouteTimeouts::default()));
+        let config = decode(&build("odmesh", &shell, &RoutePolicy::default()));
         let rest = &config.virtual_hosts[0].routes[1];
         assert_eq!(action(rest).timeout, Some(duration(Duration::ZERO)));
         let (specifier, json) = specifier_of(&config);
@@ -624,7 +852,7 @@ mod tests {
         let only = decode(&build(
             "odmesh",
             &RouteShell::default(),
-            &RouteTimeouts::default(),
+            &RoutePolicy::default(),
         ));
         assert_eq!(only.virtual_hosts[0].routes.len(), 2);
     }
@@ -637,18 +865,14 @@ mod tests {
         };
         let mut many = timeouts();
         for n in 0..20 {
-            let t = Timeouts {
-                request: ms(n),
-                per_try: ms(n + 1),
-            };
-            many.clusters.insert(format!("v{n}.vip"), t);
+            many.clusters.insert(format!("v{n}.vip"), level(n, n + 1));
         }
         let versions: BTreeSet<String> = (0..10)
             .map(|_| build("odmesh", &shell, &many).version)
             .collect();
         assert_eq!(versions.len(), 1, "{versions:?}");
         let mut changed = many.clone();
-        changed.clusters.get_mut("v3.vip").unwrap().per_try = ms(999);
+        changed.clusters.get_mut("v3.vip").unwrap().timeouts.per_try = ms(999);
         assert_ne!(
             build("odmesh", &shell, &changed).version,
             build("odmesh", &shell, &many).version
@@ -657,5 +881,238 @@ mod tests {
             build("odmesh", &RouteShell::default(), &many).version,
             build("odmesh", &shell, &many).version
         );
+    }
+
+    fn chaos() -> RouteLevel {
+        let fault: crate::policy::Fault = serde_json::from_value(serde_json::json!({
+            "delay": {"fixed": "500ms", "percent": 25},
+            "abort": {"grpc_status": 14, "percent": 50},
+            "header": "x-chaos",
+        }))
+        .unwrap();
+        RouteLevel {
+            fault: Some(fault),
+            ..level(2000, 0)
+        }
+    }
+
+    fn hedged() -> RouteLevel {
+        RouteLevel {
+            hedge: true,
+            ..level(0, 100)
+        }
+    }
+
+    fn fault_of(route: &Route) -> Option<HttpFault> {
+        let any = route.typed_per_filter_config.get(FAULT_FILTER)?;
+        (any.type_url == FAULT_TYPE_URL).then(|| HttpFault::decode(any.value.as_slice()).unwrap())
+    }
+
+    /// Whether the route switches the fault filter on without a fault of its own.
+    fn switches_fault_filter_on(route: &Route) -> bool {
+        let Some(any) = route.typed_per_filter_config.get(FAULT_FILTER) else {
+            return false;
+        };
+        if any.type_url == FAULT_TYPE_URL {
+            return false;
+        }
+        assert_eq!(any.type_url, FILTER_CONFIG_TYPE_URL);
+        let on = RouteFilterConfig::decode(any.value.as_slice()).unwrap();
+        assert!(!on.disabled && !on.is_optional);
+        on.config == Some(Any::default())
+    }
+
+    #[test]
+    fn a_fault_is_the_fault_filters_configuration_on_its_clusters_routes_only() {
+        let mut policy = RoutePolicy::default();
+        policy.clusters.insert("pay.vip".to_owned(), chaos());
+        let config = decode(&build("odmesh", &RouteShell::default(), &policy));
+        let routes = &config.virtual_hosts[0].routes;
+        let faulty: Vec<&str> = (routes.iter())
+            .filter(|r| fault_of(r).is_some())
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(faulty, ["mesh-grpc:pay.vip", "mesh:pay.vip"]);
+        // Every other route switches the filter on, since a request matches its first route
+        // before the wasm filter names its cluster.
+        let on: Vec<&str> = (routes.iter())
+            .filter(|r| switches_fault_filter_on(r))
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(on, ["mesh-grpc", "mesh"]);
+        let no_fault = decode(&build("odmesh", &RouteShell::default(), &timeouts()));
+        let routes = &no_fault.virtual_hosts[0].routes;
+        assert!(routes.iter().all(|r| r.typed_per_filter_config.is_empty()));
+        let routes = &config.virtual_hosts[0].routes;
+        let fault = fault_of(&routes[1]).unwrap();
+        let delay = fault.delay.unwrap();
+        assert_eq!(
+            delay.fault_delay_secifier,
+            Some(FaultDelaySecifier::FixedDelay(duration(ms(500))))
+        );
+        let million = fractional_percent::DenominatorType::Million as i32;
+        let quarter = FractionalPercent {
+            numerator: 250_000,
+            denominator: million,
+        };
+        assert_eq!(delay.percentage, Some(quarter));
+        let abort = fault.abort.unwrap();
+        assert_eq!(abort.error_type, Some(ErrorType::GrpcStatus(14)));
+        assert_eq!(abort.percentage.unwrap().numerator, 500_000);
+        assert_eq!(abort.response_body, FAULT_BODY);
+        assert_eq!(fault.headers.len(), 1);
+        assert_eq!(fault.headers[0].name, "x-chaos");
+        assert_eq!(
+            fault.headers[0].header_match_specifier,
+            Some(HeaderMatchSpecifier::PresentMatch(true))
+        );
+        // Nothing else is asked of the filter: no limit on faults, no client-set faults.
+        assert!(fault.upstream_cluster.is_empty() && fault.downstream_nodes.is_empty());
+        assert_eq!(fault.max_active_faults, None);
+    }
+
+    #[test]
+    fn a_hedge_is_the_routes_hedge_policy_beside_its_per_try_timeout() {
+        let mut policy = RoutePolicy::default();
+        policy.clusters.insert("search.vip".to_owned(), hedged());
+        let config = decode(&build("odmesh", &RouteShell::default(), &policy));
+        for route in &config.virtual_hosts[0].routes {
+            let hedge = action(route).hedge_policy.as_ref();
+            let per_try = (action(route).retry_policy.as_ref()).and_then(|r| r.per_try_timeout);
+            if route.name.ends_with(":search.vip") {
+                assert!(hedge.unwrap().hedge_on_per_try_timeout, "{route:?}");
+                assert_eq!(per_try, Some(duration(ms(100))));
+            } else {
+                assert_eq!((hedge, per_try), (None, None), "{route:?}");
+            }
+        }
+    }
+
+    /// The virtual host Envoy would pick for `host` (docs/envoy.md: exact domains first, then
+    /// the longest prefix wildcard, then `*`; without case).
+    fn host_for<'a>(config: &'a RouteConfiguration, host: &str) -> &'a VirtualHost {
+        let host = host.to_ascii_lowercase();
+        let all = || config.virtual_hosts.iter();
+        let exact = all().find(|v| v.domains.contains(&host));
+        let prefix = (all().flat_map(|v| v.domains.iter().map(move |d| (v, d))))
+            .filter_map(|(v, d)| {
+                let p = d.strip_suffix('*').filter(|p| !p.is_empty())?;
+                host.starts_with(p).then_some((p.len(), v))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, v)| v);
+        let star = all().find(|v| v.domains == ["*"]);
+        exact.or(prefix).or(star).unwrap()
+    }
+
+    #[test]
+    fn with_the_native_module_a_vip_with_hedging_or_a_fault_gets_virtual_hosts_for_its_hosts() {
+        let shell = RouteShell::Native {
+            module: "/m.so".to_owned(),
+            config: r#"{"strip_suffixes": [".svc.local"]}"#.to_owned(),
+        };
+        let mut policy = timeouts();
+        policy.clusters.insert("pay.vip".to_owned(), chaos());
+        policy.clusters.insert("search.svip".to_owned(), hedged());
+        let config = decode(&build("odmesh", &shell, &policy));
+        let names: Vec<&str> = (config.virtual_hosts.iter())
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, ["pay.vip", "pay", "search.svip", "search", "all"]);
+        // Every host form the mapping takes to a VIP's clusters lands on its virtual hosts,
+        // and no other host does.
+        for (host, vhost) in [
+            ("pay", "pay"),
+            ("PAY:8080", "pay"),
+            ("pay.", "pay"),
+            ("pay.:80", "pay"),
+            ("pay.svc.local", "pay"),
+            ("pay.svc.local.:8080", "pay"),
+            ("pay.vip", "pay.vip"),
+            ("pay.vip:80", "pay.vip"),
+            ("pay.vip.svc.local", "pay.vip"),
+            ("pay.svip", "all"),
+            ("payments", "all"),
+            ("payments:80", "all"),
+            ("pa:80", "all"),
+            ("search:443", "search"),
+            ("search.svip.", "search.svip"),
+            ("search.vip", "all"),
+            ("slow", "all"),
+        ] {
+            assert_eq!(host_for(&config, host).name, vhost, "{host}");
+        }
+        // The hedged SVIP: on its own host, and on the bare name when the secure rule picks
+        // it (the secure header, or a secure port); the bare name's plain VIP has the
+        // defaults.
+        let search = &config.virtual_hosts[3];
+        let route_names: Vec<&str> = search.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            route_names,
+            [
+                "mesh-grpc:search.svip:header",
+                "mesh:search.svip:header",
+                "mesh-grpc:search.svip:port",
+                "mesh:search.svip:port",
+                "mesh-grpc:search",
+                "mesh:search",
+            ]
+        );
+        let header = format!("{:?}", search.routes[1].r#match);
+        assert!(header.contains("x-odmesh-secure") && header.contains("(?:true|1)"));
+        let port = format!("{:?}", search.routes[3].r#match);
+        assert!(port.contains(":authority") && port.contains(".*:0*(?:443|8443)"));
+        assert!(action(&search.routes[1]).hedge_policy.is_some());
+        assert!(action(&search.routes[3]).hedge_policy.is_some());
+        assert!(action(&search.routes[5]).hedge_policy.is_none());
+        // The faulty VIP: its own host carries the fault; on the bare name, the secure rule
+        // leads its SVIP's requests (the defaults) past it.
+        let faulty = |vhost: &VirtualHost| -> Vec<bool> {
+            vhost.routes.iter().map(|r| fault_of(r).is_some()).collect()
+        };
+        assert_eq!(faulty(&config.virtual_hosts[0]), [true, true]);
+        let pay = &config.virtual_hosts[1];
+        assert_eq!(faulty(pay), [false, false, false, false, true, true]);
+        for route in config.virtual_hosts.iter().flat_map(|v| &v.routes) {
+            let chosen = ClusterSpecifier::ClusterSpecifierPlugin(SPECIFIER.to_owned());
+            assert_eq!(action(route).cluster_specifier, Some(chosen));
+            assert_eq!(route.request_headers_to_remove.len(), 2);
+        }
+        let all = config.virtual_hosts.last().unwrap();
+        assert!(all.routes.iter().all(|r| fault_of(r).is_none()));
+        assert!(all.routes.iter().all(|r| action(r).hedge_policy.is_none()));
+        // Timeouts stay the module's table's business.
+        let (_, json) = specifier_of(&config);
+        let table = json[TIMEOUTS_KEY].as_object().unwrap();
+        let listed: Vec<&String> = table.keys().collect();
+        assert_eq!(listed, ["free.svip", "search.svip", "slow.vip"]);
+    }
+
+    #[test]
+    fn without_hedging_or_faults_the_native_route_has_the_catch_all_only() {
+        let shell = RouteShell::Native {
+            module: "/m.so".to_owned(),
+            config: "{}".to_owned(),
+        };
+        let config = decode(&build("odmesh", &shell, &timeouts()));
+        assert_eq!(config.virtual_hosts.len(), 1);
+    }
+
+    #[test]
+    fn with_another_source_header_the_native_route_says_what_it_leaves_out() {
+        let shell = RouteShell::Native {
+            module: "/m.so".to_owned(),
+            config: r#"{"source_header": "x-vip"}"#.to_owned(),
+        };
+        let mut policy = timeouts();
+        policy.clusters.insert("pay.vip".to_owned(), chaos());
+        let built = build("odmesh", &shell, &policy);
+        assert_eq!(decode(&built).virtual_hosts.len(), 1);
+        let dropped = built.dropped.unwrap();
+        assert!(
+            dropped.contains("pay") && dropped.contains("x-vip"),
+            "{dropped}"
+        );
+        assert_eq!(build("odmesh", &shell, &timeouts()).dropped, None);
     }
 }
