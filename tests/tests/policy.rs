@@ -48,6 +48,17 @@ fn timed_get(addr: SocketAddr, host: &str, path: &str) -> (Response, Duration) {
     (response, start.elapsed())
 }
 
+/// `GET /` with `Host: host` and one more header, bounded.
+fn timed_get_with(addr: SocketAddr, host: &str, name: &str, value: &str) -> (Response, Duration) {
+    let start = Instant::now();
+    let response = Request::get("/")
+        .host(host)
+        .header(name, value)
+        .send_within(addr, REQUEST_BOUND)
+        .unwrap_or_else(|e| panic!("GET / to {host} with {name}: {e}"));
+    (response, start.elapsed())
+}
+
 /// A second Envoy on the mesh's control plane, from the shipped bootstrap, for the calling
 /// service `service`.
 fn envoy_of_service(env: &TestEnv, mesh: &Mesh, service: &str) -> Envoy {
@@ -551,6 +562,17 @@ fn a_fault_aborts_its_share_of_requests_on_the_callers_it_names_only() {
     assert!((150..=250).contains(&n), "{n} of 400 aborted");
     // The mesh's own proxy is another caller: untouched.
     assert_eq!(aborted(mesh.egress(), "chaos", 40, None), 0);
+    // What the control plane applies, and for whom.
+    let shown = |caller: &str| {
+        let path = format!("/debug/policy?cluster=chaos.vip&caller={caller}");
+        let shown = mesh.control.admin_get(&path).json();
+        shown["effective"][0]["policy"]["fault"].clone()
+    };
+    let fault = shown("checkout");
+    assert_eq!(fault["from"], "caller", "{fault}");
+    assert_eq!(fault["value"]["abort"]["with"]["status"], 503, "{fault}");
+    assert_eq!(fault["value"]["abort"]["percent"], 50.0, "{fault}");
+    assert_eq!(shown("odmesh")["value"], serde_json::Value::Null);
     let injected = checkout.stat("http.odmesh_egress.fault.aborts_injected");
     assert_eq!(injected, Some(n as u64 + 1), "Envoy counts each abort");
     let elsewhere = mesh.envoy.stat("http.odmesh_egress.fault.aborts_injected");
@@ -611,6 +633,16 @@ fn a_fault_delay_adds_its_time_and_a_fault_with_an_end_stops_by_itself() {
             break;
         }
     }
+    // The fault filter runs on this route, but a caller cannot ask it for a fault of its own.
+    let (answer, _) = timed_get_with(mesh.egress(), "chaos", "x-envoy-fault-abort-request", "503");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let (_, took) = timed_get_with(
+        mesh.egress(),
+        "chaos",
+        "x-envoy-fault-delay-request",
+        "3000",
+    );
+    assert!(took < Duration::from_millis(2500), "{took:?}");
     let delayed = mesh.envoy.stat("http.odmesh_egress.fault.delays_injected");
     assert!(delayed.unwrap_or(0) >= 2, "{delayed:?}");
     // (Well under the delay: a delayed request may come a few milliseconds early.)
