@@ -13,8 +13,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use odmesh_e2e::{
-    Envoy, HttpUpstream, Instance, Mesh, Request, Response, TestEnv, Versions, hold_for,
-    odmesh_bootstrap, wait_until,
+    Envoy, HttpUpstream, Instance, Mesh, Request, Response, TestEnv, Versions, block_on_within,
+    grpc_call, hold_for, odmesh_bootstrap, wait_until,
 };
 
 /// How soon a policy file change must reach Envoy (the file is read five times a second;
@@ -666,4 +666,26 @@ fn rfc3339(unix_secs: u64) -> String {
         .output()
         .expect("date");
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn a_grpc_fault_ends_a_call_with_its_grpc_status() {
+    let env = TestEnv::new("policy_fault_grpc");
+    let up = HttpUpstream::start("rpc-1", Versions::Both);
+    let (mesh, _) = mesh_with_policy(
+        &env,
+        &[Instance::new("rpc", up.port())],
+        "vips: {rpc: {fault: {abort: {grpc_status: 14}}}}",
+    );
+    let answer = block_on_within(REQUEST_BOUND, async {
+        let call = odmesh_demo::EchoRequest::new("hi");
+        grpc_call(mesh.egress(), "rpc", "/", &call, "5S").await
+    });
+    assert_eq!(
+        answer.get("grpc-status").map(String::as_str),
+        Some("14"),
+        "UNAVAILABLE: {answer:?}"
+    );
+    let injected = mesh.envoy.stat("http.odmesh_egress.fault.aborts_injected");
+    assert_eq!(injected, Some(1));
 }
