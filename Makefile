@@ -118,6 +118,7 @@ bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/qui
 bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells, failover and the flood
 	python3 bench/run.py
 	$(MAKE) bench-shells
+	$(MAKE) bench-features
 	$(MAKE) bench-failover
 	$(MAKE) bench-flood
 	$(MAKE) bench-eureka-follow
@@ -144,6 +145,17 @@ bench-shells: bench-build ## the request chains (static, floor, native, wasm, wa
 	  $(if $(SHELLS_HAND_ABI),--chain wasm-hand-abi=$$(JOBS=$(JOBS) bench/probes/hand_abi_wasm.sh $(SHELLS_HAND_ABI) /tmp/odmesh-hand-abi.wasm)) \
 	  $(foreach c,$(SHELLS_CHAINS),--chain $(c)) \
 	  --out docs/bench/chains.json
+
+# What hedging and faults cost the requests that use neither (docs/benchmarks.md, "6b. Hedging
+# and faults elsewhere"; bench/features.py: native and wasm for a caller without them, for one
+# with them on ten other VIPs, and with the bootstraps before the fault filter), FEATURES_ROUNDS
+# rounds of SHELLS_SECONDS seconds each.
+FEATURES_ROUNDS ?= 30
+
+.PHONY: bench-features
+bench-features: bench-build ## hedging and faults on other VIPs against none, alternating rounds: docs/bench/features.json
+	python3 bench/features.py --rounds $(FEATURES_ROUNDS) --seconds $(SHELLS_SECONDS) \
+	  --out docs/bench/features.json
 
 # A replica's death, FAILOVER_ROUNDS times (docs/benchmarks.md, "8. Control-plane failover").
 FAILOVER_ROUNDS ?= 20

@@ -5,6 +5,7 @@ request path"; `make bench-shells`).
     bench/chains.py                                        # 20 rounds of 4 s
     bench/chains.py --rounds 70 --seconds 4 --out docs/bench/chains.json
     bench/chains.py --only native,wasm                     # static and those two
+    bench/chains.py --policy policy.yaml ...               # the control plane's policy file
     bench/chains.py --chain wasm-hand-abi=$(bench/probes/hand_abi_wasm.sh 702a260 hand-abi.wasm) \\
         --chain native-filter=$(bench/probes/native_at.sh ca74098)
 
@@ -83,6 +84,7 @@ HOST = [f"Host: {VIP}"]
 CLUSTER_HEADER = HOST + [f"x-odmesh-cluster: {CLUSTER}"]
 # The shipped bootstraps' ports, and the xDS cluster's one endpoint (as tests/src/mesh.rs).
 LISTENER_PORT = "port_value: 15001"
+INBOUND_PORT = "port_value: 15006"
 ADMIN_PORT = "port_value: 9901"
 XDS_ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 18000}}}\n"
 # The module's relative path: the wasm filter's `filename:`, or the native module's: the route's
@@ -117,6 +119,9 @@ def mesh_bootstrap(path, listener, admin, xds, module=None, module_root=None):
     path = Path(path)
     y = without_comments(path.read_text())
     y = edit_once(y, path, LISTENER_PORT, f"port_value: {listener}")
+    if y.count(INBOUND_PORT) > 1:
+        raise RuntimeError(f"{path} should have one inbound listener (15006) at most")
+    y = y.replace(INBOUND_PORT, "port_value: 0")  # any free port (older bootstraps have none)
     y = edit_once(y, path, ADMIN_PORT, f"port_value: {admin}")
     y = edit_once(y, path, XDS_ENDPOINT, XDS_ENDPOINT.replace("port_value: 18000", f"port_value: {xds}"))
     modules = MODULE_PATH.findall(y)
@@ -129,11 +134,12 @@ def mesh_bootstrap(path, listener, admin, xds, module=None, module_root=None):
 
 
 def http_filters(y):
-    """[(name, first line, end line)] of the one `http_filters:` list of `y`, by line index."""
+    """[(name, first line, end line)] of the egress listener's `http_filters:` list of `y` (the
+    first: the inbound listener's comes after it), by line index."""
     lines = y.splitlines(keepends=True)
     at = [i for i, l in enumerate(lines) if l.strip() == "http_filters:"]
-    if len(at) != 1:
-        raise RuntimeError(f"the bootstrap should have one http_filters list, it has {len(at)}")
+    if not 1 <= len(at) <= 2:
+        raise RuntimeError(f"the bootstrap should have one or two http_filters lists, it has {len(at)}")
     indent = lambda l: len(l) - len(l.lstrip(" "))
     base = indent(lines[at[0]])
     items, i = [], at[0] + 1
@@ -268,11 +274,13 @@ def write_registry(workdir, upstream):
     return reg
 
 
-def control_extra(workdir):
+def control_extra(workdir, policy=None):
     """The control plane's flags besides its registry and ports: prewarm on, as by default (its
     history in the work folder), so that the load reports (LRS) the shipped bootstraps send are
-    answered; with `--no-prewarm` there is no LRS service and Envoy retries it every 5 s."""
-    return ["--prewarm-history", Path(workdir) / "prewarm.json"]
+    answered; with `--no-prewarm` there is no LRS service and Envoy retries it every 5 s. With
+    `policy`, `--policy` that file."""
+    extra = ["--prewarm-history", Path(workdir) / "prewarm.json"]
+    return extra + (["--policy", Path(policy).resolve()] if policy else [])
 
 
 def start_envoy(procs, workdir, chain, wrapper=(), ready_timeout=300):
@@ -442,6 +450,7 @@ def main():
     ap.add_argument("--target", type=float, default=0.015,
                     help="the 95%% half-width to count the rounds for (printed per chain)")
     ap.add_argument("--out", type=Path, help="write every sample here (JSON)")
+    ap.add_argument("--policy", type=Path, help="the control plane's policy file (none by default)")
     args = ap.parse_args()
     if args.rounds < 1 or args.seconds < 1:
         ap.error("--rounds and --seconds must be at least 1")
@@ -453,6 +462,7 @@ def main():
     client_cpu = None if args.no_pin else args.client_cpu
     results.update({
         "commit": git_commit(), "native_sha256": run.sha256(NATIVE_MODULE),
+        "policy": args.policy.read_text() if args.policy else None,
         "config": {"rounds": args.rounds, "seconds": args.seconds, "connections": args.connections,
                    "warmup_seconds": args.warmup, "wrk": f"wrk -t1 -c{args.connections} -d{args.seconds}s",
                    "pinning": "none" if args.no_pin else
@@ -461,7 +471,7 @@ def main():
     procs = run.Procs(workdir)
     try:
         upstream = run.start_nginx(procs, workdir)
-        cp = run.start_control(procs, write_registry(workdir, upstream), extra=control_extra(workdir))
+        cp = run.start_control(procs, write_registry(workdir, upstream), extra=control_extra(workdir, args.policy))
         todo = only(chains(workdir, upstream, cp.xds, args.chain), args.only)
         results["chains"] = {c.name: c.describe() for c in todo}
         results["chains_order"] = [c.name for c in todo]

@@ -232,6 +232,7 @@ def odmesh_bootstrap(listener, admin, xds, push_all=False, service=None):
     y = Path(os.environ.get("ODMESH_BOOTSTRAP", ROOT / "envoy/odmesh.yaml")).read_text()
     y = y.replace("port_value: 9901", f"port_value: {admin}")
     y = y.replace("port_value: 15001", f"port_value: {listener}")
+    y = y.replace("port_value: 15006", "port_value: 0")  # the inbound listener: any free port
     y = y.replace("port_value: 18000", f"port_value: {xds}")
     y = y.replace("filename: dist/odmesh_filter.wasm", f"filename: {WASM}")
     if push_all and "cds_config:" not in y:

@@ -39,7 +39,7 @@ stop() {
 trap stop EXIT
 trap 'stop; exit 0' INT TERM
 
-ports=(15001 9901 18081 18082 18083 18084 18443)
+ports=(15001 15006 9901 18081 18082 18083 18084 18443)
 for n in $nodes; do ports+=("$(registry_port "$n")" "$(xds_port "$n")" "$(admin_port "$n")"); done
 for port in "${ports[@]}"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then

@@ -106,6 +106,7 @@ def main():
     ap.add_argument("--only", help="these chains only (comma-separated; static always runs)")
     ap.add_argument("--chain", action="append", default=[], metavar="NAME=FILE", help="as bench/chains.py's")
     ap.add_argument("--out", type=Path, help="write the figures here (JSON)")
+    ap.add_argument("--policy", type=Path, help="the control plane's policy file, as bench/chains.py's")
     args = ap.parse_args()
     workdir, results = run.begin("chain-callgrind", [run.CONTROL, chains.WASM_MODULE, chains.NATIVE_MODULE])
     results["commit"] = chains.git_commit()
@@ -114,7 +115,7 @@ def main():
     counts = {}
     try:
         upstream = run.start_nginx(procs, workdir)
-        cp = run.start_control(procs, chains.write_registry(workdir, upstream), extra=chains.control_extra(workdir))
+        cp = run.start_control(procs, chains.write_registry(workdir, upstream), extra=chains.control_extra(workdir, args.policy))
         todo = chains.only(chains.chains(workdir, upstream, cp.xds, args.chain), args.only)
         results["chains"] = {c.name: c.describe() for c in todo}
         for c in todo:

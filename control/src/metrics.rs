@@ -34,6 +34,13 @@ odmesh_base::metrics! {
         rds_policy_dropped_total: "counter",
         /// Routes Envoy rejected (NACK); each is logged with Envoy's error.
         rds_nacks_total: "counter",
+        /// Inbound-limiter configuration (ECDS) streams open now.
+        ecds_streams_active: "gauge",
+        /// Inbound-limiter configurations sent: at a proxy's start, and when its service's
+        /// entry in the policy file's `services:` changes.
+        ecds_responses_total: "counter",
+        /// Inbound-limiter configurations Envoy rejected (NACK), each logged.
+        ecds_nacks_total: "counter",
         /// Route streams answered with nothing because the proxy's node metadata `odmesh`
         /// is invalid (logged, with what is wrong).
         rds_invalid_nodes_total: "counter",

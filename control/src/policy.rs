@@ -37,6 +37,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use odmesh_registry::Protocol;
 
 pub mod fault;
+pub mod inbound;
 pub mod watch;
 
 pub use fault::Fault;
@@ -51,6 +52,9 @@ pub struct Policy {
     vips: BTreeMap<VipName, Entry>,
     #[serde(default)]
     svips: BTreeMap<VipName, Entry>,
+    /// Per service (the Envoy node's `cluster`): its own inbound side.
+    #[serde(default)]
+    services: BTreeMap<ServiceName, inbound::Inbound>,
 }
 
 /// The policy of one VIP or SVIP, with its per-caller overrides.
@@ -257,6 +261,24 @@ pub struct Positive(pub Duration);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Bounded<const MIN: u32, const MAX: u32>(pub u32);
 
+/// A service's name as a key of `services:`: the Envoy node's `cluster`, as its bootstrap
+/// writes it (any case, at most 256 bytes, not empty).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ServiceName(String);
+
+impl<'de> Deserialize<'de> for ServiceName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ServiceName, D::Error> {
+        let name = String::deserialize(d)?;
+        if name.trim().is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+            return Err(serde::de::Error::custom(format!(
+                "{:?} is not a service name (a node's `cluster`: 1 to 256 bytes, no control characters)",
+                odmesh_base::logs::clip(&name)
+            )));
+        }
+        Ok(ServiceName(name))
+    }
+}
+
 /// A VIP name as a key of `vips:`/`svips:`: valid, lowercase.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct VipName(String);
@@ -347,6 +369,12 @@ impl From<Positive> for Duration {
     }
 }
 
+impl<const MIN: u32, const MAX: u32> Serialize for Bounded<MIN, MAX> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(self.0)
+    }
+}
+
 impl<const MIN: u32, const MAX: u32> From<Bounded<MIN, MAX>> for u32 {
     fn from(n: Bounded<MIN, MAX>) -> u32 {
         n.0
@@ -383,7 +411,17 @@ impl Policy {
     /// How many entries it has: one per VIP and SVIP, and one for non-empty defaults. What a
     /// policy file that suddenly loses most of them is held by (see [`watch`]).
     pub fn entries(&self) -> usize {
-        self.vips.len() + self.svips.len() + usize::from(self.defaults != Settings::default())
+        self.vips.len()
+            + self.svips.len()
+            + self.services.len()
+            + usize::from(self.defaults != Settings::default())
+    }
+
+    /// The adaptive concurrency limit in front of `service` (the node's `cluster`), if the
+    /// file gives it one.
+    pub fn inbound(&self, service: &str) -> Option<&inbound::AdaptiveConcurrency> {
+        (self.services.get(&ServiceName(service.to_owned())))
+            .and_then(|s| s.adaptive_concurrency.as_ref())
     }
 
     /// Parses and checks a policy file.
@@ -430,6 +468,15 @@ impl Policy {
             !e.hedge.value || (!e.per_try_timeout.value.is_zero() && e.retries.value > 0)
         };
         const HEDGE: &str = "a hedge is sent when a try has had no answer for the per-try timeout, as a retry: set per_try_timeout, and retries.count of at least 1";
+        for (service, inbound) in &self.services {
+            let limiter = inbound.adaptive_concurrency.as_ref().map(|a| a.limiter());
+            if limiter.is_some_and(|l| l.min_limit > l.max_limit) {
+                return Err(conflict(
+                    format!("services.{}.adaptive_concurrency", service.0),
+                    "min_limit is above max_limit",
+                ));
+            }
+        }
         let mut defaults = Effective::builtin();
         defaults.apply(&self.defaults, Source::Defaults);
         if !hedge_ok(&defaults) {
@@ -553,7 +600,14 @@ impl Policy {
                 .collect::<serde_json::Map<_, _>>()
                 .into()
         };
-        serde_json::json!({ "vips": list(&self.vips), "svips": list(&self.svips) })
+        let services: serde_json::Map<String, serde_json::Value> = (self.services.iter())
+            .map(|(name, inbound)| (name.0.clone(), serde_json::json!(inbound)))
+            .collect();
+        serde_json::json!({
+            "vips": list(&self.vips),
+            "svips": list(&self.svips),
+            "services": services,
+        })
     }
 }
 

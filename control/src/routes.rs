@@ -12,7 +12,11 @@
 //! and ignored. A proxy reconnecting with the version it holds (`version_info`) is sent
 //! nothing if that is still its route.
 //!
-//! [`RouteStream`] is the protocol, pure; [`Routes`] the tonic service.
+//! The same protocol serves the inbound listener's adaptive concurrency filter by extension
+//! config discovery (ECDS, [`Served::Extensions`]): its configuration for the proxy's own
+//! service ([`crate::xds::inbound`]).
+//!
+//! [`RouteStream`] is the protocol, pure; [`Routes`] the tonic services.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -22,9 +26,13 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::extension::v3::extension_config_discovery_service_server::{
+    ExtensionConfigDiscoveryService, ExtensionConfigDiscoveryServiceServer,
+};
 use envoy_types::pb::envoy::service::route::v3::route_discovery_service_server::{
     RouteDiscoveryService, RouteDiscoveryServiceServer,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -33,6 +41,7 @@ use tracing::debug;
 use crate::cache::Cache;
 use crate::metrics::Metrics;
 use crate::policy::{Policy, RoutePolicy};
+use crate::xds::inbound;
 use crate::xds::route::{self, ROUTE_TYPE_URL, RouteShell};
 use odmesh_base::logs::{self, clip};
 use odmesh_base::metrics::inc;
@@ -44,9 +53,30 @@ pub const MAX_NAMES: usize = 4;
 const MAX_NAME: usize = 256;
 const MAX_NACK_MESSAGE: usize = 4096;
 
-/// One route stream's protocol state.
+/// What a stream serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Served {
+    /// The mesh route (RDS).
+    #[default]
+    Routes,
+    /// The inbound limiter's configuration (ECDS).
+    Extensions,
+}
+
+impl Served {
+    fn type_url(self) -> &'static str {
+        match self {
+            Served::Routes => ROUTE_TYPE_URL,
+            Served::Extensions => inbound::EXTENSION_TYPE_URL,
+        }
+    }
+}
+
+/// One route (or extension) stream's protocol state.
 #[derive(Debug, Default)]
 pub struct RouteStream {
+    /// What the stream serves.
+    served: Served,
     /// The proxy's mapping, from its first request's node (`Err`: its metadata is invalid,
     /// and it is answered nothing).
     shell: Option<Result<RouteShell, String>>,
@@ -76,6 +106,14 @@ pub enum Event {
 }
 
 impl RouteStream {
+    /// A stream that serves `served`.
+    pub fn new(served: Served) -> RouteStream {
+        RouteStream {
+            served,
+            ..RouteStream::default()
+        }
+    }
+
     /// Applies one request; returns the response due, if any, and what to log and count.
     pub fn on_request(
         &mut self,
@@ -104,7 +142,7 @@ impl RouteStream {
             .take(MAX_NAMES)
             .map(|name| logs::truncated(name, MAX_NAME))
             .collect();
-        if let Some(Err(why)) = &self.shell {
+        if let (Served::Routes, Some(Err(why))) = (self.served, &self.shell) {
             let first = !std::mem::replace(&mut self.reported, true);
             return (None, first.then(|| Event::InvalidNode(why.clone())));
         }
@@ -118,8 +156,10 @@ impl RouteStream {
         policy: &Policy,
         now: SystemTime,
     ) -> (Option<DiscoveryResponse>, Option<Event>) {
-        match &self.shell {
-            Some(Ok(_)) => self.respond(policy, now),
+        match (self.served, &self.shell) {
+            (Served::Extensions, Some(_)) | (Served::Routes, Some(Ok(_))) => {
+                self.respond(policy, now)
+            }
             _ => (None, None),
         }
     }
@@ -145,19 +185,34 @@ impl RouteStream {
         policy: &Policy,
         now: SystemTime,
     ) -> (Option<DiscoveryResponse>, Option<Event>) {
-        let Some(Ok(shell)) = &self.shell else {
-            return (None, None);
+        let (built, dropped) = match (self.served, &self.shell) {
+            (Served::Routes, Some(Ok(shell))) => {
+                let levels: RoutePolicy = policy.routes(&self.caller, now);
+                let built: Vec<_> = (self.names.iter())
+                    .map(|name| route::build(name, shell, &levels))
+                    .collect();
+                let dropped = built.iter().find_map(|b| b.dropped.clone());
+                let built: Vec<_> = (built.into_iter()).map(|b| (b.route, b.version)).collect();
+                (built, dropped)
+            }
+            (Served::Extensions, Some(_)) => {
+                // The one extension odmesh serves; any other name is left unanswered, and the
+                // proxy keeps its default configuration.
+                let limiter = policy.inbound(&self.caller);
+                let built = (self.names.iter())
+                    .filter(|name| *name == inbound::LIMITER)
+                    .map(|name| inbound::build(name, limiter))
+                    .map(|b| (b.resource, b.version))
+                    .collect();
+                (built, None)
+            }
+            _ => return (None, None),
         };
-        if self.names.is_empty() {
+        if built.is_empty() {
             return (None, None);
         }
-        let levels: RoutePolicy = policy.routes(&self.caller, now);
-        let built: Vec<_> = (self.names.iter())
-            .map(|name| route::build(name, shell, &levels))
-            .collect();
-        let dropped = built.iter().find_map(|b| b.dropped.clone());
         let version = (built.iter())
-            .map(|b| b.version.as_str())
+            .map(|(_, v)| v.as_str())
             .collect::<Vec<_>>()
             .join("-");
         if version == self.holds {
@@ -167,8 +222,8 @@ impl RouteStream {
         self.holds = version.clone();
         let response = DiscoveryResponse {
             version_info: version,
-            resources: built.into_iter().map(|b| b.route).collect(),
-            type_url: ROUTE_TYPE_URL.to_owned(),
+            resources: built.into_iter().map(|(resource, _)| resource).collect(),
+            type_url: self.served.type_url().to_owned(),
             nonce: self.nonce.to_string(),
             ..Default::default()
         };
@@ -203,19 +258,58 @@ impl Routes {
         }
     }
 
-    /// The gRPC service.
+    /// The gRPC service of routes.
     pub fn into_service(self) -> RouteDiscoveryServiceServer<Routes> {
         RouteDiscoveryServiceServer::new(self)
     }
 
+    /// The gRPC service of extension configurations (the inbound limiter).
+    pub fn into_extension_service(self) -> ExtensionConfigDiscoveryServiceServer<Routes> {
+        ExtensionConfigDiscoveryServiceServer::new(self)
+    }
+
+    /// The counters of a stream serving `served`: responses, NACKs, streams open.
+    fn counters(&self, served: Served) -> [&AtomicU64; 3] {
+        let m = &self.metrics;
+        match served {
+            Served::Routes => [
+                &m.rds_responses_total,
+                &m.rds_nacks_total,
+                &m.rds_streams_active,
+            ],
+            Served::Extensions => [
+                &m.ecds_responses_total,
+                &m.ecds_nacks_total,
+                &m.ecds_streams_active,
+            ],
+        }
+    }
+
+    /// Starts a stream serving `served`.
+    fn open(
+        &self,
+        served: Served,
+        inbound: Streaming<DiscoveryRequest>,
+    ) -> ReceiverStream<Result<DiscoveryResponse, Status>> {
+        let (tx, rx) = mpsc::channel(4);
+        let service = self.clone();
+        inc(self.counters(served)[2]);
+        tokio::spawn(async move {
+            service.run(served, inbound, tx).await;
+            service.counters(served)[2].fetch_sub(1, Ordering::Relaxed);
+        });
+        ReceiverStream::new(rx)
+    }
+
     async fn run(
-        self,
+        &self,
+        served: Served,
         mut inbound: Streaming<DiscoveryRequest>,
         tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     ) {
         let mut closing = self.closing.clone();
         let mut policies = self.cache.policy_changes();
-        let mut stream = RouteStream::default();
+        let mut stream = RouteStream::new(served);
         loop {
             // A fault entry that ends changes the route then, with no policy change.
             let expiry = (self.cache.policy().next_expiry(SystemTime::now()))
@@ -238,8 +332,8 @@ impl Routes {
             };
             self.log(&stream, event);
             if let Some(response) = response {
-                inc(&self.metrics.rds_responses_total);
-                debug!(version = %response.version_info, "sending route");
+                inc(self.counters(served)[0]);
+                debug!(version = %response.version_info, ?served, "sending");
                 if tx.send(Ok(response)).await.is_err() {
                     break;
                 }
@@ -252,13 +346,14 @@ impl Routes {
         match event {
             None => {}
             Some(Event::Nack(message)) => {
-                inc(&self.metrics.rds_nacks_total);
+                inc(self.counters(stream.served)[1]);
                 odmesh_base::limited!(
                     warn,
                     node = %clip(node),
                     caller = %clip(caller),
+                    served = ?stream.served,
                     error = %message,
-                    "proxy rejected its route (NACK); it keeps the one it had"
+                    "proxy rejected its configuration (NACK); it keeps the one it had"
                 );
             }
             Some(Event::Dropped(why)) => {
@@ -292,15 +387,9 @@ impl RouteDiscoveryService for Routes {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamRoutesStream>, Status> {
-        let (tx, rx) = mpsc::channel(4);
-        let service = self.clone();
-        let metrics = self.metrics.clone();
-        inc(&metrics.rds_streams_active);
-        tokio::spawn(async move {
-            service.run(request.into_inner(), tx).await;
-            (metrics.rds_streams_active).fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(
+            self.open(Served::Routes, request.into_inner()),
+        ))
     }
 
     type DeltaRoutesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
@@ -320,6 +409,40 @@ impl RouteDiscoveryService for Routes {
     ) -> Result<Response<DiscoveryResponse>, Status> {
         Err(Status::unimplemented(
             "odmesh serves routes over the state-of-the-world stream (api_type: GRPC)",
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl ExtensionConfigDiscoveryService for Routes {
+    type StreamExtensionConfigsStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_extension_configs(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamExtensionConfigsStream>, Status> {
+        Ok(Response::new(
+            self.open(Served::Extensions, request.into_inner()),
+        ))
+    }
+
+    type DeltaExtensionConfigsStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn delta_extension_configs(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaExtensionConfigsStream>, Status> {
+        Err(Status::unimplemented(
+            "odmesh serves extension configurations over the state-of-the-world stream (api_type: GRPC)",
+        ))
+    }
+
+    async fn fetch_extension_configs(
+        &self,
+        _request: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        Err(Status::unimplemented(
+            "odmesh serves extension configurations over the state-of-the-world stream (api_type: GRPC)",
         ))
     }
 }
@@ -545,5 +668,44 @@ mod tests {
         let (response, event) = fine.on_request(&request(Some(native("{}")), "", ""), &p, T0);
         assert!(response.is_some());
         assert_eq!(event, None);
+    }
+
+    #[test]
+    fn an_extension_stream_serves_the_services_inbound_limit_and_its_changes() {
+        let mut stream = RouteStream::new(Served::Extensions);
+        let mut req = request(Some(node("payments", Some("lua"))), "", "");
+        req.resource_names = vec![inbound::LIMITER.to_owned(), "another.filter".to_owned()];
+        req.type_url = inbound::EXTENSION_TYPE_URL.to_owned();
+        let off = policy("");
+        let (first, event) = stream.on_request(&req, &off, T0);
+        let first = first.expect("answered, whatever the node metadata says of routes");
+        assert_eq!(event, None);
+        assert_eq!(first.type_url, inbound::EXTENSION_TYPE_URL);
+        assert_eq!(first.resources.len(), 1, "only the limiter is odmesh's");
+        assert_eq!(
+            first.resources[0],
+            inbound::build(inbound::LIMITER, None).resource
+        );
+        let ack = DiscoveryRequest {
+            response_nonce: first.nonce.clone(),
+            version_info: first.version_info.clone(),
+            ..req.clone()
+        };
+        assert_eq!(stream.on_request(&ack, &off, T0), (None, None));
+        // Another service's limit changes nothing here; this one's does.
+        let other = policy("services: {ledger: {adaptive_concurrency: {}}}");
+        assert_eq!(stream.on_policy(&other, T0).0, None);
+        let on = policy("services: {payments: {adaptive_concurrency: {max_limit: 10}}}");
+        let second = stream.on_policy(&on, T0).0.expect("the limit switched on");
+        let limiter = on.inbound("payments");
+        assert_eq!(
+            second.resources[0],
+            inbound::build(inbound::LIMITER, limiter).resource
+        );
+        // A stream that asks for nothing odmesh serves is answered nothing.
+        let mut unknown = RouteStream::new(Served::Extensions);
+        let mut req = request(Some(node("payments", None)), "", "");
+        req.resource_names = vec!["another.filter".to_owned()];
+        assert_eq!(unknown.on_request(&req, &on, T0), (None, None));
     }
 }

@@ -259,7 +259,7 @@ impl XdsServer {
         streams.iter().map(|s| lock(s).status()).collect()
     }
 
-    /// The gRPC services (delta ADS, CDS, EDS, RDS; with prewarm, load reporting), for a caller
+    /// The gRPC services (delta ADS, CDS, EDS, RDS, ECDS; with prewarm, load reporting), for a caller
     /// that runs its own tonic server.
     pub fn routes(&self) -> tonic::service::Routes {
         let routes = tonic::service::Routes::new(
@@ -275,15 +275,21 @@ impl XdsServer {
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         );
         let shared = &self.shared;
-        let routes = routes.add_service(
-            crate::routes::Routes::new(
-                shared.cache.clone(),
-                shared.metrics.clone(),
-                shared.closing.subscribe(),
-            )
-            .into_service()
-            .max_decoding_message_size(MAX_REQUEST_BYTES),
+        let sotw = crate::routes::Routes::new(
+            shared.cache.clone(),
+            shared.metrics.clone(),
+            shared.closing.subscribe(),
         );
+        let routes = routes
+            .add_service(
+                sotw.clone()
+                    .into_service()
+                    .max_decoding_message_size(MAX_REQUEST_BYTES),
+            )
+            .add_service(
+                sotw.into_extension_service()
+                    .max_decoding_message_size(MAX_REQUEST_BYTES),
+            );
         match &shared.config.prewarm {
             Some(prewarm) => routes.add_service(
                 LoadReports::new(

@@ -48,6 +48,7 @@
 //! ([`ClientDriver::fetches`]). `eureka/tests/eureka_java.rs` shows them.
 #![forbid(unsafe_code)]
 
+pub mod congested;
 pub mod control;
 pub mod echo;
 pub mod envoy;
@@ -70,6 +71,7 @@ pub mod tls;
 pub mod wait;
 pub mod xds_flood;
 
+pub use congested::CongestedUpstream;
 pub use control::{ControlPlane, EUREKA_INTERVAL, Source};
 pub use echo::EchoUpstream;
 pub use envoy::{Envoy, render};

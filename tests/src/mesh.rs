@@ -60,8 +60,9 @@ pub fn odmesh_bootstrap_replicas(xds_ports: &[u16]) -> String {
     shipped_bootstrap(
         shell.bootstrap(),
         &[
-            // The egress listener, the admin, the control plane (xDS).
+            // The egress and inbound listeners, the admin, the control plane (xDS).
             ("port_value: 15001", "port_value: 0", 1),
+            ("port_value: 15006", "port_value: 0", 1),
             ("port_value: 9901", "port_value: 0", 1),
             (XDS_ENDPOINT, &xds, 1),
             (&relative, &absolute, 1),
@@ -243,8 +244,8 @@ mod tests {
     fn the_shipped_bootstrap_gets_free_ports_and_the_test_control_plane() {
         let yaml = odmesh_bootstrap(23456);
         assert!(yaml.contains("port_value: 23456"));
-        assert_eq!(yaml.matches("port_value: 0").count(), 2);
-        for port in ["15001", "9901", "18000"] {
+        assert_eq!(yaml.matches("port_value: 0").count(), 3);
+        for port in ["15001", "15006", "9901", "18000"] {
             assert!(!yaml.contains(&format!("port_value: {port}")), "{port}");
         }
     }
@@ -252,7 +253,11 @@ mod tests {
     #[test]
     fn the_xds_cluster_lists_every_replica_as_an_endpoint() {
         let yaml = odmesh_bootstrap_replicas(&[23456, 23457, 23458]);
-        let endpoints: Vec<&str> = (yaml.lines())
+        // The xDS cluster's endpoints: up to the next cluster (the local service's).
+        let start = yaml.find("- name: odmesh_xds").expect("the xDS cluster");
+        let xds = &yaml[start..];
+        let xds = &xds[..xds[1..].find("- name:").map_or(xds.len(), |end| end + 1)];
+        let endpoints: Vec<&str> = (xds.lines())
             .filter(|line| line.contains("- endpoint: {address:"))
             .collect();
         assert_eq!(endpoints.len(), 3, "{endpoints:?}");

@@ -32,6 +32,7 @@ fn production_bootstrap(xds_port: u16, ca: &TestCa, proxy: &odmesh_e2e::Certifie
         "odmesh-production.yaml",
         &[
             ("port_value: 15001", "port_value: 0", 1),
+            ("port_value: 15006", "port_value: 0", 1),
             ("port_value: 9901", "port_value: 0", 1),
             ("port_value: 18000", &xds, 1),
             ("/etc/odmesh/xds-ca.pem", &ca, 1),

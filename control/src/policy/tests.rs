@@ -532,3 +532,49 @@ fn a_fault_or_hedge_that_cannot_work_is_refused_with_its_field() {
     // A hedge with its per-try timeout from the defaults is fine.
     Policy::parse(b"defaults: {per_try_timeout: 1s}\nvips: {a: {hedge: true}}").unwrap();
 }
+
+#[test]
+fn a_service_gets_its_own_inbound_limit_and_a_bad_one_is_refused() {
+    let policy = Policy::parse(
+        b"services:
+  payments:
+    adaptive_concurrency: {update_interval: 250ms, max_limit: 40}
+  Checkout Web: {}
+",
+    )
+    .unwrap();
+    let limit = policy.inbound("payments").unwrap().limiter();
+    assert_eq!(limit.update_interval, ms(250));
+    assert_eq!(limit.max_limit, 40);
+    assert_eq!(limit.min_rtt_requests, 50, "Envoy's default");
+    assert_eq!(
+        policy.inbound("Checkout Web"),
+        None,
+        "an entry without a limit"
+    );
+    assert_eq!(policy.inbound("ledger"), None);
+    assert_eq!(policy.entries(), 2);
+    assert!(policy.summary()["services"]["payments"]["adaptive_concurrency"].is_object());
+    for (yaml, says) in [
+        (
+            "services: {a: {adaptive_concurrency: {min_limit: 50, max_limit: 10}}}",
+            "services.a.adaptive_concurrency: min_limit is above max_limit",
+        ),
+        (
+            "services: {a: {adaptive_concurrency: {status: 200}}}",
+            "200 is not between 400 and 599",
+        ),
+        (
+            "services: {a: {adaptive_concurrency: {update_interval: 0s}}}",
+            "must be more than 0",
+        ),
+        (
+            "services: {a: {adaptive_concurrency: {limit: 5}}}",
+            "unknown field `limit`",
+        ),
+        ("services: {'': {}}", "is not a service name"),
+    ] {
+        let shown = refused(yaml);
+        assert!(shown.contains(says), "{yaml}: {shown}");
+    }
+}

@@ -65,6 +65,7 @@ use crate::model::{ClusterInfo, Endpoint, Snapshot};
 use crate::policy::{Effective, LoadBalancing, Policy};
 use odmesh_registry::Protocol;
 
+pub mod inbound;
 mod name;
 pub mod route;
 mod version;

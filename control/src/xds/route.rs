@@ -180,6 +180,9 @@ pub fn build(name: &str, shell: &RouteShell, policy: &RoutePolicy) -> BuiltRoute
     };
     let config = RouteConfiguration {
         name: name.to_owned(),
+        // A VIP's own virtual hosts match its name with any port (docs/envoy.md); without
+        // them, Envoy has nothing to strip.
+        ignore_port_in_host_matching: virtual_hosts.len() > 1,
         virtual_hosts,
         cluster_specifier_plugins: plugins,
         ..Default::default()
@@ -311,15 +314,17 @@ fn native_hosts(
 }
 
 /// The hosts the mapping takes to `name` (a VIP, or a cluster name): with or without one of
-/// the suffixes it strips, a trailing dot and a port (filter/src/mapping.rs). Envoy compares
-/// hosts without case.
+/// the suffixes it strips and a trailing dot (filter/src/mapping.rs); with any port, since the
+/// route configuration that has them ignores ports in host matching. Envoy compares hosts
+/// without case. Exact domains only: Envoy finds one with a single hash lookup, where a
+/// wildcard would cost every other request more lookups.
 fn domains(name: &str, filter: &FilterConfig) -> Vec<String> {
     let suffixes = std::iter::once("").chain(filter.strip_suffixes.iter().map(String::as_str));
     suffixes
         .flat_map(|suffix| {
             let host = format!("{name}{suffix}");
             let dotted = format!("{host}.");
-            [format!("{host}:*"), format!("{dotted}:*"), host, dotted]
+            [host, dotted]
         })
         .collect()
 }
@@ -988,10 +993,17 @@ mod tests {
         }
     }
 
-    /// The virtual host Envoy would pick for `host` (docs/envoy.md: exact domains first, then
-    /// the longest prefix wildcard, then `*`; without case).
+    /// The virtual host Envoy would pick for `host` (docs/envoy.md: without its port when the
+    /// configuration says so; exact domains first, then the longest prefix wildcard, then `*`;
+    /// without case).
     fn host_for<'a>(config: &'a RouteConfiguration, host: &str) -> &'a VirtualHost {
-        let host = host.to_ascii_lowercase();
+        let mut host = host.to_ascii_lowercase();
+        if config.ignore_port_in_host_matching
+            && let Some((name, port)) = host.rsplit_once(':')
+            && port.bytes().all(|b| b.is_ascii_digit())
+        {
+            host = name.to_owned();
+        }
         let all = || config.virtual_hosts.iter();
         let exact = all().find(|v| v.domains.contains(&host));
         let prefix = (all().flat_map(|v| v.domains.iter().map(move |d| (v, d))))
@@ -1019,6 +1031,11 @@ mod tests {
             .map(|v| v.name.as_str())
             .collect();
         assert_eq!(names, ["pay.vip", "pay", "search.svip", "search", "all"]);
+        assert!(config.ignore_port_in_host_matching);
+        let wildcards = (config.virtual_hosts.iter().flat_map(|v| &v.domains))
+            .filter(|d| d.contains('*') && *d != "*")
+            .count();
+        assert_eq!(wildcards, 0, "exact domains only");
         // Every host form the mapping takes to a VIP's clusters lands on its virtual hosts,
         // and no other host does.
         for (host, vhost) in [
@@ -1096,6 +1113,10 @@ mod tests {
         };
         let config = decode(&build("odmesh", &shell, &timeouts()));
         assert_eq!(config.virtual_hosts.len(), 1);
+        assert!(
+            !config.ignore_port_in_host_matching,
+            "nothing to strip a port for"
+        );
     }
 
     #[test]

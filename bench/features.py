@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""What hedging and fault injection cost the requests that use neither (issue 30; `make
+bench-features`): bench/chains.py's chains, with the same VIP `fr-000000` and no policy for it,
+side by side in alternating rounds of one run:
+
+- `native`, `wasm`: the shipped bootstraps (the fault filter in the chain, switched off) for a
+  calling service without hedging or faults (`odmesh`, as shipped): the baseline;
+- `native-featured`, `wasm-featured`: the same bootstraps for the calling service `featured`,
+  which hedges and injects faults (a 1 % abort) on ten other VIPs: its route has the native
+  module's virtual hosts for them, and with the wasm filter every route switches the fault
+  filter on (README, "Fault injection");
+- `native-before`, `wasm-before`: the bootstraps of `--before` (default 89cfe13, the last
+  commit before issue 30: no fault filter), with today's modules.
+
+    bench/features.py                                   # 20 rounds of 4 s
+    bench/features.py --rounds 30 --out docs/bench/features.json
+    bench/features.py --callgrind --out docs/bench/features-callgrind.json   # instructions
+
+Writes its inputs (the policy, the bootstraps) into /tmp/odmesh-features and runs
+bench/chains.py with them; its options after `--` go to bench/chains.py. Standard library only.
+"""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = Path("/tmp/odmesh-features")
+NATIVE = "envoy/odmesh-native.yaml"
+WASM = "envoy/odmesh.yaml"
+MODULES = {NATIVE: ROOT / "dist/libodmesh_filter.so", WASM: ROOT / "dist/odmesh_filter.wasm"}
+FEATURED = "featured"
+
+POLICY_ENTRY = """  other-{n}:
+    callers:
+      featured:
+        per_try_timeout: 100ms
+        hedge: true
+        fault: {{abort: {{status: 503, percent: 1}}}}
+"""
+
+
+def edit_once(text, old, new, what):
+    if text.count(old) != 1:
+        raise SystemExit(f"{what}: {old!r} is not there exactly once")
+    return text.replace(old, new)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--seconds", type=int, default=4)
+    ap.add_argument("--before", default="89cfe13", help="the commit whose bootstraps are `-before`")
+    ap.add_argument("--out", type=Path, help="bench/chains.py's --out")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="instructions per request instead (bench/probes/chain_callgrind.py, same chains)")
+    ap.add_argument("chains_args", nargs="*", help="more bench/chains.py options (after --)")
+    args = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    policy = WORK / "policy.yaml"
+    policy.write_text("vips:\n" + "".join(POLICY_ENTRY.format(n=n) for n in range(10)))
+    chains = []
+    for shell, boot in (("native", NATIVE), ("wasm", WASM)):
+        shipped = (ROOT / boot).read_text()
+        featured = WORK / f"{shell}-featured.yaml"
+        featured.write_text(edit_once(shipped, "  cluster: odmesh\n", f"  cluster: {FEATURED}\n", boot))
+        before = WORK / f"{shell}-before.yaml"
+        before.write_text(subprocess.run(["git", "-C", ROOT, "show", f"{args.before}:{boot}"],
+                                         check=True, capture_output=True, text=True).stdout)
+        chains += ["--chain", f"{shell}-featured={featured}:{MODULES[boot]}",
+                   "--chain", f"{shell}-before={before}:{MODULES[boot]}"]
+    names = "native,wasm,native-featured,native-before,wasm-featured,wasm-before"
+    if args.callgrind:
+        command = [sys.executable, ROOT / "bench/probes/chain_callgrind.py", "--requests", "1000"]
+    else:
+        command = [sys.executable, ROOT / "bench/chains.py", "--rounds", str(args.rounds),
+                   "--seconds", str(args.seconds)]
+    command += ["--only", names, "--policy", policy, *chains,
+                *(["--out", args.out] if args.out else []), *args.chains_args]
+    print(" ".join(map(str, command)), flush=True)
+    sys.exit(subprocess.run(command).returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+//! Adaptive concurrency limits against real Envoy: the inbound listener of the shipped
+//! bootstrap, in front of an upstream whose latency grows with the requests it holds
+//! ([`CongestedUpstream`]), with the limit the policy file's `services:` gives the proxy's
+//! service, delivered live by extension config discovery. Needs `make envoy`, `make wasm`
+//! (or `make native`) and `cargo build -p odmesh-control`.
+
+use std::fs;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use odmesh_e2e::{
+    CongestedUpstream, ControlPlane, Envoy, Load, LoadConfig, Outcome, RegistryFile, TestEnv,
+    odmesh_bootstrap, wait_until,
+};
+
+/// The inbound listener in the shipped bootstraps.
+const INGRESS: &str = "odmesh_ingress";
+/// Envoy's gauge of the limit now.
+const LIMIT: &str =
+    "http.odmesh_ingress.adaptive_concurrency.gradient_controller.concurrency_limit";
+const BLOCKED: &str = "http.odmesh_ingress.adaptive_concurrency.gradient_controller.rq_blocked";
+/// Envoy's count of the configurations it took for the limiter (ECDS).
+const RELOADED: &str =
+    "extension_config_discovery.http_filter.odmesh.inbound.adaptive_concurrency.config_reload";
+/// The load of every phase: a steady rate the congested upstream cannot take unlimited.
+const RATE: u32 = 200;
+const IN_FLIGHT: usize = 64;
+/// Requests per phase (about 5 s at [`RATE`]).
+const PER_PHASE: u64 = 1000;
+const PHASE_BOUND: Duration = Duration::from_secs(60);
+
+fn write_policy(path: &Path, yaml: &str) {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, yaml).unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.display()));
+    fs::rename(&tmp, path).unwrap_or_else(|e| panic!("cannot rename {}: {e}", path.display()));
+}
+
+/// What one phase of load got.
+#[derive(Debug)]
+struct Phase {
+    answered: usize,
+    limited: usize,
+    p50: Duration,
+    /// The most requests the upstream held at once.
+    max_in_flight: usize,
+    /// Envoy's limit at the end.
+    limit: Option<u64>,
+}
+
+/// [`PER_PHASE`] requests through the inbound listener, with the upstream's peak in flight.
+fn phase(name: &str, envoy: &Envoy, upstream: &CongestedUpstream) -> Phase {
+    upstream.reset_max();
+    let config = LoadConfig::rate(RATE)
+        .max_in_flight(IN_FLIGHT)
+        .timeout(Duration::from_secs(10));
+    let load = Load::hosts(envoy.listener(INGRESS), &["payments"], config);
+    // The limit every quarter second while the phase runs, for the output.
+    let mut limits = Vec::new();
+    let end = Instant::now() + PHASE_BOUND;
+    while load.progress().completed < PER_PHASE {
+        assert!(
+            Instant::now() < end,
+            "{name}: the load did not finish in {PHASE_BOUND:?}"
+        );
+        limits.push(envoy.stat(LIMIT).unwrap_or(0));
+        thread::sleep(Duration::from_millis(250));
+    }
+    let report = load.stop();
+    eprintln!("{name}: the limit every 250 ms: {limits:?}");
+    let mut latencies: Vec<Duration> = (report.records.iter())
+        .filter(|r| r.outcome == Outcome::Status(200))
+        .map(|r| r.latency)
+        .collect();
+    latencies.sort();
+    let at = |q: f64| {
+        let i = ((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1));
+        latencies.get(i).copied().unwrap_or_default()
+    };
+    let limited = (report.records.iter())
+        .filter(|r| r.outcome == Outcome::Status(503))
+        .count();
+    let others: Vec<&Outcome> = (report.records.iter())
+        .map(|r| &r.outcome)
+        .filter(|o| !matches!(o, Outcome::Status(200 | 503)))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "{name}: {:?}",
+        &others[..others.len().min(5)]
+    );
+    let phase = Phase {
+        answered: latencies.len(),
+        limited,
+        p50: at(0.5),
+        max_in_flight: upstream.max_in_flight(),
+        limit: envoy.stat(LIMIT),
+    };
+    eprintln!(
+        "{name}: {phase:?}\n  {}",
+        report.summary().lines().next().unwrap_or("")
+    );
+    phase
+}
+
+#[test]
+fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_grows_back() {
+    let env = TestEnv::new("limits_inbound_adaptive");
+    // 10 ms alone, 8 ms more for each request it already holds: at 200 requests a second it
+    // cannot keep up (each request adds more than the 5 ms between two), so without a limit
+    // the requests pile up to what the load allows in flight.
+    let upstream = CongestedUpstream::start(Duration::from_millis(10), Duration::from_millis(8));
+    let policy = env.log_dir().join("policy.yaml");
+    write_policy(&policy, "");
+    let registry = RegistryFile::create(&env.log_dir().join("registry.yaml"), &[]);
+    let arg = policy.to_string_lossy().into_owned();
+    let control = ControlPlane::start(&env, "control", registry.path(), &["--policy", &arg]);
+    let bootstrap = odmesh_bootstrap(control.xds().port())
+        .replace("  cluster: odmesh\n", "  cluster: payments\n")
+        .replace(
+            "port_value: 8080",
+            &format!("port_value: {}", upstream.port()),
+        );
+    let envoy = Envoy::start(&env, "payments", &bootstrap);
+
+    // Without a limit, the load piles up in the upstream.
+    let unlimited = phase("unlimited", &envoy, &upstream);
+    assert_eq!(unlimited.limited, 0, "no limit yet");
+
+    write_policy(
+        &policy,
+        "services:
+  payments:
+    adaptive_concurrency: {update_interval: 100ms, min_rtt_interval: 30s, min_rtt_requests: 20}
+",
+    );
+    let written = Instant::now();
+    // The first configuration was the switched-off one, at Envoy's start.
+    wait_until(Duration::from_secs(10), "the limit to reach Envoy", || {
+        control.metric("odmesh_ecds_responses_total") >= 2
+            && envoy.stat(RELOADED).is_some_and(|n| n >= 2)
+    });
+    eprintln!("limit configured {:?} after the write", written.elapsed());
+    let limited = phase("limited", &envoy, &upstream);
+    assert!(
+        envoy.stat(BLOCKED).unwrap_or(0) > 0,
+        "no request was limited"
+    );
+    assert!(limited.limited > 0 && limited.answered > 0, "{limited:?}");
+    assert!(
+        limited.max_in_flight * 2 <= unlimited.max_in_flight,
+        "in flight: {} limited, {} unlimited",
+        limited.max_in_flight,
+        unlimited.max_in_flight
+    );
+    // The upstream answers in 10 ms alone, 26 ms with the three requests the limit allows
+    // while it measures; piled up, in about 500 ms.
+    assert!(
+        limited.p50 * 4 < unlimited.p50,
+        "{:?} limited, {:?} unlimited",
+        limited.p50,
+        unlimited.p50
+    );
+    let settled = limited.limit.expect("the limit's gauge");
+
+    // The upstream recovers: the limit grows back while the load goes on.
+    upstream.set_per(Duration::ZERO);
+    let config = LoadConfig::rate(RATE)
+        .max_in_flight(IN_FLIGHT)
+        .timeout(Duration::from_secs(10));
+    let load = Load::hosts(envoy.listener(INGRESS), &["payments"], config);
+    let recovering = Instant::now();
+    wait_until(Duration::from_secs(30), "the limit to grow back", || {
+        envoy.stat(LIMIT).is_some_and(|l| l >= settled * 2)
+    });
+    let report = load.stop();
+    eprintln!(
+        "limit grew from {settled} to {:?} in {:?}\n  {}",
+        envoy.stat(LIMIT),
+        recovering.elapsed(),
+        report.summary().lines().next().unwrap_or("")
+    );
+}
