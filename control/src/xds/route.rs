@@ -14,16 +14,18 @@
 //!   a route action override (which carries a retry policy, hence a per-try timeout) while the
 //!   route resolves.
 //!
-//! The routes, by mapping:
+//! Hedging and faults are route settings too (docs/envoy.md, "Hedging and faults live in the
+//! route"). The routes, by mapping:
 //! - **native**: the gRPC route and the catch-all, both choosing the cluster with the module
 //!   (one `cluster_specifier_plugins` entry). The defaults' timeouts are the routes' own; the
 //!   module's `specifier_config` gets a `timeouts` table (cluster → request timeout in ms and
 //!   the name of the override that holds its per-try timeout) for the clusters whose timeouts
-//!   differ;
-//! - **header** (the wasm filter writes the cluster header): for each cluster whose timeouts
-//!   differ, a gRPC route and a route for the rest, matching that header's value; then the
-//!   gRPC route and the catch-all with the defaults. With no timeouts in the policy, two
-//!   routes.
+//!   differ. A VIP with hedging or a fault gets virtual hosts for its hosts, since the module
+//!   cannot set those ([`native_hosts`]);
+//! - **header** (the wasm filter writes the cluster header): a virtual host for the hosts of
+//!   each VIP with route-level policy of its own, whose routes match that header's value for
+//!   each of its clusters set apart, then take the defaults; every other host the catch-all's
+//!   gRPC route and route for the rest ([`header_hosts`]). With no policy, two routes.
 //!
 //! Which one a proxy gets, and the module's path and configuration, its bootstrap says in the
 //! node metadata `odmesh` ([`RouteShell::from_node`]). Pure: the RDS service is
@@ -98,8 +100,12 @@ pub enum RouteShell {
     /// The native module as the route's cluster specifier: its file, and its configuration
     /// (the filter's JSON, checked).
     Native { module: String, config: String },
-    /// A filter writes the cluster's name into `cluster_header` (the wasm filter).
-    Header { cluster_header: String },
+    /// A filter writes the cluster's name into `cluster_header` (the wasm filter), with its
+    /// configuration (JSON, checked).
+    Header {
+        cluster_header: String,
+        config: String,
+    },
 }
 
 impl Default for RouteShell {
@@ -107,6 +113,7 @@ impl Default for RouteShell {
     fn default() -> RouteShell {
         RouteShell::Header {
             cluster_header: odmesh_filter::config::DEFAULT_CLUSTER_HEADER.to_owned(),
+            config: "{}".to_owned(),
         }
     }
 }
@@ -149,6 +156,7 @@ impl RouteShell {
             }
             Some("wasm") | None => Ok(RouteShell::Header {
                 cluster_header: parsed.cluster_header,
+                config: config.to_owned(),
             }),
             Some(other) => Err(format!(
                 "node metadata odmesh.mapping: {other:?} is neither `native` nor `wasm`"
@@ -172,11 +180,10 @@ pub struct BuiltRoute {
 pub fn build(name: &str, shell: &RouteShell, policy: &RoutePolicy) -> BuiltRoute {
     let (virtual_hosts, plugins, dropped) = match shell {
         RouteShell::Native { module, config } => native_hosts(module, config, policy),
-        RouteShell::Header { cluster_header } => (
-            vec![catch_all(header_routes(cluster_header, policy))],
-            vec![],
-            None,
-        ),
+        RouteShell::Header {
+            cluster_header,
+            config,
+        } => (header_hosts(cluster_header, config, policy), vec![], None),
     };
     let config = RouteConfiguration {
         name: name.to_owned(),
@@ -418,9 +425,19 @@ fn specifier(module: &str, config: &str, policy: &RoutePolicy) -> Vec<u8> {
     encoded
 }
 
-/// The routes of a mapping that writes `cluster_header`: a gRPC route and a route for the
-/// rest for each cluster with route-level policy of its own, then the two with the defaults.
-fn header_routes(cluster_header: &str, policy: &RoutePolicy) -> Vec<Route> {
+/// The virtual hosts of a mapping that writes `cluster_header`. Each VIP with route-level
+/// policy of its own gets a virtual host for its hosts (as with the native module), whose
+/// routes match the cluster header for each of its clusters set apart, then take its defaults;
+/// every other host takes the catch-all's two routes with the defaults. So a request to a VIP
+/// without policy matches two routes, however many VIPs have some, and Envoy creates the fault
+/// filter only for requests to a VIP with a fault: it builds a request's filters from the
+/// route matched before the wasm filter names the cluster, by host (docs/envoy.md, "Hedging
+/// and faults live in the route"). With a mapping that reads another header than
+/// `:authority`, the host says nothing: every route is in the catch-all, each cluster's
+/// matched by the header, and while any cluster has a fault every route switches the fault
+/// filter on.
+fn header_hosts(cluster_header: &str, config: &str, policy: &RoutePolicy) -> Vec<VirtualHost> {
+    let filter = FilterConfig::parse(config.as_bytes()).unwrap_or_default();
     let route = |name: String, cluster: Option<&str>, level: &RouteLevel, grpc: bool| {
         let headers = cluster
             .map(|c| exact(cluster_header, c))
@@ -437,36 +454,65 @@ fn header_routes(cluster_header: &str, policy: &RoutePolicy) -> Vec<Route> {
             ..Default::default()
         }
     };
-    let mut routes = Vec::new();
-    // Envoy creates a request's filters from the route it matches on arrival, before the wasm
-    // filter has named the cluster (docs/envoy.md, "Faults only where the policy has one"):
-    // while any cluster has a fault, every route switches the fault filter on, and only the
-    // faulty clusters' routes give it a fault.
-    let any_fault = policy.clusters.values().any(|l| l.fault.is_some());
-    let route = |name, cluster, level: &RouteLevel, grpc| {
-        let mut route = route(name, cluster, level, grpc);
-        if any_fault && route.typed_per_filter_config.is_empty() {
-            route.typed_per_filter_config = fault_filter_on();
+    // The routes of `clusters` (each matched by the header), then the defaults' pair, the
+    // fault filter switched on in every route that has no fault of its own if `fault_on`.
+    let routes = |clusters: &[(&String, &RouteLevel)], fault_on: bool| {
+        let mut routes = Vec::new();
+        for (cluster, level) in clusters {
+            routes.push(route(
+                format!("mesh-grpc:{cluster}"),
+                Some(cluster),
+                level,
+                true,
+            ));
+            routes.push(route(
+                format!("mesh:{cluster}"),
+                Some(cluster),
+                level,
+                false,
+            ));
         }
-        route
+        routes.push(route("mesh-grpc".to_owned(), None, &policy.default, true));
+        routes.push(route("mesh".to_owned(), None, &policy.default, false));
+        if fault_on {
+            for r in routes
+                .iter_mut()
+                .filter(|r| r.typed_per_filter_config.is_empty())
+            {
+                r.typed_per_filter_config = fault_filter_on();
+            }
+        }
+        routes
     };
-    for (cluster, level) in &policy.clusters {
-        routes.push(route(
-            format!("mesh-grpc:{cluster}"),
-            Some(cluster),
-            level,
-            true,
-        ));
-        routes.push(route(
-            format!("mesh:{cluster}"),
-            Some(cluster),
-            level,
-            false,
-        ));
+    let all: Vec<(&String, &RouteLevel)> = policy.clusters.iter().collect();
+    let has_fault =
+        |clusters: &[(&String, &RouteLevel)]| clusters.iter().any(|(_, l)| l.fault.is_some());
+    if filter.source_header != odmesh_filter::config::DEFAULT_SOURCE_HEADER {
+        return vec![catch_all(routes(&all, has_fault(&all)))];
     }
-    routes.push(route("mesh-grpc".to_owned(), None, &policy.default, true));
-    routes.push(route("mesh".to_owned(), None, &policy.default, false));
-    routes
+    let mut by_vip: std::collections::BTreeMap<&str, Vec<(&String, &RouteLevel)>> =
+        std::collections::BTreeMap::new();
+    for (cluster, level) in all {
+        if let Some((vip, _)) = odmesh_names::split_cluster_name(cluster) {
+            by_vip.entry(vip).or_default().push((cluster, level));
+        }
+    }
+    let mut hosts: Vec<VirtualHost> = (by_vip.into_iter())
+        .map(|(vip, clusters)| {
+            let domains = [vip.to_owned(), format!("{vip}.vip"), format!("{vip}.svip")];
+            VirtualHost {
+                name: vip.to_owned(),
+                domains: domains
+                    .iter()
+                    .flat_map(|d| self::domains(d, &filter))
+                    .collect(),
+                routes: routes(&clusters, has_fault(&clusters)),
+                ..Default::default()
+            }
+        })
+        .collect();
+    hosts.push(catch_all(routes(&[], false)));
+    hosts
 }
 
 /// A route action with `level`'s timeouts ([`timed_action`]) and hedging.
@@ -736,7 +782,8 @@ mod tests {
         assert_eq!(
             RouteShell::from_node(Some(&wasm)),
             Ok(RouteShell::Header {
-                cluster_header: "x-to".to_owned()
+                cluster_header: "x-to".to_owned(),
+                config: r#"{"cluster_header": "x-to"}"#.to_owned(),
             })
         );
         for (fields, says) in [
@@ -821,45 +868,98 @@ mod tests {
     }
 
     #[test]
-    fn the_header_routes_match_each_cluster_with_timeouts_before_the_catch_alls() {
+    fn the_header_routes_give_each_vip_with_policy_a_virtual_host_matching_its_clusters() {
         let config = decode(&build("odmesh", &RouteShell::default(), &timeouts()));
         assert!(config.cluster_specifier_plugins.is_empty());
-        let routes = &config.virtual_hosts[0].routes;
-        let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
-        let expected = [
-            "mesh-grpc:free.svip",
-            "mesh:free.svip",
-            "mesh-grpc:slow.vip",
-            "mesh:slow.vip",
-            "mesh-grpc",
-            "mesh",
-        ];
-        assert_eq!(names, expected);
-        let slow = &routes[3];
-        let matcher = &slow.r#match.as_ref().unwrap().headers[..];
+        assert!(config.ignore_port_in_host_matching);
+        let names =
+            |v: &VirtualHost| -> Vec<String> { v.routes.iter().map(|r| r.name.clone()).collect() };
+        let hosts: Vec<&str> = (config.virtual_hosts.iter())
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(hosts, ["free", "slow", "all"]);
+        let slow = &config.virtual_hosts[1];
+        assert_eq!(
+            slow.domains,
+            [
+                "slow",
+                "slow.",
+                "slow.vip",
+                "slow.vip.",
+                "slow.svip",
+                "slow.svip."
+            ]
+        );
+        assert_eq!(
+            names(slow),
+            ["mesh-grpc:slow.vip", "mesh:slow.vip", "mesh-grpc", "mesh"]
+        );
+        let rest = &slow.routes[1];
+        let matcher = &rest.r#match.as_ref().unwrap().headers[..];
         assert_eq!(matcher.len(), 1);
         assert_eq!(matcher[0].name, CLUSTER_HEADER);
         assert!(format!("{matcher:?}").contains("Exact(\"slow.vip\")"));
-        assert_eq!(action(slow).timeout, Some(duration(ms(500))));
-        let per_try = action(slow).retry_policy.as_ref().unwrap().per_try_timeout;
+        assert_eq!(action(rest).timeout, Some(duration(ms(500))));
+        let per_try = action(rest).retry_policy.as_ref().unwrap().per_try_timeout;
         assert_eq!(per_try, Some(duration(ms(100))));
-        let slow_grpc = &routes[2];
-        assert_eq!(slow_grpc.r#match.as_ref().unwrap().headers.len(), 2);
-        assert_eq!(action(slow_grpc).timeout, None);
-        let per_try = action(slow_grpc)
-            .retry_policy
-            .as_ref()
-            .unwrap()
-            .per_try_timeout;
+        let grpc = &slow.routes[0];
+        assert_eq!(grpc.r#match.as_ref().unwrap().headers.len(), 2);
+        assert_eq!(action(grpc).timeout, None);
+        let per_try = action(grpc).retry_policy.as_ref().unwrap().per_try_timeout;
         assert_eq!(per_try, Some(duration(ms(100))));
-        assert_eq!(action(&routes[5]).timeout, Some(duration(ms(2000))));
-        assert!(routes[5].r#match.as_ref().unwrap().headers.is_empty());
+        // Its other cluster (slow.svip), and a request before the filter named one: the
+        // defaults.
+        assert_eq!(action(&slow.routes[3]).timeout, Some(duration(ms(2000))));
+        assert!(slow.routes[3].r#match.as_ref().unwrap().headers.is_empty());
+        // Every other host: the defaults' two routes.
+        let all = &config.virtual_hosts[2];
+        assert_eq!(all.domains, ["*"]);
+        assert_eq!(names(all), ["mesh-grpc", "mesh"]);
+        assert_eq!(action(&all.routes[1]).timeout, Some(duration(ms(2000))));
         let only = decode(&build(
             "odmesh",
             &RouteShell::default(),
             &RoutePolicy::default(),
         ));
+        assert_eq!(only.virtual_hosts.len(), 1);
         assert_eq!(only.virtual_hosts[0].routes.len(), 2);
+        assert!(!only.ignore_port_in_host_matching);
+    }
+
+    #[test]
+    fn with_another_source_header_the_header_routes_are_all_in_the_catch_all() {
+        let shell = RouteShell::Header {
+            cluster_header: CLUSTER_HEADER.to_owned(),
+            config: r#"{"source_header": "x-vip"}"#.to_owned(),
+        };
+        let mut policy = timeouts();
+        policy.clusters.insert("pay.vip".to_owned(), chaos());
+        let config = decode(&build("odmesh", &shell, &policy));
+        let [all] = &config.virtual_hosts[..] else {
+            panic!("one virtual host: {config:?}");
+        };
+        let names: Vec<&str> = all.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "mesh-grpc:free.svip",
+                "mesh:free.svip",
+                "mesh-grpc:pay.vip",
+                "mesh:pay.vip",
+                "mesh-grpc:slow.vip",
+                "mesh:slow.vip",
+                "mesh-grpc",
+                "mesh",
+            ]
+        );
+        // The fault filter is on for every request: the host says nothing of the cluster.
+        assert!(
+            all.routes
+                .iter()
+                .all(|r| !r.typed_per_filter_config.is_empty())
+        );
+        assert!(fault_of(&all.routes[3]).is_some());
+        assert!(switches_fault_filter_on(&all.routes[7]));
     }
 
     #[test]
@@ -938,13 +1038,22 @@ mod tests {
             .map(|r| r.name.as_str())
             .collect();
         assert_eq!(faulty, ["mesh-grpc:pay.vip", "mesh:pay.vip"]);
-        // Every other route switches the filter on, since a request matches its first route
-        // before the wasm filter names its cluster.
+        // The VIP's other routes switch the filter on, since a request matches its first
+        // route (by host) before the wasm filter names its cluster; no other host's does.
         let on: Vec<&str> = (routes.iter())
             .filter(|r| switches_fault_filter_on(r))
             .map(|r| r.name.as_str())
             .collect();
         assert_eq!(on, ["mesh-grpc", "mesh"]);
+        assert_eq!(config.virtual_hosts[0].name, "pay");
+        let elsewhere = &config.virtual_hosts[1];
+        assert_eq!(elsewhere.name, "all");
+        assert!(
+            elsewhere
+                .routes
+                .iter()
+                .all(|r| r.typed_per_filter_config.is_empty())
+        );
         let no_fault = decode(&build("odmesh", &RouteShell::default(), &timeouts()));
         let routes = &no_fault.virtual_hosts[0].routes;
         assert!(routes.iter().all(|r| r.typed_per_filter_config.is_empty()));
