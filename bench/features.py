@@ -10,7 +10,9 @@ side by side in alternating rounds of one run:
   module's virtual hosts for them, and with the wasm filter every route switches the fault
   filter on (README, "Fault injection");
 - `native-before`, `wasm-before`: the bootstraps of `--before` (default 89cfe13, the last
-  commit before issue 30: no fault filter), with today's modules.
+  commit before issue 30: no fault filter), with today's modules;
+- `native-again`, `wasm-again`: the shipped bootstraps again, in an Envoy of their own: how far
+  two Envoys of one configuration differ in one run (the control).
 
     bench/features.py                                   # 20 rounds of 4 s
     bench/features.py --rounds 30 --out docs/bench/features.json
@@ -68,9 +70,13 @@ def main():
         before = WORK / f"{shell}-before.yaml"
         before.write_text(subprocess.run(["git", "-C", ROOT, "show", f"{args.before}:{boot}"],
                                          check=True, capture_output=True, text=True).stdout)
+        again = WORK / f"{shell}-again.yaml"
+        again.write_text(shipped)
         chains += ["--chain", f"{shell}-featured={featured}:{MODULES[boot]}",
-                   "--chain", f"{shell}-before={before}:{MODULES[boot]}"]
-    names = "native,wasm,native-featured,native-before,wasm-featured,wasm-before"
+                   "--chain", f"{shell}-before={before}:{MODULES[boot]}",
+                   "--chain", f"{shell}-again={again}:{MODULES[boot]}"]
+    names = ",".join(f"{shell}{kind}" for shell in ("native", "wasm")
+                     for kind in ("", "-featured", "-before", "-again"))
     if args.callgrind:
         command = [sys.executable, ROOT / "bench/probes/chain_callgrind.py", "--requests", "1000"]
     else:

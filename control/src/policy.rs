@@ -369,6 +369,13 @@ impl From<Positive> for Duration {
     }
 }
 
+impl Serialize for Positive {
+    /// As written: `300ms`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&Dur(self.0))
+    }
+}
+
 impl<const MIN: u32, const MAX: u32> Serialize for Bounded<MIN, MAX> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u32(self.0)

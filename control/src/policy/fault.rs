@@ -179,12 +179,6 @@ impl Serialize for Until {
     }
 }
 
-impl Serialize for Positive {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&super::Dur(self.0))
-    }
-}
-
 /// Seconds since the epoch of `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` (`t` or a space may
 /// stand for `T`, `z` for `Z`; the fraction is dropped); `None` if it is not one, or before
 /// 1970.

@@ -578,3 +578,20 @@ fn a_service_gets_its_own_inbound_limit_and_a_bad_one_is_refused() {
         assert!(shown.contains(says), "{yaml}: {shown}");
     }
 }
+
+#[test]
+fn the_demo_policy_parses_and_so_does_its_chaos_experiment_uncommented() {
+    let demo = include_str!("../../../demo/policy.yaml");
+    Policy::parse(demo.as_bytes()).unwrap();
+    let commented = "    # fault: {abort: {status: 503, percent: 20}}";
+    assert!(
+        demo.contains(commented),
+        "the experiment moved: update this test"
+    );
+    let on = demo.replace(commented, "    fault: {abort: {status: 503, percent: 20}}");
+    let policy = Policy::parse(on.as_bytes()).unwrap();
+    let fault = policy.routes("odmesh", NOW).clusters["demo-b.vip"]
+        .fault
+        .clone();
+    assert_eq!(fault.unwrap().abort.unwrap().percent.per_million, 200_000);
+}
