@@ -38,9 +38,11 @@ use odmesh_registry::Protocol;
 
 pub mod fault;
 pub mod inbound;
+pub mod limit;
 pub mod watch;
 
 pub use fault::Fault;
+pub use limit::ConcurrencyLimit;
 
 /// The whole policy file.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -100,6 +102,9 @@ pub struct Settings<C = NoCallers> {
     pub hedge: Option<bool>,
     /// Faults injected for a chaos experiment: a VIP's (or a caller's), never the defaults'.
     pub fault: Option<Fault>,
+    /// An adaptive limit of the requests in flight to the VIP from each proxy of a caller
+    /// (native module only): a VIP's (or a caller's), never the defaults'.
+    pub concurrency_limit: Option<ConcurrencyLimit>,
 }
 
 /// What to retry, how often, and how fast.
@@ -471,6 +476,12 @@ impl Policy {
                 "a fault is for one VIP or SVIP (its entry, or a caller's in it), never for every destination",
             ));
         }
+        if self.defaults.concurrency_limit.is_some() {
+            return Err(conflict(
+                "defaults.concurrency_limit".to_owned(),
+                "a concurrency limit is for one VIP or SVIP (its entry, or a caller's in it), never for every destination",
+            ));
+        }
         let hedge_ok = |e: &Effective| {
             !e.hedge.value || (!e.per_try_timeout.value.is_zero() && e.retries.value > 0)
         };
@@ -497,12 +508,16 @@ impl Policy {
                 let callers = std::iter::once(None).chain(entry.callers.keys().map(Some));
                 for caller in callers {
                     let e = self.resolve(kind, &vip.0, caller.map(String::as_str), Protocol::Auto);
+                    let field = |name: &str| match caller {
+                        None => format!("{table}.{}.{name}", vip.0),
+                        Some(c) => format!("{table}.{}.callers.{c}.{name}", vip.0),
+                    };
                     if !hedge_ok(&e) {
-                        let field = match caller {
-                            None => format!("{table}.{}.hedge", vip.0),
-                            Some(c) => format!("{table}.{}.callers.{c}.hedge", vip.0),
-                        };
-                        return Err(conflict(field, HEDGE));
+                        return Err(conflict(field("hedge"), HEDGE));
+                    }
+                    if let Some(Err(reason)) = e.concurrency_limit.value.as_ref().map(|l| l.check())
+                    {
+                        return Err(conflict(field("concurrency_limit"), &reason));
                     }
                 }
             }
@@ -562,6 +577,7 @@ impl Policy {
             },
             hedge: e.hedge.value,
             fault: e.fault.value.filter(|f| f.applies_at(now)),
+            limit: e.concurrency_limit.value,
         };
         let mut defaults = Effective::builtin();
         defaults.apply(&self.defaults, Source::Defaults);
@@ -635,6 +651,8 @@ pub struct RouteLevel {
     pub hedge: bool,
     /// Faults to inject, if an entry applies now.
     pub fault: Option<Fault>,
+    /// The caller-side concurrency limit, if any.
+    pub limit: Option<ConcurrencyLimit>,
 }
 
 impl RoutePolicy {
@@ -648,7 +666,7 @@ impl RouteLevel {
     /// Whether anything but timeouts is set: what the native module's timeout table cannot
     /// carry (the route must).
     pub fn beyond_timeouts(&self) -> bool {
-        self.hedge || self.fault.is_some()
+        self.hedge || self.fault.is_some() || self.limit.is_some()
     }
 }
 
@@ -721,6 +739,8 @@ pub struct Effective {
     pub hedge: Sourced<bool>,
     /// `None`: no fault.
     pub fault: Sourced<Option<Fault>>,
+    /// `None`: no limit.
+    pub concurrency_limit: Sourced<Option<ConcurrencyLimit>>,
 }
 
 impl Effective {
@@ -763,6 +783,7 @@ impl Effective {
             max_ejection_percent: b(10),
             hedge: b(false),
             fault: Sourced::new(None, Source::Builtin),
+            concurrency_limit: Sourced::new(None, Source::Builtin),
         }
     }
 
@@ -815,6 +836,9 @@ impl Effective {
         set(&mut self.hedge, &s.hedge, from);
         if let Some(fault) = &s.fault {
             self.fault = Sourced::new(Some(fault.clone()), from);
+        }
+        if let Some(limit) = &s.concurrency_limit {
+            self.concurrency_limit = Sourced::new(Some(limit.clone()), from);
         }
     }
 }

@@ -92,6 +92,9 @@ pub struct RouteStream {
     nonce: u64,
     /// Whether the invalid node was reported (once per stream).
     reported: bool,
+    /// The policy the route left out, as last reported (each change once per stream, whether
+    /// or not the route itself changed).
+    dropped: Option<String>,
 }
 
 /// What [`RouteStream`] tells its service besides responses.
@@ -211,12 +214,17 @@ impl RouteStream {
         if built.is_empty() {
             return (None, None);
         }
+        let event = (dropped != self.dropped)
+            .then(|| dropped.clone())
+            .flatten()
+            .map(Event::Dropped);
+        self.dropped = dropped;
         let version = (built.iter())
             .map(|(_, v)| v.as_str())
             .collect::<Vec<_>>()
             .join("-");
         if version == self.holds {
-            return (None, None);
+            return (None, event);
         }
         self.nonce += 1;
         self.holds = version.clone();
@@ -227,7 +235,7 @@ impl RouteStream {
             nonce: self.nonce.to_string(),
             ..Default::default()
         };
-        (Some(response), dropped.map(Event::Dropped))
+        (Some(response), event)
     }
 }
 
@@ -668,6 +676,31 @@ mod tests {
         let (response, event) = fine.on_request(&request(Some(native("{}")), "", ""), &p, T0);
         assert!(response.is_some());
         assert_eq!(event, None);
+    }
+
+    #[test]
+    fn a_limit_the_wasm_filter_cannot_carry_is_reported_once_though_the_route_stays() {
+        let mut stream = RouteStream::default();
+        let wasm = || request(Some(node("web", Some("wasm"))), "", "");
+        let (first, event) = stream.on_request(&wasm(), &policy(""), T0);
+        assert!(first.is_some());
+        assert_eq!(event, None);
+        let limited = policy("vips: {pay: {concurrency_limit: {}}}");
+        let (again, event) = stream.on_request(&wasm(), &limited, T0);
+        assert!(again.is_none(), "the same route: nothing to send");
+        assert!(
+            matches!(event, Some(Event::Dropped(ref why)) if why.contains("pay.vip")),
+            "{event:?}"
+        );
+        let (_, event) = stream.on_request(&wasm(), &limited, T0);
+        assert_eq!(event, None, "said once");
+        let (_, event) = stream.on_request(&wasm(), &policy(""), T0);
+        assert_eq!(event, None, "nothing left out any more");
+        let (_, event) = stream.on_request(&wasm(), &limited, T0);
+        assert!(
+            matches!(event, Some(Event::Dropped(_))),
+            "left out again: said again"
+        );
     }
 
     #[test]

@@ -8,4 +8,5 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod limiter;
 pub mod mapping;

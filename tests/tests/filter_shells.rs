@@ -42,19 +42,20 @@ fn sections(yaml: &str) -> (String, &str, &str) {
     (before.join("\n"), &yaml[replies..filters], &yaml[filters..])
 }
 
-/// `filters` (an `http_filters:` list) without its first entry.
-fn without_first_http_filter(filters: &str) -> String {
+/// `filters` (an `http_filters:` list) without the entry named `name`.
+fn without_http_filter(filters: &str, name: &str) -> String {
     let lines: Vec<&str> = filters.lines().collect();
+    let entry = format!("- name: {name}");
     let start = (lines.iter())
-        .position(|l| l.trim_start().starts_with("- name: envoy.filters.http."))
-        .expect("an HTTP filter");
+        .position(|l| l.trim_start() == entry)
+        .unwrap_or_else(|| panic!("no HTTP filter {name}"));
     let indent = lines[start].len() - lines[start].trim_start().len();
     let end = (start + 1..lines.len())
         .find(|&i| {
             let l = lines[i];
             l.len() - l.trim_start().len() == indent && l.trim_start().starts_with("- ")
         })
-        .expect("a filter after the first");
+        .expect("a filter after it");
     let mut out: Vec<&str> = lines[..start].to_vec();
     out.extend(&lines[end..]);
     out.join("\n")
@@ -66,7 +67,11 @@ fn the_native_bootstrap_is_the_wasm_one_with_the_mapping_in_the_route() {
     let native = shipped_bootstrap("odmesh-native.yaml", &[]);
     assert!(wasm.contains("envoy.filters.http.wasm"));
     assert!(wasm.contains("mapping: wasm"));
-    assert!(!native.contains("envoy.filters.http.dynamic_modules"));
+    // The native module's one HTTP filter is the concurrency limit, switched off unless a
+    // route switches it on.
+    assert_eq!(native.matches("DynamicModuleFilter").count(), 1);
+    assert!(!wasm.contains("dynamic_modules"));
+    assert!(native.contains("- name: odmesh.limit\n            disabled: true\n"));
     assert!(native.contains("mapping: native"));
     assert!(native.contains("module: dist/libodmesh_filter.so"));
     let (wasm_before, wasm_replies, wasm_filters) = sections(&wasm);
@@ -77,9 +82,10 @@ fn the_native_bootstrap_is_the_wasm_one_with_the_mapping_in_the_route() {
          metadata"
     );
     assert_eq!(
-        without_first_http_filter(wasm_filters),
-        native_filters.trim_end(),
-        "the native bootstrap's HTTP filters must be the wasm one's without the wasm filter"
+        without_http_filter(wasm_filters, "envoy.filters.http.wasm"),
+        without_http_filter(native_filters.trim_end(), "odmesh.limit"),
+        "the native bootstrap's HTTP filters must be the wasm one's without the wasm filter, \
+         with the concurrency limit"
     );
     // The local replies: the native ones hold every line of the wasm ones except those that
     // read the cluster header the wasm filter writes.
@@ -133,17 +139,55 @@ fn every_callback_the_native_module_imports_is_one_envoy_exports() {
 #[test]
 fn every_hook_the_native_module_exports_is_one_envoy_looks_up() {
     let hooks = symbols(&Shell::Native.artifact(), true, "envoy_dynamic_module_on_");
-    let expected = [
-        "envoy_dynamic_module_on_program_init",
-        "envoy_dynamic_module_on_cluster_specifier_config_new",
-        "envoy_dynamic_module_on_cluster_specifier_config_destroy",
-        "envoy_dynamic_module_on_cluster_specifier_select",
+    // The cluster specifier's hooks, and the HTTP filter's (the concurrency limit): every one
+    // Envoy 1.40 looks up for an HTTP filter, since it refuses a module that lacks one.
+    let specifier = [
+        "program_init",
+        "cluster_specifier_config_new",
+        "cluster_specifier_config_destroy",
+        "cluster_specifier_select",
     ];
-    assert_eq!(
-        hooks,
-        expected.map(str::to_owned).into(),
-        "the module's hooks"
-    );
+    let http_filter = [
+        "config_new",
+        "config_destroy",
+        "per_route_config_new",
+        "per_route_config_destroy",
+        "new",
+        "destroy",
+        "request_headers",
+        "request_body",
+        "request_trailers",
+        "response_headers",
+        "response_body",
+        "response_trailers",
+        "stream_complete",
+        "local_reply",
+        "scheduled",
+        "http_callout_done",
+        "http_stream_headers",
+        "http_stream_data",
+        "http_stream_trailers",
+        "http_stream_complete",
+        "http_stream_reset",
+        "config_scheduled",
+        "config_http_callout_done",
+        "config_http_stream_headers",
+        "config_http_stream_data",
+        "config_http_stream_trailers",
+        "config_http_stream_complete",
+        "config_http_stream_reset",
+        "downstream_above_write_buffer_high_watermark",
+        "downstream_below_write_buffer_low_watermark",
+    ];
+    let expected: BTreeSet<String> = (specifier.iter())
+        .map(|h| format!("envoy_dynamic_module_on_{h}"))
+        .chain(
+            http_filter
+                .iter()
+                .map(|h| format!("envoy_dynamic_module_on_http_filter_{h}")),
+        )
+        .collect();
+    assert_eq!(hooks, expected, "the module's hooks");
     // Envoy finds hooks by name (dlsym), so each name is a string in its binary.
     let envoy = fs::read(envoy_binary()).expect("the Envoy binary");
     for hook in &hooks {

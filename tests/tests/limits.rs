@@ -1,17 +1,19 @@
-//! Adaptive concurrency limits against real Envoy: the inbound listener of the shipped
-//! bootstrap, in front of an upstream whose latency grows with the requests it holds
-//! ([`CongestedUpstream`]), with the limit the policy file's `services:` gives the proxy's
-//! service, delivered live by extension config discovery. Needs `make envoy`, `make wasm`
-//! (or `make native`) and `cargo build -p odmesh-control`.
+//! Adaptive concurrency limits against real Envoy, in front of an upstream whose latency grows
+//! with the requests it holds ([`CongestedUpstream`]): the inbound listener of the shipped
+//! bootstrap, with the limit the policy file's `services:` gives the proxy's service, delivered
+//! live by extension config discovery; and the caller's side, the limit a VIP's
+//! `concurrency_limit` gives every caller's proxy, delivered live in its route. Needs
+//! `make envoy`, `make wasm` (or `make native`) and `cargo build -p odmesh-control`.
 
 use std::fs;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    CongestedUpstream, ControlPlane, Envoy, Load, LoadConfig, Outcome, RegistryFile, TestEnv,
-    odmesh_bootstrap, wait_until,
+    CongestedUpstream, ControlPlane, Envoy, Instance, Load, LoadConfig, Mesh, Outcome,
+    RegistryFile, Shell, TestEnv, odmesh_bootstrap, wait_until,
 };
 
 /// The inbound listener in the shipped bootstraps.
@@ -20,6 +22,11 @@ const INGRESS: &str = "odmesh_ingress";
 const LIMIT: &str =
     "http.odmesh_ingress.adaptive_concurrency.gradient_controller.concurrency_limit";
 const BLOCKED: &str = "http.odmesh_ingress.adaptive_concurrency.gradient_controller.rq_blocked";
+/// The native module's gauge of a cluster's caller-side limit, and its count of refusals.
+const CALLER_LIMIT: &str = "dynamicmodulescustom.odmesh_concurrency_limit.cluster.slow.vip";
+const CALLER_LIMITED: &str = "dynamicmodulescustom.odmesh_concurrency_limited";
+/// The header of the native module's refusals: the cluster whose limit was reached.
+const LIMITED_HEADER: &str = "x-odmesh-limited";
 /// Envoy's count of the configurations it took for the limiter (ECDS).
 const RELOADED: &str =
     "extension_config_discovery.http_filter.odmesh.inbound.adaptive_concurrency.config_reload";
@@ -41,6 +48,8 @@ fn write_policy(path: &Path, yaml: &str) {
 struct Phase {
     answered: usize,
     limited: usize,
+    /// Of the 503s, those that name the cluster whose limit was reached.
+    named: usize,
     p50: Duration,
     /// The most requests the upstream held at once.
     max_in_flight: usize,
@@ -48,13 +57,21 @@ struct Phase {
     limit: Option<u64>,
 }
 
-/// [`PER_PHASE`] requests through the inbound listener, with the upstream's peak in flight.
-fn phase(name: &str, envoy: &Envoy, upstream: &CongestedUpstream) -> Phase {
+/// Where a phase sends its load, and which of Envoy's gauges holds the limit.
+struct Target<'a> {
+    addr: SocketAddr,
+    host: &'a str,
+    limit: &'a str,
+}
+
+/// [`PER_PHASE`] requests to `target`, with the upstream's peak in flight.
+fn phase(name: &str, envoy: &Envoy, target: &Target, upstream: &CongestedUpstream) -> Phase {
     upstream.reset_max();
     let config = LoadConfig::rate(RATE)
         .max_in_flight(IN_FLIGHT)
-        .timeout(Duration::from_secs(10));
-    let load = Load::hosts(envoy.listener(INGRESS), &["payments"], config);
+        .timeout(Duration::from_secs(10))
+        .record_header(LIMITED_HEADER);
+    let load = Load::hosts(target.addr, &[target.host], config);
     // The limit every quarter second while the phase runs, for the output.
     let mut limits = Vec::new();
     let end = Instant::now() + PHASE_BOUND;
@@ -63,7 +80,7 @@ fn phase(name: &str, envoy: &Envoy, upstream: &CongestedUpstream) -> Phase {
             Instant::now() < end,
             "{name}: the load did not finish in {PHASE_BOUND:?}"
         );
-        limits.push(envoy.stat(LIMIT).unwrap_or(0));
+        limits.push(envoy.stat(target.limit).unwrap_or(0));
         thread::sleep(Duration::from_millis(250));
     }
     let report = load.stop();
@@ -77,8 +94,10 @@ fn phase(name: &str, envoy: &Envoy, upstream: &CongestedUpstream) -> Phase {
         let i = ((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1));
         latencies.get(i).copied().unwrap_or_default()
     };
-    let limited = (report.records.iter())
-        .filter(|r| r.outcome == Outcome::Status(503))
+    let refused = || (report.records.iter()).filter(|r| r.outcome == Outcome::Status(503));
+    let limited = refused().count();
+    let named = refused()
+        .filter(|r| r.header.as_deref() == Some(&format!("{}.vip", target.host)))
         .count();
     let others: Vec<&Outcome> = (report.records.iter())
         .map(|r| &r.outcome)
@@ -92,9 +111,10 @@ fn phase(name: &str, envoy: &Envoy, upstream: &CongestedUpstream) -> Phase {
     let phase = Phase {
         answered: latencies.len(),
         limited,
+        named,
         p50: at(0.5),
         max_in_flight: upstream.max_in_flight(),
-        limit: envoy.stat(LIMIT),
+        limit: envoy.stat(target.limit),
     };
     eprintln!(
         "{name}: {phase:?}\n  {}",
@@ -122,9 +142,14 @@ fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_gro
             &format!("port_value: {}", upstream.port()),
         );
     let envoy = Envoy::start(&env, "payments", &bootstrap);
+    let target = Target {
+        addr: envoy.listener(INGRESS),
+        host: "payments",
+        limit: LIMIT,
+    };
 
     // Without a limit, the load piles up in the upstream.
-    let unlimited = phase("unlimited", &envoy, &upstream);
+    let unlimited = phase("unlimited", &envoy, &target, &upstream);
     assert_eq!(unlimited.limited, 0, "no limit yet");
 
     write_policy(
@@ -141,7 +166,7 @@ fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_gro
             && envoy.stat(RELOADED).is_some_and(|n| n >= 2)
     });
     eprintln!("limit configured {:?} after the write", written.elapsed());
-    let limited = phase("limited", &envoy, &upstream);
+    let limited = phase("limited", &envoy, &target, &upstream);
     assert!(
         envoy.stat(BLOCKED).unwrap_or(0) > 0,
         "no request was limited"
@@ -177,6 +202,103 @@ fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_gro
     eprintln!(
         "limit grew from {settled} to {:?} in {:?}\n  {}",
         envoy.stat(LIMIT),
+        recovering.elapsed(),
+        report.summary().lines().next().unwrap_or("")
+    );
+}
+
+#[test]
+fn a_caller_side_limit_keeps_a_congested_vip_near_its_unloaded_latency_and_grows_back() {
+    let env = TestEnv::new("limits_caller_side");
+    // As above: 10 ms alone, 8 ms more per request it holds; here it is the VIP `slow`, and
+    // the limit is the caller's, in its own Envoy's route.
+    let upstream = CongestedUpstream::start(Duration::from_millis(10), Duration::from_millis(8));
+    let policy = env.log_dir().join("policy.yaml");
+    write_policy(&policy, "");
+    let arg = policy.to_string_lossy().into_owned();
+    let mesh = Mesh::start_with(
+        &env,
+        &[Instance::new("slow", upstream.port())],
+        &["--policy", &arg],
+    );
+    let target = Target {
+        addr: mesh.egress(),
+        host: "slow",
+        limit: CALLER_LIMIT,
+    };
+    let unlimited = phase("unlimited", &mesh.envoy, &target, &upstream);
+    assert_eq!(unlimited.limited, 0, "no limit yet");
+
+    let routes = mesh.control.metric("odmesh_rds_responses_total");
+    write_policy(&policy, "vips: {slow: {concurrency_limit: {}}}");
+    if Shell::current() == Shell::Wasm {
+        // The wasm filter cannot carry the limit: the control plane says so, and requests to
+        // `slow` go on as before.
+        wait_until(
+            Duration::from_secs(10),
+            "the control plane to report the limit left out",
+            || mesh.control.metric("odmesh_rds_policy_dropped_total") >= 1,
+        );
+        let again = phase("wasm, limit left out", &mesh.envoy, &target, &upstream);
+        assert_eq!(again.limited, 0, "{again:?}");
+        assert_eq!(mesh.envoy.stat(CALLER_LIMITED), None);
+        return;
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "the route with the limit to reach Envoy",
+        || mesh.control.metric("odmesh_rds_responses_total") > routes,
+    );
+    // A quiet start, as before any trouble: the limiter learns the VIP's usual latency.
+    let quiet = LoadConfig::rate(20)
+        .max_in_flight(IN_FLIGHT)
+        .timeout(Duration::from_secs(10));
+    let load = Load::hosts(mesh.egress(), &["slow"], quiet);
+    load.wait_completed(40, PHASE_BOUND);
+    let report = load.stop();
+    assert_eq!(report.answered(), report.sent(), "{}", report.summary());
+
+    let limited = phase("limited", &mesh.envoy, &target, &upstream);
+    assert!(limited.limited > 0 && limited.answered > 0, "{limited:?}");
+    assert_eq!(
+        limited.named, limited.limited,
+        "every refusal names slow.vip"
+    );
+    assert_eq!(
+        mesh.envoy.stat(CALLER_LIMITED),
+        Some(limited.limited as u64),
+        "Envoy counts each refusal"
+    );
+    assert!(
+        limited.max_in_flight * 2 <= unlimited.max_in_flight,
+        "in flight: {} limited, {} unlimited",
+        limited.max_in_flight,
+        unlimited.max_in_flight
+    );
+    assert!(
+        limited.p50 * 4 < unlimited.p50,
+        "{:?} limited, {:?} unlimited",
+        limited.p50,
+        unlimited.p50
+    );
+    let settled = limited.limit.expect("the limit's gauge");
+
+    // The upstream recovers: the limit grows back while a heavier load goes on.
+    upstream.set_per(Duration::ZERO);
+    let config = LoadConfig::rate(RATE * 3)
+        .max_in_flight(IN_FLIGHT)
+        .timeout(Duration::from_secs(10));
+    let load = Load::hosts(mesh.egress(), &["slow"], config);
+    let recovering = Instant::now();
+    wait_until(Duration::from_secs(30), "the limit to grow back", || {
+        mesh.envoy
+            .stat(CALLER_LIMIT)
+            .is_some_and(|l| l >= (settled * 2).max(settled + 2))
+    });
+    let report = load.stop();
+    eprintln!(
+        "limit grew from {settled} to {:?} in {:?}\n  {}",
+        mesh.envoy.stat(CALLER_LIMIT),
         recovering.elapsed(),
         report.summary().lines().next().unwrap_or("")
     );

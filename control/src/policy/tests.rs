@@ -595,3 +595,82 @@ fn the_demo_policy_parses_and_so_does_its_chaos_experiment_uncommented() {
         .clone();
     assert_eq!(fault.unwrap().abort.unwrap().percent.per_million, 200_000);
 }
+
+#[test]
+fn a_concurrency_limit_is_per_vip_and_caller_and_only_the_route_carries_it() {
+    let policy = Policy::parse(
+        b"vips:
+  pay:
+    concurrency_limit: {}
+    callers:
+      web: {concurrency_limit: {max_limit: 5, window: 250ms, tolerance_percent: 200}}
+      batch: {request_timeout: 1s}
+  search: {request_timeout: 1s}
+",
+    )
+    .unwrap();
+    let params = |caller: &str, cluster: &str| {
+        let routes = policy.routes(caller, NOW);
+        routes
+            .level(cluster)
+            .limit
+            .as_ref()
+            .map(ConcurrencyLimit::params)
+    };
+    let defaults = odmesh_filter::limiter::Params::default();
+    assert_eq!(params("other", "pay.vip"), Some(defaults));
+    // A caller's entry without one keeps the VIP's; a caller's own replaces it whole.
+    assert_eq!(params("batch", "pay.vip"), Some(defaults));
+    let web = params("web", "pay.vip").unwrap();
+    assert_eq!(
+        (web.max_limit, web.initial_limit, web.window_ms),
+        (5, 5, 250)
+    );
+    assert_eq!((web.tolerance, web.min_limit), (2.0, defaults.min_limit));
+    assert_eq!(
+        params("web", "pay.svip"),
+        None,
+        "an SVIP is a destination of its own"
+    );
+    assert_eq!(params("web", "search.vip"), None);
+    // The cluster itself does not change: the limit lives in the caller's route.
+    let e = |caller| policy.resolve(Kind::Vip, "pay", Some(caller), Protocol::Auto);
+    assert_eq!(
+        e("other").concurrency_limit.from,
+        Source::Vip,
+        "and /debug/policy shows where it came from"
+    );
+}
+
+#[test]
+fn a_concurrency_limit_that_cannot_work_is_refused_with_its_field() {
+    for (yaml, says) in [
+        (
+            "defaults: {concurrency_limit: {}}",
+            "defaults.concurrency_limit: a concurrency limit is for one VIP",
+        ),
+        (
+            "vips: {a: {concurrency_limit: {min_limit: 50, max_limit: 10}}}",
+            "vips.a.concurrency_limit: min_limit 50 must be at least 1 and at most max_limit 10",
+        ),
+        (
+            "vips: {a: {callers: {web: {concurrency_limit: {initial_limit: 2000}}}}}",
+            "vips.a.callers.web.concurrency_limit: initial_limit 2000",
+        ),
+        (
+            "vips: {a: {concurrency_limit: {min_limit: 0}}}",
+            "0 is not between 1 and 100000",
+        ),
+        (
+            "vips: {a: {concurrency_limit: {tolerance_percent: 50}}}",
+            "50 is not between 100 and 10000",
+        ),
+        (
+            "vips: {a: {concurrency_limit: {limit: 5}}}",
+            "unknown field `limit`",
+        ),
+    ] {
+        let shown = refused(yaml);
+        assert!(shown.contains(says), "{yaml}: {shown}");
+    }
+}

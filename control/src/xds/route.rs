@@ -50,6 +50,7 @@ use envoy_types::pb::envoy::extensions::dynamic_modules::v3::DynamicModuleConfig
 use envoy_types::pb::envoy::extensions::filters::common::fault::v3::{
     FaultDelay, fault_delay::FaultDelaySecifier,
 };
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilterPerRoute;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
     FaultAbort, HttpFault, fault_abort::ErrorType,
 };
@@ -68,7 +69,7 @@ use odmesh_names::Kind;
 
 use super::{duration, version};
 use crate::policy::fault::{AbortWith, Percent};
-use crate::policy::{RouteLevel, RoutePolicy, Timeouts};
+use crate::policy::{ConcurrencyLimit, RouteLevel, RoutePolicy, Timeouts};
 
 /// Type URL of `envoy.config.route.v3.RouteConfiguration` (RDS).
 pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
@@ -91,6 +92,11 @@ const GRPC_CONTENT_TYPE: &str = "application/grpc";
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
 const FAULT_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
 const FILTER_CONFIG_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+/// The native module's concurrency-limit filter in the native bootstrap's chain, off unless a
+/// route says (README, "Adaptive concurrency"), and its name inside the module.
+pub const LIMIT_FILTER: &str = "odmesh.limit";
+const LIMIT_FILTER_NAME: &str = "odmesh-limit";
+const LIMIT_PER_ROUTE_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilterPerRoute";
 /// The body of an answer the fault filter aborted: whoever reads it learns why.
 pub const FAULT_BODY: &str = "odmesh: fault injected by the policy file (a chaos experiment)";
 
@@ -183,7 +189,14 @@ pub fn build(name: &str, shell: &RouteShell, policy: &RoutePolicy) -> BuiltRoute
         RouteShell::Header {
             cluster_header,
             config,
-        } => (header_hosts(cluster_header, config, policy), vec![], None),
+        } => {
+            let (policy, dropped) = without_limits(policy);
+            (
+                header_hosts(cluster_header, config, &policy),
+                vec![],
+                dropped,
+            )
+        }
     };
     let config = RouteConfiguration {
         name: name.to_owned(),
@@ -194,9 +207,9 @@ pub fn build(name: &str, shell: &RouteShell, policy: &RoutePolicy) -> BuiltRoute
         cluster_specifier_plugins: plugins,
         ..Default::default()
     };
-    // Canonical: the maps (the overrides; each route's one filter configuration) are encoded
-    // in key order, and every other map is empty.
-    let bytes = config.encode_to_vec();
+    // Canonical: the maps (the overrides; each route's filter configurations) are encoded in
+    // key order, and every other map is empty.
+    let bytes = canonical(config);
     BuiltRoute {
         version: format!("{:016x}", version::encoded(&bytes)),
         route: Any {
@@ -243,7 +256,18 @@ fn native_hosts(
         }),
         is_optional: false,
     };
-    let route = |name: String, level: &RouteLevel, headers: Vec<HeaderMatcher>, grpc: bool| {
+    let route = |name: String,
+                 cluster: Option<&str>,
+                 level: &RouteLevel,
+                 headers: Vec<HeaderMatcher>,
+                 grpc: bool| {
+        let mut filters = fault_config(level);
+        if let (Some(cluster), Some(limit)) = (cluster, &level.limit) {
+            filters.insert(
+                LIMIT_FILTER.to_owned(),
+                limit_config(module, cluster, limit),
+            );
+        }
         Route {
             name,
             r#match: Some(route_match(headers, grpc)),
@@ -259,17 +283,25 @@ fn native_hosts(
                 )),
                 ..level_action(level, grpc)
             })),
-            typed_per_filter_config: fault_config(level),
+            typed_per_filter_config: filters,
             ..Default::default()
         }
     };
-    // The gRPC route and the route for the rest, named after what they serve.
-    let pair = |name: &str, level: &RouteLevel, headers: Vec<HeaderMatcher>| {
-        vec![
-            route(format!("mesh-grpc{name}"), level, headers.clone(), true),
-            route(format!("mesh{name}"), level, headers, false),
-        ]
-    };
+    // The gRPC route and the route for the rest, named after what they serve; `cluster`: the
+    // one cluster its requests go to, if it is known before the module runs.
+    let pair =
+        |name: &str, cluster: Option<&str>, level: &RouteLevel, headers: Vec<HeaderMatcher>| {
+            vec![
+                route(
+                    format!("mesh-grpc{name}"),
+                    cluster,
+                    level,
+                    headers.clone(),
+                    true,
+                ),
+                route(format!("mesh{name}"), cluster, level, headers, false),
+            ]
+        };
     let vips: BTreeSet<&str> = (policy.clusters.iter())
         .filter(|(_, level)| level.beyond_timeouts())
         .filter_map(|(cluster, _)| odmesh_names::split_cluster_name(cluster))
@@ -279,8 +311,8 @@ fn native_hosts(
     let mut dropped = None;
     if filter.source_header != odmesh_filter::config::DEFAULT_SOURCE_HEADER && !vips.is_empty() {
         dropped = Some(format!(
-            "hedging and faults for {} are not applied: with the native module they need its \
-             source_header to be :authority, not {}",
+            "hedging, faults and concurrency limits for {} are not applied: with the native \
+             module they need its source_header to be :authority, not {}",
             vips.into_iter().collect::<Vec<_>>().join(", "),
             filter.source_header
         ));
@@ -294,20 +326,24 @@ fn native_hosts(
                     hosts.push(VirtualHost {
                         name: cluster.clone(),
                         domains: domains(&cluster, &filter),
-                        routes: pair(&format!(":{cluster}"), level, vec![]),
+                        routes: pair(&format!(":{cluster}"), Some(&cluster), level, vec![]),
                         ..Default::default()
                     });
                 }
             }
             // The bare name: the secure rule picks the cluster, and so the policy.
             let mut routes = Vec::new();
+            let (svip, plain_vip) = (
+                odmesh_names::cluster_name(vip, Kind::Svip),
+                odmesh_names::cluster_name(vip, Kind::Vip),
+            );
             if plain != secure {
-                let svip = format!(":{vip}.svip");
                 for (how, matcher) in secure_matchers(&filter) {
-                    routes.extend(pair(&format!("{svip}:{how}"), secure, vec![matcher]));
+                    let name = format!(":{svip}:{how}");
+                    routes.extend(pair(&name, Some(&svip), secure, vec![matcher]));
                 }
             }
-            routes.extend(pair(&format!(":{vip}"), plain, vec![]));
+            routes.extend(pair(&format!(":{vip}"), Some(&plain_vip), plain, vec![]));
             hosts.push(VirtualHost {
                 name: vip.to_owned(),
                 domains: domains(vip, &filter),
@@ -316,7 +352,7 @@ fn native_hosts(
             });
         }
     }
-    hosts.push(catch_all(pair("", &policy.default, vec![])));
+    hosts.push(catch_all(pair("", None, &policy.default, vec![])));
     (hosts, vec![plugin], dropped)
 }
 
@@ -380,16 +416,7 @@ fn specifier(module: &str, config: &str, policy: &RoutePolicy) -> Vec<u8> {
         specifier_config[TIMEOUTS_KEY] = table.into();
     }
     let specifier = DynamicModuleClusterSpecifier {
-        dynamic_module_config: Some(DynamicModuleConfig {
-            do_not_close: true,
-            module: Some(AsyncDataSource {
-                specifier: Some(async_data_source::Specifier::Local(DataSource {
-                    specifier: Some(Specifier::Filename(module.to_owned())),
-                    ..Default::default()
-                })),
-            }),
-            ..Default::default()
-        }),
+        dynamic_module_config: Some(module_config(module)),
         specifier_name: SPECIFIER_NAME.to_owned(),
         specifier_config: Some(Any {
             type_url: STRING_VALUE_TYPE_URL.to_owned(),
@@ -524,6 +551,114 @@ fn level_action(level: &RouteLevel, grpc: bool) -> RouteAction {
         }),
         ..timed_action(level.timeouts, grpc)
     }
+}
+
+/// The native module's concurrency-limit filter switched on for a route to `cluster`, with
+/// the limiter's settings (filter/native/src/limit.rs reads them).
+fn limit_config(module: &str, cluster: &str, limit: &ConcurrencyLimit) -> Any {
+    let settings = serde_json::json!({ "cluster": cluster, "params": limit.params() });
+    let per_route = DynamicModuleFilterPerRoute {
+        dynamic_module_config: Some(module_config(module)),
+        filter_name: LIMIT_FILTER_NAME.to_owned(),
+        filter_config: Some(Any {
+            type_url: STRING_VALUE_TYPE_URL.to_owned(),
+            value: StringValue {
+                value: settings.to_string(),
+            }
+            .encode_to_vec(),
+        }),
+        ..Default::default()
+    };
+    let on = RouteFilterConfig {
+        config: Some(Any {
+            type_url: LIMIT_PER_ROUTE_TYPE_URL.to_owned(),
+            value: per_route.encode_to_vec(),
+        }),
+        ..Default::default()
+    };
+    Any {
+        type_url: FILTER_CONFIG_TYPE_URL.to_owned(),
+        value: on.encode_to_vec(),
+    }
+}
+
+/// The native module, by its file (Envoy opens it once, whoever names it).
+fn module_config(module: &str) -> DynamicModuleConfig {
+    DynamicModuleConfig {
+        do_not_close: true,
+        module: Some(AsyncDataSource {
+            specifier: Some(async_data_source::Specifier::Local(DataSource {
+                specifier: Some(Specifier::Filename(module.to_owned())),
+                ..Default::default()
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+/// `policy` without its concurrency limits, for a mapping that cannot carry them (the wasm
+/// filter), and the message that says which were left out.
+fn without_limits(policy: &RoutePolicy) -> (std::borrow::Cow<'_, RoutePolicy>, Option<String>) {
+    let limited: Vec<&str> = (policy.clusters.iter())
+        .filter(|(_, level)| level.limit.is_some())
+        .map(|(cluster, _)| cluster.as_str())
+        .collect();
+    if limited.is_empty() {
+        return (std::borrow::Cow::Borrowed(policy), None);
+    }
+    let dropped = format!(
+        "concurrency limits for {} are not applied: the wasm filter cannot carry them, the \
+         native module can (README, \"Adaptive concurrency\")",
+        limited.join(", ")
+    );
+    let mut stripped = policy.clone();
+    stripped.default.limit = None;
+    for level in stripped.clusters.values_mut() {
+        level.limit = None;
+    }
+    let default = stripped.default.clone();
+    stripped.clusters.retain(|_, level| *level != default);
+    (std::borrow::Cow::Owned(stripped), Some(dropped))
+}
+
+/// `config` encoded with each route's filter configurations in name order: prost writes a
+/// `HashMap` in any order, and the same route must give the same bytes (and version). A
+/// message may list a repeated or map field's entries in several runs, so each map entry is
+/// written as a message of its own after the rest of its route, and each route and host
+/// after the rest of its parent.
+fn canonical(mut config: RouteConfiguration) -> Vec<u8> {
+    /// Appends `bytes` as field `tag` (length-delimited) of the message in `out`.
+    fn field(out: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
+        prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+        prost::encoding::encode_varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+    fn route(mut route: Route) -> Vec<u8> {
+        let filters: std::collections::BTreeMap<String, Any> =
+            std::mem::take(&mut route.typed_per_filter_config)
+                .into_iter()
+                .collect();
+        let mut out = route.encode_to_vec();
+        for (name, config) in filters {
+            let one = Route {
+                typed_per_filter_config: HashMap::from([(name, config)]),
+                ..Default::default()
+            };
+            out.extend(one.encode_to_vec());
+        }
+        out
+    }
+    let hosts = std::mem::take(&mut config.virtual_hosts);
+    let mut out = config.encode_to_vec();
+    for mut host in hosts {
+        let routes = std::mem::take(&mut host.routes);
+        let mut bytes = host.encode_to_vec();
+        for r in routes {
+            field(&mut bytes, 3, &route(r));
+        }
+        field(&mut out, 2, &bytes);
+    }
+    out
 }
 
 /// The fault filter switched on with its own configuration (no fault), for a route whose
@@ -1244,5 +1379,144 @@ mod tests {
             "{dropped}"
         );
         assert_eq!(build("odmesh", &shell, &timeouts()).dropped, None);
+    }
+
+    fn limited(max: u32) -> RouteLevel {
+        let limit: ConcurrencyLimit =
+            serde_json::from_value(serde_json::json!({"max_limit": max})).unwrap();
+        RouteLevel {
+            limit: Some(limit),
+            ..level(0, 0)
+        }
+    }
+
+    /// The cluster and settings of the route's concurrency limit, if it switches it on.
+    fn limit_of(route: &Route) -> Option<serde_json::Value> {
+        let any = route.typed_per_filter_config.get(LIMIT_FILTER)?;
+        assert_eq!(any.type_url, FILTER_CONFIG_TYPE_URL);
+        let on = RouteFilterConfig::decode(any.value.as_slice()).unwrap();
+        assert!(!on.disabled && !on.is_optional);
+        let inner = on.config.unwrap();
+        assert_eq!(inner.type_url, LIMIT_PER_ROUTE_TYPE_URL);
+        let per_route = DynamicModuleFilterPerRoute::decode(inner.value.as_slice()).unwrap();
+        assert_eq!(per_route.filter_name, LIMIT_FILTER_NAME);
+        assert_eq!(
+            per_route.dynamic_module_config,
+            Some(module_config("/m.so"))
+        );
+        let text = StringValue::decode(per_route.filter_config.unwrap().value.as_slice()).unwrap();
+        Some(serde_json::from_str(&text.value).unwrap())
+    }
+
+    #[test]
+    fn with_the_native_module_a_limit_switches_the_limit_filter_on_for_its_cluster_only() {
+        let shell = RouteShell::Native {
+            module: "/m.so".to_owned(),
+            config: "{}".to_owned(),
+        };
+        let mut policy = timeouts();
+        policy.clusters.insert("pay.vip".to_owned(), limited(7));
+        policy.clusters.insert("pay.svip".to_owned(), limited(9));
+        let mut both = chaos();
+        both.limit = limited(3).limit;
+        policy.clusters.insert("search.vip".to_owned(), both);
+        let config = decode(&build("odmesh", &shell, &policy));
+        // Each host form, with and without the secure header: the cluster the mapping picks.
+        for (host, secure, cluster, max) in [
+            ("pay", false, "pay.vip", 7),
+            ("pay:443", false, "pay.svip", 9),
+            ("pay", true, "pay.svip", 9),
+            ("pay.vip", false, "pay.vip", 7),
+            ("pay.svip", false, "pay.svip", 9),
+            ("search", false, "search.vip", 3),
+            ("search.vip", false, "search.vip", 3),
+        ] {
+            let vhost = host_for(&config, host);
+            let route = (vhost.routes.iter())
+                .filter(|r| !r.name.starts_with("mesh-grpc"))
+                .find(|r| {
+                    let m = r.r#match.as_ref().unwrap();
+                    m.headers.is_empty()
+                        || (secure && m.headers[0].name != ":authority")
+                        || (host.ends_with(":443") && m.headers[0].name == ":authority")
+                })
+                .unwrap();
+            let limit = limit_of(route).unwrap_or_else(|| panic!("{host}: {}", route.name));
+            assert_eq!(limit["cluster"], cluster, "{host} {secure}");
+            assert_eq!(limit["params"]["max_limit"], max, "{host}");
+            assert_eq!(limit["params"]["initial_limit"], max.min(20), "{host}");
+        }
+        // The fault and the limit side by side on search's routes (search.svip, reached by
+        // the secure rule, has neither); nothing elsewhere.
+        for route in &host_for(&config, "search").routes {
+            let plain = !route.name.contains("search.svip");
+            assert_eq!(fault_of(route).is_some(), plain, "{}", route.name);
+            assert_eq!(limit_of(route).is_some(), plain, "{}", route.name);
+        }
+        let all = host_for(&config, "other");
+        assert!(
+            all.routes
+                .iter()
+                .all(|r| r.typed_per_filter_config.is_empty())
+        );
+    }
+
+    #[test]
+    fn routes_with_a_fault_and_a_limit_encode_the_same_every_time() {
+        let shell = RouteShell::Native {
+            module: "/m.so".to_owned(),
+            config: "{}".to_owned(),
+        };
+        let mut policy = timeouts();
+        for n in 0..10 {
+            let mut both = chaos();
+            both.limit = limited(n + 2).limit;
+            policy.clusters.insert(format!("v{n}.vip"), both);
+        }
+        let built: Vec<BuiltRoute> = (0..20).map(|_| build("odmesh", &shell, &policy)).collect();
+        assert!(
+            built.iter().all(|b| b.route == built[0].route),
+            "bytes differ"
+        );
+        // And they say what was built: the canonical bytes decode to the same configuration.
+        let mut plain = decode(&built[0]);
+        let again = decode(&build("odmesh", &shell, &policy));
+        assert_eq!(plain, again);
+        plain.virtual_hosts.clear();
+        assert_ne!(plain, again);
+    }
+
+    #[test]
+    fn the_wasm_filter_gets_no_limit_and_the_route_says_so() {
+        let mut policy = timeouts();
+        policy.clusters.insert("pay.vip".to_owned(), limited(7));
+        let mut both = chaos();
+        both.limit = limited(3).limit;
+        policy.clusters.insert("search.vip".to_owned(), both);
+        let built = build("odmesh", &RouteShell::default(), &policy);
+        let dropped = built.dropped.clone().unwrap();
+        assert!(dropped.contains("pay.vip, search.vip"), "{dropped}");
+        // What is built is the route of the same policy without the limits.
+        let mut unlimited = policy.clone();
+        for level in unlimited.clusters.values_mut() {
+            level.limit = None;
+        }
+        let plain = build("odmesh", &RouteShell::default(), &unlimited);
+        assert_eq!(built.route, plain.route);
+        let config = decode(&built);
+        let routes = config.virtual_hosts.iter().flat_map(|v| &v.routes);
+        assert!(
+            routes
+                .clone()
+                .all(|r| !r.typed_per_filter_config.contains_key(LIMIT_FILTER))
+        );
+        assert!(
+            routes.clone().any(|r| fault_of(r).is_some()),
+            "the fault stays"
+        );
+        assert_eq!(
+            build("odmesh", &RouteShell::default(), &timeouts()).dropped,
+            None
+        );
     }
 }

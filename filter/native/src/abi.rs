@@ -1,6 +1,7 @@
 //! Envoy 1.40's dynamic-module C ABI for a route-time cluster specifier
-//! (`envoy.router.cluster_specifier_plugin.dynamic_modules`), bound by hand: the one module of
-//! the crate with `unsafe` code.
+//! (`envoy.router.cluster_specifier_plugin.dynamic_modules`) and for the concurrency limit's
+//! HTTP filter (`envoy.filters.http.dynamic_modules`), bound by hand: the one module of the
+//! crate with `unsafe` code.
 //!
 //! Written against Envoy's `abi.h` (ABI version `v0.2.0`, the version Envoy 1.40.0 expects) and
 //! checked against the shipped binary: the test `filter_shells.rs`
@@ -13,11 +14,16 @@
 //! configuration is built (define counters), [`Counters`] to count from any worker, and
 //! [`Selection`] while one request's route resolves (read request headers, set the cluster,
 //! the not-found status and route metadata). The three hooks Envoy looks up for a cluster
-//! specifier are at the bottom, with `on_program_init`.
+//! specifier are at the bottom, with `on_program_init`; after them the HTTP filter's hooks,
+//! which run [`crate::limit`] (Envoy insists that a module with an HTTP filter export every
+//! HTTP-filter hook it knows, so those the limit does not need are no-ops).
 
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use std::sync::Arc;
+
+use crate::limit;
 use crate::shell::{self, CounterId, Plugin};
 
 /// The ABI version this module is written for; Envoy logs "matched" for it, and a warning
@@ -58,6 +64,21 @@ struct EnvoyHttpHeader {
     value_ptr: *const c_char,
     value_length: usize,
 }
+
+/// A header the module owns (`envoy_dynamic_module_type_module_http_header`).
+#[repr(C)]
+struct ModuleHttpHeader {
+    key_ptr: *const c_char,
+    key_length: usize,
+    value_ptr: *const c_char,
+    value_length: usize,
+}
+
+/// `envoy_dynamic_module_type_on_http_filter_request_headers_status_Continue` (and the
+/// `Continue` of every other status enum of the HTTP filter).
+const CONTINUE: u32 = 0;
+/// `..._request_headers_status_StopIteration`.
+const STOP_ITERATION: u32 = 1;
 
 /// Log level `Critical` (`envoy_dynamic_module_type_log_level`).
 const LOG_CRITICAL: u32 = 5;
@@ -120,6 +141,46 @@ unsafe extern "C" {
         value: u64,
     ) -> u32;
     fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+
+    fn envoy_dynamic_module_callback_get_most_specific_route_config(
+        filter: *mut c_void,
+    ) -> *const c_void;
+    fn envoy_dynamic_module_callback_http_send_response(
+        filter: *mut c_void,
+        status_code: u32,
+        headers: *mut ModuleHttpHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        counter_id: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: *mut c_void,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        gauge_id: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_set_gauge(
+        filter: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
 }
 
 /// The specifier configuration being built, inside `config_new` (the only place Envoy lets a
@@ -394,4 +455,435 @@ extern "C" fn envoy_dynamic_module_on_cluster_specifier_select(
         shell::select(&loaded.plugin, &mut selection)
     }));
     chosen.unwrap_or_else(|_| shell::failed(&mut selection))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The concurrency limit's HTTP filter (crate::limit).
+
+/// The filter configuration: the refusal counter and the limit's gauge, if Envoy defined them.
+struct LimitConfig {
+    limited: Option<CounterId>,
+    limit: Option<CounterId>,
+}
+
+/// One request under the filter: its configuration and what the limit holds for it.
+struct LimitFilter {
+    config: *const LimitConfig,
+    attempt: limit::Attempt,
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    config_envoy: *mut c_void,
+    name: EnvoyBuffer,
+    _config: EnvoyBuffer,
+) -> *const c_void {
+    // SAFETY: the buffer Envoy passed to this call.
+    let name = unsafe { bytes_of(name) };
+    if name != limit::FILTER_NAME.as_bytes() {
+        let message = format!(
+            "odmesh: the native module has one HTTP filter, {:?}, not {:?}",
+            limit::FILTER_NAME,
+            String::from_utf8_lossy(&name)
+        );
+        log_critical(&message);
+        return std::ptr::null();
+    }
+    let mut id = 0usize;
+    let metric = limit::METRIC_LIMITED.as_bytes();
+    // SAFETY: the config pointer Envoy passed to this call, valid during it; the name buffer
+    // outlives the call; no labels (null, 0); `id` is a valid place for the answer.
+    let result = unsafe {
+        envoy_dynamic_module_callback_http_filter_config_define_counter(
+            config_envoy,
+            ModuleBuffer::of(metric),
+            std::ptr::null_mut(),
+            0,
+            &mut id,
+        )
+    };
+    let limited = (result == METRICS_SUCCESS).then_some(CounterId(id));
+    let mut label = [ModuleBuffer::of(limit::METRIC_LABEL.as_bytes())];
+    // SAFETY: as above; the label array and its string outlive the call.
+    let result = unsafe {
+        envoy_dynamic_module_callback_http_filter_config_define_gauge(
+            config_envoy,
+            ModuleBuffer::of(limit::METRIC_LIMIT.as_bytes()),
+            label.as_mut_ptr(),
+            label.len(),
+            &mut id,
+        )
+    };
+    let limit = (result == METRICS_SUCCESS).then_some(CounterId(id));
+    Box::into_raw(Box::new(LimitConfig { limited, limit }))
+        .cast_const()
+        .cast()
+}
+
+fn log_critical(message: &str) {
+    // SAFETY: the buffer points at `message`, which outlives the call; Envoy copies it.
+    unsafe { envoy_dynamic_module_callback_log(LOG_CRITICAL, ModuleBuffer::of(message.as_bytes())) }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
+    if !config.is_null() {
+        // SAFETY: a non-null config pointer is one `config_new` made with `Box::into_raw`, and
+        // Envoy destroys it once, after every filter of it is gone.
+        drop(unsafe { Box::from_raw(config.cast_mut().cast::<LimitConfig>()) });
+    }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
+    _name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> *const c_void {
+    // SAFETY: the buffer Envoy passed to this call.
+    let config = unsafe { bytes_of(config) };
+    let made = catch_unwind(|| limit::route_config_new(&config, limit::now()));
+    match made {
+        Ok(Ok(destination)) => Box::into_raw(Box::new(destination)).cast_const().cast(),
+        Ok(Err(e)) => {
+            log_critical(&e);
+            std::ptr::null()
+        }
+        Err(_) => std::ptr::null(),
+    }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(config: *const c_void) {
+    if !config.is_null() {
+        // SAFETY: a non-null per-route pointer is one `per_route_config_new` made with
+        // `Box::into_raw`, destroyed once by Envoy with its route.
+        drop(unsafe { Box::from_raw(config.cast_mut().cast::<Arc<limit::Destination>>()) });
+    }
+}
+
+/// Envoy creates the filter only for the requests whose route switches it on.
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: *const c_void,
+    _filter_envoy: *mut c_void,
+) -> *const c_void {
+    let filter = LimitFilter {
+        config: config.cast(),
+        attempt: limit::Attempt::default(),
+    };
+    Box::into_raw(Box::new(filter)).cast_const().cast()
+}
+
+/// The filter of the running hook.
+///
+/// # Safety
+/// `module` must be what `filter_new` returned, not yet destroyed, and used by this hook alone
+/// (Envoy runs one stream's hooks on one thread, one at a time).
+unsafe fn filter_of<'a>(module: *const c_void) -> &'a mut LimitFilter {
+    // SAFETY: per this function's contract.
+    unsafe { &mut *module.cast_mut().cast::<LimitFilter>() }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    filter_envoy: *mut c_void,
+    module: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    // SAFETY: the module pointer of this stream, in one of its hooks.
+    let filter = unsafe { filter_of(module) };
+    // SAFETY: the filter pointer of the running hook. What Envoy answers is null or a pointer
+    // `per_route_config_new` returned, kept alive by the route, which the stream holds.
+    let route = unsafe {
+        envoy_dynamic_module_callback_get_most_specific_route_config(filter_envoy)
+            .cast::<Arc<limit::Destination>>()
+            .as_ref()
+    };
+    let started = catch_unwind(AssertUnwindSafe(|| {
+        filter.attempt.start(route, limit::now())
+    }));
+    let Ok(Err(refusal)) = started else {
+        // Let in, or the limiter failed: a limit must never cost a request that would work.
+        return CONTINUE;
+    };
+    let mut headers = [ModuleHttpHeader {
+        key_ptr: limit::LIMITED_HEADER.as_ptr().cast(),
+        key_length: limit::LIMITED_HEADER.len(),
+        value_ptr: refusal.cluster.as_ptr().cast(),
+        value_length: refusal.cluster.len(),
+    }];
+    // SAFETY: the filter pointer of the running hook; the header array, its strings, the
+    // body and the details outlive the call, and Envoy copies them.
+    unsafe {
+        envoy_dynamic_module_callback_http_send_response(
+            filter_envoy,
+            limit::STATUS,
+            headers.as_mut_ptr(),
+            headers.len(),
+            ModuleBuffer::of(refusal.body.as_bytes()),
+            ModuleBuffer::of(limit::DETAILS.as_bytes()),
+        )
+    };
+    // SAFETY: `config` is the configuration this filter was made under, which Envoy keeps
+    // while any of its filters lives.
+    if let Some(id) = unsafe { &*filter.config }.limited {
+        // SAFETY: the filter pointer of the running hook; `id` was defined for its
+        // configuration, without labels.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_increment_counter(
+                filter_envoy,
+                id.0,
+                std::ptr::null_mut(),
+                0,
+                1,
+            )
+        };
+    }
+    STOP_ITERATION
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    filter_envoy: *mut c_void,
+    module: *const c_void,
+    _: bool,
+) -> u32 {
+    // SAFETY: the module pointer of this stream, in one of its hooks.
+    let filter = unsafe { filter_of(module) };
+    // SAFETY: the configuration this filter was made under, alive while the filter is.
+    let gauge = unsafe { &*filter.config }.limit;
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if let (Some((cluster, limit)), Some(id)) = (filter.attempt.responded(limit::now()), gauge)
+        {
+            let mut label = [ModuleBuffer::of(cluster.as_bytes())];
+            // SAFETY: the filter pointer of the running hook; `id` was defined for its
+            // configuration with one label, given here; Envoy copies the label value.
+            unsafe {
+                envoy_dynamic_module_callback_http_filter_set_gauge(
+                    filter_envoy,
+                    id.0,
+                    label.as_mut_ptr(),
+                    label.len(),
+                    u64::from(limit),
+                )
+            };
+        }
+    }));
+    CONTINUE
+}
+
+/// The stream is over, however it ended: the slot is freed, then the filter.
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_void) {
+    // SAFETY: the module pointer `filter_new` made with `Box::into_raw`, destroyed once.
+    let mut filter = unsafe { Box::from_raw(module.cast_mut().cast::<LimitFilter>()) };
+    let _ = catch_unwind(AssertUnwindSafe(|| filter.attempt.end(limit::now())));
+}
+
+// The HTTP-filter hooks the limit does not use; Envoy refuses a module without them.
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    _: *mut c_void,
+    _: *const c_void,
+    _: bool,
+) -> u32 {
+    CONTINUE
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    _: *mut c_void,
+    _: *const c_void,
+) -> u32 {
+    CONTINUE
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    _: *mut c_void,
+    _: *const c_void,
+    _: bool,
+) -> u32 {
+    CONTINUE
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _: *mut c_void,
+    _: *const c_void,
+) -> u32 {
+    CONTINUE
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _: *mut c_void,
+    _: *const c_void,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+    _: *mut c_void,
+    _: *const c_void,
+    _response_code: u32,
+    _details: EnvoyBuffer,
+    _reset_imminent: bool,
+) -> u32 {
+    CONTINUE
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    _: *mut c_void,
+    _: *const c_void,
+    _callout_id: u64,
+    _result: u32,
+    _headers: *mut c_void,
+    _headers_size: usize,
+    _body_chunks: *mut c_void,
+    _body_chunks_size: usize,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _headers: *mut c_void,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _data: *const c_void,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _trailers: *mut c_void,
+    _trailers_size: usize,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _reason: u32,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    _: *mut c_void,
+    _: *const c_void,
+    _event_id: u64,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _: *mut c_void,
+    _: *const c_void,
+    _event_id: u64,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _: *mut c_void,
+    _: *const c_void,
+    _callout_id: u64,
+    _result: u32,
+    _headers: *mut c_void,
+    _headers_size: usize,
+    _body_chunks: *mut c_void,
+    _body_chunks_size: usize,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _headers: *mut c_void,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _data: *const c_void,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _trailers: *mut c_void,
+    _trailers_size: usize,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
+    _: *mut c_void,
+    _: *const c_void,
+    _stream_id: u64,
+    _reason: u32,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _: *mut c_void,
+    _: *const c_void,
+) {
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _: *mut c_void,
+    _: *const c_void,
+) {
 }
