@@ -87,9 +87,9 @@ LISTENER_PORT = "port_value: 15001"
 INBOUND_PORT = "port_value: 15006"
 ADMIN_PORT = "port_value: 9901"
 XDS_ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 18000}}}\n"
-# The module's relative path: the wasm filter's `filename:`, or the native module's: the route's
-# `filename:` in a bootstrap with its route inline (ce73175 and before), the node metadata's
-# `module:` in one whose route comes by RDS.
+# The module's relative path: the wasm filter's `filename:`, or the native module's (the route's
+# `filename:` in a bootstrap with its route inline, ce73175 and before; the node metadata's
+# `module:` in one whose route comes by RDS, and the concurrency limit's `filename:`).
 MODULE_PATH = re.compile(r"\b((?:filename|module): )(dist/[^\s}]+)")
 # The filters the floor keeps, in this order.
 FLOOR_FILTERS = ["envoy.filters.http.on_demand", "envoy.filters.http.router"]
@@ -125,12 +125,15 @@ def mesh_bootstrap(path, listener, admin, xds, module=None, module_root=None):
     y = edit_once(y, path, ADMIN_PORT, f"port_value: {admin}")
     y = edit_once(y, path, XDS_ENDPOINT, XDS_ENDPOINT.replace("port_value: 18000", f"port_value: {xds}"))
     modules = MODULE_PATH.findall(y)
-    if len(modules) != 1:
-        raise RuntimeError(f"{path} should name one module (filename: or module: dist/...), it names "
-                           f"{[''.join(m) for m in modules]}")
-    key, relative = modules[0]
+    files = {relative for _, relative in modules}
+    if len(files) != 1:
+        raise RuntimeError(f"{path} should name one module file (filename: or module: dist/...), it "
+                           f"names {[''.join(m) for m in modules]}")
+    relative = files.pop()
     target = Path(module) if module else (Path(module_root) if module_root else path.resolve().parent.parent) / relative
-    return edit_once(y, path, key + relative, key + str(Path(target).resolve()))
+    # Every place that names it (the native bootstrap names its module twice: the route's, in
+    # the node metadata, and the concurrency limit's filter).
+    return MODULE_PATH.sub(lambda m: m.group(1) + str(Path(target).resolve()), y)
 
 
 def http_filters(y):

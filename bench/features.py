@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""What hedging and fault injection cost the requests that use neither (issue 30; `make
-bench-features`): bench/chains.py's chains, with the same VIP `fr-000000` and no policy for it,
-side by side in alternating rounds of one run:
+"""What hedging, fault injection and concurrency limits cost the requests that use none of them,
+and what the limit costs those that use it (issue 30; `make bench-features`): bench/chains.py's
+chains, all to the same VIP `fr-000000`, side by side in alternating rounds of one run:
 
 - `native`, `wasm`: the shipped bootstraps (the fault filter in the chain, switched off) for a
   calling service without hedging or faults (`odmesh`, as shipped): the baseline;
 - `native-featured`, `wasm-featured`: the same bootstraps for the calling service `featured`,
-  which hedges and injects faults (a 1 % abort) on ten other VIPs: its route has the native
-  module's virtual hosts for them, and with the wasm filter every route switches the fault
-  filter on (README, "Fault injection");
+  which hedges, injects faults (a 1 % abort) and limits concurrency on ten other VIPs: its
+  route has virtual hosts for them (README, "Fault injection"; the wasm filter carries no
+  limit);
+- `native-limited`: the native bootstrap for the calling service `limited`, whose route gives
+  `fr-000000` itself a concurrency limit pinned at 1000 (so that the limiter runs on every
+  request and refuses none);
 - `native-before`, `wasm-before`: the bootstraps of `--before` (default 89cfe13, the last
   commit before issue 30: no fault filter), with today's modules;
 - `native-again`, `wasm-again`: the shipped bootstraps again, in an Envoy of their own: how far
@@ -40,6 +43,13 @@ POLICY_ENTRY = """  other-{n}:
         per_try_timeout: 100ms
         hedge: true
         fault: {{abort: {{status: 503, percent: 1}}}}
+        concurrency_limit: {{}}
+"""
+LIMITED = "limited"
+LIMITED_ENTRY = """  fr-000000:
+    callers:
+      limited:
+        concurrency_limit: {initial_limit: 1000, min_limit: 1000, max_limit: 1000}
 """
 
 
@@ -61,7 +71,7 @@ def main():
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     policy = WORK / "policy.yaml"
-    policy.write_text("vips:\n" + "".join(POLICY_ENTRY.format(n=n) for n in range(10)))
+    policy.write_text("vips:\n" + "".join(POLICY_ENTRY.format(n=n) for n in range(10)) + LIMITED_ENTRY)
     chains = []
     for shell, boot in (("native", NATIVE), ("wasm", WASM)):
         shipped = (ROOT / boot).read_text()
@@ -72,11 +82,15 @@ def main():
                                          check=True, capture_output=True, text=True).stdout)
         again = WORK / f"{shell}-again.yaml"
         again.write_text(shipped)
+        if shell == "native":
+            limited = WORK / f"{shell}-limited.yaml"
+            limited.write_text(edit_once(shipped, "  cluster: odmesh\n", f"  cluster: {LIMITED}\n", boot))
+            chains += ["--chain", f"{shell}-limited={limited}:{MODULES[boot]}"]
         chains += ["--chain", f"{shell}-featured={featured}:{MODULES[boot]}",
                    "--chain", f"{shell}-before={before}:{MODULES[boot]}",
                    "--chain", f"{shell}-again={again}:{MODULES[boot]}"]
-    names = ",".join(f"{shell}{kind}" for shell in ("native", "wasm")
-                     for kind in ("", "-featured", "-before", "-again"))
+    names = ",".join(["native-limited"] + [f"{shell}{kind}" for shell in ("native", "wasm")
+                                           for kind in ("", "-featured", "-before", "-again")])
     if args.callgrind:
         command = [sys.executable, ROOT / "bench/probes/chain_callgrind.py", "--requests", "1000"]
     else:

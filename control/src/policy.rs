@@ -1,6 +1,6 @@
 //! Per-destination policy: what a cluster gets beyond its endpoints (timeouts, retries,
 //! hedging, circuit breakers, outlier detection, load balancing, upstream protocol, idle
-//! timeout, injected faults), from the policy file (`--policy FILE`), for each calling service,
+//! timeout, injected faults, the callers' concurrency limit), from the policy file (`--policy FILE`), for each calling service,
 //! and where each value came from.
 //!
 //! ```yaml
@@ -19,7 +19,8 @@
 //! Precedence, weakest first: odmesh's built-in defaults ([`Settings::builtin`]), the file's
 //! `defaults`, the VIP's entry, the VIP's entry for the calling service. Each layer sets only
 //! the values it names, down to single fields of `retries`, `circuit_breakers` and
-//! `outlier_detection`; a `fault` entry is whole (a caller's replaces the VIP's). The upstream protocol declared by the instances in the registry sits
+//! `outlier_detection`; a `fault` or `concurrency_limit` entry is whole (a caller's replaces the
+//! VIP's). The upstream protocol declared by the instances in the registry sits
 //! between the file's `defaults` and the VIP's entry: a service owner knows what their server
 //! speaks, and a platform team can still decide per VIP.
 //!

@@ -12,8 +12,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{
-    CongestedUpstream, ControlPlane, Envoy, Instance, Load, LoadConfig, Mesh, Outcome,
-    RegistryFile, Shell, TestEnv, odmesh_bootstrap, wait_until,
+    CongestedUpstream, ControlPlane, Envoy, HttpUpstream, Instance, Load, LoadConfig, Mesh,
+    Outcome, RegistryFile, Request, Shell, TestEnv, Versions, block_on_within, grpc_call,
+    odmesh_bootstrap, wait_until,
 };
 
 /// The inbound listener in the shipped bootstraps.
@@ -123,6 +124,55 @@ fn phase(name: &str, envoy: &Envoy, target: &Target, upstream: &CongestedUpstrea
     phase
 }
 
+/// What a working limit does, `limited` against `unlimited`: some requests refused, far fewer
+/// held by the upstream at once, answers far faster. The limit it settled at.
+fn assert_the_limit_helped(unlimited: &Phase, limited: &Phase) -> u64 {
+    assert!(limited.limited > 0 && limited.answered > 0, "{limited:?}");
+    assert!(
+        limited.max_in_flight * 2 <= unlimited.max_in_flight,
+        "in flight: {} limited, {} unlimited",
+        limited.max_in_flight,
+        unlimited.max_in_flight
+    );
+    // The upstream answers in 10 ms alone, a few tens of ms with the few requests a limit
+    // allows; piled up, in about 500 ms.
+    assert!(
+        limited.p50 * 4 < unlimited.p50,
+        "{:?} limited, {:?} unlimited",
+        limited.p50,
+        unlimited.p50
+    );
+    limited.limit.expect("the limit's gauge")
+}
+
+/// The upstream recovers: under `rate`, the limit grows from `settled` to `to` (within a
+/// generous bound), with the time it took in the output.
+fn assert_it_grows_back(
+    envoy: &Envoy,
+    target: &Target,
+    upstream: &CongestedUpstream,
+    rate: u32,
+    settled: u64,
+    to: u64,
+) {
+    upstream.set_per(Duration::ZERO);
+    let config = LoadConfig::rate(rate)
+        .max_in_flight(IN_FLIGHT)
+        .timeout(Duration::from_secs(10));
+    let load = Load::hosts(target.addr, &[target.host], config);
+    let recovering = Instant::now();
+    wait_until(Duration::from_secs(30), "the limit to grow back", || {
+        envoy.stat(target.limit).is_some_and(|l| l >= to)
+    });
+    let report = load.stop();
+    eprintln!(
+        "limit grew from {settled} to {:?} in {:?}\n  {}",
+        envoy.stat(target.limit),
+        recovering.elapsed(),
+        report.summary().lines().next().unwrap_or("")
+    );
+}
+
 #[test]
 fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_grows_back() {
     let env = TestEnv::new("limits_inbound_adaptive");
@@ -171,40 +221,8 @@ fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_gro
         envoy.stat(BLOCKED).unwrap_or(0) > 0,
         "no request was limited"
     );
-    assert!(limited.limited > 0 && limited.answered > 0, "{limited:?}");
-    assert!(
-        limited.max_in_flight * 2 <= unlimited.max_in_flight,
-        "in flight: {} limited, {} unlimited",
-        limited.max_in_flight,
-        unlimited.max_in_flight
-    );
-    // The upstream answers in 10 ms alone, 26 ms with the three requests the limit allows
-    // while it measures; piled up, in about 500 ms.
-    assert!(
-        limited.p50 * 4 < unlimited.p50,
-        "{:?} limited, {:?} unlimited",
-        limited.p50,
-        unlimited.p50
-    );
-    let settled = limited.limit.expect("the limit's gauge");
-
-    // The upstream recovers: the limit grows back while the load goes on.
-    upstream.set_per(Duration::ZERO);
-    let config = LoadConfig::rate(RATE)
-        .max_in_flight(IN_FLIGHT)
-        .timeout(Duration::from_secs(10));
-    let load = Load::hosts(envoy.listener(INGRESS), &["payments"], config);
-    let recovering = Instant::now();
-    wait_until(Duration::from_secs(30), "the limit to grow back", || {
-        envoy.stat(LIMIT).is_some_and(|l| l >= settled * 2)
-    });
-    let report = load.stop();
-    eprintln!(
-        "limit grew from {settled} to {:?} in {:?}\n  {}",
-        envoy.stat(LIMIT),
-        recovering.elapsed(),
-        report.summary().lines().next().unwrap_or("")
-    );
+    let settled = assert_the_limit_helped(&unlimited, &limited);
+    assert_it_grows_back(&envoy, &target, &upstream, RATE, settled, settled * 2);
 }
 
 #[test]
@@ -259,7 +277,7 @@ fn a_caller_side_limit_keeps_a_congested_vip_near_its_unloaded_latency_and_grows
     assert_eq!(report.answered(), report.sent(), "{}", report.summary());
 
     let limited = phase("limited", &mesh.envoy, &target, &upstream);
-    assert!(limited.limited > 0 && limited.answered > 0, "{limited:?}");
+    let settled = assert_the_limit_helped(&unlimited, &limited);
     assert_eq!(
         limited.named, limited.limited,
         "every refusal names slow.vip"
@@ -269,37 +287,84 @@ fn a_caller_side_limit_keeps_a_congested_vip_near_its_unloaded_latency_and_grows
         Some(limited.limited as u64),
         "Envoy counts each refusal"
     );
-    assert!(
-        limited.max_in_flight * 2 <= unlimited.max_in_flight,
-        "in flight: {} limited, {} unlimited",
-        limited.max_in_flight,
-        unlimited.max_in_flight
-    );
-    assert!(
-        limited.p50 * 4 < unlimited.p50,
-        "{:?} limited, {:?} unlimited",
-        limited.p50,
-        unlimited.p50
-    );
-    let settled = limited.limit.expect("the limit's gauge");
+    // A heavier load than before: the limit grows only while at least half of it is in use.
+    let to = (settled * 2).max(settled + 2);
+    assert_it_grows_back(&mesh.envoy, &target, &upstream, RATE * 3, settled, to);
+}
 
-    // The upstream recovers: the limit grows back while a heavier load goes on.
-    upstream.set_per(Duration::ZERO);
-    let config = LoadConfig::rate(RATE * 3)
-        .max_in_flight(IN_FLIGHT)
-        .timeout(Duration::from_secs(10));
-    let load = Load::hosts(mesh.egress(), &["slow"], config);
-    let recovering = Instant::now();
-    wait_until(Duration::from_secs(30), "the limit to grow back", || {
-        mesh.envoy
-            .stat(CALLER_LIMIT)
-            .is_some_and(|l| l >= (settled * 2).max(settled + 2))
-    });
-    let report = load.stop();
-    eprintln!(
-        "limit grew from {settled} to {:?} in {:?}\n  {}",
-        mesh.envoy.stat(CALLER_LIMIT),
-        recovering.elapsed(),
-        report.summary().lines().next().unwrap_or("")
+#[test]
+fn a_call_over_the_limit_is_refused_at_once_naming_it_and_a_grpc_call_gets_unavailable() {
+    let env = TestEnv::new("limits_caller_refusal");
+    let up = HttpUpstream::start("rpc-1", Versions::Both);
+    let policy = env.log_dir().join("policy.yaml");
+    write_policy(
+        &policy,
+        "vips: {rpc: {concurrency_limit: {initial_limit: 1, max_limit: 1}}}",
     );
+    let arg = policy.to_string_lossy().into_owned();
+    let mesh = Mesh::start_with(
+        &env,
+        &[Instance::new("rpc", up.port())],
+        &["--policy", &arg],
+    );
+    let egress = mesh.egress();
+    // One slow request holds the only slot (the native module), or nothing (wasm).
+    let held = thread::spawn(move || {
+        Request::get("/slow?ms=4000")
+            .host("rpc")
+            .send_within(egress, Duration::from_secs(20))
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    });
+    let bound = Instant::now() + Duration::from_secs(3);
+    let call = odmesh_demo::EchoRequest::new("hi");
+    let mut answers = Vec::new();
+    let refused = loop {
+        let answer = block_on_within(Duration::from_secs(20), async {
+            grpc_call(egress, "rpc", "/", &call, "5S").await
+        });
+        if answer.get("grpc-status").map(String::as_str) == Some("14") || Instant::now() > bound {
+            break answer;
+        }
+        answers.push(answer);
+        thread::sleep(Duration::from_millis(20));
+    };
+    let plain = Request::get("/")
+        .host("rpc")
+        .send_within(egress, Duration::from_secs(20))
+        .expect("a plain request while the slot is held");
+    assert_eq!(held.join().expect("the held request"), Ok(200));
+    if Shell::current() == Shell::Wasm {
+        // No limit with the wasm filter: both were answered by the upstream.
+        assert_ne!(
+            refused.get("grpc-status").map(String::as_str),
+            Some("14"),
+            "{refused:?}"
+        );
+        assert_eq!(plain.status, 200, "{}", plain.text());
+        return;
+    }
+    assert_eq!(
+        refused.get("grpc-status").map(String::as_str),
+        Some("14"),
+        "UNAVAILABLE once the slot was held; before: {answers:?}"
+    );
+    let message = refused.get("grpc-message").cloned().unwrap_or_default();
+    assert!(message.contains("concurrency"), "{refused:?}");
+    assert_eq!(plain.status, 503, "{}", plain.text());
+    assert_eq!(plain.header("x-odmesh-limited"), Some("rpc.vip"));
+    assert!(
+        plain
+            .text()
+            .contains("concurrency limit of rpc.vip reached (1 in flight)"),
+        "{}",
+        plain.text()
+    );
+    assert_eq!(mesh.envoy.stat(CALLER_LIMITED), Some(2));
+    // The slot is free again once the held request is over.
+    let after = Request::get("/")
+        .host("rpc")
+        .send_within(egress, Duration::from_secs(20))
+        .expect("a request after");
+    assert_eq!(after.status, 200, "{}", after.text());
 }

@@ -74,6 +74,9 @@ struct ModuleHttpHeader {
     value_length: usize,
 }
 
+/// `envoy_dynamic_module_type_http_header_type_RequestHeader`.
+const REQUEST_HEADER: u32 = 0;
+
 /// `envoy_dynamic_module_type_on_http_filter_request_headers_status_Continue` (and the
 /// `Continue` of every other status enum of the HTTP filter).
 const CONTINUE: u32 = 0;
@@ -142,6 +145,14 @@ unsafe extern "C" {
     ) -> u32;
     fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
 
+    fn envoy_dynamic_module_callback_http_get_header(
+        filter: *mut c_void,
+        header_type: u32,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
     fn envoy_dynamic_module_callback_get_most_specific_route_config(
         filter: *mut c_void,
     ) -> *const c_void;
@@ -606,12 +617,36 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
         // Let in, or the limiter failed: a limit must never cost a request that would work.
         return CONTINUE;
     };
-    let mut headers = [ModuleHttpHeader {
-        key_ptr: limit::LIMITED_HEADER.as_ptr().cast(),
-        key_length: limit::LIMITED_HEADER.len(),
-        value_ptr: refusal.cluster.as_ptr().cast(),
-        value_length: refusal.cluster.len(),
-    }];
+    let mut content_type = EnvoyBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+    // SAFETY: the filter pointer of the running hook; the key outlives the call; Envoy writes
+    // a buffer into its header map (valid during this hook) into `content_type`, and nothing
+    // into the optional size (null).
+    let found = unsafe {
+        envoy_dynamic_module_callback_http_get_header(
+            filter_envoy,
+            REQUEST_HEADER,
+            ModuleBuffer::of(b"content-type"),
+            &mut content_type,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: a buffer Envoy handed to this hook (or nothing).
+    let content_type = (found && !content_type.ptr.is_null()).then(|| unsafe {
+        std::slice::from_raw_parts(content_type.ptr.cast::<u8>(), content_type.length)
+    });
+    let mut headers: Vec<ModuleHttpHeader> = (refusal.headers(limit::is_grpc(content_type)))
+        .into_iter()
+        .map(|(key, value)| ModuleHttpHeader {
+            key_ptr: key.as_ptr().cast(),
+            key_length: key.len(),
+            value_ptr: value.as_ptr().cast(),
+            value_length: value.len(),
+        })
+        .collect();
     // SAFETY: the filter pointer of the running hook; the header array, its strings, the
     // body and the details outlive the call, and Envoy copies them.
     unsafe {

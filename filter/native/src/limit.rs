@@ -108,6 +108,33 @@ pub struct Refusal {
     pub body: String,
 }
 
+/// The gRPC status of a refused gRPC call: `UNAVAILABLE`, which clients retry elsewhere or
+/// later. Envoy's local reply from a dynamic module says `grpc-status: 0` (OK) unless the
+/// module sets it (docs/envoy.md, "On the caller's side, per destination").
+pub const GRPC_UNAVAILABLE: &str = "14";
+
+/// Whether a request's `content-type` makes it a gRPC call (`application/grpc`, alone or with
+/// a `+format` or `;parameters`), as Envoy decides for its own local replies.
+pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    content_type.is_some_and(|t| {
+        t.len() >= GRPC.len()
+            && t[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(t.get(GRPC.len()), None | Some(b'+' | b';'))
+    })
+}
+
+impl Refusal {
+    /// The answer's headers: the cluster, and for a gRPC call its status.
+    pub fn headers(&self, grpc: bool) -> Vec<(&str, &str)> {
+        let mut headers = vec![(LIMITED_HEADER, self.cluster.as_str())];
+        if grpc {
+            headers.push(("grpc-status", GRPC_UNAVAILABLE));
+        }
+        headers
+    }
+}
+
 /// One request under the filter.
 #[derive(Debug, Default)]
 pub struct Attempt {
@@ -197,6 +224,30 @@ mod tests {
         assert!(refused.start(Some(&d), 5 * MS).is_err());
         refused.end(6 * MS);
         assert_eq!(d.state(), (2, 2));
+    }
+
+    #[test]
+    fn a_grpc_call_is_told_unavailable_and_only_a_grpc_call() {
+        for (content_type, grpc) in [
+            (Some(&b"application/grpc"[..]), true),
+            (Some(b"application/grpc+proto"), true),
+            (Some(b"Application/GRPC;charset=utf-8"), true),
+            (Some(b"application/grpc-web"), false),
+            (Some(b"application/json"), false),
+            (Some(b"application/gr"), false),
+            (None, false),
+        ] {
+            assert_eq!(is_grpc(content_type), grpc, "{content_type:?}");
+        }
+        let refusal = Refusal {
+            cluster: "a.vip".to_owned(),
+            body: String::new(),
+        };
+        assert_eq!(refusal.headers(false), [(LIMITED_HEADER, "a.vip")]);
+        assert_eq!(
+            refusal.headers(true),
+            [(LIMITED_HEADER, "a.vip"), ("grpc-status", "14")]
+        );
     }
 
     #[test]
