@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
-FUZZ_TARGETS="${FUZZ_TARGETS:-host_mapping eureka_json eureka_stream registry_yaml registration eureka_xml peer_batch tokens_file xds_session load_report policy_file prewarm_file}"
+FUZZ_TARGETS="${FUZZ_TARGETS:-host_mapping eureka_json eureka_stream registry_yaml registration eureka_xml peer_batch tokens_file xds_session load_report policy_file prewarm_file limiter}"
 CARGO_FUZZ_VERSION=0.13.2
 export CARGO_BUILD_JOBS="${JOBS:-2}"
 # Release build with debug assertions and overflow checks, AddressSanitizer on (the default).
