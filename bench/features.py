@@ -7,11 +7,10 @@ chains, all to the same VIP `fr-000000`, side by side in alternating rounds of o
   calling service without hedging or faults (`odmesh`, as shipped): the baseline;
 - `native-featured`, `wasm-featured`: the same bootstraps for the calling service `featured`,
   which hedges, injects faults (a 1 % abort) and limits concurrency on ten other VIPs: its
-  route has virtual hosts for them (README, "Fault injection"; the wasm filter carries no
-  limit);
-- `native-limited`: the native bootstrap for the calling service `limited`, whose route gives
-  `fr-000000` itself a concurrency limit pinned at 1000 (so that the limiter runs on every
-  request and refuses none);
+  route has virtual hosts for them (README, "Fault injection");
+- `native-limited`, `wasm-limited`: the bootstraps for the calling service `limited`, whose
+  route gives `fr-000000` itself a concurrency limit pinned at 1000 (so that the limiter runs on
+  every request and refuses none);
 - `native-before`, `wasm-before`: the bootstraps of `--before` (default 89cfe13, the last
   commit before issue 30: no fault filter), with today's modules;
 - `native-again`, `wasm-again`: the shipped bootstraps again, in an Envoy of their own: how far
@@ -21,20 +20,22 @@ chains, all to the same VIP `fr-000000`, side by side in alternating rounds of o
     bench/features.py --rounds 30 --out docs/bench/features.json
     bench/features.py --callgrind --out docs/bench/features-callgrind.json   # instructions
 
-Writes its inputs (the policy, the bootstraps) into /tmp/odmesh-features and runs
-bench/chains.py with them; its options after `--` go to bench/chains.py. Standard library only.
+Writes its inputs (the policy, the bootstraps) into target/odmesh-features and runs
+bench/chains.py with them from the repository's root (so the command it records names paths
+relative to it); its options after `--` go to bench/chains.py. Standard library only.
 """
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WORK = Path("/tmp/odmesh-features")
+WORK = Path("target/odmesh-features")
 NATIVE = "envoy/odmesh-native.yaml"
 WASM = "envoy/odmesh.yaml"
-MODULES = {NATIVE: ROOT / "dist/libodmesh_filter.so", WASM: ROOT / "dist/odmesh_filter.wasm"}
+MODULES = {NATIVE: "dist/libodmesh_filter.so", WASM: "dist/odmesh_filter.wasm"}
 FEATURED = "featured"
 
 POLICY_ENTRY = """  other-{n}:
@@ -69,37 +70,37 @@ def main():
                     help="instructions per request instead (bench/probes/chain_callgrind.py, same chains)")
     ap.add_argument("chains_args", nargs="*", help="more bench/chains.py options (after --)")
     args = ap.parse_args()
-    WORK.mkdir(parents=True, exist_ok=True)
+    (ROOT / WORK).mkdir(parents=True, exist_ok=True)
     policy = WORK / "policy.yaml"
-    policy.write_text("vips:\n" + "".join(POLICY_ENTRY.format(n=n) for n in range(10)) + LIMITED_ENTRY)
+    (ROOT / policy).write_text("vips:\n" + "".join(POLICY_ENTRY.format(n=n) for n in range(10)) + LIMITED_ENTRY)
     chains = []
     for shell, boot in (("native", NATIVE), ("wasm", WASM)):
         shipped = (ROOT / boot).read_text()
         featured = WORK / f"{shell}-featured.yaml"
-        featured.write_text(edit_once(shipped, "  cluster: odmesh\n", f"  cluster: {FEATURED}\n", boot))
+        (ROOT / featured).write_text(edit_once(shipped, "  cluster: odmesh\n", f"  cluster: {FEATURED}\n", boot))
         before = WORK / f"{shell}-before.yaml"
-        before.write_text(subprocess.run(["git", "-C", ROOT, "show", f"{args.before}:{boot}"],
+        (ROOT / before).write_text(subprocess.run(["git", "-C", ROOT, "show", f"{args.before}:{boot}"],
                                          check=True, capture_output=True, text=True).stdout)
         again = WORK / f"{shell}-again.yaml"
-        again.write_text(shipped)
-        if shell == "native":
-            limited = WORK / f"{shell}-limited.yaml"
-            limited.write_text(edit_once(shipped, "  cluster: odmesh\n", f"  cluster: {LIMITED}\n", boot))
-            chains += ["--chain", f"{shell}-limited={limited}:{MODULES[boot]}"]
+        (ROOT / again).write_text(shipped)
+        limited = WORK / f"{shell}-limited.yaml"
+        (ROOT / limited).write_text(edit_once(shipped, "  cluster: odmesh\n", f"  cluster: {LIMITED}\n", boot))
         chains += ["--chain", f"{shell}-featured={featured}:{MODULES[boot]}",
+                   "--chain", f"{shell}-limited={limited}:{MODULES[boot]}",
                    "--chain", f"{shell}-before={before}:{MODULES[boot]}",
                    "--chain", f"{shell}-again={again}:{MODULES[boot]}"]
-    names = ",".join(["native-limited"] + [f"{shell}{kind}" for shell in ("native", "wasm")
-                                           for kind in ("", "-featured", "-before", "-again")])
+    names = ",".join(f"{shell}{kind}" for shell in ("native", "wasm")
+                     for kind in ("", "-featured", "-limited", "-before", "-again"))
     if args.callgrind:
-        command = [sys.executable, ROOT / "bench/probes/chain_callgrind.py", "--requests", "1000"]
+        command = ["python3", "bench/probes/chain_callgrind.py", "--requests", "1000"]
     else:
-        command = [sys.executable, ROOT / "bench/chains.py", "--rounds", str(args.rounds),
+        command = ["python3", "bench/chains.py", "--rounds", str(args.rounds),
                    "--seconds", str(args.seconds)]
     command += ["--only", names, "--policy", policy, *chains,
-                *(["--out", args.out] if args.out else []), *args.chains_args]
+                *(["--out", os.path.relpath(args.out.resolve(), ROOT)] if args.out else []),
+                *args.chains_args]
     print(" ".join(map(str, command)), flush=True)
-    sys.exit(subprocess.run(command).returncode)
+    sys.exit(subprocess.run(command, cwd=ROOT).returncode)
 
 
 if __name__ == "__main__":

@@ -103,8 +103,8 @@ pub struct Settings<C = NoCallers> {
     pub hedge: Option<bool>,
     /// Faults injected for a chaos experiment: a VIP's (or a caller's), never the defaults'.
     pub fault: Option<Fault>,
-    /// An adaptive limit of the requests in flight to the VIP from each proxy of a caller
-    /// (native module only): a VIP's (or a caller's), never the defaults'.
+    /// An adaptive limit of the requests in flight to the VIP from each proxy of a caller: a
+    /// VIP's (or a caller's), never the defaults'.
     pub concurrency_limit: Option<ConcurrencyLimit>,
 }
 

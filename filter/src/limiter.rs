@@ -31,6 +31,63 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The status of a refused request.
+pub const STATUS: u32 = 503;
+/// The header of a refused request's answer: the cluster whose limit was reached.
+pub const LIMITED_HEADER: &str = "x-odmesh-limited";
+/// The counter of refused requests (`dynamicmodulescustom.<name>` or `wasmcustom.<name>` in
+/// Envoy's stats).
+pub const METRIC_LIMITED: &str = "odmesh_concurrency_limited";
+/// The gauge of each cluster's limit, labelled [`METRIC_LABEL`], set as each window closes.
+pub const METRIC_LIMIT: &str = "odmesh_concurrency_limit";
+pub const METRIC_LABEL: &str = "cluster";
+/// The gRPC status of a refused gRPC call: `UNAVAILABLE`, which clients retry elsewhere or
+/// later. Envoy's local reply from a dynamic module says `grpc-status: 0` (OK) unless the
+/// module sets it (docs/envoy.md, "On the caller's side, per destination").
+pub const GRPC_UNAVAILABLE: &str = "14";
+
+/// What a route gives the limit filter (JSON: `{"cluster": "slow.vip", "params": {...}}`):
+/// the cluster whose limiter it is, and the limiter's settings.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Setting {
+    pub cluster: String,
+    #[serde(default)]
+    pub params: Params,
+}
+
+impl Setting {
+    /// The setting in `json`, or what is wrong with it.
+    pub fn parse(json: &[u8]) -> Result<Setting, String> {
+        let parsed: Setting = serde_json::from_slice(json)
+            .map_err(|e| format!("invalid odmesh limit configuration: {e}"))?;
+        parsed
+            .params
+            .check()
+            .map_err(|e| format!("invalid odmesh limit for {}: {e}", parsed.cluster))?;
+        Ok(parsed)
+    }
+}
+
+/// The body of a refused request's answer (or a refused gRPC call's message).
+pub fn refusal_body(cluster: &str, limit: u32) -> String {
+    format!(
+        "odmesh: concurrency limit of {cluster} reached ({limit} in flight): refused at once so \
+         that a slow destination does not pile up requests (README, \"Adaptive concurrency\")\n"
+    )
+}
+
+/// Whether a request's `content-type` makes it a gRPC call (`application/grpc`, alone or with
+/// a `+format` or `;parameters`), as Envoy decides for its own local replies.
+pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    content_type.is_some_and(|t| {
+        t.len() >= GRPC.len()
+            && t[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(t.get(GRPC.len()), None | Some(b'+' | b';'))
+    })
+}
+
 /// The limiter's settings, as the control plane writes them (JSON); every field optional.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -94,8 +151,12 @@ impl Params {
     }
 }
 
+/// The first byte of [`Gradient::encode`]'s layout, and its length.
+const ENCODING: u8 = 1;
+const ENCODED_LEN: usize = 1 + 5 * 4 + 8 + 4 * 8 + 2 * 4 + 3 * 8;
+
 /// One cluster's limit, its requests in flight and the latencies it has seen.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Gradient {
     params: Params,
     limit: f64,
@@ -178,6 +239,85 @@ impl Gradient {
     /// A request let in is over: its slot is free.
     pub fn release(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// The whole state as bytes, for a shell that keeps it where several threads reach it
+    /// (the wasm shell: Envoy's shared data, one VM per worker). [`Gradient::decode`] reads
+    /// it back; the layout is private to this version of the module.
+    pub fn encode(&self) -> Vec<u8> {
+        let p = &self.params;
+        let mut out = Vec::with_capacity(ENCODED_LEN);
+        out.push(ENCODING);
+        for n in [
+            p.initial_limit,
+            p.min_limit,
+            p.max_limit,
+            p.min_samples,
+            p.long_windows,
+        ] {
+            out.extend(n.to_le_bytes());
+        }
+        out.extend(p.window_ms.to_le_bytes());
+        for x in [p.tolerance, p.smoothing, self.limit, self.long_rtt] {
+            out.extend(x.to_bits().to_le_bytes());
+        }
+        out.extend(self.in_flight.to_le_bytes());
+        out.extend(self.window_count.to_le_bytes());
+        for n in [self.windows, self.window_start, self.window_sum] {
+            out.extend(n.to_le_bytes());
+        }
+        out
+    }
+
+    /// A state [`Gradient::encode`] wrote; `None` for any other bytes (another layout, cut
+    /// short, or settings that do not [`Params::check`]).
+    pub fn decode(bytes: &[u8]) -> Option<Gradient> {
+        let (&version, mut rest) = bytes.split_first()?;
+        if version != ENCODING || rest.len() != ENCODED_LEN - 1 {
+            return None;
+        }
+        let mut take = |n: usize| {
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            head
+        };
+        let mut u32_ = || u32::from_le_bytes(take(4).try_into().unwrap_or_default());
+        let (initial_limit, min_limit, max_limit, min_samples, long_windows) =
+            (u32_(), u32_(), u32_(), u32_(), u32_());
+        let mut u64_ = || u64::from_le_bytes(take(8).try_into().unwrap_or_default());
+        let window_ms = u64_();
+        let (tolerance, smoothing, limit, long_rtt) = (
+            f64::from_bits(u64_()),
+            f64::from_bits(u64_()),
+            f64::from_bits(u64_()),
+            f64::from_bits(u64_()),
+        );
+        let in_flight = u32::from_le_bytes(take(4).try_into().ok()?);
+        let window_count = u32::from_le_bytes(take(4).try_into().ok()?);
+        let mut u64_ = || u64::from_le_bytes(take(8).try_into().unwrap_or_default());
+        let (windows, window_start, window_sum) = (u64_(), u64_(), u64_());
+        let params = Params {
+            initial_limit,
+            min_limit,
+            max_limit,
+            window_ms,
+            min_samples,
+            tolerance,
+            smoothing,
+            long_windows,
+        };
+        params.check().ok()?;
+        let bounds = f64::from(min_limit)..=f64::from(max_limit);
+        (bounds.contains(&limit) && long_rtt.is_finite() && long_rtt >= 0.0).then_some(Gradient {
+            params,
+            limit,
+            in_flight,
+            long_rtt,
+            windows,
+            window_start,
+            window_sum,
+            window_count,
+        })
     }
 
     fn update(&mut self, short: f64) {
@@ -423,5 +563,80 @@ mod tests {
         let mut g = Gradient::new(Params::default(), 0);
         g.release();
         assert_eq!(g.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_state_read_back_from_its_bytes_goes_on_exactly_as_the_original() {
+        let params = Params {
+            initial_limit: 30,
+            tolerance: 1.25,
+            ..Params::default()
+        };
+        let mut g = Gradient::new(params, 7 * MS);
+        let now = drive(&mut g, 7 * MS, 40, congested);
+        g.try_acquire();
+        g.sample(3 * MS + 1, now);
+        let mut copy = Gradient::decode(&g.encode()).expect("its own bytes");
+        assert_eq!(copy, g);
+        // Both go on the same way: nothing was rounded on the way.
+        drive(&mut g, now, 30, |n| congested(n) / 3);
+        drive(&mut copy, now, 30, |n| congested(n) / 3);
+        assert_eq!(copy, g);
+        assert_eq!(g.encode().len(), ENCODED_LEN);
+    }
+
+    #[test]
+    fn bytes_of_another_layout_or_with_impossible_settings_are_not_a_state() {
+        let good = Gradient::new(Params::default(), 0).encode();
+        assert!(Gradient::decode(&good).is_some());
+        assert_eq!(Gradient::decode(&[]), None);
+        assert_eq!(Gradient::decode(&good[..good.len() - 1]), None);
+        assert_eq!(Gradient::decode(&[good.as_slice(), &[0]].concat()), None);
+        let mut other = good.clone();
+        other[0] = ENCODING + 1;
+        assert_eq!(Gradient::decode(&other), None);
+        // min_limit (bytes 5..9) of 0 fails the settings' check.
+        let mut zero_min = good.clone();
+        zero_min[5..9].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(Gradient::decode(&zero_min), None);
+        // A limit (bytes 45..53) outside [min, max].
+        let mut limit = good;
+        limit[45..53].copy_from_slice(&5000f64.to_bits().to_le_bytes());
+        assert_eq!(Gradient::decode(&limit), None);
+    }
+
+    #[test]
+    fn a_grpc_call_is_one_by_its_content_type_and_only_a_grpc_call() {
+        for (content_type, grpc) in [
+            (Some(&b"application/grpc"[..]), true),
+            (Some(b"application/grpc+proto"), true),
+            (Some(b"Application/GRPC;charset=utf-8"), true),
+            (Some(b"application/grpc-web"), false),
+            (Some(b"application/json"), false),
+            (Some(b"application/gr"), false),
+            (None, false),
+        ] {
+            assert_eq!(is_grpc(content_type), grpc, "{content_type:?}");
+        }
+    }
+
+    #[test]
+    fn a_setting_names_its_cluster_and_bad_ones_say_what_is_wrong() {
+        let s = Setting::parse(br#"{"cluster": "a.vip", "params": {"max_limit": 90}}"#).unwrap();
+        assert_eq!(s.cluster, "a.vip");
+        assert_eq!(s.params.max_limit, 90);
+        assert_eq!(s.params.window_ms, Params::default().window_ms);
+        for (bad, says) in [
+            (&br#"{}"#[..], "cluster"),
+            (
+                br#"{"cluster": "a.vip", "params": {"min_limit": 0}}"#,
+                "min_limit",
+            ),
+            (br#"{"cluster": "a.vip", "limit": 3}"#, "unknown field"),
+            (b"not json", "invalid odmesh limit configuration"),
+        ] {
+            let err = Setting::parse(bad).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The caller-side concurrency limit's gradient (`odmesh_filter::limiter`), as the native
-//! module drives it: settings from the control plane's JSON, then any sequence of requests let
+//! The caller-side concurrency limit's gradient (`odmesh_filter::limiter`), as both shells
+//! drive it: settings from the control plane's JSON, then any sequence of requests let
 //! in, timed and ended, at any latencies and times.
 //!
 //! Input: `SETTINGS-JSON \0 OPS` or `OPS` alone (the default settings); each op is 3 bytes, a
@@ -9,7 +9,9 @@
 //! - the limit stays within `[min_limit, max_limit]`, finite, whatever the latencies;
 //! - a request is let in only below the limit, and what is in flight is exactly what was let in
 //!   and not ended;
-//! - a window closes only with `min_samples` samples in it.
+//! - a window closes only with `min_samples` samples in it;
+//! - the state read back from its bytes (as the wasm shell keeps it, in Envoy's shared data) is
+//!   the same state, and any other bytes read as one are within its bounds or refused.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,6 +20,11 @@ use odmesh_filter::limiter::{Gradient, Params};
 const MS: u64 = 1_000_000;
 
 fuzz_target!(|data: &[u8]| {
+    if let Some(g) = Gradient::decode(data) {
+        let p = *g.params();
+        assert_eq!(p.check(), Ok(()));
+        assert!((p.min_limit..=p.max_limit).contains(&g.limit()));
+    }
     let (params, ops) = match data.iter().position(|&b| b == 0) {
         None => (Params::default(), data),
         Some(nul) => match serde_json::from_slice::<Params>(&data[..nul]) {
@@ -73,5 +80,9 @@ fuzz_target!(|data: &[u8]| {
             params.max_limit
         );
         assert_eq!(g.in_flight(), held);
+        // Each step through its bytes, as the wasm shell does between two hooks.
+        let again = Gradient::decode(&g.encode()).expect("a state reads back");
+        assert_eq!(again, g);
+        g = again;
     }
 });

@@ -54,8 +54,13 @@ impl Envoy {
     /// `<label>.log`. Envoy runs from the repository root with `--concurrency 1` and
     /// `--disable-hot-restart`. Panics with the log if Envoy exits first.
     pub fn start(env: &TestEnv, label: &str, bootstrap: &str) -> Envoy {
+        Envoy::start_workers(env, label, bootstrap, 1)
+    }
+
+    /// [`Envoy::start`] with `workers` worker threads (`--concurrency`).
+    pub fn start_workers(env: &TestEnv, label: &str, bootstrap: &str, workers: u32) -> Envoy {
         let admin_path = env.log_dir().join(format!("{label}.admin-address"));
-        let mut process = spawn(env, label, bootstrap, &admin_path);
+        let mut process = spawn(env, label, bootstrap, &admin_path, workers);
         let what = format!("{label} to be ready (admin /ready says LIVE)");
         let admin = wait_for(START_TIMEOUT, &what, || {
             if let Some(status) = process.exit_status() {
@@ -86,7 +91,7 @@ impl Envoy {
         timeout: Duration,
     ) -> (ExitStatus, String) {
         let admin_path = env.log_dir().join(format!("{label}.admin-address"));
-        let mut process = spawn(env, label, bootstrap, &admin_path);
+        let mut process = spawn(env, label, bootstrap, &admin_path, 1);
         let what = format!("{label} to refuse its bootstrap and exit");
         let status = wait_for(timeout, &what, || {
             if let Some(status) = process.exit_status() {
@@ -208,14 +213,24 @@ impl Envoy {
     }
 }
 
-fn spawn(env: &TestEnv, label: &str, bootstrap: &str, admin_path: &Path) -> ChildGuard {
+fn spawn(
+    env: &TestEnv,
+    label: &str,
+    bootstrap: &str,
+    admin_path: &Path,
+    workers: u32,
+) -> ChildGuard {
     let config = env.write_file(&format!("{label}.yaml"), bootstrap);
     let mut command = Command::new(envoy_binary());
     command
         .current_dir(repo_root())
         .arg("--config-path")
         .arg(&config)
-        .args(["--concurrency", "1", "--disable-hot-restart"])
+        .args([
+            "--concurrency",
+            &workers.to_string(),
+            "--disable-hot-restart",
+        ])
         .arg("--admin-address-path")
         .arg(admin_path);
     env.spawn(label, command)

@@ -49,9 +49,10 @@ pub fn odmesh_bootstrap_replicas(xds_ports: &[u16]) -> String {
     let shell = Shell::current();
     // The wasm filter's file, or the native module's (for the route the control plane
     // serves: node metadata).
-    let key = match shell {
-        Shell::Wasm => "filename",
-        Shell::Native => "module",
+    // The wasm bootstrap loads it twice: the mapping and the limit, two plugins of one VM.
+    let (key, times) = match shell {
+        Shell::Wasm => ("filename", 2),
+        Shell::Native => ("module", 1),
     };
     let artifact = shell.artifact();
     let file = artifact.file_name().expect("a file").to_string_lossy();
@@ -65,7 +66,7 @@ pub fn odmesh_bootstrap_replicas(xds_ports: &[u16]) -> String {
             ("port_value: 15006", "port_value: 0", 1),
             ("port_value: 9901", "port_value: 0", 1),
             (XDS_ENDPOINT, &xds, 1),
-            (&relative, &absolute, 1),
+            (&relative, &absolute, times),
         ],
     )
 }

@@ -68,10 +68,18 @@ fn the_native_bootstrap_is_the_wasm_one_with_the_mapping_in_the_route() {
     assert!(wasm.contains("envoy.filters.http.wasm"));
     assert!(wasm.contains("mapping: wasm"));
     // The native module's one HTTP filter is the concurrency limit, switched off unless a
-    // route switches it on.
+    // route switches it on; the wasm bootstrap's is the same module's second plugin.
     assert_eq!(native.matches("DynamicModuleFilter").count(), 1);
     assert!(!wasm.contains("dynamic_modules"));
-    assert!(native.contains("- name: odmesh.limit\n            disabled: true\n"));
+    let limit_off = "- name: odmesh.limit\n            disabled: true\n";
+    assert!(native.contains(limit_off));
+    assert!(wasm.contains(limit_off));
+    assert!(wasm.contains("root_id: odmesh_limit\n"));
+    assert_eq!(
+        wasm.matches("vm_id: odmesh\n").count(),
+        2,
+        "one VM for both plugins"
+    );
     assert!(native.contains("mapping: native"));
     assert!(native.contains("module: dist/libodmesh_filter.so"));
     let (wasm_before, wasm_replies, wasm_filters) = sections(&wasm);
@@ -81,11 +89,12 @@ fn the_native_bootstrap_is_the_wasm_one_with_the_mapping_in_the_route() {
         "the two bootstraps must be the same up to their local replies, but for the node's \
          metadata"
     );
+    let wasm_rest = without_http_filter(wasm_filters, "envoy.filters.http.wasm");
     assert_eq!(
-        without_http_filter(wasm_filters, "envoy.filters.http.wasm"),
+        without_http_filter(&wasm_rest, "odmesh.limit"),
         without_http_filter(native_filters.trim_end(), "odmesh.limit"),
-        "the native bootstrap's HTTP filters must be the wasm one's without the wasm filter, \
-         with the concurrency limit"
+        "the native bootstrap's HTTP filters must be the wasm one's without the mapping filter, \
+         each with its shell's concurrency limit"
     );
     // The local replies: the native ones hold every line of the wasm ones except those that
     // read the cluster header the wasm filter writes.

@@ -23,11 +23,26 @@ const INGRESS: &str = "odmesh_ingress";
 const LIMIT: &str =
     "http.odmesh_ingress.adaptive_concurrency.gradient_controller.concurrency_limit";
 const BLOCKED: &str = "http.odmesh_ingress.adaptive_concurrency.gradient_controller.rq_blocked";
-/// The native module's gauge of a cluster's caller-side limit, and its count of refusals.
-const CALLER_LIMIT: &str = "dynamicmodulescustom.odmesh_concurrency_limit.cluster.slow.vip";
-const CALLER_LIMITED: &str = "dynamicmodulescustom.odmesh_concurrency_limited";
-/// The header of the native module's refusals: the cluster whose limit was reached.
+/// The header of the caller-side limit's refusals: the cluster whose limit was reached.
 const LIMITED_HEADER: &str = "x-odmesh-limited";
+
+/// Where the shell under test keeps its stats (Envoy's prefix for a module's own).
+fn custom() -> &'static str {
+    match Shell::current() {
+        Shell::Native => "dynamicmodulescustom",
+        Shell::Wasm => "wasmcustom",
+    }
+}
+
+/// The shell's gauge of `cluster`'s caller-side limit.
+fn caller_limit(cluster: &str) -> String {
+    format!("{}.odmesh_concurrency_limit.cluster.{cluster}", custom())
+}
+
+/// The shell's count of requests its caller-side limits refused.
+fn caller_limited() -> String {
+    format!("{}.odmesh_concurrency_limited", custom())
+}
 /// Envoy's count of the configurations it took for the limiter (ECDS).
 const RELOADED: &str =
     "extension_config_discovery.http_filter.odmesh.inbound.adaptive_concurrency.config_reload";
@@ -62,7 +77,7 @@ struct Phase {
 struct Target<'a> {
     addr: SocketAddr,
     host: &'a str,
-    limit: &'a str,
+    limit: String,
 }
 
 /// [`PER_PHASE`] requests to `target`, with the upstream's peak in flight.
@@ -81,7 +96,7 @@ fn phase(name: &str, envoy: &Envoy, target: &Target, upstream: &CongestedUpstrea
             Instant::now() < end,
             "{name}: the load did not finish in {PHASE_BOUND:?}"
         );
-        limits.push(envoy.stat(target.limit).unwrap_or(0));
+        limits.push(envoy.stat(&target.limit).unwrap_or(0));
         thread::sleep(Duration::from_millis(250));
     }
     let report = load.stop();
@@ -115,7 +130,7 @@ fn phase(name: &str, envoy: &Envoy, target: &Target, upstream: &CongestedUpstrea
         named,
         p50: at(0.5),
         max_in_flight: upstream.max_in_flight(),
-        limit: envoy.stat(target.limit),
+        limit: envoy.stat(&target.limit),
     };
     eprintln!(
         "{name}: {phase:?}\n  {}",
@@ -162,12 +177,12 @@ fn assert_it_grows_back(
     let load = Load::hosts(target.addr, &[target.host], config);
     let recovering = Instant::now();
     wait_until(Duration::from_secs(30), "the limit to grow back", || {
-        envoy.stat(target.limit).is_some_and(|l| l >= to)
+        envoy.stat(&target.limit).is_some_and(|l| l >= to)
     });
     let report = load.stop();
     eprintln!(
         "limit grew from {settled} to {:?} in {:?}\n  {}",
-        envoy.stat(target.limit),
+        envoy.stat(&target.limit),
         recovering.elapsed(),
         report.summary().lines().next().unwrap_or("")
     );
@@ -195,7 +210,7 @@ fn an_adaptive_limit_keeps_a_congested_service_near_its_unloaded_latency_and_gro
     let target = Target {
         addr: envoy.listener(INGRESS),
         host: "payments",
-        limit: LIMIT,
+        limit: LIMIT.to_owned(),
     };
 
     // Without a limit, the load piles up in the upstream.
@@ -242,26 +257,13 @@ fn a_caller_side_limit_keeps_a_congested_vip_near_its_unloaded_latency_and_grows
     let target = Target {
         addr: mesh.egress(),
         host: "slow",
-        limit: CALLER_LIMIT,
+        limit: caller_limit("slow.vip"),
     };
     let unlimited = phase("unlimited", &mesh.envoy, &target, &upstream);
     assert_eq!(unlimited.limited, 0, "no limit yet");
 
     let routes = mesh.control.metric("odmesh_rds_responses_total");
     write_policy(&policy, "vips: {slow: {concurrency_limit: {}}}");
-    if Shell::current() == Shell::Wasm {
-        // The wasm filter cannot carry the limit: the control plane says so, and requests to
-        // `slow` go on as before.
-        wait_until(
-            Duration::from_secs(10),
-            "the control plane to report the limit left out",
-            || mesh.control.metric("odmesh_rds_policy_dropped_total") >= 1,
-        );
-        let again = phase("wasm, limit left out", &mesh.envoy, &target, &upstream);
-        assert_eq!(again.limited, 0, "{again:?}");
-        assert_eq!(mesh.envoy.stat(CALLER_LIMITED), None);
-        return;
-    }
     wait_until(
         Duration::from_secs(10),
         "the route with the limit to reach Envoy",
@@ -283,14 +285,23 @@ fn a_caller_side_limit_keeps_a_congested_vip_near_its_unloaded_latency_and_grows
         "every refusal names slow.vip"
     );
     assert_eq!(
-        mesh.envoy.stat(CALLER_LIMITED),
+        mesh.envoy.stat(&caller_limited()),
         Some(limited.limited as u64),
         "Envoy counts each refusal"
+    );
+    assert_eq!(
+        mesh.control.metric("odmesh_rds_policy_dropped_total"),
+        0,
+        "nothing of the policy left out"
     );
     // A heavier load than before: the limit grows only while at least half of it is in use.
     let to = (settled * 2).max(settled + 2);
     assert_it_grows_back(&mesh.envoy, &target, &upstream, RATE * 3, settled, to);
 }
+
+/// The egress listener's line in the shipped bootstrap, as the tests render it.
+const EGRESS_LISTENER: &str =
+    "  - name: odmesh_egress\n    address: {socket_address: {address: 127.0.0.1, port_value: 0}}\n";
 
 #[test]
 fn a_call_over_the_limit_is_refused_at_once_naming_it_and_a_grpc_call_gets_unavailable() {
@@ -302,13 +313,29 @@ fn a_call_over_the_limit_is_refused_at_once_naming_it_and_a_grpc_call_gets_unava
         "vips: {rpc: {concurrency_limit: {initial_limit: 1, max_limit: 1}}}",
     );
     let arg = policy.to_string_lossy().into_owned();
-    let mesh = Mesh::start_with(
-        &env,
+    let registry = RegistryFile::create(
+        &env.log_dir().join("registry.yaml"),
         &[Instance::new("rpc", up.port())],
-        &["--policy", &arg],
     );
-    let egress = mesh.egress();
-    // One slow request holds the only slot (the native module), or nothing (wasm).
+    let control = ControlPlane::start(&env, "control", registry.path(), &["--policy", &arg]);
+    // Two workers, each new connection to the one with fewer open (`exact_balance`): the
+    // request holding the slot and the calls after it are on different workers, so they are
+    // refused only if the workers share the limit (the wasm shell runs a VM per worker).
+    let bootstrap = odmesh_bootstrap(control.xds().port());
+    assert_eq!(bootstrap.matches(EGRESS_LISTENER).count(), 1, "{bootstrap}");
+    let balanced = format!(
+        "{EGRESS_LISTENER}    connection_balance_config: {{exact_balance: {{}}}}\n    \
+         stat_prefix: odmesh_egress\n"
+    );
+    let envoy = Envoy::start_workers(
+        &env,
+        "envoy",
+        &bootstrap.replace(EGRESS_LISTENER, &balanced),
+        2,
+    );
+    envoy.wait_xds_connected(true, Duration::from_secs(10));
+    let egress = envoy.listener("odmesh_egress");
+    // One slow request holds the only slot.
     let held = thread::spawn(move || {
         Request::get("/slow?ms=4000")
             .host("rpc")
@@ -334,20 +361,12 @@ fn a_call_over_the_limit_is_refused_at_once_naming_it_and_a_grpc_call_gets_unava
         .send_within(egress, Duration::from_secs(20))
         .expect("a plain request while the slot is held");
     assert_eq!(held.join().expect("the held request"), Ok(200));
-    if Shell::current() == Shell::Wasm {
-        // No limit with the wasm filter: both were answered by the upstream.
-        assert_ne!(
-            refused.get("grpc-status").map(String::as_str),
-            Some("14"),
-            "{refused:?}"
-        );
-        assert_eq!(plain.status, 200, "{}", plain.text());
-        return;
-    }
     assert_eq!(
         refused.get("grpc-status").map(String::as_str),
         Some("14"),
-        "UNAVAILABLE once the slot was held; before: {answers:?}"
+        "UNAVAILABLE once the slot was held; {} answers before, the last: {:?}",
+        answers.len(),
+        answers.last()
     );
     let message = refused.get("grpc-message").cloned().unwrap_or_default();
     assert!(message.contains("concurrency"), "{refused:?}");
@@ -360,7 +379,17 @@ fn a_call_over_the_limit_is_refused_at_once_naming_it_and_a_grpc_call_gets_unava
         "{}",
         plain.text()
     );
-    assert_eq!(mesh.envoy.stat(CALLER_LIMITED), Some(2));
+    assert_eq!(envoy.stat(&caller_limited()), Some(2));
+    let per_worker: Vec<u64> = (0..2)
+        .map(|w| {
+            let name = format!("listener.odmesh_egress.worker_{w}.downstream_cx_total");
+            envoy.stat(&name).unwrap_or(0)
+        })
+        .collect();
+    assert!(
+        per_worker.iter().all(|&n| n > 0),
+        "both workers took connections: {per_worker:?}"
+    );
     // The slot is free again once the held request is over.
     let after = Request::get("/")
         .host("rpc")

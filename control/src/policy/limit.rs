@@ -21,8 +21,8 @@
 //! ```
 //!
 //! A VIP's entry or a caller's in it, never the file's `defaults` (each limit belongs to one
-//! destination); a caller's replaces the VIP's whole. Only the native module carries it: a
-//! proxy running the wasm filter is told nothing, and the control plane logs that.
+//! destination); a caller's replaces the VIP's whole. Both shells carry it (the route: a
+//! per-route configuration of the native module's filter, or metadata the wasm plugin reads).
 
 use serde::{Deserialize, Serialize};
 

@@ -35,7 +35,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    AsyncDataSource, DataSource, Node, TypedExtensionConfig, async_data_source,
+    AsyncDataSource, DataSource, Metadata, Node, TypedExtensionConfig, async_data_source,
     data_source::Specifier,
 };
 use envoy_types::pb::envoy::config::route::v3::{
@@ -61,7 +61,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
     RegexMatcher, StringMatcher, string_matcher::MatchPattern,
 };
 use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
-use envoy_types::pb::google::protobuf::{Any, StringValue, value};
+use envoy_types::pb::google::protobuf::{Any, StringValue, Struct, Value as ProtoValue, value};
 use odmesh_filter::config::Config as FilterConfig;
 use prost::Message;
 
@@ -95,6 +95,8 @@ const FILTER_CONFIG_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.
 /// The native module's concurrency-limit filter in the native bootstrap's chain, off unless a
 /// route says (README, "Adaptive concurrency"), and its name inside the module.
 pub const LIMIT_FILTER: &str = "odmesh.limit";
+/// The key, under the route metadata's `odmesh`, of the wasm limit filter's setting.
+const LIMIT_METADATA_KEY: &str = "limit";
 const LIMIT_FILTER_NAME: &str = "odmesh-limit";
 const LIMIT_PER_ROUTE_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilterPerRoute";
 /// The body of an answer the fault filter aborted: whoever reads it learns why.
@@ -189,14 +191,7 @@ pub fn build(name: &str, shell: &RouteShell, policy: &RoutePolicy) -> BuiltRoute
         RouteShell::Header {
             cluster_header,
             config,
-        } => {
-            let (policy, dropped) = without_limits(policy);
-            (
-                header_hosts(cluster_header, config, &policy),
-                vec![],
-                dropped,
-            )
-        }
+        } => (header_hosts(cluster_header, config, policy), vec![], None),
     };
     let config = RouteConfiguration {
         name: name.to_owned(),
@@ -478,12 +473,17 @@ fn header_hosts(cluster_header: &str, config: &str, policy: &RoutePolicy) -> Vec
                 ..level_action(level, grpc)
             })),
             typed_per_filter_config: fault_config(level),
+            metadata: cluster
+                .zip(level.limit.as_ref())
+                .map(|(cluster, limit)| limit_metadata(cluster, limit)),
             ..Default::default()
         }
     };
     // The routes of `clusters` (each matched by the header), then the defaults' pair, the
-    // fault filter switched on in every route that has no fault of its own if `fault_on`.
-    let routes = |clusters: &[(&String, &RouteLevel)], fault_on: bool| {
+    // fault filter switched on in every route that has no fault of its own if `fault_on`, the
+    // limit filter in every route if `limit_on` (it reads the limit from the route the request
+    // takes once its cluster is named: a route's metadata).
+    let routes = |clusters: &[(&String, &RouteLevel)], fault_on: bool, limit_on: bool| {
         let mut routes = Vec::new();
         for (cluster, level) in clusters {
             routes.push(route(
@@ -501,12 +501,14 @@ fn header_hosts(cluster_header: &str, config: &str, policy: &RoutePolicy) -> Vec
         }
         routes.push(route("mesh-grpc".to_owned(), None, &policy.default, true));
         routes.push(route("mesh".to_owned(), None, &policy.default, false));
-        if fault_on {
-            for r in routes
-                .iter_mut()
-                .filter(|r| r.typed_per_filter_config.is_empty())
-            {
-                r.typed_per_filter_config = fault_filter_on();
+        for r in &mut routes {
+            if fault_on && !r.typed_per_filter_config.contains_key(FAULT_FILTER) {
+                r.typed_per_filter_config
+                    .insert(FAULT_FILTER.to_owned(), filter_on());
+            }
+            if limit_on {
+                r.typed_per_filter_config
+                    .insert(LIMIT_FILTER.to_owned(), filter_on());
             }
         }
         routes
@@ -514,8 +516,10 @@ fn header_hosts(cluster_header: &str, config: &str, policy: &RoutePolicy) -> Vec
     let all: Vec<(&String, &RouteLevel)> = policy.clusters.iter().collect();
     let has_fault =
         |clusters: &[(&String, &RouteLevel)]| clusters.iter().any(|(_, l)| l.fault.is_some());
+    let has_limit =
+        |clusters: &[(&String, &RouteLevel)]| clusters.iter().any(|(_, l)| l.limit.is_some());
     if filter.source_header != odmesh_filter::config::DEFAULT_SOURCE_HEADER {
-        return vec![catch_all(routes(&all, has_fault(&all)))];
+        return vec![catch_all(routes(&all, has_fault(&all), has_limit(&all)))];
     }
     let mut by_vip: std::collections::BTreeMap<&str, Vec<(&String, &RouteLevel)>> =
         std::collections::BTreeMap::new();
@@ -533,12 +537,12 @@ fn header_hosts(cluster_header: &str, config: &str, policy: &RoutePolicy) -> Vec
                     .iter()
                     .flat_map(|d| self::domains(d, &filter))
                     .collect(),
-                routes: routes(&clusters, has_fault(&clusters)),
+                routes: routes(&clusters, has_fault(&clusters), has_limit(&clusters)),
                 ..Default::default()
             }
         })
         .collect();
-    hosts.push(catch_all(routes(&[], false)));
+    hosts.push(catch_all(routes(&[], false, false)));
     hosts
 }
 
@@ -553,19 +557,42 @@ fn level_action(level: &RouteLevel, grpc: bool) -> RouteAction {
     }
 }
 
+/// The concurrency limit's setting for `cluster` (JSON; `odmesh_filter::limiter::Setting`).
+fn limit_setting(cluster: &str, limit: &ConcurrencyLimit) -> String {
+    serde_json::json!({ "cluster": cluster, "params": limit.params() }).to_string()
+}
+
+/// The route metadata that gives the wasm limit filter its setting: `odmesh.limit`, the
+/// setting's JSON (filter/wasm/src/limit.rs reads it as the request takes the route).
+fn limit_metadata(cluster: &str, limit: &ConcurrencyLimit) -> Metadata {
+    let fields = [(
+        LIMIT_METADATA_KEY.to_owned(),
+        ProtoValue {
+            kind: Some(value::Kind::StringValue(limit_setting(cluster, limit))),
+        },
+    )];
+    Metadata {
+        filter_metadata: [(
+            NODE_METADATA_KEY.to_owned(),
+            Struct {
+                fields: fields.into(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
 /// The native module's concurrency-limit filter switched on for a route to `cluster`, with
 /// the limiter's settings (filter/native/src/limit.rs reads them).
 fn limit_config(module: &str, cluster: &str, limit: &ConcurrencyLimit) -> Any {
-    let settings = serde_json::json!({ "cluster": cluster, "params": limit.params() });
+    let settings = limit_setting(cluster, limit);
     let per_route = DynamicModuleFilterPerRoute {
         dynamic_module_config: Some(module_config(module)),
         filter_name: LIMIT_FILTER_NAME.to_owned(),
         filter_config: Some(Any {
             type_url: STRING_VALUE_TYPE_URL.to_owned(),
-            value: StringValue {
-                value: settings.to_string(),
-            }
-            .encode_to_vec(),
+            value: StringValue { value: settings }.encode_to_vec(),
         }),
         ..Default::default()
     };
@@ -594,31 +621,6 @@ fn module_config(module: &str) -> DynamicModuleConfig {
         }),
         ..Default::default()
     }
-}
-
-/// `policy` without its concurrency limits, for a mapping that cannot carry them (the wasm
-/// filter), and the message that says which were left out.
-fn without_limits(policy: &RoutePolicy) -> (std::borrow::Cow<'_, RoutePolicy>, Option<String>) {
-    let limited: Vec<&str> = (policy.clusters.iter())
-        .filter(|(_, level)| level.limit.is_some())
-        .map(|(cluster, _)| cluster.as_str())
-        .collect();
-    if limited.is_empty() {
-        return (std::borrow::Cow::Borrowed(policy), None);
-    }
-    let dropped = format!(
-        "concurrency limits for {} are not applied: the wasm filter cannot carry them, the \
-         native module can (README, \"Adaptive concurrency\")",
-        limited.join(", ")
-    );
-    let mut stripped = policy.clone();
-    stripped.default.limit = None;
-    for level in stripped.clusters.values_mut() {
-        level.limit = None;
-    }
-    let default = stripped.default.clone();
-    stripped.clusters.retain(|_, level| *level != default);
-    (std::borrow::Cow::Owned(stripped), Some(dropped))
 }
 
 /// `config` encoded with each route's filter configurations in name order: prost writes a
@@ -661,21 +663,19 @@ fn canonical(mut config: RouteConfiguration) -> Vec<u8> {
     out
 }
 
-/// The fault filter switched on with its own configuration (no fault), for a route whose
-/// requests may go on to one that has a fault.
-fn fault_filter_on() -> HashMap<String, Any> {
+/// A filter of the bootstrap's chain switched on with its own configuration (the fault filter
+/// with no fault; the wasm limit filter, which finds its settings in the route's metadata),
+/// for a route whose requests may go on to one that has a fault or a limit.
+fn filter_on() -> Any {
     let on = RouteFilterConfig {
         // Present and empty: "on, with the filter's own configuration" (Envoy 1.40).
         config: Some(Any::default()),
         ..Default::default()
     };
-    HashMap::from([(
-        FAULT_FILTER.to_owned(),
-        Any {
-            type_url: FILTER_CONFIG_TYPE_URL.to_owned(),
-            value: on.encode_to_vec(),
-        },
-    )])
+    Any {
+        type_url: FILTER_CONFIG_TYPE_URL.to_owned(),
+        value: on.encode_to_vec(),
+    }
 }
 
 /// The fault filter's configuration for a route with `level`'s fault, which switches the
@@ -1486,37 +1486,98 @@ mod tests {
         assert_ne!(plain, again);
     }
 
+    /// The wasm limit filter's setting in a route's metadata, if it has one.
+    fn limit_in_metadata(route: &Route) -> Option<serde_json::Value> {
+        let odmesh = route.metadata.as_ref()?.filter_metadata.get("odmesh")?;
+        let Some(value::Kind::StringValue(json)) = &odmesh.fields.get("limit")?.kind else {
+            panic!("{}: not a string", route.name)
+        };
+        Some(serde_json::from_str(json).unwrap())
+    }
+
+    /// Whether the route switches a filter of the chain on, with its own configuration.
+    fn switches_on(route: &Route, filter: &str) -> bool {
+        route.typed_per_filter_config.get(filter) == Some(&filter_on())
+    }
+
     #[test]
-    fn the_wasm_filter_gets_no_limit_and_the_route_says_so() {
+    fn with_the_wasm_filter_a_limit_is_in_its_cluster_routes_metadata_and_its_vip_switches_it_on() {
         let mut policy = timeouts();
         policy.clusters.insert("pay.vip".to_owned(), limited(7));
         let mut both = chaos();
         both.limit = limited(3).limit;
-        policy.clusters.insert("search.vip".to_owned(), both);
+        policy.clusters.insert("search.svip".to_owned(), both);
         let built = build("odmesh", &RouteShell::default(), &policy);
-        let dropped = built.dropped.clone().unwrap();
-        assert!(dropped.contains("pay.vip, search.vip"), "{dropped}");
-        // What is built is the route of the same policy without the limits.
-        let mut unlimited = policy.clone();
-        for level in unlimited.clusters.values_mut() {
-            level.limit = None;
-        }
-        let plain = build("odmesh", &RouteShell::default(), &unlimited);
-        assert_eq!(built.route, plain.route);
+        assert_eq!(built.dropped, None);
         let config = decode(&built);
+        for host in &config.virtual_hosts {
+            for route in &host.routes {
+                let setting = limit_in_metadata(route);
+                let name = route.name.as_str();
+                // The cluster's own routes, matched once the wasm filter named it, carry it.
+                let expected = match name.split_once(':').map(|(_, c)| c) {
+                    Some("pay.vip") => Some(("pay.vip", 7)),
+                    Some("search.svip") => Some(("search.svip", 3)),
+                    _ => None,
+                };
+                assert_eq!(
+                    setting.as_ref().map(|s| (
+                        s["cluster"].as_str().unwrap(),
+                        s["params"]["max_limit"].clone()
+                    )),
+                    expected.map(|(c, m)| (c, serde_json::json!(m))),
+                    "{name}"
+                );
+                if let Some(s) = &setting {
+                    let parsed = odmesh_filter::limiter::Setting::parse(s.to_string().as_bytes());
+                    assert!(parsed.is_ok(), "{parsed:?}");
+                }
+                // Every route of those VIPs' hosts switches the filter on (a request's
+                // filters come from the route its host matched first); no other does.
+                let vip_with_limit = ["pay", "search"].contains(&host.name.as_str());
+                assert_eq!(switches_on(route, LIMIT_FILTER), vip_with_limit, "{name}");
+                assert_eq!(limit_of_native(route), None, "{name}");
+            }
+        }
+        // The fault stays beside the limit.
+        let routes = config.virtual_hosts.iter().flat_map(|v| &v.routes);
+        assert!(routes.clone().any(|r| fault_of(r).is_some()));
+        // A caller reading another header than the host: every route switches it on.
+        let other = RouteShell::Header {
+            cluster_header: "x-odmesh-cluster".to_owned(),
+            config: r#"{"source_header": "x-vip"}"#.to_owned(),
+        };
+        let config = decode(&build("odmesh", &other, &policy));
+        let routes: Vec<&Route> = config
+            .virtual_hosts
+            .iter()
+            .flat_map(|v| &v.routes)
+            .collect();
+        assert!(routes.iter().all(|r| switches_on(r, LIMIT_FILTER)));
+        assert_eq!(
+            routes
+                .iter()
+                .filter(|r| limit_in_metadata(r).is_some())
+                .count(),
+            4
+        );
+        // Without limits, no route has metadata or the filter.
+        let config = decode(&build("odmesh", &RouteShell::default(), &timeouts()));
         let routes = config.virtual_hosts.iter().flat_map(|v| &v.routes);
         assert!(
             routes
                 .clone()
-                .all(|r| !r.typed_per_filter_config.contains_key(LIMIT_FILTER))
+                .all(|r| r.metadata.is_none()
+                    && !r.typed_per_filter_config.contains_key(LIMIT_FILTER))
         );
-        assert!(
-            routes.clone().any(|r| fault_of(r).is_some()),
-            "the fault stays"
-        );
-        assert_eq!(
-            build("odmesh", &RouteShell::default(), &timeouts()).dropped,
-            None
-        );
+    }
+
+    /// A native per-route limit configuration on the route, which a wasm route never has.
+    fn limit_of_native(route: &Route) -> Option<()> {
+        let any = route.typed_per_filter_config.get(LIMIT_FILTER)?;
+        let on = RouteFilterConfig::decode(any.value.as_slice()).unwrap();
+        on.config
+            .filter(|c| c.type_url == LIMIT_PER_ROUTE_TYPE_URL)
+            .map(|_| ())
     }
 }

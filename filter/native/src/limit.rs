@@ -17,36 +17,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use odmesh_filter::limiter::{Gradient, Params};
+pub use odmesh_filter::limiter::{
+    GRPC_UNAVAILABLE, LIMITED_HEADER, METRIC_LABEL, METRIC_LIMIT, METRIC_LIMITED, STATUS, is_grpc,
+};
+use odmesh_filter::limiter::{Gradient, Setting, refusal_body};
 
 /// The filter name the bootstrap gives (`filter_name` of the dynamic-module filter).
 pub const FILTER_NAME: &str = "odmesh-limit";
-/// The status of a refused request.
-pub const STATUS: u32 = 503;
-/// The header of a refused request's answer: the cluster whose limit was reached.
-pub const LIMITED_HEADER: &str = "x-odmesh-limited";
 /// Envoy's response code details for a refusal (`%RESPONSE_CODE_DETAILS%`).
 pub const DETAILS: &str = "odmesh_concurrency_limited";
-/// The counter of refused requests (`dynamicmodulescustom.<name>` in Envoy's stats).
-pub const METRIC_LIMITED: &str = "odmesh_concurrency_limited";
-/// The gauge of each cluster's limit, labelled [`METRIC_LABEL`], set as each window closes.
-pub const METRIC_LIMIT: &str = "odmesh_concurrency_limit";
-pub const METRIC_LABEL: &str = "cluster";
 
 /// Nanoseconds on a monotonic clock (since the module's first look at it).
 pub fn now() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let nanos = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
     u64::try_from(nanos).unwrap_or(u64::MAX)
-}
-
-/// A per-route configuration: the cluster, and its limiter's settings.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RouteConfig {
-    cluster: String,
-    #[serde(default)]
-    params: Params,
 }
 
 /// One cluster's limiter, shared by every route and worker that sends to it.
@@ -79,12 +64,7 @@ fn destinations() -> &'static Mutex<HashMap<String, Arc<Destination>>> {
 /// `per_route_config_new`: the cluster's limiter, made or found, with the settings given.
 /// An error says what is wrong (Envoy then refuses the route).
 pub fn route_config_new(config: &[u8], now: u64) -> Result<Arc<Destination>, String> {
-    let parsed: RouteConfig = serde_json::from_slice(config)
-        .map_err(|e| format!("invalid odmesh limit configuration: {e}"))?;
-    parsed
-        .params
-        .check()
-        .map_err(|e| format!("invalid odmesh limit for {}: {e}", parsed.cluster))?;
+    let parsed = Setting::parse(config)?;
     let mut all = destinations().lock().unwrap_or_else(|e| e.into_inner());
     let destination = all.entry(parsed.cluster.clone()).or_insert_with(|| {
         Arc::new(Destination {
@@ -106,22 +86,6 @@ pub fn route_config_new(config: &[u8], now: u64) -> Result<Arc<Destination>, Str
 pub struct Refusal {
     pub cluster: String,
     pub body: String,
-}
-
-/// The gRPC status of a refused gRPC call: `UNAVAILABLE`, which clients retry elsewhere or
-/// later. Envoy's local reply from a dynamic module says `grpc-status: 0` (OK) unless the
-/// module sets it (docs/envoy.md, "On the caller's side, per destination").
-pub const GRPC_UNAVAILABLE: &str = "14";
-
-/// Whether a request's `content-type` makes it a gRPC call (`application/grpc`, alone or with
-/// a `+format` or `;parameters`), as Envoy decides for its own local replies.
-pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
-    const GRPC: &[u8] = b"application/grpc";
-    content_type.is_some_and(|t| {
-        t.len() >= GRPC.len()
-            && t[..GRPC.len()].eq_ignore_ascii_case(GRPC)
-            && matches!(t.get(GRPC.len()), None | Some(b'+' | b';'))
-    })
 }
 
 impl Refusal {
@@ -155,13 +119,7 @@ impl Attempt {
         if !g.try_acquire() {
             return Err(Refusal {
                 cluster: destination.cluster.clone(),
-                body: format!(
-                    "odmesh: concurrency limit of {} reached ({} in flight): refused at once \
-                     so that a slow destination does not pile up requests (README, \
-                     \"Adaptive concurrency\")\n",
-                    destination.cluster,
-                    g.limit()
-                ),
+                body: refusal_body(&destination.cluster, g.limit()),
             });
         }
         drop(g);
@@ -227,18 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grpc_call_is_told_unavailable_and_only_a_grpc_call() {
-        for (content_type, grpc) in [
-            (Some(&b"application/grpc"[..]), true),
-            (Some(b"application/grpc+proto"), true),
-            (Some(b"Application/GRPC;charset=utf-8"), true),
-            (Some(b"application/grpc-web"), false),
-            (Some(b"application/json"), false),
-            (Some(b"application/gr"), false),
-            (None, false),
-        ] {
-            assert_eq!(is_grpc(content_type), grpc, "{content_type:?}");
-        }
+    fn a_grpc_call_is_told_unavailable() {
         let refusal = Refusal {
             cluster: "a.vip".to_owned(),
             body: String::new(),

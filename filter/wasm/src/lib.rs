@@ -9,8 +9,30 @@
 //!   ([`odmesh_filter::mapping::decide`]) and one write: the cluster header (always
 //!   overwritten, so a client cannot pick a cluster) or a local 400 that says what was wrong.
 //!
-//! Built for `wasm32-wasip1` only; on other targets the crate is empty.
+//! The same module is also the caller-side concurrency limit (README, "Adaptive concurrency"),
+//! as a second plugin of the same VM with the root id [`LIMIT_ROOT_ID`]: off in the bootstrap's
+//! chain, switched on by the control plane on the routes to VIPs with a `concurrency_limit`,
+//! whose settings it reads from the route's metadata (`odmesh.limit`, the same JSON as the
+//! native module's per-route configuration). Its state is in Envoy's shared data ([`shared`]).
+//!
+//! Built for `wasm32-wasip1`; on other targets only the pure [`shared`] is, for its tests.
 #![forbid(unsafe_code)]
+
+pub mod shared;
+
+/// The root id of the limit plugin (`root_id` in the bootstrap); any other is the mapping.
+pub const LIMIT_ROOT_ID: &str = "odmesh_limit";
+/// Where the limit plugin finds its setting: the route's metadata, `odmesh.limit`.
+pub const ROUTE_METADATA_PATH: [&str; 5] = [
+    "xds",
+    "route_metadata",
+    "filter_metadata",
+    "odmesh",
+    "limit",
+];
+
+#[cfg(target_arch = "wasm32")]
+mod limit;
 
 #[cfg(target_arch = "wasm32")]
 mod shell {
@@ -62,16 +84,25 @@ mod shell {
         counters: Counters,
     }
 
-    /// One plugin (root context): its configuration, once parsed.
+    /// One plugin (root context): its configuration, once parsed; or, under the root id
+    /// [`crate::LIMIT_ROOT_ID`], the concurrency limit.
     #[derive(Default)]
     struct Root {
         plugin: Option<Rc<Plugin>>,
+        limit: Option<Rc<crate::limit::Plugin>>,
     }
 
     impl Context for Root {}
 
     impl RootContext for Root {
         fn on_configure(&mut self, _: usize) -> bool {
+            let root_id = self
+                .get_property(vec!["plugin_root_id"])
+                .unwrap_or_default();
+            if root_id == crate::LIMIT_ROOT_ID.as_bytes() {
+                self.limit = Some(Rc::new(crate::limit::Plugin::define()));
+                return true;
+            }
             let bytes = self.get_plugin_configuration().unwrap_or_default();
             match Config::parse(&bytes) {
                 Ok(config) => {
@@ -87,6 +118,9 @@ mod shell {
         }
 
         fn create_http_context(&self, _: u32) -> Option<Box<dyn HttpContext>> {
+            if let Some(limit) = &self.limit {
+                return Some(Box::new(crate::limit::Request::new(Rc::clone(limit))));
+            }
             // Envoy creates HTTP contexts only for a configured plugin.
             let plugin = self.plugin.clone()?;
             Some(Box::new(Request { plugin }))
