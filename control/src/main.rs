@@ -604,10 +604,12 @@ impl AdminView for View {
             "file": self.cache.policy().summary(),
         });
         if let Some(cluster) = cluster {
+            let policy = (self.cache.effective_policy(cluster, caller))
+                .map(|p| p.debug_view(SystemTime::now()));
             out["effective"] = serde_json::json!([{
                 "cluster": cluster,
                 "caller": caller,
-                "policy": self.cache.effective_policy(cluster, caller),
+                "policy": policy,
             }]);
             return out;
         }
@@ -620,7 +622,8 @@ impl AdminView for View {
         }
         out["effective"] = (held.into_iter())
             .map(|(cluster, caller)| {
-                let policy = self.cache.effective_policy(&cluster, &caller);
+                let policy = (self.cache.effective_policy(&cluster, &caller))
+                    .map(|p| p.debug_view(SystemTime::now()));
                 serde_json::json!({ "cluster": cluster, "caller": caller, "policy": policy })
             })
             .collect::<Vec<_>>()

@@ -745,6 +745,16 @@ pub struct Effective {
 }
 
 impl Effective {
+    /// What `/debug/policy` shows: every value with its source, and whether the fault applies
+    /// at `now` (`"applies": false` once its `until` has passed: proxies no longer get it).
+    pub fn debug_view(&self, now: SystemTime) -> serde_json::Value {
+        let mut view = serde_json::to_value(self).unwrap_or_default();
+        if let Some(fault) = &self.fault.value {
+            view["fault"]["applies"] = fault.applies_at(now).into();
+        }
+        view
+    }
+
     /// odmesh's defaults, with no policy file: Envoy's own defaults, plus a retry of a request
     /// that never reached an instance (connect failure, refused stream, reset before the
     /// request), twice, each on another instance, so an instance that died before the

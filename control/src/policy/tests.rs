@@ -461,6 +461,21 @@ fn a_fault_stops_at_its_until_and_the_routes_say_when() {
         Some(ten + Duration::from_secs(3600))
     );
     assert_eq!(policy.next_expiry(ten + Duration::from_secs(3600)), None);
+    // /debug/policy says whether each fault still applies.
+    let view = |vip| {
+        let e = policy.resolve(Kind::Vip, vip, None, Protocol::Auto);
+        e.debug_view(ten)["fault"].clone()
+    };
+    assert_eq!(view("a")["applies"], false, "{}", view("a"));
+    assert_eq!(view("a")["value"]["until"], "2026-12-05T10:00:00Z");
+    assert_eq!(view("b")["applies"], true);
+    assert_eq!(view("c")["applies"], true);
+    let none = policy.resolve(Kind::Vip, "d", None, Protocol::Auto);
+    assert_eq!(
+        none.debug_view(ten)["fault"]["value"],
+        serde_json::Value::Null
+    );
+    assert_eq!(none.debug_view(ten)["fault"].get("applies"), None);
 }
 
 #[test]
