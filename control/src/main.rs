@@ -651,6 +651,15 @@ impl AdminView for View {
             &self.metrics.registry.registry_last_success_age_seconds,
             age.map_or(0, |a| a.as_secs()),
         );
+        // What the policy in use switches on, now (a fault ends at its `until`).
+        let features = self.cache.policy().features(SystemTime::now());
+        let control = &self.metrics.control;
+        set(&control.policy_hedge_entries, features.hedges as u64);
+        set(&control.policy_fault_entries, features.faults as u64);
+        set(
+            &control.policy_concurrency_limit_entries,
+            features.limits as u64,
+        );
         self.metrics.render()
     }
 }

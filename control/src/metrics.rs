@@ -22,6 +22,13 @@ odmesh_base::metrics! {
         policy_drop_held: "gauge",
         /// Policy files held because they lost most of the entries in use at once.
         policy_drops_held_total: "counter",
+        /// Entries of the policy in use (a VIP's, or a caller's in it) with `hedge: true`.
+        policy_hedge_entries: "gauge",
+        /// Entries of the policy in use with a fault that applies now (a chaos experiment
+        /// running; an entry whose `until` has passed is not counted).
+        policy_fault_entries: "gauge",
+        /// Entries of the policy in use with a `concurrency_limit`.
+        policy_concurrency_limit_entries: "gauge",
         /// Admin connections closed on arrival because 1,024 were open.
         admin_connections_refused_total: "counter",
         /// Route (RDS) streams open now.

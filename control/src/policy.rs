@@ -607,6 +607,27 @@ impl Policy {
             .min()
     }
 
+    /// How many entries (a VIP's or SVIP's, or a caller's in one) switch on hedging, a fault
+    /// that applies at `now`, and a concurrency limit: what `/metrics` shows of the resilience
+    /// policy in use (README, "Per-destination policy").
+    pub fn features(&self, now: SystemTime) -> Features {
+        let entries = self.vips.values().chain(self.svips.values());
+        let settings = entries.flat_map(|e| {
+            let callers = e
+                .callers
+                .values()
+                .map(|c| (c.hedge, c.fault.as_ref(), &c.concurrency_limit));
+            std::iter::once((e.hedge, e.fault.as_ref(), &e.concurrency_limit)).chain(callers)
+        });
+        let mut features = Features::default();
+        for (hedge, fault, limit) in settings {
+            features.hedges += usize::from(hedge == Some(true));
+            features.faults += usize::from(fault.is_some_and(|f| f.applies_at(now)));
+            features.limits += usize::from(limit.is_some());
+        }
+        features
+    }
+
     /// Whether going from `self` to `new` can change what `vip` (of `kind`) gets: its entry,
     /// or the defaults, differ.
     pub fn changes_for(&self, new: &Policy, kind: Kind, vip: &str) -> bool {
@@ -633,6 +654,14 @@ impl Policy {
             "services": services,
         })
     }
+}
+
+/// The entries of a policy that switch each resilience feature on ([`Policy::features`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    pub hedges: usize,
+    pub faults: usize,
+    pub limits: usize,
 }
 
 /// A request's two deadlines, as a route carries them; zero: none.

@@ -475,8 +475,11 @@ fn a_hedge_at_the_per_try_timeout_lets_the_first_answer_win_without_cutting_the_
         ],
         "vips: {hedged: {per_try_timeout: 100ms, hedge: true, retries: {count: 1}}}",
     );
+    let stat = |name: &str| (mesh.envoy.stat(&format!("cluster.hedged.vip.{name}"))).unwrap_or(0);
+    // Hedges sent (Envoy counts a hedge as a retry), and requests a hedge answered.
+    let hedges = || (stat("upstream_rq_retry"), stat("upstream_rq_retry_success"));
     // stall-1 stalls 3 s: a request whose first try goes there is answered by the hedge to
-    // fast-1, sent after 100 ms.
+    // fast-1, sent after 100 ms: every hedge wins.
     for round in 0..6 {
         let (answer, took) = timed_get(mesh.egress(), "hedged", "/slow?ms=3000&on=stall-1");
         assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
@@ -487,6 +490,30 @@ fn a_hedge_at_the_per_try_timeout_lets_the_first_answer_win_without_cutting_the_
         );
         eprintln!("round {round}: {took:?}");
     }
+    let (sent, won) = hedges();
+    eprintln!("stall-1 3 s: hedges sent {sent}, won {won}");
+    assert!(sent >= 1, "no first try went to stall-1 in 6 rounds");
+    assert_eq!(won, sent, "every hedge answered");
+    // Both answer in 1 s: every request sends a hedge at 100 ms, and every first try wins.
+    for round in 0..3 {
+        let (answer, took) = timed_get(mesh.egress(), "hedged", "/slow?ms=1000");
+        assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
+        assert!(
+            took >= Duration::from_millis(1000),
+            "round {round}: {took:?}"
+        );
+    }
+    let (sent_slow, won_slow) = hedges();
+    eprintln!(
+        "both 1 s: hedges sent {}, won {}",
+        sent_slow - sent,
+        won_slow - won
+    );
+    assert_eq!(sent_slow - sent, 3, "a hedge per request");
+    assert_eq!(
+        won_slow, won,
+        "no hedge won: the first tries answered first"
+    );
     // A hedge, not a retry: the first try is not cut. stall-1 answers after 300 ms and fast-1
     // after 2 s; whichever gets the first try, stall-1's answer wins. (A per-try timeout
     // without hedging would cut both tries at 100 ms each and answer 504.)
@@ -503,10 +530,9 @@ fn a_hedge_at_the_per_try_timeout_lets_the_first_answer_win_without_cutting_the_
             "round {round}: {took:?}"
         );
     }
-    let stat = |name: &str| (mesh.envoy.stat(&format!("cluster.hedged.vip.{name}"))).unwrap_or(0);
-    let hedges = stat("upstream_rq_retry");
-    eprintln!("hedges sent {hedges}");
-    assert!(hedges >= 7, "{hedges}");
+    let (all, _) = hedges();
+    eprintln!("hedges sent {all}");
+    assert!(all >= sent_slow + 4, "{all}");
 }
 
 /// `n` GETs of `host` to `addr`: how many were aborted by the policy's fault.
@@ -645,6 +671,23 @@ fn a_fault_delay_adds_its_time_and_a_fault_with_an_end_stops_by_itself() {
     assert!(took < Duration::from_millis(2500), "{took:?}");
     let delayed = mesh.envoy.stat("http.odmesh_egress.fault.delays_injected");
     assert!(delayed.unwrap_or(0) >= 2, "{delayed:?}");
+    // What the control plane shows of it: one experiment running, and the VIP's fault applying
+    // until its end.
+    let fault_shown = || {
+        let shown = (mesh.control)
+            .admin_get("/debug/policy?cluster=chaos.vip&caller=odmesh")
+            .json();
+        shown["effective"][0]["policy"]["fault"].clone()
+    };
+    if SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        < end_secs
+    {
+        assert_eq!(mesh.control.metric("odmesh_policy_fault_entries"), 1);
+        assert_eq!(fault_shown()["applies"], true, "{}", fault_shown());
+    }
     // (Well under the delay: a delayed request may come a few milliseconds early.)
     wait_until(
         Duration::from_secs(20),
@@ -657,6 +700,10 @@ fn a_fault_delay_adds_its_time_and_a_fault_with_an_end_stops_by_itself() {
         ended.as_secs_f64() - end_secs as f64
     );
     assert!(ended.as_secs() >= end_secs, "not before its until");
+    assert_eq!(mesh.control.metric("odmesh_policy_fault_entries"), 0);
+    let after = fault_shown();
+    assert_eq!(after["applies"], false, "{after}");
+    assert_eq!(after["value"]["until"], until.as_str(), "{after}");
 }
 
 /// `unix_secs` as `2026-12-05T10:00:00Z`, through `date`.

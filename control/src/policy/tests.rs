@@ -470,6 +470,13 @@ fn a_fault_stops_at_its_until_and_the_routes_say_when() {
     assert_eq!(view("a")["value"]["until"], "2026-12-05T10:00:00Z");
     assert_eq!(view("b")["applies"], true);
     assert_eq!(view("c")["applies"], true);
+    // /metrics counts the experiments running: a's has ended.
+    let features = policy.features(ten);
+    assert_eq!(
+        (features.faults, features.hedges, features.limits),
+        (2, 0, 0)
+    );
+    assert_eq!(policy.features(before).faults, 3);
     let none = policy.resolve(Kind::Vip, "d", None, Protocol::Auto);
     assert_eq!(
         none.debug_view(ten)["fault"]["value"],
@@ -688,4 +695,29 @@ fn a_concurrency_limit_that_cannot_work_is_refused_with_its_field() {
         let shown = refused(yaml);
         assert!(shown.contains(says), "{yaml}: {shown}");
     }
+}
+
+#[test]
+fn the_entries_that_switch_each_feature_on_are_counted_callers_included() {
+    let policy = Policy::parse(
+        b"vips:
+  a:
+    per_try_timeout: 100ms
+    retries: {count: 1}
+    hedge: true
+    concurrency_limit: {}
+    callers:
+      x: {hedge: false}
+      y: {fault: {abort: {status: 503}}, concurrency_limit: {max_limit: 50}}
+svips:
+  b: {per_try_timeout: 100ms, retries: {count: 1}, hedge: true}
+",
+    )
+    .unwrap();
+    let f = policy.features(SystemTime::UNIX_EPOCH);
+    assert_eq!((f.hedges, f.faults, f.limits), (2, 1, 2));
+    assert_eq!(
+        Policy::default().features(SystemTime::UNIX_EPOCH),
+        Features::default()
+    );
 }
