@@ -2,8 +2,9 @@
 //! `odmesh_filter::limiter`, one per cluster for the whole Envoy (its state in shared data,
 //! [`crate::shared`]), with the same answers as the native module's (filter/native/src/limit.rs):
 //! a request over the limit gets 503 at once with `x-odmesh-limited: <cluster>`, a gRPC call
-//! `UNAVAILABLE`; a request let in is timed to its response headers and frees its slot when
-//! its stream ends, whatever the end.
+//! `UNAVAILABLE`; a request let in is timed to its response headers, and when its stream ends,
+//! whatever the end, that time goes to the limiter and its slot is freed (one change of the
+//! shared state to let it in, one at its end).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -11,14 +12,14 @@ use std::rc::Rc;
 use std::time::UNIX_EPOCH;
 
 use odmesh_filter::limiter::{
-    Gradient, LIMITED_HEADER, METRIC_LABEL, METRIC_LIMIT, METRIC_LIMITED, STATUS, Setting, is_grpc,
+    LIMITED_HEADER, METRIC_LABEL, METRIC_LIMIT, METRIC_LIMITED, STATUS, Setting, is_grpc,
     refusal_body,
 };
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, GrpcStatusCode, LogLevel, MetricType};
 
-use crate::shared::{Store, update};
+use crate::shared::{Store, key, update};
 
 /// Envoy's shared data.
 struct Envoy;
@@ -41,16 +42,26 @@ fn now() -> u64 {
     u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Settings parsed, by the route metadata's bytes: a route's are parsed once per worker.
-/// Cleared past this many (routes change rarely; this only bounds a long life's churn).
-const SETTINGS_KEPT: usize = 256;
+/// Settings parsed, with the route metadata's bytes they came from: a route's are parsed once
+/// per worker. The most recently used first; at most this many (a proxy limits a few VIPs; a
+/// linear scan of a few byte strings costs less than hashing one).
+const SETTINGS_KEPT: usize = 16;
+
+/// A parsed setting and its limiter's shared-data key.
+pub struct Limited {
+    setting: Setting,
+    key: String,
+}
+
+/// A route metadata's bytes and what they gave (`None`: not a setting).
+type Parsed = (Vec<u8>, Option<Rc<Limited>>);
 
 /// What every request of the limit plugin in this worker shares.
 pub struct Plugin {
     limited: Option<u32>,
     /// Each cluster's gauge of its limit, defined on first use.
     gauges: RefCell<HashMap<String, Option<u32>>>,
-    settings: RefCell<HashMap<Vec<u8>, Option<Rc<Setting>>>>,
+    settings: RefCell<Vec<Parsed>>,
 }
 
 impl Plugin {
@@ -63,22 +74,25 @@ impl Plugin {
     }
 
     /// The setting in a route's metadata; `None` (logged once) if it is not one.
-    fn setting(&self, bytes: Vec<u8>) -> Option<Rc<Setting>> {
+    fn setting(&self, bytes: Vec<u8>) -> Option<Rc<Limited>> {
         let mut settings = self.settings.borrow_mut();
-        if let Some(known) = settings.get(&bytes) {
-            return known.clone();
-        }
-        if settings.len() >= SETTINGS_KEPT {
-            settings.clear();
+        if let Some(at) = settings.iter().position(|(b, _)| *b == bytes) {
+            let found = settings[at].1.clone();
+            settings[..=at].rotate_right(1);
+            return found;
         }
         let parsed = match Setting::parse(&bytes) {
-            Ok(s) => Some(Rc::new(s)),
+            Ok(setting) => Some(Rc::new(Limited {
+                key: key(&setting.cluster),
+                setting,
+            })),
             Err(e) => {
                 let _ = hostcalls::log(LogLevel::Error, &format!("{e}: requests pass unlimited"));
                 None
             }
         };
-        settings.insert(bytes, parsed.clone());
+        settings.truncate(SETTINGS_KEPT - 1);
+        settings.insert(0, (bytes, parsed.clone()));
         parsed
     }
 
@@ -98,10 +112,11 @@ impl Plugin {
 /// One request on a route with a limit.
 pub struct Request {
     plugin: Rc<Plugin>,
-    /// The setting whose slot it holds, if it was let in.
-    admitted: Option<Rc<Setting>>,
+    /// The limiter whose slot it holds, if it was let in.
+    admitted: Option<Rc<Limited>>,
     started: u64,
-    sampled: bool,
+    /// When its response headers came.
+    responded: Option<u64>,
 }
 
 impl Request {
@@ -110,31 +125,25 @@ impl Request {
             plugin,
             admitted: None,
             started: 0,
-            sampled: false,
+            responded: None,
         }
     }
 
-    /// Times the request once, to its response headers (or its end).
-    fn sample(&mut self) {
-        let Some(setting) = self.admitted.as_ref().filter(|_| !self.sampled) else {
+    /// The stream is over: its latency (to its response headers, or to now without them)
+    /// goes to the limiter and its slot is freed, in one change of the shared state.
+    fn end(&mut self) {
+        let Some(limited) = self.admitted.take() else {
             return;
         };
-        self.sampled = true;
         let now = now();
-        let rtt = now.saturating_sub(self.started);
-        let closed = update(&Envoy, setting, now, |g| {
-            g.sample(rtt, now).then(|| g.limit())
+        let rtt = self.responded.unwrap_or(now).saturating_sub(self.started);
+        let closed = update(&Envoy, &limited.key, &limited.setting, now, |g| {
+            let closed = g.sample(rtt, now).then(|| g.limit());
+            g.release();
+            closed
         });
         if let Some(Some(limit)) = closed {
-            self.plugin.gauge(&setting.cluster, limit);
-        }
-    }
-
-    /// The stream is over: the slot is free.
-    fn end(&mut self) {
-        self.sample();
-        if let Some(setting) = self.admitted.take() {
-            let _ = update(&Envoy, &setting, now(), Gradient::release);
+            self.plugin.gauge(&limited.setting.cluster, limit);
         }
     }
 
@@ -164,18 +173,21 @@ impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         // The route the request takes now (the mapping named its cluster): its limit, if any.
         let bytes = self.get_property(crate::ROUTE_METADATA_PATH.to_vec());
-        let Some(setting) = bytes.and_then(|b| self.plugin.setting(b)) else {
+        let Some(limited) = bytes.and_then(|b| self.plugin.setting(b)) else {
             return Action::Continue;
         };
         let now = now();
-        match update(&Envoy, &setting, now, |g| (g.try_acquire(), g.limit())) {
+        let setting = &limited.setting;
+        match update(&Envoy, &limited.key, setting, now, |g| {
+            (g.try_acquire(), g.limit())
+        }) {
             Some((true, _)) => {
-                self.admitted = Some(setting);
+                self.admitted = Some(limited);
                 self.started = now;
                 Action::Continue
             }
             Some((false, limit)) => {
-                self.refuse(&setting, limit);
+                self.refuse(setting, limit);
                 Action::Pause
             }
             // The shared state could not be written: as without a limit.
@@ -184,7 +196,9 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        self.sample();
+        if self.admitted.is_some() && self.responded.is_none() {
+            self.responded = Some(now());
+        }
         Action::Continue
     }
 

@@ -25,19 +25,20 @@ pub fn key(cluster: &str) -> String {
     format!("odmesh.limit.{cluster}")
 }
 
-/// Applies `change` to the limiter of `setting.cluster` (made at `setting.params` at `now` if
-/// there is none yet, or if what is there is not one; given `setting.params` if they changed)
-/// and writes it back, trying again on a concurrent write. `None` after [`TRIES`] failed
-/// writes: the caller lets the request through untouched, as without a limit.
+/// Applies `change` to the limiter of `setting.cluster` at `key` (its [`key`]; made at
+/// `setting.params` at `now` if there is none yet, or if what is there is not one; given
+/// `setting.params` if they changed) and writes it back, trying again on a concurrent write.
+/// `None` after [`TRIES`] failed writes: the caller lets the request through untouched, as
+/// without a limit.
 pub fn update<T>(
     store: &impl Store,
+    key: &str,
     setting: &Setting,
     now: u64,
     mut change: impl FnMut(&mut Gradient) -> T,
 ) -> Option<T> {
-    let key = key(&setting.cluster);
     for _ in 0..TRIES {
-        let (bytes, cas) = store.get(&key);
+        let (bytes, cas) = store.get(key);
         let mut gradient = match bytes.as_deref().and_then(Gradient::decode) {
             Some(g) => g,
             None => Gradient::new(setting.params, now),
@@ -46,7 +47,7 @@ pub fn update<T>(
             gradient.set_params(setting.params);
         }
         let result = change(&mut gradient);
-        if store.set(&key, &gradient.encode(), cas) {
+        if store.set(key, &gradient.encode(), cas) {
             return Some(result);
         }
     }
@@ -108,8 +109,13 @@ mod tests {
         }
     }
 
+    /// [`update`] of `s`'s limiter at its key, at time 0.
+    fn on<T>(store: &Shared, s: &Setting, change: impl FnMut(&mut Gradient) -> T) -> Option<T> {
+        update(store, &key(&s.cluster), s, 0, change)
+    }
+
     fn in_flight(store: &Shared, s: &Setting) -> (u32, u32) {
-        update(store, s, 0, |g| (g.limit(), g.in_flight())).unwrap()
+        on(store, s, |g| (g.limit(), g.in_flight())).unwrap()
     }
 
     #[test]
@@ -117,15 +123,15 @@ mod tests {
         let store = Shared::default();
         let a = setting("a.vip", 2);
         // Two "workers" acquiring in turn share the two slots.
-        assert_eq!(update(&store, &a, 0, Gradient::try_acquire), Some(true));
-        assert_eq!(update(&store, &a, 0, Gradient::try_acquire), Some(true));
-        assert_eq!(update(&store, &a, 0, Gradient::try_acquire), Some(false));
+        assert_eq!(on(&store, &a, Gradient::try_acquire), Some(true));
+        assert_eq!(on(&store, &a, Gradient::try_acquire), Some(true));
+        assert_eq!(on(&store, &a, Gradient::try_acquire), Some(false));
         // Another cluster has its own.
         assert_eq!(
-            update(&store, &setting("b.vip", 2), 0, Gradient::try_acquire),
+            on(&store, &setting("b.vip", 2), Gradient::try_acquire),
             Some(true)
         );
-        update(&store, &a, 0, Gradient::release).unwrap();
+        on(&store, &a, Gradient::release).unwrap();
         assert_eq!(in_flight(&store, &a), (2, 1));
         assert!(store.values.borrow().contains_key("odmesh.limit.a.vip"));
     }
@@ -134,10 +140,10 @@ mod tests {
     fn a_concurrent_write_is_retried_on_what_the_other_wrote() {
         let store = Shared::default();
         let a = setting("a.vip", 5);
-        update(&store, &a, 0, Gradient::try_acquire).unwrap();
+        on(&store, &a, Gradient::try_acquire).unwrap();
         store.interfere.set(3);
         let mut tries = 0;
-        let got = update(&store, &a, 0, |g| {
+        let got = on(&store, &a, |g| {
             tries += 1;
             g.try_acquire()
         });
@@ -150,14 +156,14 @@ mod tests {
         );
         // A writer that never wins gives up, and nothing changed.
         store.interfere.set(TRIES);
-        assert_eq!(update(&store, &a, 0, Gradient::try_acquire), None);
+        assert_eq!(on(&store, &a, Gradient::try_acquire), None);
         assert_eq!(in_flight(&store, &a), (5, 2));
     }
 
     #[test]
     fn new_settings_reach_the_limiter_and_bad_bytes_start_a_new_one() {
         let store = Shared::default();
-        update(&store, &setting("a.vip", 5), 0, Gradient::try_acquire).unwrap();
+        on(&store, &setting("a.vip", 5), Gradient::try_acquire).unwrap();
         assert_eq!(
             in_flight(&store, &setting("a.vip", 3)),
             (3, 1),
