@@ -802,7 +802,7 @@ def begin(script, needs):
             sys.exit(f"missing {need}: run `make bench-build`")
     workdir = Path(tempfile.mkdtemp(prefix=f"odmesh-{script}-"))
     log(f"work folder (logs): {workdir}")
-    results = {"machine": machine(), "command": " ".join([f"bench/{script}.py", *sys.argv[1:]]),
+    results = {"machine": machine(), "command": " ".join([os.path.relpath(Path(sys.argv[0]).resolve(), ROOT), *sys.argv[1:]]),
                "recorded_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                "control": recorded(CONTROL), "control_sha256": sha256(CONTROL), "wasm_sha256": sha256(WASM)}
     return workdir, results
