@@ -343,6 +343,12 @@ fn a_call_over_the_limit_is_refused_at_once_naming_it_and_a_grpc_call_gets_unava
             .map(|r| r.status)
             .map_err(|e| e.to_string())
     });
+    // Nothing else is sent before it holds the slot (else a call could take it first).
+    wait_until(
+        Duration::from_secs(10),
+        "the slow request to hold the only slot",
+        || envoy.stat("cluster.rpc.vip.upstream_rq_active") == Some(1),
+    );
     let bound = Instant::now() + Duration::from_secs(3);
     let call = odmesh_demo::EchoRequest::new("hi");
     let mut answers = Vec::new();
