@@ -73,7 +73,7 @@ impl Plugin {
         }
     }
 
-    /// The setting in a route's metadata; `None` (logged once) if it is not one.
+    /// The setting in a route's metadata; `None` (logged when first seen) if it is not one.
     fn setting(&self, bytes: Vec<u8>) -> Option<Rc<Limited>> {
         let mut settings = self.settings.borrow_mut();
         if let Some(at) = settings.iter().position(|(b, _)| *b == bytes) {
