@@ -54,6 +54,10 @@ use odmesh_base::tls::ServerTls;
 
 pub use crate::session::{NackStatus, ProxyStatus};
 
+mod framing;
+
+use framing::DeltaFraming;
+
 /// Responses a stream may have queued before its task waits for the proxy to read.
 const STREAM_BUFFER: usize = 16;
 /// Names a request or a change may touch and still be handled on the async workers, which all
@@ -262,18 +266,22 @@ impl XdsServer {
     /// The gRPC services (delta ADS, CDS, EDS, RDS, ECDS; with prewarm, load reporting), for a caller
     /// that runs its own tonic server.
     pub fn routes(&self) -> tonic::service::Routes {
-        let routes = tonic::service::Routes::new(
+        // The delta methods with odmesh's own framing (see `framing`), the rest through tonic.
+        let routes = tonic::service::Routes::new(DeltaFraming::new(
             AggregatedDiscoveryServiceServer::new(self.clone())
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .add_service(
+            self.clone(),
+        ))
+        .add_service(DeltaFraming::new(
             ClusterDiscoveryServiceServer::new(self.clone())
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .add_service(
+            self.clone(),
+        ))
+        .add_service(DeltaFraming::new(
             EndpointDiscoveryServiceServer::new(self.clone())
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
-        );
+            self.clone(),
+        ));
         let shared = &self.shared;
         let sotw = crate::routes::Routes::new(
             shared.cache.clone(),
@@ -383,12 +391,12 @@ impl XdsServer {
         Ok(())
     }
 
-    /// Opens a stream: registers its state and spawns its task.
+    /// Opens a stream: registers its state and spawns its task, which queues its responses.
     fn open(
         &self,
         service: Service,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> ReceiverStream<Result<DeltaDiscoveryResponse, Status>> {
+    ) -> mpsc::Receiver<Box<DeltaDiscoveryResponse>> {
         let shared = &self.shared;
         let id = shared.next_stream_id.fetch_add(1, Ordering::Relaxed);
         let source = request.remote_addr().map(|addr| addr.ip().to_canonical());
@@ -410,7 +418,7 @@ impl XdsServer {
             state,
         };
         tokio::spawn(stream.run(inbound, tx));
-        ReceiverStream::new(rx)
+        rx
     }
 }
 
@@ -422,7 +430,8 @@ struct StreamTask {
     state: Arc<Mutex<Session>>,
 }
 
-type Outbound = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+/// Boxed, so that the queue's slots are a pointer each rather than a whole response.
+type Outbound = mpsc::Sender<Box<DeltaDiscoveryResponse>>;
 /// What a session answers with: the response for a request's type, or the clusters of a
 /// change, and the load assignments that go with them.
 type Responses = [Option<DeltaDiscoveryResponse>; 2];
@@ -438,26 +447,28 @@ impl StreamTask {
         let mut retry = tokio::time::interval(WAITING_RETRY);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            // The work runs boxed: the task then holds only what it waits on between
+            // requests (its size is paid by every connected proxy).
             let responses = tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(req)) => self.on_request(req).await,
+                    Ok(Some(req)) => Box::pin(self.on_request(req)).await,
                     Ok(None) => break,
                     Err(status) => {
                         debug!(stream = self.id(), %status, "xDS stream failed");
                         break;
                     }
                 },
-                () = inbox.notified() => self.on_change(inbox.take()).await,
+                () = inbox.notified() => Box::pin(self.on_change(inbox.take())).await,
                 _ = closing.changed() => break,
                 // Room under --xds-max-subscriptions frees up without any registry change, and
                 // clusters sent ahead become idle.
-                _ = retry.tick(), if self.ticks() => self.on_tick().await,
+                _ = retry.tick(), if self.ticks() => Box::pin(self.on_tick()).await,
             };
             for response in responses.into_iter().flatten() {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
                 // end this task rather than wait on the send.
                 tokio::select! {
-                    sent = tx.send(Ok(response)) => if sent.is_err() { return },
+                    sent = tx.send(Box::new(response)) => if sent.is_err() { return },
                     _ = closing.changed() => return,
                 }
             }
@@ -545,7 +556,16 @@ impl Drop for StreamTask {
     }
 }
 
-type DeltaStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+/// A stream opened through tonic's generated service (the tests' in-process calls; the
+/// server itself frames delta streams in [`framing`]).
+type DeltaStream = tokio_stream::adapters::Map<
+    ReceiverStream<Box<DeltaDiscoveryResponse>>,
+    fn(Box<DeltaDiscoveryResponse>) -> Result<DeltaDiscoveryResponse, Status>,
+>;
+
+fn tonic_stream(queue: mpsc::Receiver<Box<DeltaDiscoveryResponse>>) -> DeltaStream {
+    ReceiverStream::new(queue).map(|response| Ok(*response))
+}
 type SotwStream = tokio_stream::Empty<Result<DiscoveryResponse, Status>>;
 
 fn sotw_unimplemented() -> Status {
@@ -570,7 +590,9 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Ok(Response::new(self.open(Service::Ads, request)))
+        Ok(Response::new(tonic_stream(
+            self.open(Service::Ads, request),
+        )))
     }
 }
 
@@ -590,7 +612,9 @@ impl ClusterDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Ok(Response::new(self.open(Service::Cds, request)))
+        Ok(Response::new(tonic_stream(
+            self.open(Service::Cds, request),
+        )))
     }
 
     async fn fetch_clusters(
@@ -617,7 +641,9 @@ impl EndpointDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
-        Ok(Response::new(self.open(Service::Eds, request)))
+        Ok(Response::new(tonic_stream(
+            self.open(Service::Eds, request),
+        )))
     }
 
     async fn fetch_endpoints(
