@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -34,8 +35,8 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
@@ -395,12 +396,11 @@ impl XdsServer {
     fn open(
         &self,
         service: Service,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> mpsc::Receiver<Box<DeltaDiscoveryResponse>> {
+        source: Option<IpAddr>,
+        inbound: impl Inbound,
+    ) -> mpsc::Receiver<Queued> {
         let shared = &self.shared;
         let id = shared.next_stream_id.fetch_add(1, Ordering::Relaxed);
-        let source = request.remote_addr().map(|addr| addr.ip().to_canonical());
-        let inbound = request.into_inner();
         let session = Session::new(id, service, shared.config.subscriptions).from_source(source);
         let state = Arc::new(Mutex::new(session));
         lock(&shared.streams).insert(id, state.clone());
@@ -430,14 +430,23 @@ struct StreamTask {
     state: Arc<Mutex<Session>>,
 }
 
-/// Boxed, so that the queue's slots are a pointer each rather than a whole response.
-type Outbound = mpsc::Sender<Box<DeltaDiscoveryResponse>>;
+/// A stream's requests, as tonic's [`Streaming`] or [`framing`] reads them.
+trait Inbound: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Unpin + Send + 'static {}
+impl<S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Unpin + Send + 'static> Inbound
+    for S
+{
+}
+
+/// A stream's queue of responses, ended by an error status if the stream fails. Boxed, so
+/// that the queue's slots are a pointer each rather than a whole response.
+type Queued = Result<Box<DeltaDiscoveryResponse>, Box<Status>>;
+type Outbound = mpsc::Sender<Queued>;
 /// What a session answers with: the response for a request's type, or the clusters of a
 /// change, and the load assignments that go with them.
 type Responses = [Option<DeltaDiscoveryResponse>; 2];
 
 impl StreamTask {
-    async fn run(self, mut inbound: Streaming<DeltaDiscoveryRequest>, tx: Outbound) {
+    async fn run(self, mut inbound: impl Inbound, tx: Outbound) {
         let inbox = self.inbox.clone();
         let mut closing = self.shared.closing.subscribe();
         if *closing.borrow_and_update() {
@@ -450,11 +459,13 @@ impl StreamTask {
             // The work runs boxed: the task then holds only what it waits on between
             // requests (its size is paid by every connected proxy).
             let responses = tokio::select! {
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => Box::pin(self.on_request(req)).await,
-                    Ok(None) => break,
-                    Err(status) => {
+                msg = inbound.next() => match msg {
+                    Some(Ok(req)) => Box::pin(self.on_request(req)).await,
+                    None => break,
+                    Some(Err(status)) => {
                         debug!(stream = self.id(), %status, "xDS stream failed");
+                        // The proxy is told why (a request too large, say), if it still listens.
+                        let _ = tx.try_send(Err(Box::new(status)));
                         break;
                     }
                 },
@@ -468,7 +479,7 @@ impl StreamTask {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
                 // end this task rather than wait on the send.
                 tokio::select! {
-                    sent = tx.send(Box::new(response)) => if sent.is_err() { return },
+                    sent = tx.send(Ok(Box::new(response))) => if sent.is_err() { return },
                     _ = closing.changed() => return,
                 }
             }
@@ -559,12 +570,24 @@ impl Drop for StreamTask {
 /// A stream opened through tonic's generated service (the tests' in-process calls; the
 /// server itself frames delta streams in [`framing`]).
 type DeltaStream = tokio_stream::adapters::Map<
-    ReceiverStream<Box<DeltaDiscoveryResponse>>,
-    fn(Box<DeltaDiscoveryResponse>) -> Result<DeltaDiscoveryResponse, Status>,
+    ReceiverStream<Queued>,
+    fn(Queued) -> Result<DeltaDiscoveryResponse, Status>,
 >;
 
-fn tonic_stream(queue: mpsc::Receiver<Box<DeltaDiscoveryResponse>>) -> DeltaStream {
-    ReceiverStream::new(queue).map(|response| Ok(*response))
+impl XdsServer {
+    /// Opens a stream that tonic's generated service reads.
+    fn open_tonic(
+        &self,
+        service: Service,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> mpsc::Receiver<Queued> {
+        let source = request.remote_addr().map(|addr| addr.ip().to_canonical());
+        self.open(service, source, request.into_inner())
+    }
+}
+
+fn tonic_stream(queue: mpsc::Receiver<Queued>) -> DeltaStream {
+    ReceiverStream::new(queue).map(|queued| queued.map(|r| *r).map_err(|s| *s))
 }
 type SotwStream = tokio_stream::Empty<Result<DiscoveryResponse, Status>>;
 
@@ -591,7 +614,7 @@ impl AggregatedDiscoveryService for XdsServer {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
         Ok(Response::new(tonic_stream(
-            self.open(Service::Ads, request),
+            self.open_tonic(Service::Ads, request),
         )))
     }
 }
@@ -613,7 +636,7 @@ impl ClusterDiscoveryService for XdsServer {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
         Ok(Response::new(tonic_stream(
-            self.open(Service::Cds, request),
+            self.open_tonic(Service::Cds, request),
         )))
     }
 
@@ -642,7 +665,7 @@ impl EndpointDiscoveryService for XdsServer {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaStream>, Status> {
         Ok(Response::new(tonic_stream(
-            self.open(Service::Eds, request),
+            self.open_tonic(Service::Eds, request),
         )))
     }
 

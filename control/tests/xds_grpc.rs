@@ -338,6 +338,37 @@ fn registered(c: &Cluster) -> bool {
 }
 
 #[tokio::test]
+async fn a_request_over_the_size_bound_ends_its_stream_with_out_of_range_and_others_are_served() {
+    let h = Harness::start(vec![inst("hello", "10.0.0.1", Status::Up)]).await;
+    let channel = Channel::from_shared(format!("http://{}", h.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = AggregatedDiscoveryServiceClient::new(channel).max_encoding_message_size(64 << 20);
+    let mut hostile = Client::open(client, "hostile").await.unwrap();
+    // About 5.4 MiB of names: over the 4 MiB a request may have.
+    let many: Vec<String> = (0..300_000).map(|i| format!("svc-{i:08}.vip")).collect();
+    let request = DeltaDiscoveryRequest {
+        type_url: CLUSTER_TYPE_URL.into(),
+        resource_names_subscribe: many,
+        ..Default::default()
+    };
+    assert!(request.encoded_len() > 4 << 20);
+    hostile.send(request).await;
+    let ended = tokio::time::timeout(WAIT, hostile.inbound.message())
+        .await
+        .expect("the stream ends");
+    let status = ended.expect_err("an error status, not a response or a quiet end");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+    assert_eq!(h.cache.watched(), 0, "nothing of it was subscribed");
+
+    let mut envoy = h.ads("envoy-1").await;
+    envoy.subscribe(CLUSTER_TYPE_URL, &["hello.vip"]).await;
+    assert_eq!(names(&envoy.recv().await), ["hello.vip"]);
+}
+
+#[tokio::test]
 async fn a_subscribed_vip_gets_its_cluster_then_its_endpoints() {
     let h = Harness::start(vec![
         inst("hello", "10.0.0.1", Status::Up),

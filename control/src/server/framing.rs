@@ -6,36 +6,29 @@
 //! first answer of 30 clusters and their load assignments), and decodes its requests into an
 //! 8 KB buffer per stream. At 10,000 proxies those were most of the control plane's memory
 //! (docs/benchmarks.md, "Memory per connected proxy"). Here each response is encoded into a
-//! buffer of its own exact size, handed to HTTP/2 and freed once written, and requests are
-//! read by tonic's [`Streaming`] from a small first buffer (it grows for a large request, as
-//! before). Only the delta methods are served here: [`DeltaFraming`] hands every other path
-//! to the tonic service it wraps.
+//! buffer of its own exact size, handed to HTTP/2 and freed once written, and a request is
+//! kept only until it is whole: the buffer is let go whenever it holds no part of a message.
+//! Only the delta methods are served here: [`DeltaFraming`] hands every other path to the
+//! tonic service it wraps.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-};
-use http_body::Frame;
+use bytes::{Buf, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use http_body::{Body as _, Frame};
 use prost::Message;
 use tokio::sync::mpsc;
+use tokio_stream::Stream;
 use tonic::body::Body;
-use tonic::codec::{BufferSettings, Streaming};
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service};
 use tonic::server::NamedService;
 use tonic::{Request, Status};
-use tonic_prost::ProstDecoder;
 
 use super::{MAX_REQUEST_BYTES, XdsServer};
 use crate::session::Service as Kind;
-
-/// The first size of a stream's request buffer. Envoy's requests are mostly ACKs and
-/// on-demand asks of one name (a few hundred bytes); a larger one grows it.
-const REQUEST_BUFFER: usize = 1024;
 
 /// The delta method of each service, and the stream kind it opens.
 const METHODS: [(&str, Kind); 3] = [
@@ -114,13 +107,16 @@ fn open(server: &XdsServer, kind: Kind, request: http::Request<Body>) -> http::R
         ));
         return refused.into_http();
     }
-    let decoder = ProstDecoder::<DeltaDiscoveryRequest>::new(BufferSettings::new(
-        REQUEST_BUFFER,
-        REQUEST_BUFFER,
-    ));
-    let request =
-        request.map(|body| Streaming::new_request(decoder, body, None, Some(MAX_REQUEST_BYTES)));
-    let responses = server.open(kind, Request::from_http(request));
+    let (parts, body) = request.into_parts();
+    // tonic finds the peer's address (plain or TLS) in the request's extensions.
+    let peer = Request::from_http(http::Request::from_parts(parts, ()));
+    let source = peer.remote_addr().map(|addr| addr.ip().to_canonical());
+    let requests = Requests {
+        body,
+        buf: BytesMut::new(),
+        ended: false,
+    };
+    let responses = server.open(kind, source, requests);
     let mut response = http::Response::new(Body::new(Responses {
         queue: responses,
         ended: false,
@@ -132,10 +128,98 @@ fn open(server: &XdsServer, kind: Kind, request: http::Request<Body>) -> http::R
     response
 }
 
+/// A stream's requests, read from its HTTP/2 body: each message decoded once whole.
+struct Requests {
+    body: Body,
+    /// The part of a message that has arrived; empty (no allocation) between messages.
+    buf: BytesMut,
+    ended: bool,
+}
+
+impl Stream for Requests {
+    type Item = Result<DeltaDiscoveryRequest, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            match next_message(&mut self.buf, MAX_REQUEST_BYTES) {
+                Ok(Some(message)) => {
+                    if self.buf.is_empty() {
+                        self.buf = BytesMut::new();
+                    }
+                    let request = DeltaDiscoveryRequest::decode(message).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "a request is not a DeltaDiscoveryRequest: {e}"
+                        ))
+                    });
+                    return Poll::Ready(Some(request));
+                }
+                Ok(None) if self.ended => return Poll::Ready(None),
+                Ok(None) => {}
+                Err(status) => {
+                    self.ended = true;
+                    self.buf = BytesMut::new();
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    // Trailers end nothing here: the stream ends with the body.
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(status)) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
+                None if self.buf.is_empty() => return Poll::Ready(None),
+                None => {
+                    self.ended = true;
+                    self.buf = BytesMut::new();
+                    let status = Status::invalid_argument("the stream ended inside a message");
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+        }
+    }
+}
+
+/// The next whole gRPC message at the front of `buf`, taken out of it; `None` until one has
+/// arrived. Nothing is reserved for a message announced and not yet sent.
+fn next_message(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Status> {
+    let Some(&[flag, a, b, c, d]) = buf.get(..5) else {
+        return Ok(None);
+    };
+    match flag {
+        0 => {}
+        1 => {
+            return Err(Status::unimplemented(
+                "compressed messages are not supported",
+            ));
+        }
+        _ => {
+            return Err(Status::invalid_argument(format!(
+                "bad gRPC message flag {flag}"
+            )));
+        }
+    }
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if len > max {
+        return Err(Status::out_of_range(format!(
+            "a request of {len} bytes is over the limit of {max} bytes"
+        )));
+    }
+    if buf.len() < 5 + len {
+        return Ok(None);
+    }
+    buf.advance(5);
+    Ok(Some(buf.split_to(len).freeze()))
+}
+
 /// A stream's responses as an HTTP/2 body: each message one gRPC frame, then `grpc-status: 0`
 /// when the stream's task ends.
 struct Responses {
-    queue: mpsc::Receiver<Box<DeltaDiscoveryResponse>>,
+    queue: mpsc::Receiver<super::Queued>,
     ended: bool,
 }
 
@@ -151,7 +235,11 @@ impl http_body::Body for Responses {
             return Poll::Ready(None);
         }
         let frame = match ready!(self.queue.poll_recv(cx)) {
-            Some(message) => match frame(message.as_ref()) {
+            Some(Err(status)) => {
+                self.ended = true;
+                Frame::trailers(trailers(&status))
+            }
+            Some(Ok(message)) => match frame(message.as_ref()) {
                 Some(data) => Frame::data(data),
                 None => {
                     self.ended = true;
@@ -195,6 +283,7 @@ fn trailers(status: &Status) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
     use envoy_types::pb::google::protobuf::Any;
 
     #[test]
@@ -212,6 +301,54 @@ mod tests {
         assert_eq!(DeltaDiscoveryResponse::decode(&data[5..]).unwrap(), message);
         let empty = frame(&Any::default()).unwrap();
         assert_eq!(&empty[..], &[0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_message_is_taken_once_whole_and_the_rest_stays() {
+        let one = DeltaDiscoveryRequest {
+            type_url: "t".into(),
+            resource_names_subscribe: vec!["a.vip".into()],
+            ..Default::default()
+        };
+        let two = DeltaDiscoveryRequest {
+            response_nonce: "9".into(),
+            ..Default::default()
+        };
+        let wire = [frame(&one).unwrap(), frame(&two).unwrap()].concat();
+        let mut buf = BytesMut::new();
+        // Byte by byte: nothing until the first message is whole.
+        let mut got = Vec::new();
+        for byte in wire {
+            buf.extend_from_slice(&[byte]);
+            while let Some(message) = next_message(&mut buf, 1024).unwrap() {
+                got.push(DeltaDiscoveryRequest::decode(message).unwrap());
+            }
+        }
+        assert_eq!(got, [one, two]);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_message_over_the_limit_compressed_or_with_a_bad_flag_is_refused() {
+        let mut over = BytesMut::from(&[0, 0, 0, 4, 1][..]);
+        assert_eq!(
+            next_message(&mut over, 1024).unwrap_err().code(),
+            tonic::Code::OutOfRange
+        );
+        let mut compressed = BytesMut::from(&[1, 0, 0, 0, 0][..]);
+        assert_eq!(
+            next_message(&mut compressed, 1024).unwrap_err().code(),
+            tonic::Code::Unimplemented
+        );
+        let mut bad = BytesMut::from(&[7, 0, 0, 0, 0][..]);
+        assert_eq!(
+            next_message(&mut bad, 1024).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        // Announced but not sent: waits, and reserves nothing for it.
+        let mut announced = BytesMut::from(&[0, 0, 0, 3, 0][..]);
+        assert_eq!(next_message(&mut announced, 1024).unwrap(), None);
+        assert!(announced.capacity() < 64);
     }
 
     #[test]
