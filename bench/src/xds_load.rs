@@ -23,19 +23,24 @@
 //! The control plane's RSS and CPU seconds come from `/proc/<control-pid>`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
+use tonic::{Status, Streaming};
 
 use crate::http1::Conn;
 use crate::registry_gen::{self, GenArgs, GenInstance, vip_name};
@@ -142,6 +147,34 @@ struct Proxy {
     subscribed: BTreeSet<usize>,
 }
 
+/// The delta ADS call: answered when the server's response headers arrive.
+type Call = Pin<
+    Box<
+        dyn Future<Output = Result<tonic::Response<Streaming<DeltaDiscoveryResponse>>, Status>>
+            + Send,
+    >,
+>;
+
+/// A proxy's inbound half: the call until the server's response headers are in, then the
+/// response stream.
+enum Inbound {
+    Calling(Call),
+    Open(Streaming<DeltaDiscoveryResponse>),
+}
+
+impl Inbound {
+    /// The next response. Cancel-safe, for `select!`: the call is kept in `self` while it
+    /// is pending, and `Streaming::message` is cancel-safe.
+    async fn message(&mut self) -> Result<Option<DeltaDiscoveryResponse>, Status> {
+        loop {
+            match self {
+                Inbound::Open(stream) => return stream.message().await,
+                Inbound::Calling(call) => *self = Inbound::Open(call.await?.into_inner()),
+            }
+        }
+    }
+}
+
 fn request(type_url: &str, names: Vec<String>) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {
         type_url: type_url.into(),
@@ -162,10 +195,15 @@ async fn connect(
     let mut client =
         AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
-    let mut inbound = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
+    // The call is awaited inside the task, beside the commands: the first request goes out
+    // before the response headers arrive, as Envoy sends it (grpc-go sends its headers only
+    // with the first response).
+    let call = Box::pin(async move {
+        client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+    });
+    let mut inbound = Inbound::Calling(call);
     let (cmds, mut cmd_rx) = mpsc::channel::<Cmd>(8);
     tokio::spawn(async move {
         let mut node = Some(Node {
@@ -194,7 +232,14 @@ async fn connect(
                     });
                 }
                 msg = inbound.message() => {
-                    let Ok(Some(resp)) = msg else { return };
+                    let resp = match msg {
+                        Ok(Some(resp)) => resp,
+                        Ok(None) => return,
+                        Err(status) => {
+                            eprintln!("proxy {id}: {status}");
+                            return;
+                        }
+                    };
                     let at = unix_now();
                     let names: Vec<String> = resp.resources.iter().map(|r| r.name.clone()).collect();
                     // ACK first, as Envoy does, then subscribe to new clusters' endpoints.
