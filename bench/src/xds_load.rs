@@ -169,7 +169,8 @@ type Call = Pin<
 /// response stream.
 enum Inbound {
     Calling(Call),
-    Open(Streaming<DeltaDiscoveryResponse>),
+    // Boxed: the stream is 232 bytes, the call 16 (clippy's large_enum_variant).
+    Open(Box<Streaming<DeltaDiscoveryResponse>>),
 }
 
 impl Inbound {
@@ -179,7 +180,9 @@ impl Inbound {
         loop {
             match self {
                 Inbound::Open(stream) => return stream.message().await,
-                Inbound::Calling(call) => *self = Inbound::Open(call.await?.into_inner()),
+                Inbound::Calling(call) => {
+                    *self = Inbound::Open(Box::new(call.await?.into_inner()));
+                }
             }
         }
     }
