@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"sort"
 	"time"
@@ -186,6 +188,7 @@ func main() {
 	dumpPath := flag.String("dump", "", "the dump to serve (odmesh-bench xds-dump)")
 	listen := flag.String("listen", "127.0.0.1:18200", "where to listen for gRPC")
 	poll := flag.Duration("poll", 200*time.Millisecond, "how often to look at the dump's modification time")
+	pprof := flag.String("pprof", "", "where to serve net/http/pprof (e.g. 127.0.0.1:6060), to see where the memory goes; off when empty")
 	flag.Parse()
 	if *dumpPath == "" {
 		fmt.Fprintln(os.Stderr, "usage: gcp -dump FILE [-listen ADDR] [-poll DURATION]")
@@ -221,6 +224,9 @@ func main() {
 		os.Exit(1)
 	}
 
+	if *pprof != "" {
+		go func() { logf("pprof: %v", http.ListenAndServe(*pprof, nil)) }()
+	}
 	go func() {
 		for range time.Tick(*poll) {
 			if _, err := src.reload(); err != nil {
