@@ -114,6 +114,12 @@ bench-build: wasm native envoy bench-deps
 bench-quick: bench-build ## benchmarks, smaller counts (< 5 min): docs/bench/quick/latest.md
 	python3 bench/run.py --quick
 
+# Section 4 beside go-control-plane (bench/gcp, needs `go`; also part of `make bench`'s run.py):
+# docs/bench/gcp-<commit>.json.
+.PHONY: bench-gcp
+bench-gcp: bench-build ## xds-load against go-control-plane and odmesh-control, alternating: docs/bench/gcp-<commit>.json
+	python3 bench/run.py --only gcp
+
 .PHONY: bench
 bench: bench-build ## the full benchmarks (docs/benchmarks.md): docs/bench/latest.md, then the two shells, failover and the flood
 	python3 bench/run.py

@@ -3,10 +3,10 @@
 
     bench/run.py --quick     # under 5 minutes, smaller counts (make bench-quick)
     bench/run.py             # the full set (make bench)
-    bench/run.py --only first,overhead,memory,discovered,scale,eureka,peers,follow,filter
+    bench/run.py --only first,overhead,memory,discovered,scale,gcp,eureka,peers,follow,filter
 
 Needs (make bench builds them): target/release/odmesh-control, target/release/odmesh-bench,
-dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk. Writes docs/bench/latest.md, latest.json
+dist/odmesh_filter.wasm, Envoy ($ENVOY), nginx, wrk; `go` for the gcp section (skipped without it). Writes docs/bench/latest.md, latest.json
 and the SVG plots (--quick: under docs/bench/quick/). Standard library only.
 
 ODMESH_WASM=/path/to/filter.wasm runs Envoy with another build of the filter (an A/B of two
@@ -714,6 +714,85 @@ def bench_peers(cfg, workdir, results):
 
 
 # ---------------------------------------------------------------------------------------------
+# 4, beside go-control-plane
+
+GCP = ROOT / "target/release/odmesh-gcp"
+
+
+def start_gcp(procs, dump, name):
+    """bench/gcp (go-control-plane) serving `dump`; its log stamps the dump's reloads."""
+    xds = free_port()
+    p = procs.start(name, [GCP, "-dump", dump, "-listen", f"127.0.0.1:{xds}"])
+    wait_for("go-control-plane serving", lambda: "serving" in p.logpath.read_text(), timeout=120, every=0.1)
+    p.xds = xds
+    return p
+
+
+def bench_gcp(cfg, workdir, results):
+    """xds-load against go-control-plane (bench/gcp: a LinearCache per type behind a MuxCache,
+    serving `xds-dump`'s resources of the registry) and against odmesh-control's file source,
+    alternating, `gcp_runs` times each at every count of `gcp_proxies`. Writes
+    docs/bench/gcp-<commit>.json (quick: under quick/) with the command and the binaries' sha256."""
+    go = shutil.which("go")
+    if not go:
+        log("gcp: skipped: no `go` on PATH (bench/gcp is a Go program)")
+        return
+    subprocess.run([go, "build", "-o", GCP, "."], cwd=ROOT / "bench/gcp", check=True)
+    # One descriptor per simulated proxy in xds-load and in the server, inherited by both.
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(cfg["gcp_proxies"]) + 1000
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY else want, hard))
+    n = cfg["gcp_vips"]
+    reg, dump = workdir / f"gcp-{n}.yaml", workdir / f"gcp-{n}.bin"
+    runs = []
+    for proxies in cfg["gcp_proxies"]:
+        for r in range(cfg["gcp_runs"]):
+            for server in ("gcp", "odmesh"):
+                procs = Procs(workdir)
+                try:
+                    bench_json("gen-registry", "--out", reg, "--vips", n, "--instances", 10)
+                    bench_json("xds-dump", "--registry", reg, "--out", dump)
+                    name = f"{server}-{proxies}-{r}"
+                    # 10,000 proxies from one address: above odmesh's default bounds (not what is measured).
+                    bounds = ["--xds-max-connections", "20000", "--xds-max-connections-per-source", "20000"]
+                    cp = (start_gcp(procs, dump, name) if server == "gcp"
+                          else start_control(procs, reg, name=name, extra=bounds))
+                    args = ["xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
+                            "--control-log", cp.logpath, "--registry", reg, "--vips", n, "--instances", 10,
+                            "--proxies", proxies, "--subs", 30, "--samples", cfg["gcp_samples"],
+                            "--flips", cfg["gcp_flips"]] + (["--dump", dump] if server == "gcp" else [])
+                    load_before = open("/proc/loadavg").read().strip()
+                    try:
+                        load = bench_json(*args)
+                    except RuntimeError as e:
+                        log(f"gcp: {name}: failed: {e}")
+                        runs.append({"server": server, "proxies": proxies, "run": r, "failed": str(e)[-500:]})
+                        continue
+                    load.update({"server": server, "run": r, "loadavg_before": load_before,
+                                 "loadavg_after": open("/proc/loadavg").read().strip(),
+                                 "command": "odmesh-bench " + " ".join(recorded(a) if isinstance(a, Path) else str(a) for a in args)})
+                    runs.append(load)
+                    per = (load["rss_connected"]["rss_bytes"] - load["rss_idle"]["rss_bytes"]) / proxies
+                    log(f"gcp: {name}: answer p50/p99 {load['answer_cds_ms']['p50']:.3f}/{load['answer_cds_ms']['p99']:.3f} ms "
+                        f"(+CLA {load['answer_eds_ms']['p50']:.3f}/{load['answer_eds_ms']['p99']:.3f}), "
+                        f"RSS {load['rss_idle']['rss_bytes'] / 2**20:.0f}→{load['rss_connected']['rss_bytes'] / 2**20:.0f} MiB "
+                        f"({per / 1024:.1f} KiB/proxy), fan-out from rename p50/p99 "
+                        f"{load['fanout_from_rename_ms']['p50']:.0f}/{load['fanout_from_rename_ms']['p99']:.0f} ms, "
+                        f"from built {load['fanout_from_built_ms']['p50']:.0f}/{load['fanout_from_built_ms']['p99']:.0f} ms")
+                finally:
+                    procs.stop_all()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    record = {"command": " ".join(["bench/run.py", *sys.argv[1:]]), "recorded_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+              "commit": commit, "machine": results["machine"], "config": {k: v for k, v in cfg.items() if k.startswith("gcp")},
+              "binaries": {recorded(b): sha256(b) for b in (BENCH, CONTROL, GCP)}, "runs": runs}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"gcp-{commit or 'unknown'}.json").write_text(json.dumps(record, indent=1) + "\n")
+    results["gcp"] = record
+
+
+# ---------------------------------------------------------------------------------------------
 # 10. Following a Eureka server at scale
 
 
@@ -962,6 +1041,34 @@ def write_report(cfg, results, argv):
                      f"{s['answer_cds_ms']['p50']:.3f} / {s['answer_cds_ms']['p99']:.3f} ms | {send:.2f} s | "
                      f"{c['p50']:.0f} / {c['p90']:.0f} / {c['p99']:.0f} ms | {cpu:.2f} |")
         L.append("")
+    if results.get("gcp"):
+        g = results["gcp"]
+        L += ["### Beside go-control-plane", "",
+              f"The same `xds-load` ({g['config']['gcp_vips']:,} VIPs × 10 instances, 30 subscriptions per proxy) against "
+              "`bench/gcp` (go-control-plane v0.14.0: a `LinearCache` per type behind a `MuxCache`, serving "
+              "`odmesh-bench xds-dump`'s resources; a change is a new dump, renamed into place, polled every 200 ms) "
+              "and against `odmesh-control --registry` (a new YAML file, polled every 200 ms), alternating. "
+              "Fan-out from the rename includes each one's poll and read (odmesh: YAML parse and snapshot; "
+              "gcp: protobuf decode, the resources were built by xds-load); from the change ready: odmesh's "
+              "`snapshot built`, gcp's `dump diffed` (changed resources found, before `UpdateResources`). "
+              f"Raw: `gcp-{g['commit']}.json`.", "",
+              "| server | proxies | run | answer p50 / p99 (Cluster) | + load assignment p50 / p99 | RSS loaded → proxies | per proxy | "
+              "fan-out from rename p50 / p99 | from change ready p50 / p99 | load avg before → after |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for s in g["runs"]:
+            if "failed" in s:
+                L.append(f"| {s['server']} | {s['proxies']:,} | {s['run']} | failed: see the JSON | | | | | | |")
+                continue
+            per = (s["rss_connected"]["rss_bytes"] - s["rss_idle"]["rss_bytes"]) / s["proxies"]
+            L.append(f"| {s['server']} | {s['proxies']:,} | {s['run']} | "
+                     f"{s['answer_cds_ms']['p50']:.3f} / {s['answer_cds_ms']['p99']:.3f} ms | "
+                     f"{s['answer_eds_ms']['p50']:.3f} / {s['answer_eds_ms']['p99']:.3f} ms | "
+                     f"{s['rss_idle']['rss_bytes'] / 2**20:.0f} → {s['rss_connected']['rss_bytes'] / 2**20:.0f} MiB | "
+                     f"{per / 1024:.1f} KiB | "
+                     f"{s['fanout_from_rename_ms']['p50']:.0f} / {s['fanout_from_rename_ms']['p99']:.0f} ms | "
+                     f"{s['fanout_from_built_ms']['p50']:.0f} / {s['fanout_from_built_ms']['p99']:.0f} ms | "
+                     f"{s['loadavg_before'].split()[0]} → {s['loadavg_after'].split()[0]} |")
+        L.append("")
     if results.get("peers"):
         L += ["### Peered embedded registries: replication lag", "",
               "Two `odmesh-control --serve-eureka ... --peer ...` nodes. `odmesh-bench replication-lag` "
@@ -1035,7 +1142,8 @@ QUICK = {"quick": True, "first_vips": 200, "first_reps": 1, "overhead_rounds": 3
          "push_all_vips": [1000], "scale_vips": [1000, 10000], "scale_proxies": 200, "scale_samples": 300,
          "scale_flips": 2, "scale_eureka_vips": [1000], "peers_rates": [2000], "peers_seconds": 5, "discovered_vips": [1000], "discovered_workers": [1],
          "follow_instances": [10000, 100000], "follow_peer_instances": [100000], "follow_full": 2, "follow_deltas": 2,
-         "push_all_variants": ["inline", "bare"]}
+         "push_all_variants": ["inline", "bare"],
+         "gcp_vips": 1000, "gcp_proxies": [200], "gcp_runs": 1, "gcp_samples": 300, "gcp_flips": 2}
 FULL = {"quick": False, "first_vips": 250, "first_reps": 3, "overhead_rounds": 6, "overhead_seconds": 10,
         "push_all_vips": [1000, 10000], "scale_vips": [1000, 10000, 100000], "scale_proxies": 1000,
         "scale_samples": 2000, "scale_flips": 4, "scale_eureka_vips": [1000, 10000, 100000],
@@ -1043,9 +1151,10 @@ FULL = {"quick": False, "first_vips": 250, "first_reps": 3, "overhead_rounds": 6
         "follow_instances": [10000, 100000, 1000000], "follow_peer_instances": [100000, 1000000],
         "follow_full": 3, "follow_deltas": 3,
         "discovered_vips": [1000, 10000], "discovered_workers": [1, 4],
-        "push_all_variants": ["inline", "no-outlier", "no-breakers", "bare"]}
+        "push_all_variants": ["inline", "no-outlier", "no-breakers", "bare"],
+        "gcp_vips": 1000, "gcp_proxies": [1000, 10000], "gcp_runs": 2, "gcp_samples": 2000, "gcp_flips": 4}
 SECTIONS = {"first": bench_first, "overhead": bench_overhead, "memory": bench_push_all,
-            "discovered": bench_discovered, "scale": bench_scale,
+            "discovered": bench_discovered, "scale": bench_scale, "gcp": bench_gcp,
             "eureka": bench_scale_eureka, "peers": bench_peers, "follow": bench_follow, "filter": bench_filter}
 
 
@@ -1062,7 +1171,7 @@ def main():
     ENVOY = envoy_binary()
     sections = args.only.split(",")
     # Only the sections that run Envoy need the filter.
-    needs = [BENCH, CONTROL] + ([WASM] if set(sections) - {"scale", "eureka", "peers", "follow"} else [])
+    needs = [BENCH, CONTROL] + ([WASM] if set(sections) - {"scale", "gcp", "eureka", "peers", "follow"} else [])
     for need in needs:
         if not need.exists():
             sys.exit(f"missing {need}: run `make bench` (or bench-quick), which builds it")

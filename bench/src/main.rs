@@ -17,6 +17,7 @@ mod registry_gen;
 mod registry_load;
 mod replication_lag;
 mod spring_eureka;
+mod xds_dump;
 mod xds_load;
 
 /// odmesh benchmark tools (see docs/benchmarks.md).
@@ -38,6 +39,9 @@ enum Command {
     },
     /// Simulated Envoys over delta ADS against a running odmesh-control (JSON out).
     XdsLoad(xds_load::LoadArgs),
+    /// Writes every Cluster and ClusterLoadAssignment odmesh serves for a registry, for
+    /// another control plane to serve (bench/gcp): length-delimited xDS `Resource`s.
+    XdsDump(xds_dump::DumpArgs),
     /// A delta ADS server that pushes every cluster of a registry to whoever connects.
     PushAll {
         /// The registry file to serve.
@@ -80,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Command::ReplicationLag(a) => runtime()?.block_on(replication_lag::run(a)),
         Command::EurekaServe(a) => runtime()?.block_on(spring_eureka::run(a)),
         Command::FollowLoad(a) => runtime()?.block_on(follow_load::run(a)),
+        Command::XdsDump(a) => xds_dump::run(&a),
         Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
         Command::PushAll {
             registry,

@@ -21,13 +21,15 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use odmesh_control::model::Snapshot;
-use odmesh_control::xds::{self, ResourceType, Versioned, XdsOptions};
+use odmesh_control::xds::{ResourceType, Versioned};
 use odmesh_eureka::wire::json::read_registry_file;
 use odmesh_registry::file;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+
+use crate::xds_dump;
 
 #[derive(Debug)]
 struct Resources {
@@ -183,16 +185,12 @@ pub async fn serve(registry: &Path, listen: SocketAddr, variant: Variant) -> any
     let parsed = file::load(registry, read_registry_file)
         .with_context(|| format!("{}", registry.display()))?;
     let snapshot = Snapshot::from_registry(&parsed.registry);
-    let opts = XdsOptions::default();
     let mut clusters = Vec::with_capacity(snapshot.len());
     let mut endpoints = HashMap::with_capacity(snapshot.len());
-    for (name, info) in snapshot.iter() {
-        let built = xds::build(name, xds::Lookup::Registered(info), &opts)
-            .map_err(|e| anyhow::anyhow!("{name}: {e:?}"))?;
+    for built in xds_dump::build_all(&snapshot)? {
         clusters.push(variant.apply(&built.cluster, &built.endpoints)?);
-        endpoints.insert(name.to_owned(), built.endpoints);
+        endpoints.insert(built.cluster.name.clone(), built.endpoints);
     }
-    clusters.sort_by(|a, b| a.name.cmp(&b.name));
     eprintln!("push-all: {} clusters ready on {listen}", clusters.len());
     let svc = PushAll {
         resources: Arc::new(Resources {

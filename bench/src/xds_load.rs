@@ -14,6 +14,10 @@
 //!    `registry loaded` log line (the file is parsed; the change now goes through the snapshot,
 //!    cache and streams), and also from the rename.
 //!
+//! With `--dump`, the control plane is a go-control-plane server (`bench/gcp`) serving a dump of
+//! the same resources (`xds_dump`): each flip also writes the flipped registry's dump, and
+//! times run from the dump's rename and from that server's log lines.
+//!
 //! With `--eureka`, the registry is the control plane's embedded one (`--serve-eureka`):
 //! every instance is registered over its REST API first (timed), and a flip sets or removes
 //! the `OUT_OF_SERVICE` status override of the same 1% of instances, one request each, over
@@ -23,23 +27,28 @@
 //! The control plane's RSS and CPU seconds come from `/proc/<control-pid>`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
+use tonic::{Status, Streaming};
 
 use crate::http1::Conn;
 use crate::registry_gen::{self, GenArgs, GenInstance, vip_name};
-use crate::{log_time, procstat};
+use crate::{log_time, procstat, xds_dump};
 
 /// Connections the REST requests are spread over.
 const REST_CONNECTIONS: usize = 8;
@@ -66,6 +75,12 @@ pub struct LoadArgs {
     /// The control plane's admin address (`host:port`), to see when the registry is in.
     #[arg(long)]
     pub admin: Option<String>,
+    /// Instead of odmesh-control's file source: the dump (`xds-dump`) a go-control-plane
+    /// server (`bench/gcp`) serves. Each flip also writes the flipped registry's dump there
+    /// (renamed into place), and times are from that rename and from the server's `dump read`,
+    /// `dump diffed` and `resources updated` log lines.
+    #[arg(long, requires = "registry")]
+    pub dump: Option<PathBuf>,
     /// VIPs in the registry.
     #[arg(long)]
     pub vips: usize,
@@ -142,6 +157,37 @@ struct Proxy {
     subscribed: BTreeSet<usize>,
 }
 
+/// The delta ADS call: answered when the server's response headers arrive.
+type Call = Pin<
+    Box<
+        dyn Future<Output = Result<tonic::Response<Streaming<DeltaDiscoveryResponse>>, Status>>
+            + Send,
+    >,
+>;
+
+/// A proxy's inbound half: the call until the server's response headers are in, then the
+/// response stream.
+enum Inbound {
+    Calling(Call),
+    // Boxed: the stream is 232 bytes, the call 16 (clippy's large_enum_variant).
+    Open(Box<Streaming<DeltaDiscoveryResponse>>),
+}
+
+impl Inbound {
+    /// The next response. Cancel-safe, for `select!`: the call is kept in `self` while it
+    /// is pending, and `Streaming::message` is cancel-safe.
+    async fn message(&mut self) -> Result<Option<DeltaDiscoveryResponse>, Status> {
+        loop {
+            match self {
+                Inbound::Open(stream) => return stream.message().await,
+                Inbound::Calling(call) => {
+                    *self = Inbound::Open(Box::new(call.await?.into_inner()));
+                }
+            }
+        }
+    }
+}
+
 fn request(type_url: &str, names: Vec<String>) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {
         type_url: type_url.into(),
@@ -162,10 +208,15 @@ async fn connect(
     let mut client =
         AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
-    let mut inbound = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
+    // The call is awaited inside the task, beside the commands: the first request goes out
+    // before the response headers arrive, as Envoy sends it (grpc-go sends its headers only
+    // with the first response).
+    let call = Box::pin(async move {
+        client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+    });
+    let mut inbound = Inbound::Calling(call);
     let (cmds, mut cmd_rx) = mpsc::channel::<Cmd>(8);
     tokio::spawn(async move {
         let mut node = Some(Node {
@@ -194,7 +245,14 @@ async fn connect(
                     });
                 }
                 msg = inbound.message() => {
-                    let Ok(Some(resp)) = msg else { return };
+                    let resp = match msg {
+                        Ok(Some(resp)) => resp,
+                        Ok(None) => return,
+                        Err(status) => {
+                            eprintln!("proxy {id}: {status}");
+                            return;
+                        }
+                    };
                     let at = unix_now();
                     let names: Vec<String> = resp.resources.iter().map(|r| r.name.clone()).collect();
                     // ACK first, as Envoy does, then subscribe to new clusters' endpoints.
@@ -388,6 +446,29 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The control plane's log lines that split a registry change: parsed, the new resources
+/// ready for the cache, the cache holding them.
+struct Stamps {
+    loaded: &'static str,
+    built: &'static str,
+    applied: &'static str,
+}
+
+/// odmesh-control's file source, model and cache.
+const ODMESH_STAMPS: Stamps = Stamps {
+    loaded: "registry loaded",
+    built: "snapshot built",
+    applied: "snapshot applied",
+};
+
+/// `bench/gcp`: the dump read and decoded, the changed resources found, `UpdateResources`
+/// returned.
+const GCP_STAMPS: Stamps = Stamps {
+    loaded: "dump read",
+    built: "dump diffed",
+    applied: "resources updated",
+};
+
 /// Rewrites the registry file `flips` times, 1% of the instances changing status each time,
 /// and times each change to every proxy subscribed to a changed VIP.
 async fn flip_file(
@@ -404,18 +485,33 @@ async fn flip_file(
         .filter(|(_, p)| p.subscribed.iter().any(|v| changing.contains(v)))
         .map(|(i, _)| i)
         .collect();
+    let stamps = match a.dump {
+        Some(_) => GCP_STAMPS,
+        None => ODMESH_STAMPS,
+    };
     let mut flips = Vec::new();
     let mut all_from_loaded = Vec::new();
+    let mut all_from_built = Vec::new();
     let mut all_from_applied = Vec::new();
+    let mut all_from_rename = Vec::new();
     for f in 0..a.flips {
         let down = f % 2 == 0;
         let gen_args = GenArgs::scale(registry.to_path_buf(), a.vips, a.instances, down);
         let body = registry_gen::render(&gen_args);
         let cpu_before = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0);
         let tmp = registry.with_extension("tmp");
-        std::fs::write(&tmp, body)?;
+        std::fs::write(&tmp, &body)?;
         std::fs::rename(&tmp, registry)?;
-        let t_rename = unix_now();
+        let mut t_rename = unix_now();
+        let mut dump_ms = None;
+        if let Some(dump) = &a.dump {
+            // Built here, before the clock starts: the server only reads it.
+            let t = Instant::now();
+            let bytes = xds_dump::encode(&xds_dump::resources(registry, body.as_bytes())?);
+            xds_dump::write_atomic(dump, &bytes)?;
+            t_rename = unix_now();
+            dump_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+        }
         let mut got: HashMap<usize, f64> = HashMap::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while got.len() < expected.len() {
@@ -436,7 +532,7 @@ async fn flip_file(
         tokio::time::sleep(Duration::from_millis(2500)).await;
         let cpu_total = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0) - cpu_before;
         let log = std::fs::read_to_string(&a.control_log).unwrap_or_default();
-        let loaded = log_time::times_of(&log, "registry loaded")
+        let loaded = log_time::times_of(&log, stamps.loaded)
             .into_iter()
             .filter(|&t| t >= t_rename - 0.001)
             .fold(f64::NAN, f64::min);
@@ -446,14 +542,17 @@ async fn flip_file(
                 .filter(|&t| t >= loaded)
                 .fold(f64::NAN, f64::min)
         };
-        let built = after("snapshot built");
-        let applied = after("snapshot applied");
-        let from_loaded: Vec<f64> = got.values().map(|&t| (t - loaded) * 1e3).collect();
-        let from_applied: Vec<f64> = got.values().map(|&t| (t - applied) * 1e3).collect();
-        all_from_applied.extend(from_applied.iter().copied());
-        let from_rename: Vec<f64> = got.values().map(|&t| (t - t_rename) * 1e3).collect();
+        let built = after(stamps.built);
+        let applied = after(stamps.applied);
+        let from = |base: f64| -> Vec<f64> { got.values().map(|&t| (t - base) * 1e3).collect() };
+        let (from_loaded, from_built) = (from(loaded), from(built));
+        let (from_applied, from_rename) = (from(applied), from(t_rename));
         all_from_loaded.extend(from_loaded.iter().copied());
+        all_from_built.extend(from_built.iter().copied());
+        all_from_applied.extend(from_applied.iter().copied());
+        all_from_rename.extend(from_rename.iter().copied());
         flips.push(json!({
+            "dump_build_ms": dump_ms,
             "down": down,
             "expected_proxies": expected.len(),
             "reached_proxies": got.len(),
@@ -461,6 +560,7 @@ async fn flip_file(
             "loaded_to_snapshot_built_ms": (built - loaded) * 1e3,
             "loaded_to_snapshot_applied_ms": (applied - loaded) * 1e3,
             "fanout_from_loaded_ms": summary(from_loaded),
+            "fanout_from_built_ms": summary(from_built),
             "fanout_from_applied_ms": summary(from_applied),
             "fanout_from_rename_ms": summary(from_rename),
             "cpu_seconds_to_last_proxy": cpu_to_last,
@@ -472,8 +572,11 @@ async fn flip_file(
 
     Ok(json!({
         "flips": flips,
+        "log_stamps": [stamps.loaded, stamps.built, stamps.applied],
         "fanout_from_loaded_ms": summary(all_from_loaded),
+        "fanout_from_built_ms": summary(all_from_built),
         "fanout_from_applied_ms": summary(all_from_applied),
+        "fanout_from_rename_ms": summary(all_from_rename),
     }))
 }
 
