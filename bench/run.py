@@ -146,8 +146,10 @@ class Procs:
             self.stop(p)
 
 
-def bench_json(*args, lines=False):
-    done = subprocess.run([str(BENCH), *map(str, args)], capture_output=True, text=True)
+def bench_json(*args, lines=False, cpus=None):
+    """odmesh-bench ARGS's JSON output; `cpus`: run it on those CPUs only (taskset's list)."""
+    pin = ["taskset", "-c", cpus] if cpus else []
+    done = subprocess.run([*pin, str(BENCH), *map(str, args)], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"odmesh-bench {' '.join(map(str, args))} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     out = done.stdout
@@ -746,6 +748,9 @@ def bench_gcp(cfg, workdir, results):
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY else want, hard))
     n = cfg["gcp_vips"]
     reg, dump = workdir / f"gcp-{n}.yaml", workdir / f"gcp-{n}.bin"
+    # The server on one core and the load generator on the other, so that neither's CPU is the
+    # other's limit (the generator decodes and ACKs every proxy's responses).
+    pinned = {"server": "0", "load": "1"} if (os.cpu_count() or 1) >= 2 else None
     runs = []
     for proxies in cfg["gcp_proxies"]:
         for r in range(cfg["gcp_runs"]):
@@ -763,16 +768,19 @@ def bench_gcp(cfg, workdir, results):
                             "--control-log", cp.logpath, "--registry", reg, "--vips", n, "--instances", 10,
                             "--proxies", proxies, "--subs", 30, "--samples", cfg["gcp_samples"],
                             "--flips", cfg["gcp_flips"]] + (["--dump", dump] if server == "gcp" else [])
+                    if pinned:
+                        subprocess.run(["taskset", "-a", "-p", "-c", pinned["server"], str(cp.pid)],
+                                       check=True, capture_output=True)
                     load_before = open("/proc/loadavg").read().strip()
                     try:
-                        load = bench_json(*args)
+                        load = bench_json(*args, cpus=pinned and pinned["load"])
                     except RuntimeError as e:
                         log(f"gcp: {name}: failed: {e}")
                         runs.append({"server": server, "proxies": proxies, "run": r, "failed": str(e)[-500:]})
                         continue
-                    load.update({"server": server, "run": r, "loadavg_before": load_before,
+                    load.update({"server": server, "run": r, "loadavg_before": load_before, "cpus": pinned,
                                  "loadavg_after": open("/proc/loadavg").read().strip(),
-                                 "command": "odmesh-bench " + " ".join(recorded(a) if isinstance(a, Path) else str(a) for a in args)})
+                                 "command": (f"taskset -c {pinned['load']} " if pinned else "") + "odmesh-bench " + " ".join(recorded(a) if isinstance(a, Path) else str(a) for a in args)})
                     runs.append(load)
                     per = (load["rss_connected"]["rss_bytes"] - load["rss_idle"]["rss_bytes"]) / proxies
                     log(f"gcp: {name}: answer p50/p99 {load['answer_cds_ms']['p50']:.3f}/{load['answer_cds_ms']['p99']:.3f} ms "
