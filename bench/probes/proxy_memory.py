@@ -15,7 +15,9 @@ figures to /tmp/proxy-memory-<time>.json.
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import run  # noqa: E402
+
+
+def stop_child(pid):
+    """heaptrack's child, the control plane, which stopping heaptrack leaves running."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + 10
+    while time.time() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
 
 
 def main():
@@ -42,6 +57,7 @@ def main():
     procs = run.Procs(workdir)
     extra = list(args.flag)
     heapfile = None
+    pid = None
     try:
         if args.heaptrack:
             # heaptrack starts the control plane as its child: find its pid by name below.
@@ -59,10 +75,11 @@ def main():
             registry = workdir / "registry.yaml"
             run.bench_json("gen-registry", "--out", registry, "--vips", args.vips, "--instances", 10)
         cp = run.start_control(procs, registry, extra=extra)
-        pid = cp.pid
+        pid = None if args.heaptrack else cp.pid
         if args.heaptrack:
-            found = subprocess.run(["pgrep", "-P", str(cp.pid)], capture_output=True, text=True).stdout.split()
-            pid = int(found[0]) if found else cp.pid
+            found = subprocess.run(["pgrep", "-f", f"^{real} .*--xds 127.0.0.1:{cp.xds} "],
+                                   capture_output=True, text=True).stdout.split()
+            pid = int(found[0])
         if args.eureka:
             source = ["--eureka", f"127.0.0.1:{cp.eureka}", "--admin", f"127.0.0.1:{cp.admin}"]
         else:
@@ -73,6 +90,8 @@ def main():
                               "--flips", 0)
     finally:
         procs.stop_all()
+        if pid and args.heaptrack:
+            stop_child(pid)
     before = load["rss_idle"]["rss_bytes"] if not args.eureka else load["registered"]["rss_bytes"]
     after = load["rss_connected"]["rss_bytes"]
     per = (after - before) / args.proxies

@@ -6,7 +6,7 @@
 //! → [`xds`] (pure: snapshot → Envoy `Cluster` / `ClusterLoadAssignment`, versioned) →
 //! [`cache`] (the resources every stream shares, and who is told of a change) → [`session`]
 //! (one stream's protocol without the transport: subscriptions, the delta diff, admission) →
-//! [`server`] (tonic: the xDS streams). [`prewarm`] keeps which clusters each calling service
+//! [`server`] (tonic and the delta streams' framing: the xDS streams). [`prewarm`] keeps which clusters each calling service
 //! used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that a connecting
 //! proxy is sent them ahead. [`routes`] serves each proxy its route (RDS), with the
 //! policy's timeouts for its calling service ([`xds::route`]). [`admin`] and [`metrics`]

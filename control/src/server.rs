@@ -8,6 +8,10 @@
 //!   subscribes) and sends what the session says changed: clusters first, then their load
 //!   assignments.
 //!
+//! tonic serves the connections and every method; the delta streams' messages are framed by
+//! `server/framing.rs` instead of tonic's codec, so that a connected proxy holds no buffer
+//! between its messages.
+//!
 //! State-of-the-world methods answer `UNIMPLEMENTED`: on-demand cluster discovery needs delta
 //! xDS. See [`cache`](crate::cache) for the protocol rules, wildcard and invalid-name policy.
 //!
