@@ -41,9 +41,12 @@ pub struct GenArgs {
     /// The instances' port.
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Mark 1% of the instances DOWN (those with index % 100 == 0).
+    /// Mark 1% of the instances DOWN (those with index % 100 == 0; see `--down-every`).
     #[arg(long)]
     pub down: bool,
+    /// Which instances `--down` marks DOWN: those with index % N == 0.
+    #[arg(long, default_value_t = 100)]
+    pub down_every: usize,
     /// Write Eureka's `/eureka/apps` JSON instead of the YAML form.
     #[arg(long)]
     pub json: bool,
@@ -60,6 +63,7 @@ impl GenArgs {
             loopback: false,
             port: 8080,
             down,
+            down_every: 100,
             json: false,
         }
     }
@@ -71,10 +75,10 @@ pub fn vip_name(prefix: &str, index: usize) -> String {
 }
 
 /// The VIPs whose endpoints change when `--down` flips: those holding an instance with
-/// `index % 100 == 0`.
-pub fn changing_vips(vips: usize, instances: usize) -> BTreeSet<usize> {
+/// `index % every == 0`.
+pub fn changing_vips(vips: usize, instances: usize, every: usize) -> BTreeSet<usize> {
     (0..vips * instances)
-        .filter(|&i| is_changing(i))
+        .filter(|&i| is_changing(i, every))
         .map(|i| i / instances)
         .collect()
 }
@@ -112,7 +116,7 @@ pub fn instances(a: &GenArgs) -> impl Iterator<Item = GenInstance> + '_ {
                 id: format!("{vip}-{k}"),
                 vip: vip.clone(),
                 ip: address(a, index, k),
-                status: if a.down && index.is_multiple_of(100) {
+                status: if a.down && is_changing(index, a.down_every) {
                     "DOWN"
                 } else {
                     "UP"
@@ -123,9 +127,10 @@ pub fn instances(a: &GenArgs) -> impl Iterator<Item = GenInstance> + '_ {
     })
 }
 
-/// Whether instance `index` is one of the 1% whose status the scale benchmark changes.
-pub fn is_changing(index: usize) -> bool {
-    index.is_multiple_of(100)
+/// Whether instance `index` is one of those whose status the scale benchmark changes (every
+/// `every`th: 1% with 100).
+pub fn is_changing(index: usize, every: usize) -> bool {
+    index.is_multiple_of(every.max(1))
 }
 
 /// The instance as Eureka's JSON has it (in `/eureka/apps`, and as a registration).
@@ -271,10 +276,28 @@ mod tests {
         let down: Vec<_> = reg.instances().filter(|i| i.status != Status::Up).collect();
         assert_eq!(down.len(), 3);
         let vips: BTreeSet<String> = down.iter().map(|i| i.vips[0].clone()).collect();
-        let expected: BTreeSet<String> = changing_vips(30, 10)
+        let expected: BTreeSet<String> = changing_vips(30, 10, 100)
             .into_iter()
             .map(|v| vip_name("svc-", v))
             .collect();
         assert_eq!(vips, expected);
+    }
+
+    #[test]
+    fn down_every_picks_which_instances_flip_one_in_a_vip_of_a_thousand() {
+        let a = GenArgs {
+            down: true,
+            down_every: 1000,
+            ..GenArgs::scale(PathBuf::from("unused"), 1, 1000, false)
+        };
+        let reg = parse(&a);
+        let down: Vec<_> = reg.instances().filter(|i| i.status != Status::Up).collect();
+        assert_eq!(down.len(), 1);
+        assert_eq!(
+            down[0].ip.to_string(),
+            "10.0.0.1",
+            "instance 0 of the registry"
+        );
+        assert_eq!(changing_vips(1, 1000, 1000), BTreeSet::from([0]));
     }
 }

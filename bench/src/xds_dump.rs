@@ -159,7 +159,7 @@ mod tests {
                 )
             })
             .collect();
-        let expected: Vec<String> = registry_gen::changing_vips(20, 10)
+        let expected: Vec<String> = registry_gen::changing_vips(20, 10, 100)
             .into_iter()
             .map(|v| format!("{}.vip", registry_gen::vip_name("svc-", v)))
             .collect();

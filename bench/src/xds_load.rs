@@ -40,6 +40,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
+use prost::Message;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -87,6 +88,10 @@ pub struct LoadArgs {
     /// Instances per VIP in the registry.
     #[arg(long, default_value_t = 10)]
     pub instances: usize,
+    /// Which instances a change flips: those whose index over the registry is a multiple of
+    /// this (100: 1% of them; with `--vips 1 --instances N --change-every N`, one instance).
+    #[arg(long, default_value_t = 100)]
+    pub change_every: usize,
     /// Simulated proxies.
     #[arg(long, default_value_t = 1000)]
     pub proxies: usize,
@@ -127,6 +132,8 @@ struct Arrival {
     proxy: usize,
     at: f64,
     names: Vec<String>,
+    /// The response's size on the wire (its protobuf encoding).
+    bytes: usize,
 }
 
 /// Subscribe to clusters like Envoy's on-demand discovery does: ask for the `Cluster`s; when
@@ -276,7 +283,8 @@ async fn connect(
                         }
                     } else if resp.type_url == ENDPOINTS_TYPE_URL {
                         have.extend(names.iter().cloned());
-                        let _ = arrivals.send(Arrival { proxy: id, at, names });
+                        let bytes = resp.encoded_len();
+                        let _ = arrivals.send(Arrival { proxy: id, at, names, bytes });
                     }
                     if let Some(p) = pending.take() {
                         let mut p = p;
@@ -411,7 +419,7 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
     while arrivals.try_recv().is_ok() {}
 
     // 3. Registry changes.
-    let changing = registry_gen::changing_vips(a.vips, a.instances);
+    let changing = registry_gen::changing_vips(a.vips, a.instances, a.change_every);
     let fanout = match (&a.eureka, &a.registry) {
         (Some(eureka), _) => flip_eureka(&a, eureka, &proxies, &changing, &mut arrivals).await?,
         (None, Some(registry)) => {
@@ -496,7 +504,10 @@ async fn flip_file(
     let mut all_from_rename = Vec::new();
     for f in 0..a.flips {
         let down = f % 2 == 0;
-        let gen_args = GenArgs::scale(registry.to_path_buf(), a.vips, a.instances, down);
+        let gen_args = GenArgs {
+            down_every: a.change_every,
+            ..GenArgs::scale(registry.to_path_buf(), a.vips, a.instances, down)
+        };
         let body = registry_gen::render(&gen_args);
         let cpu_before = procstat::cpu_seconds(a.control_pid).unwrap_or(0.0);
         let tmp = registry.with_extension("tmp");
@@ -513,6 +524,9 @@ async fn flip_file(
             dump_ms = Some(t.elapsed().as_secs_f64() * 1e3);
         }
         let mut got: HashMap<usize, f64> = HashMap::new();
+        // Load-assignment bytes each proxy received for the change (all its responses naming
+        // a changed VIP until every expected proxy has one).
+        let mut bytes: HashMap<usize, usize> = HashMap::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while got.len() < expected.len() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -520,6 +534,7 @@ async fn flip_file(
                 Ok(Some(arr)) => {
                     if arr.names.iter().any(|n| changing_names.contains(n)) {
                         got.entry(arr.proxy).or_insert(arr.at);
+                        *bytes.entry(arr.proxy).or_default() += arr.bytes;
                     }
                 }
                 _ => break,
@@ -565,6 +580,8 @@ async fn flip_file(
             "fanout_from_rename_ms": summary(from_rename),
             "cpu_seconds_to_last_proxy": cpu_to_last,
             "cpu_seconds_incl_rereads": cpu_total,
+            "bytes_per_proxy": summary(bytes.values().map(|&b| b as f64).collect()),
+            "bytes_total": bytes.values().sum::<usize>(),
             "rss": peak,
         }));
         while arrivals.try_recv().is_ok() {}
@@ -680,7 +697,7 @@ async fn flip_eureka(
 ) -> anyhow::Result<serde_json::Value> {
     let gen_args = GenArgs::scale(PathBuf::new(), a.vips, a.instances, false);
     let changed: Vec<GenInstance> = registry_gen::instances(&gen_args)
-        .filter(|i| registry_gen::is_changing(i.index))
+        .filter(|i| registry_gen::is_changing(i.index, a.change_every))
         .collect();
     let mut flips = Vec::new();
     let mut all = Vec::new();
@@ -721,11 +738,15 @@ async fn flip_eureka(
             .collect();
         let expected = waiting.len();
         let mut times = Vec::with_capacity(expected);
+        let mut bytes: HashMap<usize, usize> = HashMap::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while !waiting.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, arrivals.recv()).await {
                 Ok(Some(arr)) => {
+                    if arr.names.iter().any(|n| vip_sent.contains_key(n)) {
+                        *bytes.entry(arr.proxy).or_default() += arr.bytes;
+                    }
                     for name in &arr.names {
                         let Some(&sent) = vip_sent.get(name) else {
                             continue;
@@ -748,6 +769,8 @@ async fn flip_eureka(
             "reached": times.len(),
             "change_to_proxy_ms": summary(times),
             "cpu_seconds": cpu,
+            "bytes_per_proxy": summary(bytes.values().map(|&b| b as f64).collect()),
+            "bytes_total": bytes.values().sum::<usize>(),
             "rss": rss(a.control_pid),
         }));
     }
