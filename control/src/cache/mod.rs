@@ -757,8 +757,12 @@ fn deliver(mail: Vec<(Arc<Inbox>, Vec<String>)>, all: bool) -> usize {
     woken
 }
 
+/// A variant of an entry (`None`: for every caller without an override) and its cluster's
+/// version (`None`: not an odmesh cluster name).
+type VariantVersion = (Option<Arc<str>>, Option<Arc<str>>);
+
 /// The cluster versions of every variant of an entry, to tell whether a rebuild changed it.
-fn cluster_versions(entry: &Entry) -> Vec<(Option<Arc<str>>, Option<String>)> {
+fn cluster_versions(entry: &Entry) -> Vec<VariantVersion> {
     let mut versions: Vec<_> = (entry.built.iter())
         .map(|(v, b)| (v.clone(), b.as_ref().map(|b| b.cluster.version.clone())))
         .collect();

@@ -245,7 +245,7 @@ fn a_reconnect_with_initial_versions_gets_only_what_differs() {
     ]);
     let same = cache.resource(ResourceType::Cluster, "same.vip").unwrap();
     let initial = HashMap::from([
-        ("same.vip".to_string(), same.version.clone()),
+        ("same.vip".to_string(), same.version.to_string()),
         ("stale.vip".to_string(), "an-old-version".to_string()),
     ]);
     let mut subs = Subscriptions::default();

@@ -20,11 +20,11 @@ pub enum Known {
     /// Nothing yet: the resource must be sent (or its removal, if it does not exist).
     Nothing,
     /// The client was sent this version.
-    Version(String),
+    Version(Arc<str>),
     /// The client said, subscribing on a new stream, that it kept this version from an
     /// earlier one (after a control-plane restart, say). Like [`Known::Version`], except
     /// that while the registry is still loading it is left alone: see [`diff`].
-    Kept(String),
+    Kept(Arc<str>),
     /// The client was told the resource does not exist.
     Removed,
 }
@@ -274,7 +274,7 @@ impl Subscriptions {
         // each type carries `initial_resource_versions`: the resources the client kept from
         // the previous stream, with their versions. The server sends only those whose version
         // differs, and everything the client does not list.
-        let known = kept.map_or(Known::Nothing, |v| Known::Kept(v.clone()));
+        let known = kept.map_or(Known::Nothing, |v| Known::Kept(Arc::from(v.as_str())));
         if let Some(sub) = self.names.get_mut(name) {
             // odmesh's exception: a name the server subscribed on the client's behalf (and
             // sent) just before the client's own subscribe arrived is not resent. That

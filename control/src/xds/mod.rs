@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::cluster::v3::{
@@ -176,7 +177,7 @@ impl Default for XdsOptions {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Versioned {
     pub name: String,
-    pub version: String,
+    pub version: Arc<str>,
     pub resource: Any,
     /// Whether the registry lists the cluster (a resource for an unregistered name is a
     /// cluster without endpoints).
@@ -188,7 +189,7 @@ impl Versioned {
     pub fn to_resource(&self) -> Resource {
         Resource {
             name: self.name.clone(),
-            version: self.version.clone(),
+            version: self.version.to_string(),
             resource: Some(self.resource.clone()),
             ..Default::default()
         }
@@ -366,13 +367,13 @@ impl<'a> Target<'a> {
         ClusterResources {
             cluster: Versioned {
                 name: self.name.to_owned(),
-                version: format!("{cluster_version:016x}"),
+                version: format!("{cluster_version:016x}").into(),
                 resource: cluster_resource,
                 registered,
             },
             endpoints: Versioned {
                 name: self.name.to_owned(),
-                version: format!("{endpoints_version:016x}"),
+                version: format!("{endpoints_version:016x}").into(),
                 resource: endpoints_resource,
                 registered,
             },

@@ -3,6 +3,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use odmesh_names::{Kind, parse_cluster_name};
 
@@ -13,9 +14,11 @@ use odmesh_names::{Kind, parse_cluster_name};
 /// Parsed once, when a request first names it ([`ResourceName::new`]); everything after (the
 /// stream's subscriptions, the cache's entries, building the resources) reads the parts.
 /// Compares, orders and hashes as its text, so maps keyed by it are looked up by `&str`.
+/// A copy shares the text (every stream holds its names in several sets, and the cache its
+/// own: docs/benchmarks.md, "Memory per connected proxy").
 #[derive(Clone)]
 pub struct ResourceName {
-    text: Box<str>,
+    text: Arc<str>,
     /// The kind, for an odmesh cluster name; the VIP is the text before its suffix.
     kind: Option<Kind>,
 }
@@ -23,7 +26,7 @@ pub struct ResourceName {
 impl ResourceName {
     /// Parses `text`.
     pub fn new(text: impl Into<String>) -> ResourceName {
-        let text: Box<str> = text.into().into_boxed_str();
+        let text: Arc<str> = Arc::from(text.into());
         let kind = parse_cluster_name(&text).ok().map(|(_, kind)| kind);
         ResourceName { text, kind }
     }

@@ -634,10 +634,7 @@ fn a_known_resource_has_the_same_version_in_every_process() {
     let hello = info("hello", Kind::Svip, vec![ep(Some("a"), "10.0.0.1", 8443)]);
     let built = build("hello.svip", Lookup::Registered(&hello), &opts()).unwrap();
     assert_eq!(
-        (
-            built.cluster.version.as_str(),
-            built.endpoints.version.as_str()
-        ),
+        (&*built.cluster.version, &*built.endpoints.version),
         ("b886c7b90f574fda", "ade5b3c3290fc45d")
     );
 }
