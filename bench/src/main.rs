@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod first_request;
 mod follow_load;
 mod http1;
+mod leds_probe;
 mod log_time;
 mod procstat;
 mod push_all;
@@ -39,6 +40,9 @@ enum Command {
     },
     /// Simulated Envoys over delta ADS against a running odmesh-control (JSON out).
     XdsLoad(xds_load::LoadArgs),
+    /// Whether stock Envoy takes a cluster's endpoints one by one (LEDS) over delta ADS, and
+    /// what one endpoint's change then costs on the wire (JSON out).
+    LedsProbe(leds_probe::LedsArgs),
     /// Writes every Cluster and ClusterLoadAssignment odmesh serves for a registry, for
     /// another control plane to serve (bench/gcp): length-delimited xDS `Resource`s.
     XdsDump(xds_dump::DumpArgs),
@@ -85,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         Command::EurekaServe(a) => runtime()?.block_on(spring_eureka::run(a)),
         Command::FollowLoad(a) => runtime()?.block_on(follow_load::run(a)),
         Command::XdsDump(a) => xds_dump::run(&a),
+        Command::LedsProbe(a) => runtime()?.block_on(leds_probe::run(a)),
         Command::XdsLoad(a) => runtime()?.block_on(xds_load::run(a)),
         Command::PushAll {
             registry,
