@@ -105,8 +105,9 @@ fn ads() -> ConfigSource {
     }
 }
 
-/// The load assignment that names the collection instead of endpoints.
-fn leds_assignment() -> ClusterLoadAssignment {
+/// `big.vip`'s load assignment with one locality, `locality` (its endpoints or its LEDS
+/// collection) in it.
+fn assignment(locality: LocalityLbEndpoints) -> ClusterLoadAssignment {
     ClusterLoadAssignment {
         cluster_name: CLUSTER.into(),
         endpoints: vec![LocalityLbEndpoints {
@@ -114,32 +115,31 @@ fn leds_assignment() -> ClusterLoadAssignment {
                 zone: "zone-0".into(),
                 ..Default::default()
             }),
-            lb_config: Some(LbConfig::LedsClusterLocalityConfig(
-                LedsClusterLocalityConfig {
-                    leds_config: Some(ads()),
-                    leds_collection_name: GLOB.into(),
-                },
-            )),
-            ..Default::default()
+            ..locality
         }],
         ..Default::default()
     }
 }
 
+/// The load assignment that names the collection instead of endpoints.
+fn leds_assignment() -> ClusterLoadAssignment {
+    assignment(LocalityLbEndpoints {
+        lb_config: Some(LbConfig::LedsClusterLocalityConfig(
+            LedsClusterLocalityConfig {
+                leds_config: Some(ads()),
+                leds_collection_name: GLOB.into(),
+            },
+        )),
+        ..Default::default()
+    })
+}
+
 /// The same endpoints as a plain load assignment: what EDS sends on any change.
 fn whole_assignment(ports: &[u16]) -> ClusterLoadAssignment {
-    ClusterLoadAssignment {
-        cluster_name: CLUSTER.into(),
-        endpoints: vec![LocalityLbEndpoints {
-            locality: Some(Locality {
-                zone: "zone-0".into(),
-                ..Default::default()
-            }),
-            lb_endpoints: ports.iter().map(|&p| lb_endpoint(p)).collect(),
-            ..Default::default()
-        }],
+    assignment(LocalityLbEndpoints {
+        lb_endpoints: ports.iter().map(|&p| lb_endpoint(p)).collect(),
         ..Default::default()
-    }
+    })
 }
 
 /// What the server saw and sent, for the report.
