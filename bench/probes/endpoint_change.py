@@ -3,11 +3,14 @@
 and in control-plane CPU.
 
     bench/probes/endpoint_change.py CONTROL [--instances 1000] [--proxies 1000] [--eureka]
+                                            [--leds-min-endpoints N]
 
 One VIP of INSTANCES instances; PROXIES simulated proxies (`odmesh-bench xds-load`) each
 subscribed to it; 4 changes of one instance's status (UP -> DOWN -> UP ...): through a
 registry file that is rewritten (default), or with --eureka through the embedded registry, one
-REST call. Prints, per change, the load-assignment bytes each proxy received (the responses'
+REST call. A VIP at or above --leds-min-endpoints (the control plane's default unless given;
+0: never) sends its endpoints one by one, and each proxy subscribes its collection as Envoy
+does; the bytes are then those of the collection's responses. Prints, per change, the load-assignment bytes each proxy received (the responses'
 protobuf size), their sum over the proxies, the control plane's CPU seconds for the change
 and the time to the last proxy; writes the raw figures to /tmp/endpoint-change-<time>.json.
 Needs target/release/odmesh-bench.
@@ -31,19 +34,21 @@ def main():
     ap.add_argument("--instances", type=int, default=1000)
     ap.add_argument("--proxies", type=int, default=1000)
     ap.add_argument("--eureka", action="store_true")
+    ap.add_argument("--leds-min-endpoints", type=int)
     args = ap.parse_args()
     run.CONTROL = args.control.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="odmesh-endpoint-change-"))
     procs = run.Procs(workdir)
     n = args.instances
+    leds = [] if args.leds_min_endpoints is None else ["--leds-min-endpoints", str(args.leds_min_endpoints)]
     try:
         if args.eureka:
-            cp = run.start_control(procs, None, extra=["--max-lease-duration", "3600"])
+            cp = run.start_control(procs, None, extra=["--max-lease-duration", "3600", *leds])
             source = ["--eureka", f"127.0.0.1:{cp.eureka}", "--admin", f"127.0.0.1:{cp.admin}"]
         else:
             registry = workdir / "registry.yaml"
             run.bench_json("gen-registry", "--out", registry, "--vips", 1, "--instances", n)
-            cp = run.start_control(procs, registry)
+            cp = run.start_control(procs, registry, extra=leds)
             source = ["--registry", registry]
         load = run.bench_json("xds-load", "--xds", f"127.0.0.1:{cp.xds}", "--control-pid", cp.pid,
                               "--control-log", cp.logpath, *source, "--vips", 1, "--instances", n,
@@ -52,7 +57,7 @@ def main():
     finally:
         procs.stop_all()
     out = Path(f"/tmp/endpoint-change-{int(time.time())}.json")
-    load.update({"control": str(args.control), "control_sha256": run.sha256(args.control),
+    load.update({"leds_min_endpoints": args.leds_min_endpoints, "control": str(args.control), "control_sha256": run.sha256(args.control),
                  "loadavg": open("/proc/loadavg").read().strip()})
     out.write_text(json.dumps(load, indent=1))
     shutil.rmtree(workdir, ignore_errors=True)
@@ -62,6 +67,8 @@ def main():
         last = f["fanout_from_built_ms"]["max"] if "fanout_from_built_ms" in f else f["change_to_proxy_ms"]["max"]
         print(f"change {i}: {reached} proxies, {f['bytes_per_proxy']['p50']:.0f} bytes each (p50), "
               f"{f['bytes_total'] / 1e6:.2f} MB in all, control plane {cpu:.3f} CPU s, last proxy after {last:.0f} ms")
+    print(f"first answer: {load['setup_endpoint_bytes_per_proxy']['p50']:.0f} endpoint bytes per proxy (p50), "
+          f"cluster and endpoints in {load['setup_eds_ms']['p50']:.2f} ms (p50), {load['setup_eds_ms']['p99']:.2f} ms (p99)")
     print(f"load {load['loadavg']}; {out}")
 
 

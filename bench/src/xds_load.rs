@@ -35,10 +35,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail};
 use clap::Args;
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
+use odmesh_control::xds::leds::{self, LB_ENDPOINT_TYPE_URL};
 use odmesh_control::xds::{CLUSTER_TYPE_URL, ENDPOINTS_TYPE_URL};
 use prost::Message;
 use serde_json::json;
@@ -126,11 +128,13 @@ impl Rng {
     }
 }
 
-/// A load-assignment response one proxy received.
+/// A load-assignment response one proxy received (or the members of a large VIP's
+/// collections, which stand for it).
 #[derive(Debug)]
 struct Arrival {
     proxy: usize,
     at: f64,
+    /// The clusters whose endpoints it brought.
     names: Vec<String>,
     /// The response's size on the wire (its protobuf encoding).
     bytes: usize,
@@ -282,8 +286,29 @@ async fn connect(
                             }
                         }
                     } else if resp.type_url == ENDPOINTS_TYPE_URL {
-                        have.extend(names.iter().cloned());
+                        // A large VIP's assignment names collections, as Envoy subscribes them;
+                        // its endpoints are in once their members are.
+                        let mut globs = Vec::new();
+                        for r in &resp.resources {
+                            let cla = r.resource.as_ref().and_then(|a| ClusterLoadAssignment::decode(&*a.value).ok());
+                            match cla.map(|c| leds::collections_in(&c)).unwrap_or_default() {
+                                g if g.is_empty() => { have.insert(r.name.clone()); }
+                                g => globs.extend(g),
+                            }
+                        }
+                        if !globs.is_empty() {
+                            out.push(request(LB_ENDPOINT_TYPE_URL, globs));
+                        }
                         let bytes = resp.encoded_len();
+                        let _ = arrivals.send(Arrival { proxy: id, at, names, bytes });
+                    } else if resp.type_url == LB_ENDPOINT_TYPE_URL {
+                        let clusters: BTreeSet<String> = (names.iter().chain(&resp.removed_resources))
+                            .filter_map(|n| leds::cluster_of(n))
+                            .map(str::to_owned)
+                            .collect();
+                        have.extend(clusters.iter().cloned());
+                        let bytes = resp.encoded_len();
+                        let names = clusters.into_iter().collect();
                         let _ = arrivals.send(Arrival { proxy: id, at, names, bytes });
                     }
                     if let Some(p) = pending.take() {
@@ -369,7 +394,7 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
     let cpu0 = procstat::cpu_seconds(pid).unwrap_or(0.0);
     let t_connect = Instant::now();
     let mut proxies: Vec<Proxy> = Vec::with_capacity(a.proxies);
-    let mut setup_cds = Vec::new();
+    let (mut setup_cds, mut setup_eds) = (Vec::new(), Vec::new());
     for chunk_start in (0..a.proxies).step_by(50) {
         let mut joins = Vec::new();
         for id in chunk_start..(chunk_start + 50).min(a.proxies) {
@@ -382,13 +407,14 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
             joins.push(tokio::spawn(async move {
                 let cmds = connect(id, addr, arrivals_tx).await?;
                 let names: Vec<String> = subscribed.iter().map(|&v| cluster_name(v)).collect();
-                let (cds, _) = subscribe(&cmds, names).await?;
-                anyhow::Ok((Proxy { cmds, subscribed }, cds))
+                let (cds, eds) = subscribe(&cmds, names).await?;
+                anyhow::Ok((Proxy { cmds, subscribed }, cds, eds))
             }));
         }
         for j in joins {
-            let (proxy, cds) = j.await??;
+            let (proxy, cds, eds) = j.await??;
             setup_cds.push(cds.as_secs_f64() * 1e3);
+            setup_eds.push(eds.as_secs_f64() * 1e3);
             proxies.push(proxy);
         }
     }
@@ -416,7 +442,12 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
         eds_ms.push(eds.as_secs_f64() * 1e3);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    while arrivals.try_recv().is_ok() {}
+    // What the subscriptions so far brought each proxy in endpoint bytes (load assignments,
+    // and the collections' members of large VIPs).
+    let mut setup_bytes: HashMap<usize, usize> = HashMap::new();
+    while let Ok(arr) = arrivals.try_recv() {
+        *setup_bytes.entry(arr.proxy).or_default() += arr.bytes;
+    }
 
     // 3. Registry changes.
     let changing = registry_gen::changing_vips(a.vips, a.instances, a.change_every);
@@ -439,6 +470,8 @@ pub async fn run(a: LoadArgs) -> anyhow::Result<()> {
         "connect_seconds": connect_s,
         "connect_cpu_seconds": connect_cpu,
         "setup_cds_ms": summary(setup_cds),
+        "setup_eds_ms": summary(setup_eds),
+        "setup_endpoint_bytes_per_proxy": summary(setup_bytes.values().map(|&b| b as f64).collect()),
         "answer_cds_ms": summary(cds_ms),
         "answer_eds_ms": summary(eds_ms),
         "changing_vips": changing.len(),

@@ -143,6 +143,12 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) no_upstream_san_check: bool,
 
+    /// A VIP with at least so many endpoints sends them one by one (Envoy's LEDS): one
+    /// instance's change then costs each proxy that instance, not the whole VIP; the first
+    /// answer is larger and a new VIP's first request takes one more round trip. 0: never.
+    #[arg(long, value_name = "N", default_value_t = odmesh_control::xds::LEDS_MIN_ENDPOINTS)]
+    pub(crate) leds_min_endpoints: usize,
+
     #[command(flatten)]
     pub(crate) guards: GuardArgs,
 

@@ -333,6 +333,7 @@ async fn main() -> std::process::ExitCode {
 fn xds_options(args: &Args) -> anyhow::Result<XdsOptions> {
     let mut options = XdsOptions::new(args.upstream_ca.clone());
     options.verify_upstream_san = !args.no_upstream_san_check;
+    options.leds_min_endpoints = args.leds_min_endpoints;
     if let Some(ca) = &args.upstream_ca {
         check_ca_bundle(ca)?;
     } else if !options.upstream_ca.is_file() {

@@ -446,8 +446,15 @@ impl<S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Unpin + Send + 's
 type Queued = Result<Box<DeltaDiscoveryResponse>, Box<Status>>;
 type Outbound = mpsc::Sender<Queued>;
 /// What a session answers with: the response for a request's type, or the clusters of a
-/// change, and the load assignments that go with them.
-type Responses = [Option<DeltaDiscoveryResponse>; 2];
+/// change, the load assignments that go with them, and the members of large VIPs'
+/// collections (sent after their load assignments).
+type Responses = [Option<DeltaDiscoveryResponse>; 3];
+
+/// `two` and the collections' response the session has due.
+fn with_collections(state: &mut Session, two: [Option<DeltaDiscoveryResponse>; 2]) -> Responses {
+    let [clusters, endpoints] = two;
+    [clusters, endpoints, state.take_collections()]
+}
 
 impl StreamTask {
     async fn run(self, mut inbound: impl Inbound, tx: Outbound) {
@@ -496,8 +503,11 @@ impl StreamTask {
 
     async fn on_request(&self, req: DeltaDiscoveryRequest) -> Responses {
         let weight = lock(&self.state).request_weight(&self.shared.context(), &req);
-        self.run_session(weight, move |state, cx| state.on_request(cx, req))
-            .await
+        self.run_session(weight, move |state, cx| {
+            let two = state.on_request(cx, req);
+            with_collections(state, two)
+        })
+        .await
     }
 
     /// Whether the stream has something to look at on the ticker.
@@ -513,18 +523,21 @@ impl StreamTask {
             if state.is_waiting() {
                 let responses = state.on_change(cx, Changes::default());
                 if responses.iter().any(Option::is_some) {
-                    return responses;
+                    return with_collections(state, responses);
                 }
             }
-            [state.evict_idle(cx), None]
+            [state.evict_idle(cx), None, None]
         })
         .await
     }
 
     async fn on_change(&self, changes: Changes) -> Responses {
         let weight = lock(&self.state).change_weight(&self.shared.context(), &changes);
-        self.run_session(weight, move |state, cx| state.on_change(cx, changes))
-            .await
+        self.run_session(weight, move |state, cx| {
+            let two = state.on_change(cx, changes);
+            with_collections(state, two)
+        })
+        .await
     }
 
     /// Runs `work` on the stream's session: right here, on the async worker, if it touches

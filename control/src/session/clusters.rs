@@ -231,6 +231,7 @@ impl Session {
             delta,
             nonce,
             cx.cache.generation(),
+            &self.epoch(),
         ))
     }
 

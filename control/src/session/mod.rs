@@ -27,6 +27,7 @@ use odmesh_base::metrics::inc;
 
 mod admission;
 mod clusters;
+mod leds;
 mod subscriptions;
 pub use admission::Admission;
 pub use subscriptions::{
@@ -97,12 +98,14 @@ pub struct ProxyStatus {
     pub prewarmed: usize,
     /// Clusters sent ahead that were removed again, unused (they come back on demand).
     pub evicted: usize,
+    /// `LbEndpoint` collections subscribed: large VIPs' localities, their endpoints one by one.
+    pub collections: usize,
 }
 
 /// A response a proxy rejected.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct NackStatus {
-    /// `cluster` or `endpoints`.
+    /// `cluster`, `endpoints` or `lb_endpoint` (a large VIP's collection).
     pub resource_type: &'static str,
     /// The nonce of the rejected response.
     pub nonce: String,
@@ -213,6 +216,11 @@ pub struct Session {
     /// The names of either type the stream tracks, as told to the bound over all streams
     /// ([`Session::settle_tracked`]).
     tracked: usize,
+    /// The `LbEndpoint` collections the stream subscribes (large VIPs' endpoints one by one),
+    /// if any.
+    leds: Option<Box<leds::Collections>>,
+    /// Their response due after a change, sent after the load assignments.
+    collections_due: Option<Box<DeltaDiscoveryResponse>>,
 }
 
 impl Session {
@@ -244,6 +252,8 @@ impl Session {
             limits,
             source: None,
             tracked: 0,
+            leds: None,
+            collections_due: None,
         }
     }
 
@@ -333,6 +343,7 @@ impl Session {
             wildcard: self.wildcard,
             prewarmed: self.prewarmed,
             evicted: self.evicted,
+            collections: self.collections(),
         }
     }
 
@@ -365,13 +376,17 @@ impl Session {
         // 1. Who the proxy is, from its first request.
         self.note_node(&req);
         trace_request(self.id, &req);
-        // 2. Which type it asks for; another service's types are ignored.
+        // 2. Which type it asks for; another service's types are ignored. A large VIP's
+        // endpoints come one by one, in collections on the aggregated stream.
+        if req.type_url == crate::xds::leds::LB_ENDPOINT_TYPE_URL && self.service == Service::Ads {
+            return [self.on_collections_request(cx, &req), None];
+        }
         let Some(ty) = self.service.resource_type(&req.type_url) else {
             debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
             return [None, None];
         };
         // 3. What it says of the last response: accepted or rejected.
-        self.note_ack(cx, ty, &req);
+        self.note_ack(cx, ty.as_str(), &req);
         let first = !std::mem::replace(&mut self.seen[ty.index()], true);
         self.keep_versions_if_first(cx, ty, first, &mut req);
         // 4. Clusters only: the wildcard, and what the proxy kept under it.
@@ -422,7 +437,7 @@ impl Session {
 
     /// Rule: a request that carries the `response_nonce` of a response acknowledges it; with
     /// `error_detail` set it rejects it (NACK), and the client keeps what it had.
-    fn note_ack(&mut self, cx: &Context<'_>, ty: ResourceType, req: &DeltaDiscoveryRequest) {
+    fn note_ack(&mut self, cx: &Context<'_>, ty: &'static str, req: &DeltaDiscoveryRequest) {
         if req.response_nonce.is_empty() {
             return;
         }
@@ -437,13 +452,13 @@ impl Session {
             warn,
             stream = self.id,
             node = %clip(&self.node_id),
-            resource_type = ty.as_str(),
+            resource_type = ty,
             nonce = %clip(&req.response_nonce),
             error = %logs::clip_at(&error.message, MAX_NACK_MESSAGE),
             "proxy rejected an xDS response (NACK); it is sent again only when it changes"
         );
         self.last_nack = Some(NackStatus {
-            resource_type: ty.as_str(),
+            resource_type: ty,
             nonce: logs::truncated(&req.response_nonce, MAX_NODE_FIELD),
             message: logs::truncated(&error.message, MAX_NACK_MESSAGE),
             at_unix: unix_seconds(SystemTime::now()),
@@ -688,6 +703,7 @@ impl Session {
         cx: &Context<'_>,
         changes: Changes,
     ) -> [Option<DeltaDiscoveryResponse>; 2] {
+        self.note_collections_change(cx, &changes);
         let answer = self.apply_change(cx, changes);
         self.settle_tracked(cx);
         answer
@@ -756,12 +772,19 @@ impl Session {
             ResourceType::Endpoints => usize::MAX,
         });
         let no_room = std::cell::RefCell::new(Vec::new());
+        let ads = self.service == Service::Ads;
         let subs = self.subs(ty);
         let loading = !cache.is_complete();
         let delta = {
             // A refused name (not watched) is looked at only once registered.
             let registered = cache.registered();
-            let mut lookup = cache.current(&caller, ty);
+            let mut cached = cache.current(&caller, ty);
+            // Envoy takes a large VIP's collections only over ADS; a standalone EDS stream
+            // gets its whole load assignment.
+            let mut lookup = |name: &ResourceName| match cached(name) {
+                Some(v) if !ads && v.leds.is_some() => v.leds.as_ref().map(|l| l.whole.clone()),
+                v => v,
+            };
             let subs: &Subscriptions = subs;
             let current = |name: &ResourceName| match subs.is_refused(name.as_str()) {
                 true if !registered(name.as_str()) => None,
@@ -809,7 +832,13 @@ impl Session {
             removed = delta.remove.len(),
             "sending delta response"
         );
-        Some(response(ty, delta, nonce, cache.generation()))
+        Some(response(
+            ty,
+            delta,
+            nonce,
+            cache.generation(),
+            &self.epoch(),
+        ))
     }
 
     /// Tells the bound on names tracked over all streams how many this stream tracks now (of
@@ -851,10 +880,17 @@ fn trace_request(stream: u64, req: &DeltaDiscoveryRequest) {
     );
 }
 
-fn response(ty: ResourceType, delta: Delta, nonce: u64, generation: u64) -> DeltaDiscoveryResponse {
+/// The response carrying `delta` on the stream with `epoch` (see [`Session::epoch`]).
+fn response(
+    ty: ResourceType,
+    delta: Delta,
+    nonce: u64,
+    generation: u64,
+    epoch: &str,
+) -> DeltaDiscoveryResponse {
     DeltaDiscoveryResponse {
         system_version_info: generation.to_string(),
-        resources: delta.send.iter().map(|r| r.to_resource()).collect(),
+        resources: delta.send.iter().map(|r| r.to_resource_on(epoch)).collect(),
         type_url: ty.type_url().to_owned(),
         removed_resources: delta.remove,
         nonce: nonce.to_string(),

@@ -849,3 +849,177 @@ fn a_refused_name_once_registered_is_counted_within_its_sources_share() {
         }
     );
 }
+
+/// An ADS session on a cache where `big` has `n` instances and VIPs of 4 or more are split.
+fn big_stream(n: u8) -> Ads {
+    let snapshot = Snapshot::from_registry(&big_registry(n, &[]));
+    let options = XdsOptions {
+        leds_min_endpoints: 4,
+        ..XdsOptions::new(Some("/ca.pem".into()))
+    };
+    Ads {
+        cache: Cache::with_snapshot(options, snapshot.into()),
+        metrics: Metrics::default(),
+        session: Session::new(7, Service::Ads, SubscriptionLimits::default()),
+    }
+}
+
+/// `big`'s instances 10.0.0.0 .. 10.0.0.<n-1> but `without`.
+fn big_registry(n: u8, without: &[u8]) -> Registry {
+    Registry::from_iter(
+        (0..n)
+            .filter(|i| !without.contains(i))
+            .map(|i| testdata::instance("big", &format!("big-{i}"), &format!("10.0.0.{i}"))),
+    )
+}
+
+const LB_ENDPOINT: &str = crate::xds::leds::LB_ENDPOINT_TYPE_URL;
+
+impl Ads {
+    fn on_change(&mut self, names: &[&str]) -> [Option<DeltaDiscoveryResponse>; 3] {
+        let cx = context(&self.cache, &self.metrics, None);
+        let changes = Changes {
+            all: false,
+            names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        let [c, e] = self.session.on_change(&cx, changes);
+        [c, e, self.session.take_collections()]
+    }
+
+    /// The glob of `big.vip`'s only locality on this stream.
+    fn glob(&self) -> String {
+        crate::xds::leds::collection("big.vip", &self.session.epoch(), 0)
+    }
+}
+
+#[test]
+fn a_large_vip_goes_out_as_a_collection_whose_members_follow_each_change() {
+    let mut ads = big_stream(5);
+    let [cluster, cla] = ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    assert_eq!(sent(&cluster), ["big.vip"]);
+    let cla = cla.expect("the load assignment follows the cluster");
+    let epoch = ads.session.epoch();
+    assert!(cla.resources[0].version.ends_with(&format!(".{epoch}")));
+    use prost::Message;
+    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        &*cla.resources[0].resource.as_ref().unwrap().value,
+    )
+    .unwrap();
+    assert!(assignment.endpoints[0].lb_endpoints.is_empty());
+    ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+
+    // Envoy subscribes the glob: every member, named under it.
+    let glob = ads.glob();
+    let [members, none] = ads.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    assert!(none.is_none());
+    let first = members.as_ref().expect("the glob's first answer");
+    assert_eq!(first.type_url, LB_ENDPOINT);
+    let prefix = glob.trim_end_matches('*');
+    let names = sent(&members);
+    assert_eq!(names.len(), 5);
+    assert!(names.iter().all(|n| n.starts_with(prefix)), "{names:?}");
+    assert!(
+        first
+            .resources
+            .iter()
+            .all(|r| r.resource.as_ref().unwrap().type_url == LB_ENDPOINT)
+    );
+    assert_eq!(ads.session.status().collections, 1);
+    // Asked again, nothing new.
+    let [again, _] = ads.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    assert!(again.is_none());
+
+    // One instance leaves and one arrives: the load assignment stays, two members move.
+    let snapshot = Snapshot::from_registry(&Registry::from_iter(
+        (0..5u8)
+            .filter(|&i| i != 1)
+            .chain([9])
+            .map(|i| testdata::instance("big", &format!("big-{i}"), &format!("10.0.0.{i}"))),
+    ));
+    ads.cache.set_snapshot(snapshot.into());
+    let [c, e, members] = ads.on_change(&["big.vip"]);
+    assert!(
+        c.is_none() && e.is_none(),
+        "the cluster and its load assignment did not change"
+    );
+    assert_eq!(sent(&members), [format!("{prefix}10.0.0.9_8080")]);
+    assert_eq!(removed(&members), [format!("{prefix}10.0.0.1_8080")]);
+    // Another VIP's change says nothing here.
+    let [_, _, members] = ads.on_change(&["other.vip"]);
+    assert!(members.is_none());
+
+    // Unsubscribed, the glob gets nothing more.
+    ads.on_request(request(LB_ENDPOINT, &[], &[&glob]));
+    assert_eq!(ads.session.status().collections, 0);
+    ads.cache
+        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[])).into());
+    let [_, _, members] = ads.on_change(&["big.vip"]);
+    assert!(members.is_none());
+}
+
+#[test]
+fn a_glob_of_another_stream_or_of_no_subscribed_assignment_is_not_taken() {
+    let mut ads = big_stream(5);
+    ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    let other_epoch = crate::xds::leds::collection("big.vip", "0.1", 0);
+    let no_locality = crate::xds::leds::collection("big.vip", &ads.session.epoch(), 1);
+    let not_split = crate::xds::leds::collection("hello.vip", &ads.session.epoch(), 0);
+    let [answer, _] = ads.on_request(request(
+        LB_ENDPOINT,
+        &[&other_epoch, &no_locality, &not_split, "junk"],
+        &[],
+    ));
+    assert!(answer.is_none());
+    assert_eq!(ads.session.status().collections, 0);
+    // Nor on a stream that serves clusters only.
+    let mut cds = big_stream(5);
+    cds.session = Session::new(8, Service::Cds, SubscriptionLimits::default());
+    let glob = cds.glob();
+    let [answer, _] = cds.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    assert!(answer.is_none());
+}
+
+#[test]
+fn a_proxy_back_from_another_stream_gets_the_load_assignment_again_under_the_new_epoch() {
+    let mut first = big_stream(5);
+    let [_, cla] = first.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    let kept = cla.unwrap().resources[0].version.clone();
+
+    let mut second = big_stream(5);
+    second.session = Session::new(8, Service::Ads, SubscriptionLimits::default());
+    second.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    let mut req = request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]);
+    req.initial_resource_versions
+        .insert("big.vip".into(), kept.clone());
+    let [cla, _] = second.on_request(req);
+    let resent = cla.expect("the kept assignment names the old stream's collection");
+    assert_ne!(resent.resources[0].version, kept);
+    assert!(
+        resent.resources[0]
+            .version
+            .ends_with(&second.session.epoch())
+    );
+}
+
+#[test]
+fn a_standalone_eds_stream_gets_a_large_vips_whole_load_assignment_and_its_changes() {
+    use prost::Message;
+    let mut eds = big_stream(5);
+    eds.session = Session::new(9, Service::Eds, SubscriptionLimits::default());
+    let endpoints = |r: &Option<DeltaDiscoveryResponse>| {
+        let any = r.as_ref().unwrap().resources[0].resource.clone().unwrap();
+        let cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+            &*any.value,
+        )
+        .unwrap();
+        assert!(cla.endpoints.iter().all(|l| l.lb_config.is_none()), "a collection on EDS");
+        cla.endpoints.iter().map(|l| l.lb_endpoints.len()).sum::<usize>()
+    };
+    let [cla, _] = eds.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+    assert_eq!(endpoints(&cla), 5);
+    eds.cache
+        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[3])).into());
+    let [_, cla, members] = eds.on_change(&["big.vip"]);
+    assert_eq!(endpoints(&cla), 4, "an endpoint's change resends the whole assignment");
+    assert!(members.is_none());
+}

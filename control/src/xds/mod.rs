@@ -67,6 +67,7 @@ use crate::policy::{Effective, LoadBalancing, Policy};
 use odmesh_registry::Protocol;
 
 pub mod inbound;
+pub mod leds;
 mod name;
 pub mod route;
 mod version;
@@ -151,7 +152,13 @@ pub struct XdsOptions {
     /// Whether a `.svip` upstream's certificate must name the SVIP (DNS SAN), on top of the
     /// chain check. On by default: a valid chain alone proves nothing about who answered.
     pub verify_upstream_san: bool,
+    /// VIPs with at least so many endpoints send them one by one ([`leds`]); 0: never.
+    pub leds_min_endpoints: usize,
 }
+
+/// The default of [`XdsOptions::leds_min_endpoints`] (`--leds-min-endpoints`): see
+/// docs/envoy.md, "Large VIPs: endpoints one by one", for what it trades.
+pub const LEDS_MIN_ENDPOINTS: usize = 256;
 
 impl XdsOptions {
     /// Options with `upstream_ca`, or the first system CA bundle that exists.
@@ -163,6 +170,7 @@ impl XdsOptions {
         XdsOptions {
             upstream_ca,
             verify_upstream_san: true,
+            leds_min_endpoints: LEDS_MIN_ENDPOINTS,
         }
     }
 }
@@ -182,9 +190,21 @@ pub struct Versioned {
     /// Whether the registry lists the cluster (a resource for an unregistered name is a
     /// cluster without endpoints).
     pub registered: bool,
+    /// A large VIP's load assignment, its endpoints apart (see [`leds`]); `resource` is then
+    /// the assignment as [`Versioned::to_resource_on`] fills it in per stream.
+    pub leds: Option<Arc<leds::Leds>>,
 }
 
 impl Versioned {
+    /// The resource as it goes out on the stream with `epoch` (which only a large VIP's load
+    /// assignment depends on, see [`leds`]).
+    pub fn to_resource_on(&self, epoch: &str) -> Resource {
+        match &self.leds {
+            Some(leds) => leds.resource(&self.name, &self.version, epoch),
+            None => self.to_resource(),
+        }
+    }
+
     /// The resource as it goes out in a `DeltaDiscoveryResponse`.
     pub fn to_resource(&self) -> Resource {
         Resource {
@@ -360,23 +380,41 @@ impl<'a> Target<'a> {
         let cluster = self.cluster(opts);
         let cluster_resource = any(CLUSTER_TYPE_URL, &cluster);
         let cluster_version = version::cluster(cluster);
-        let endpoints_resource = any(ENDPOINTS_TYPE_URL, &self.load_assignment());
-        let endpoints_version =
-            version::load_assignment(cluster_version, &endpoints_resource.value);
+        let assignment = self.load_assignment();
         let registered = self.state == State::Registered;
+        let whole_resource = any(ENDPOINTS_TYPE_URL, &assignment);
+        let whole = Versioned {
+            name: self.name.to_owned(),
+            version: hex(version::load_assignment(cluster_version, &whole_resource.value)),
+            resource: whole_resource,
+            registered,
+            leds: None,
+        };
+        let min = opts.leds_min_endpoints;
+        let leds = match min > 0 && self.endpoints.len() >= min {
+            true => leds::Leds::split(assignment, whole.clone()),
+            false => None,
+        };
+        // A split assignment is versioned by what stays in it: a change of endpoints alone
+        // goes to the collections.
+        let endpoints = match leds {
+            Some(leds) => Versioned {
+                resource: any(ENDPOINTS_TYPE_URL, &leds.assignment("0")),
+                version: hex(version::load_assignment(cluster_version, &leds.template_bytes())),
+                leds: Some(Arc::new(leds)),
+                ..whole
+            },
+            None => whole,
+        };
         ClusterResources {
             cluster: Versioned {
                 name: self.name.to_owned(),
-                version: format!("{cluster_version:016x}").into(),
+                version: hex(cluster_version),
                 resource: cluster_resource,
                 registered,
+                leds: None,
             },
-            endpoints: Versioned {
-                name: self.name.to_owned(),
-                version: format!("{endpoints_version:016x}").into(),
-                resource: endpoints_resource,
-                registered,
-            },
+            endpoints,
         }
     }
 
@@ -692,6 +730,11 @@ fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
         })),
         ..Default::default()
     }
+}
+
+/// A version as it goes on the wire.
+fn hex(version: u64) -> Arc<str> {
+    format!("{version:016x}").into()
 }
 
 fn string_value(s: &str) -> Value {

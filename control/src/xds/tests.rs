@@ -638,3 +638,178 @@ fn a_known_resource_has_the_same_version_in_every_process() {
         ("b886c7b90f574fda", "ade5b3c3290fc45d")
     );
 }
+
+/// `n` endpoints of `big`, half in zone `a`, half in zone `b`.
+fn big(n: u8) -> ClusterInfo {
+    let eps = (0..n)
+        .map(|i| {
+            ep(
+                Some(if i % 2 == 0 { "a" } else { "b" }),
+                &format!("10.0.0.{i}"),
+                8080,
+            )
+        })
+        .collect();
+    info("big", Kind::Vip, eps)
+}
+
+fn leds_opts(min: usize) -> XdsOptions {
+    XdsOptions {
+        leds_min_endpoints: min,
+        ..opts()
+    }
+}
+
+fn ids(members: &[leds::Member]) -> Vec<&str> {
+    members.iter().map(|m| &*m.id).collect()
+}
+
+#[test]
+fn a_vip_at_the_threshold_names_a_collection_per_locality_and_one_below_lists_its_endpoints() {
+    let four = big(4);
+    let r = build("big.vip", Lookup::Registered(&four), &leds_opts(4)).unwrap();
+    let split = r
+        .endpoints
+        .leds
+        .as_ref()
+        .expect("4 endpoints at a threshold of 4 are split");
+    assert_eq!(
+        ids(&split.localities[0]),
+        ["10.0.0.0_8080", "10.0.0.2_8080"]
+    );
+    assert_eq!(
+        ids(&split.localities[1]),
+        ["10.0.0.1_8080", "10.0.0.3_8080"]
+    );
+    let cla = split.assignment("e1");
+    assert_eq!(cla.cluster_name, "big.vip");
+    for (i, locality) in cla.endpoints.iter().enumerate() {
+        assert!(
+            locality.lb_endpoints.is_empty(),
+            "locality {i} lists endpoints"
+        );
+        let Some(envoy_types::pb::envoy::config::endpoint::v3::locality_lb_endpoints::LbConfig::LedsClusterLocalityConfig(c)) =
+            &locality.lb_config
+        else {
+            panic!("locality {i} names no collection");
+        };
+        assert_eq!(
+            c.leds_collection_name,
+            format!("xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/e1/{i}/*")
+        );
+        let ads = c.leds_config.as_ref().unwrap();
+        assert!(matches!(
+            ads.config_source_specifier,
+            Some(ConfigSourceSpecifier::Ads(_))
+        ));
+    }
+    assert_eq!(cla.endpoints[0].locality.as_ref().unwrap().zone, "a");
+    // On the wire, the version carries the stream's epoch.
+    let wire = r.endpoints.to_resource_on("e1");
+    assert_eq!(wire.version, format!("{}.e1", r.endpoints.version));
+
+    let plain = build("big.vip", Lookup::Registered(&four), &leds_opts(5)).unwrap();
+    assert!(plain.endpoints.leds.is_none());
+    let wire = plain.endpoints.to_resource_on("e1");
+    assert_eq!(wire.version, *plain.endpoints.version);
+    let cla = ClusterLoadAssignment::decode(&*wire.resource.unwrap().value).unwrap();
+    assert_eq!(
+        cla.endpoints
+            .iter()
+            .map(|l| l.lb_endpoints.len())
+            .sum::<usize>(),
+        4
+    );
+    let off = build("big.vip", Lookup::Registered(&big(200)), &leds_opts(0)).unwrap();
+    assert!(off.endpoints.leds.is_none(), "0 turns collections off");
+}
+
+#[test]
+fn a_split_assignment_keeps_its_version_when_only_endpoints_change_and_members_tell_what_did() {
+    let before = big(6);
+    let mut after = big(6);
+    after.endpoints.retain(|e| e.ip.to_string() != "10.0.0.2");
+    after.endpoints.push(ep(Some("a"), "10.0.0.9", 8080));
+    after.endpoints.sort();
+    let (b, a) = (
+        build("big.vip", Lookup::Registered(&before), &leds_opts(4)).unwrap(),
+        build("big.vip", Lookup::Registered(&after), &leds_opts(4)).unwrap(),
+    );
+    assert_eq!(
+        a.endpoints.version, b.endpoints.version,
+        "the localities did not change"
+    );
+    let (bl, al) = (b.endpoints.leds.unwrap(), a.endpoints.leds.unwrap());
+    let (send, gone) = leds::diff(&bl.localities[0], &al.localities[0]);
+    assert_eq!(
+        ids(&send.into_iter().cloned().collect::<Vec<_>>()),
+        ["10.0.0.9_8080"]
+    );
+    assert_eq!(gone, ["10.0.0.2_8080"]);
+    let (send, gone) = leds::diff(&bl.localities[1], &al.localities[1]);
+    assert!(send.is_empty() && gone.is_empty(), "zone b did not change");
+    // A glob's first answer: every member of its locality.
+    let (send, gone) = leds::diff(&[], &al.localities[1]);
+    assert_eq!(send.len(), 3);
+    assert!(gone.is_empty());
+    // A new zone changes the assignment itself.
+    let mut zoned = big(6);
+    zoned.endpoints.push(ep(Some("c"), "10.0.0.7", 8080));
+    zoned.endpoints.sort();
+    let z = build("big.vip", Lookup::Registered(&zoned), &leds_opts(4)).unwrap();
+    assert_ne!(z.endpoints.version, b.endpoints.version);
+}
+
+#[test]
+fn collection_names_read_back_and_nothing_else_reads_as_one() {
+    let name = leds::collection("big.vip", "1f.7", 2);
+    assert_eq!(
+        leds::parse_glob(&name),
+        Some(leds::Glob {
+            cluster: "big.vip",
+            epoch: "1f.7",
+            locality: 2
+        })
+    );
+    let member = leds::member_name("big.vip", "1f.7", 2, "10.0.0.1_80");
+    assert_eq!(
+        member.rsplit_once('/').unwrap().0,
+        name.rsplit_once('/').unwrap().0
+    );
+    for bad in [
+        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7/2",
+        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7/x/*",
+        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/2/*",
+        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint//1f.7/2/*",
+        "xdstp://other/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7/2/*",
+        "big.vip",
+        "",
+    ] {
+        assert_eq!(leds::parse_glob(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn a_member_id_holds_only_characters_envoy_keeps_as_they_are() {
+    let v6 = info(
+        "six",
+        Kind::Vip,
+        vec![ep(None, "fd00::1", 8080), ep(None, "fd00::2", 8080)],
+    );
+    let r = build("six.vip", Lookup::Registered(&v6), &leds_opts(2)).unwrap();
+    let split = r.endpoints.leds.unwrap();
+    assert_eq!(ids(&split.localities[0]), ["fd00--1_8080", "fd00--2_8080"]);
+    let ok = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    assert!(split.localities[0].iter().all(|m| m.id.chars().all(ok)));
+    // Two instances on one address are one member.
+    let twice = info(
+        "two",
+        Kind::Vip,
+        vec![ep(None, "10.0.0.1", 80), ep(None, "10.0.0.1", 80)],
+    );
+    let r = build("two.vip", Lookup::Registered(&twice), &leds_opts(2)).unwrap();
+    assert_eq!(
+        ids(&r.endpoints.leds.unwrap().localities[0]),
+        ["10.0.0.1_80"]
+    );
+}
