@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use odmesh_e2e::{EchoUpstream, Instance, Mesh, TestEnv, timed, wait_until_since};
+use odmesh_e2e::{EchoUpstream, Instance, Mesh, TestEnv, timed, wait_until, wait_until_since};
 
 /// How long a change may take to reach Envoy: a file read, a push, and Envoy's rebuild of a
 /// 1,000-host list, on a busy machine.
@@ -67,7 +67,8 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
     let mut upstreams: Vec<EchoUpstream> = (0..1000)
         .map(|i| EchoUpstream::start(&format!("big-{i}")))
         .collect();
-    let mut mesh = Mesh::start(&env, &instances(&upstreams));
+    // The test drops 80% of the VIP at once below: no guard holding such a drop for 10 s.
+    let mut mesh = Mesh::start_with(&env, &instances(&upstreams), &["--max-registry-drop", "1"]);
 
     // The first request waits for the cluster, its load assignment and the collection.
     let (response, took) = timed(|| mesh.get("big"));
@@ -108,6 +109,24 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
         &mesh,
         &upstreams,
         "Envoy holds 995 instances after the restart",
+    );
+    assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
+    assert_routes(&mesh, &upstreams, &[]);
+
+    // Below the threshold (256) the VIP's whole assignment goes out, and above it again its
+    // collection comes back with every member.
+    let few: Vec<EchoUpstream> = upstreams.drain(200..).collect();
+    mesh.registry.write_atomic(&instances(&upstreams));
+    wait_hosts(&mesh, &upstreams, "Envoy holds 200 instances, whole");
+    wait_until(APPLIED, "the collection dropped", || {
+        collections(&mesh) == 0
+    });
+    upstreams.extend(few.into_iter().take(100));
+    mesh.registry.write_atomic(&instances(&upstreams));
+    wait_hosts(
+        &mesh,
+        &upstreams,
+        "Envoy holds 300 instances, one by one again",
     );
     assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
     assert_routes(&mesh, &upstreams, &[]);

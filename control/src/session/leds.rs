@@ -56,8 +56,8 @@ impl Session {
         self.leds.as_ref().map_or(0, |c| c.globs.len())
     }
 
-    /// Handles a request for `LbEndpoint` collections: the globs it subscribes get every
-    /// member, those it unsubscribes are forgotten. A glob is taken only if it names a
+    /// Handles a request for `LbEndpoint` collections: the globs it subscribes (again, or for
+    /// the first time) get every member, those it unsubscribes are forgotten. A glob is taken only if it names a
     /// locality of a load assignment this stream subscribes, under the stream's own epoch: a
     /// client can make the stream hold no more globs than its clusters have localities. Any
     /// other (one from an earlier stream, whose load assignment is on its way again) is left
@@ -78,7 +78,11 @@ impl Session {
         }
         let mut fresh = Vec::new();
         for name in &req.resource_names_subscribe {
-            if collections.globs.contains_key(name.as_str()) {
+            // Subscribed again (Envoy dropped the collection, say for a whole assignment,
+            // and took it up again): it holds none of the members.
+            if let Some(sent) = collections.globs.get_mut(name.as_str()) {
+                sent.leds = None;
+                fresh.push(name.clone());
                 continue;
             }
             let taken = leds::parse_glob(name).and_then(|glob| {

@@ -385,7 +385,10 @@ impl<'a> Target<'a> {
         let whole_resource = any(ENDPOINTS_TYPE_URL, &assignment);
         let whole = Versioned {
             name: self.name.to_owned(),
-            version: hex(version::load_assignment(cluster_version, &whole_resource.value)),
+            version: hex(version::load_assignment(
+                cluster_version,
+                &whole_resource.value,
+            )),
             resource: whole_resource,
             registered,
             leds: None,
@@ -400,7 +403,10 @@ impl<'a> Target<'a> {
         let endpoints = match leds {
             Some(leds) => Versioned {
                 resource: any(ENDPOINTS_TYPE_URL, &leds.assignment("0")),
-                version: hex(version::load_assignment(cluster_version, &leds.template_bytes())),
+                version: hex(version::load_assignment(
+                    cluster_version,
+                    &leds.template_bytes(),
+                )),
                 leds: Some(Arc::new(leds)),
                 ..whole
             },
