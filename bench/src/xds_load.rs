@@ -290,7 +290,11 @@ async fn connect(
                         // its endpoints are in once their members are.
                         let mut globs = Vec::new();
                         for r in &resp.resources {
-                            let cla = r.resource.as_ref().and_then(|a| ClusterLoadAssignment::decode(&*a.value).ok());
+                            // Decoded only if it names one: decoding every whole assignment
+                            // would make this generator the slowest part of a fan-out.
+                            let cla = (r.resource.as_ref())
+                                .filter(|a| a.value.windows(8).any(|w| w == b"xdstp://"))
+                                .and_then(|a| ClusterLoadAssignment::decode(&*a.value).ok());
                             match cla.map(|c| leds::collections_in(&c)).unwrap_or_default() {
                                 g if g.is_empty() => { have.insert(r.name.clone()); }
                                 g => globs.extend(g),
