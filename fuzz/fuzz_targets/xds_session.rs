@@ -19,7 +19,9 @@
 //! - a closed stream gives back exactly what it counted;
 //! - the cache watches no name when no stream counts one;
 //! - a stream is sent only the types its service serves, and only resources of odmesh
-//!   cluster names it subscribes;
+//!   cluster names it subscribes; with large-VIP collections on (every registered VIP split),
+//!   collection members only on ADS, only of load assignments it subscribes, and it holds no
+//!   more collections than it subscribes load assignments (each VIP here has one locality);
 //! - and, every stream closed at the end, the admission has all its room, no source uses
 //!   any, the gauges are 0 and the cache watches nothing.
 #![no_main]
@@ -43,6 +45,7 @@ use odmesh_control::model::Snapshot;
 use odmesh_control::policy::Policy;
 use odmesh_control::prewarm::{self, History, Prewarm};
 use odmesh_control::session::{Admission, Context, Eviction, Service, Session, SubscriptionLimits};
+use odmesh_control::xds::leds::{self, LB_ENDPOINT_TYPE_URL};
 use odmesh_control::xds::{ResourceType, XdsOptions};
 use odmesh_names::parse_cluster_name;
 use odmesh_registry::{Instance, Protocol, Registry, Status};
@@ -107,6 +110,8 @@ struct Setup {
     registered: u8,
     /// The registry is still loading.
     loading: bool,
+    /// Every registered VIP sends its endpoints one by one (`--leds-min-endpoints 1`).
+    leds: bool,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -164,6 +169,8 @@ struct Request {
 enum TypeUrl {
     Clusters,
     Endpoints,
+    /// A large VIP's collection members (`LbEndpoint`).
+    Collections,
     Empty,
     Other(String),
 }
@@ -182,6 +189,13 @@ enum NodeOf {
 enum Name {
     Known(u8),
     Other(String),
+    /// The collection of locality `locality` of [`NAMES`]`[name]`, under the stream's own
+    /// epoch or another.
+    Glob {
+        name: u8,
+        locality: u8,
+        own_epoch: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -209,16 +223,30 @@ enum RegistryChange {
 }
 
 impl Name {
-    fn text(&self) -> String {
+    /// The name on the stream with `epoch`.
+    fn text(&self, epoch: &str) -> String {
         match self {
             Name::Known(i) => NAMES[usize::from(*i) % NAMES.len()].to_owned(),
             Name::Other(s) => s.clone(),
+            Name::Glob {
+                name,
+                locality,
+                own_epoch,
+            } => {
+                let cluster = NAMES[usize::from(*name) % NAMES.len()];
+                let epoch = if *own_epoch { epoch } else { "0.0" };
+                leds::collection(cluster, epoch, usize::from(*locality % 3))
+            }
         }
     }
 }
 
-fn names(names: &[Name]) -> Vec<String> {
-    names.iter().take(MAX_NAMES).map(Name::text).collect()
+fn names(names: &[Name], epoch: &str) -> Vec<String> {
+    names
+        .iter()
+        .take(MAX_NAMES)
+        .map(|n| n.text(epoch))
+        .collect()
 }
 
 /// What every stream shares: the cache, the metrics, the bounds, the history.
@@ -278,7 +306,10 @@ impl Plane {
             limits,
             max,
             per_source,
-            cache: Cache::new(XdsOptions::new(Some("/ca.pem".into()))),
+            cache: Cache::new(XdsOptions {
+                leds_min_endpoints: usize::from(setup.leds),
+                ..XdsOptions::new(Some("/ca.pem".into()))
+            }),
             metrics: Metrics::default(),
             admission,
             prewarm,
@@ -495,7 +526,7 @@ impl World {
                     return;
                 };
                 let status = stream.session.status();
-                let reported = names(reported);
+                let reported = names(reported, &stream.session.epoch());
                 let reported: Vec<&str> = reported.iter().map(String::as_str).collect();
                 prewarm.report(
                     &status.node_id,
@@ -531,7 +562,9 @@ impl World {
         };
         let plane = &self.plane;
         let before = plane.counts();
-        let responses = work(&mut stream.session, &plane.context());
+        let [clusters, endpoints] = work(&mut stream.session, &plane.context());
+        // As the server does: a collections' response due goes after the load assignments.
+        let responses = [clusters, endpoints, stream.session.take_collections()];
         let after = plane.counts();
         stream.counted(&before, &after);
         stream.sent(responses.into_iter().flatten(), &mut self.sent[slot]);
@@ -668,10 +701,12 @@ impl Stream {
         let type_url = match &request.type_url {
             TypeUrl::Clusters => ResourceType::Cluster.type_url().to_owned(),
             TypeUrl::Endpoints => ResourceType::Endpoints.type_url().to_owned(),
+            TypeUrl::Collections => LB_ENDPOINT_TYPE_URL.to_owned(),
             TypeUrl::Empty => String::new(),
             TypeUrl::Other(url) => url.clone(),
         };
         let ty = self.type_of(&type_url);
+        let epoch = self.session.epoch();
         let node = request.node.as_ref().map(|node| match node {
             NodeOf::Caller(i) => Node {
                 id: format!("proxy-{slot}"),
@@ -686,7 +721,7 @@ impl Stream {
         });
         let initial_resource_versions = (request.kept.iter().take(MAX_NAMES))
             .map(|(name, version)| {
-                let name = name.text();
+                let name = name.text(&epoch);
                 let version = match version {
                     Version::Sent => ty
                         .and_then(|ty| sent.get(&(ty, name.clone())).cloned())
@@ -704,8 +739,8 @@ impl Stream {
         DeltaDiscoveryRequest {
             node,
             type_url,
-            resource_names_subscribe: names(&request.subscribe),
-            resource_names_unsubscribe: names(&request.unsubscribe),
+            resource_names_subscribe: names(&request.subscribe, &epoch),
+            resource_names_unsubscribe: names(&request.unsubscribe, &epoch),
             initial_resource_versions,
             response_nonce,
             error_detail: request.nack.as_ref().map(|message| rpc::Status {
@@ -757,7 +792,40 @@ impl Stream {
         sent: &mut BTreeMap<(ResourceType, String), String>,
     ) {
         let status = self.session.status();
+        assert!(
+            status.collections <= status.endpoints.len(),
+            "the stream holds {} collections for {} load assignments",
+            status.collections,
+            status.endpoints.len()
+        );
         for response in responses {
+            if response.type_url == LB_ENDPOINT_TYPE_URL {
+                assert_eq!(
+                    self.service,
+                    Service::Ads,
+                    "collection members on {:?}",
+                    self.service
+                );
+                let names =
+                    (response.resources.iter().map(|r| &r.name)).chain(&response.removed_resources);
+                for name in names {
+                    let cluster = leds::cluster_of(name)
+                        .unwrap_or_else(|| panic!("a member {name:?} of no cluster"));
+                    assert!(
+                        status.endpoints.iter().any(|e| e == cluster),
+                        "sent member {name:?} of a load assignment the stream does not subscribe"
+                    );
+                }
+                for r in &response.resources {
+                    assert_eq!(
+                        r.resource.as_ref().map(|any| any.type_url.as_str()),
+                        Some(LB_ENDPOINT_TYPE_URL),
+                        "a member of another type"
+                    );
+                }
+                self.last_nonce = response.nonce;
+                continue;
+            }
             let ty = ResourceType::from_type_url(&response.type_url)
                 .unwrap_or_else(|| panic!("a response of type {:?}", response.type_url));
             let serves = match self.service {

@@ -186,6 +186,7 @@ impl Session {
     pub fn evict_idle(&mut self, cx: &Context<'_>) -> Option<DeltaDiscoveryResponse> {
         let removal = self.evict(cx);
         self.settle_tracked(cx);
+        self.prune_collections();
         removal
     }
 

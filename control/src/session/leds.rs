@@ -47,7 +47,7 @@ fn process_epoch() -> u64 {
 impl Session {
     /// The stream's epoch in its collections' names: new on every stream (see
     /// [`xds::leds`](crate::xds::leds)).
-    pub(super) fn epoch(&self) -> String {
+    pub fn epoch(&self) -> String {
         format!("{:x}.{}", process_epoch(), self.id)
     }
 
@@ -57,7 +57,8 @@ impl Session {
     }
 
     /// Handles a request for `LbEndpoint` collections: the globs it subscribes (again, or for
-    /// the first time) get every member, those it unsubscribes are forgotten. A glob is taken only if it names a
+    /// the first time) get every member, those it unsubscribes are forgotten (and, once none
+    /// is left, the stream's collections with them). A glob is taken only if it names a
     /// locality of a load assignment this stream subscribes, under the stream's own epoch: a
     /// client can make the stream hold no more globs than its clusters have localities. Any
     /// other (one from an earlier stream, whose load assignment is on its way again) is left
@@ -104,9 +105,6 @@ impl Session {
             fresh.push(name.clone());
         }
         drop(lookup);
-        if collections.globs.is_empty() {
-            self.leds = None;
-        }
         self.send_collections(cx, |name, _| fresh.iter().any(|f| f == name))
     }
 
@@ -123,6 +121,20 @@ impl Session {
         self.collections_due = response.map(Box::new);
     }
 
+    /// Forgets the collections of load assignments no longer subscribed (Envoy drops them
+    /// with the assignment): a stream holds no more collections than its assignments have
+    /// localities.
+    pub(super) fn prune_collections(&mut self) {
+        let Some(collections) = self.leds.as_mut() else {
+            return;
+        };
+        let endpoints = &self.endpoints;
+        (collections.globs).retain(|_, s| endpoints.contains(s.cluster.as_str()));
+        if collections.globs.is_empty() {
+            self.leds = None;
+        }
+    }
+
     /// The collections' response due after a change, if any.
     pub fn take_collections(&mut self) -> Option<DeltaDiscoveryResponse> {
         self.collections_due.take().map(|r| *r)
@@ -136,11 +148,8 @@ impl Session {
         cx: &Context<'_>,
         which: impl Fn(&str, &ResourceName) -> bool,
     ) -> Option<DeltaDiscoveryResponse> {
+        self.prune_collections();
         let collections = self.leds.as_mut()?;
-        let endpoints = &self.endpoints;
-        collections
-            .globs
-            .retain(|_, s| endpoints.contains(s.cluster.as_str()));
         let mut lookup = cx
             .cache
             .current(&self.node_cluster, ResourceType::Endpoints);

@@ -363,6 +363,7 @@ impl Session {
     ) -> [Option<DeltaDiscoveryResponse>; 2] {
         let answer = self.apply_request(cx, req);
         self.settle_tracked(cx);
+        self.prune_collections();
         answer
     }
 
@@ -706,6 +707,7 @@ impl Session {
         self.note_collections_change(cx, &changes);
         let answer = self.apply_change(cx, changes);
         self.settle_tracked(cx);
+        self.prune_collections();
         answer
     }
 
