@@ -189,13 +189,23 @@ enum NodeOf {
 enum Name {
     Known(u8),
     Other(String),
-    /// The collection of locality `locality` of [`NAMES`]`[name]`, under the stream's own
-    /// epoch or another.
+    /// The collection of locality `locality` of [`NAMES`]`[name]`, as its load assignment
+    /// names it on this stream now (or under another epoch), its locality written as odmesh
+    /// writes it or with a leading `0` (another name for the same locality).
     Glob {
         name: u8,
         locality: u8,
         own_epoch: bool,
+        alias: bool,
     },
+}
+
+/// What names a collection on a stream: the stream's epoch, and the version of each load
+/// assignment as the stream's caller gets it now.
+struct Globs<'a> {
+    epoch: String,
+    cache: &'a Cache,
+    caller: String,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -223,8 +233,8 @@ enum RegistryChange {
 }
 
 impl Name {
-    /// The name on the stream with `epoch`.
-    fn text(&self, epoch: &str) -> String {
+    /// The name on the stream `globs` describes.
+    fn text(&self, globs: &Globs<'_>) -> String {
         match self {
             Name::Known(i) => NAMES[usize::from(*i) % NAMES.len()].to_owned(),
             Name::Other(s) => s.clone(),
@@ -232,20 +242,32 @@ impl Name {
                 name,
                 locality,
                 own_epoch,
+                alias,
             } => {
                 let cluster = NAMES[usize::from(*name) % NAMES.len()];
-                let epoch = if *own_epoch { epoch } else { "0.0" };
-                leds::collection(cluster, epoch, usize::from(*locality % 3))
+                let epoch = if *own_epoch { &globs.epoch } else { "0.0" };
+                let version = (globs.cache)
+                    .resource_for(&globs.caller, ResourceType::Endpoints, cluster)
+                    .map_or_else(String::new, |v| v.version.to_string());
+                let generation = leds::generation(epoch, &version);
+                let name = leds::collection(cluster, &generation, usize::from(*locality % 3));
+                match alias {
+                    true => name.replace(
+                        &format!("/{}/*", locality % 3),
+                        &format!("/0{}/*", locality % 3),
+                    ),
+                    false => name,
+                }
             }
         }
     }
 }
 
-fn names(names: &[Name], epoch: &str) -> Vec<String> {
+fn names(names: &[Name], globs: &Globs<'_>) -> Vec<String> {
     names
         .iter()
         .take(MAX_NAMES)
-        .map(|n| n.text(epoch))
+        .map(|n| n.text(globs))
         .collect()
 }
 
@@ -467,7 +489,7 @@ impl World {
                 let Some(stream) = &mut self.streams[s] else {
                     return;
                 };
-                let req = stream.request(s, request, &self.sent[s]);
+                let req = stream.request(s, request, &self.sent[s], &self.plane.cache);
                 let kept = !req.initial_resource_versions.is_empty();
                 self.on_stream(s, kept, |session, cx| session.on_request(cx, req));
             }
@@ -526,7 +548,7 @@ impl World {
                     return;
                 };
                 let status = stream.session.status();
-                let reported = names(reported, &stream.session.epoch());
+                let reported = names(reported, &stream.globs(&self.plane.cache));
                 let reported: Vec<&str> = reported.iter().map(String::as_str).collect();
                 prewarm.report(
                     &status.node_id,
@@ -691,12 +713,22 @@ impl World {
 }
 
 impl Stream {
+    /// What names a collection on this stream now.
+    fn globs<'a>(&self, cache: &'a Cache) -> Globs<'a> {
+        Globs {
+            epoch: self.session.epoch(),
+            cache,
+            caller: self.session.status().node_cluster,
+        }
+    }
+
     /// The delta request `request` on this stream in slot `slot`.
     fn request(
         &self,
         slot: usize,
         request: &Request,
         sent: &BTreeMap<(ResourceType, String), String>,
+        cache: &Cache,
     ) -> DeltaDiscoveryRequest {
         let type_url = match &request.type_url {
             TypeUrl::Clusters => ResourceType::Cluster.type_url().to_owned(),
@@ -706,7 +738,7 @@ impl Stream {
             TypeUrl::Other(url) => url.clone(),
         };
         let ty = self.type_of(&type_url);
-        let epoch = self.session.epoch();
+        let globs = self.globs(cache);
         let node = request.node.as_ref().map(|node| match node {
             NodeOf::Caller(i) => Node {
                 id: format!("proxy-{slot}"),
@@ -721,7 +753,7 @@ impl Stream {
         });
         let initial_resource_versions = (request.kept.iter().take(MAX_NAMES))
             .map(|(name, version)| {
-                let name = name.text(&epoch);
+                let name = name.text(&globs);
                 let version = match version {
                     Version::Sent => ty
                         .and_then(|ty| sent.get(&(ty, name.clone())).cloned())
@@ -739,8 +771,8 @@ impl Stream {
         DeltaDiscoveryRequest {
             node,
             type_url,
-            resource_names_subscribe: names(&request.subscribe, &epoch),
-            resource_names_unsubscribe: names(&request.unsubscribe, &epoch),
+            resource_names_subscribe: names(&request.subscribe, &globs),
+            resource_names_unsubscribe: names(&request.unsubscribe, &globs),
             initial_resource_versions,
             response_nonce,
             error_detail: request.nack.as_ref().map(|message| rpc::Status {

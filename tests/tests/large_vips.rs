@@ -4,6 +4,7 @@
 //! instance, not the VIP. Needs `make envoy`, the filter and `cargo build -p odmesh-control`.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use odmesh_e2e::{EchoUpstream, Instance, Mesh, TestEnv, timed, wait_until, wait_until_since};
@@ -54,7 +55,14 @@ fn assert_routes(mesh: &Mesh, upstreams: &[EchoUpstream], must_reach: &[&EchoUps
     }
 }
 
-/// The members Envoy holds in collections, by the control plane's `/debug/proxies`.
+/// Writes `text` to `path` atomically (a temporary file renamed over it).
+fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.display()));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("cannot rename {}: {e}", path.display()));
+}
+
+/// The collections the proxies subscribe, by the control plane's `/debug/proxies`.
 fn collections(mesh: &Mesh) -> u64 {
     (mesh.control.proxies().iter())
         .map(|p| p["collections"].as_u64().unwrap_or(0))
@@ -68,13 +76,37 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
         .map(|i| EchoUpstream::start(&format!("big-{i}")))
         .collect();
     // The test drops 80% of the VIP at once below: no guard holding such a drop for 10 s.
-    let mut mesh = Mesh::start_with(&env, &instances(&upstreams), &["--max-registry-drop", "1"]);
+    let policy = env.log_dir().join("policy.yaml");
+    write_atomic(&policy, "vips: {}\n");
+    let policy_arg = policy.to_string_lossy().into_owned();
+    let mut mesh = Mesh::start_with(
+        &env,
+        &instances(&upstreams),
+        &["--max-registry-drop", "1", "--policy", &policy_arg],
+    );
 
     // The first request waits for the cluster, its load assignment and the collection.
     let (response, took) = timed(|| mesh.get("big"));
     assert_eq!(response.status, 200, "{}", response.text());
     eprintln!("first request to a VIP of 1,000 instances, discovery included: {took:?}");
     wait_hosts(&mesh, &upstreams, "Envoy holds the 1,000 instances");
+    assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
+    assert_routes(&mesh, &upstreams, &[]);
+
+    // A policy edit changes the cluster: Envoy builds it anew, and the new cluster must get
+    // its endpoints (its collection has a name of its own) to replace the old one.
+    let modified = mesh.cluster_manager_stat("cluster_modified");
+    write_atomic(&policy, "vips: {big: {connect_timeout: 2s}}\n");
+    let took = wait_until_since(Instant::now(), APPLIED, "the changed cluster warm", || {
+        mesh.cluster_manager_stat("cluster_modified") > modified
+            && mesh.cluster_manager_stat("warming_clusters") == 0
+    });
+    eprintln!("the changed cluster replaced the old one: {took:?}");
+    wait_hosts(
+        &mesh,
+        &upstreams,
+        "the changed cluster holds the 1,000 instances",
+    );
     assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
     assert_routes(&mesh, &upstreams, &[]);
 

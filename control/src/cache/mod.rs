@@ -440,6 +440,11 @@ impl Cache {
         self.lock().snapshot.clone()
     }
 
+    /// The settings every resource is built with.
+    pub fn options(&self) -> &XdsOptions {
+        &self.options
+    }
+
     /// Whether the registry finished loading: until then, a name it does not list may be
     /// registered still.
     pub fn is_complete(&self) -> bool {

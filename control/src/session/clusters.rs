@@ -232,7 +232,7 @@ impl Session {
             delta,
             nonce,
             cx.cache.generation(),
-            &self.epoch(),
+            self.id,
         ))
     }
 

@@ -3,15 +3,15 @@
 //! VIP's load assignment; the stream remembers, per glob, the endpoints it last sent (shared
 //! with the cache, not copied) and sends each change as the members that changed.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use tracing::debug;
 
-use super::{Context, Session};
+use super::{Context, Diff, Service, Session};
 use crate::cache::Changes;
 use crate::xds::leds::{self, LB_ENDPOINT_TYPE_URL, Leds};
 use crate::xds::{ResourceName, ResourceType};
@@ -32,23 +32,11 @@ struct Sent {
     leds: Option<Arc<Leds>>,
 }
 
-/// Different in every process, so that two control planes (a restart, another replica) never
-/// name a collection alike.
-fn process_epoch() -> u64 {
-    static EPOCH: OnceLock<u64> = OnceLock::new();
-    *EPOCH.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        nanos ^ (u64::from(std::process::id()) << 40)
-    })
-}
-
 impl Session {
     /// The stream's epoch in its collections' names: new on every stream (see
     /// [`xds::leds`](crate::xds::leds)).
     pub fn epoch(&self) -> String {
-        format!("{:x}.{}", process_epoch(), self.id)
+        leds::epoch(self.id)
     }
 
     /// How many collections the stream subscribes.
@@ -58,17 +46,26 @@ impl Session {
 
     /// Handles a request for `LbEndpoint` collections: the globs it subscribes (again, or for
     /// the first time) get every member, those it unsubscribes are forgotten (and, once none
-    /// is left, the stream's collections with them). A glob is taken only if it names a
-    /// locality of a load assignment this stream subscribes, under the stream's own epoch: a
-    /// client can make the stream hold no more globs than its clusters have localities. Any
-    /// other (one from an earlier stream, whose load assignment is on its way again) is left
-    /// unanswered.
+    /// is left, the stream's collections with them).
+    ///
+    /// A glob is taken only if it is, byte for byte, the name of a locality of a split load
+    /// assignment the stream subscribes and counts, in the stream's current generation: a
+    /// client can make the stream hold no more globs than its clusters have localities, and
+    /// nothing is looked up in the cache for a name the stream does not count. Any other (one
+    /// of an earlier stream or generation, whose assignment is on its way again) is left
+    /// unanswered; a name in odmesh's namespace that cannot be read (Envoy adds the
+    /// bootstrap's `node_context_params` to it) turns the stream to whole assignments.
     pub(super) fn on_collections_request(
         &mut self,
         cx: &Context<'_>,
         req: &DeltaDiscoveryRequest,
-    ) -> Option<DeltaDiscoveryResponse> {
+    ) -> [Option<DeltaDiscoveryResponse>; 2] {
         self.note_ack(cx, "lb_endpoint", req);
+        let unreadable = (req.resource_names_subscribe.iter())
+            .any(|n| leds::is_collection_name(n) && leds::parse_glob(n).is_none());
+        if unreadable && self.fall_back_to_whole("the proxy names collections odmesh cannot read") {
+            return [self.respond(cx, ResourceType::Endpoints, Diff::All), None];
+        }
         let epoch = self.epoch();
         let mut lookup = cx
             .cache
@@ -77,20 +74,26 @@ impl Session {
         for name in &req.resource_names_unsubscribe {
             collections.globs.remove(name.as_str());
         }
-        let mut fresh = Vec::new();
+        let mut fresh = HashSet::new();
         for name in &req.resource_names_subscribe {
             // Subscribed again (Envoy dropped the collection, say for a whole assignment,
             // and took it up again): it holds none of the members.
             if let Some(sent) = collections.globs.get_mut(name.as_str()) {
                 sent.leds = None;
-                fresh.push(name.clone());
+                fresh.insert(name.as_str());
                 continue;
             }
             let taken = leds::parse_glob(name).and_then(|glob| {
+                let ours = !self.whole_only
+                    && glob.epoch.starts_with(&epoch)
+                    && self.endpoints.counts(glob.cluster);
                 let cluster = ResourceName::new(glob.cluster);
-                let ours = glob.epoch == epoch && self.endpoints.contains(glob.cluster);
-                let current = lookup(&cluster).filter(|_| ours)?.leds.clone()?;
-                (glob.locality < current.localities.len()).then_some((cluster, glob.locality))
+                let current = lookup(&cluster).filter(|_| ours)?;
+                let split = current.leds.as_ref()?;
+                let generation = leds::generation(&epoch, &current.version);
+                let canonical = leds::collection(glob.cluster, &generation, glob.locality);
+                (glob.locality < split.localities.len() && canonical == *name)
+                    .then_some((cluster, glob.locality))
             });
             let Some((cluster, locality)) = taken else {
                 debug!(stream = self.id, glob = %odmesh_base::logs::clip(name), "collection not served on this stream");
@@ -102,10 +105,33 @@ impl Session {
                 leds: None,
             };
             collections.globs.insert(name.clone(), sent);
-            fresh.push(name.clone());
+            fresh.insert(name.as_str());
         }
         drop(lookup);
-        self.send_collections(cx, |name, _| fresh.iter().any(|f| f == name))
+        [
+            self.send_collections(cx, |name, _| fresh.contains(name)),
+            None,
+        ]
+    }
+
+    /// From now on, large VIPs go to this proxy as whole load assignments, and what it holds
+    /// is compared again (by the caller's full diff): it rejected one, or cannot take
+    /// collections, and a split VIP would otherwise stay without endpoints in it. Returns
+    /// whether this turned it (once per stream).
+    pub(super) fn fall_back_to_whole(&mut self, why: &str) -> bool {
+        if self.whole_only || self.service != Service::Ads {
+            return false;
+        }
+        self.whole_only = true;
+        self.leds = None;
+        odmesh_base::limited!(
+            warn,
+            stream = self.id,
+            node = %odmesh_base::logs::clip(&self.node_id),
+            why,
+            "large VIPs go to this proxy as whole load assignments from now on"
+        );
+        true
     }
 
     /// After a change: what changed in the collections of the clusters `changes` names (all,
@@ -154,16 +180,27 @@ impl Session {
             .cache
             .current(&self.node_cluster, ResourceType::Endpoints);
         let (mut resources, mut removed) = (Vec::new(), Vec::new());
+        let epoch = leds::epoch(self.id);
+        let mut stale = Vec::new();
         for (name, sent) in &mut collections.globs {
             if !which(name, &sent.cluster) {
                 continue;
             }
-            // A VIP no longer split gets its whole load assignment again, which drops its
-            // collections in Envoy: nothing to say in them.
-            let Some(now) = lookup(&sent.cluster).and_then(|v| v.leds.clone()) else {
-                continue;
-            };
-            let Some(glob) = leds::parse_glob(name) else {
+            // A VIP no longer split, or split anew (another generation: its cluster changed,
+            // or its localities), gets its load assignment again, which drops this collection
+            // in Envoy: nothing more to say in it, and it is forgotten now, so that a glob
+            // taken up again starts from nothing.
+            let current = lookup(&sent.cluster);
+            let now = current.as_ref().and_then(|v| {
+                let generation = leds::generation(&epoch, &v.version);
+                let same =
+                    leds::collection(sent.cluster.as_str(), &generation, sent.locality) == *name;
+                v.leds
+                    .clone()
+                    .filter(|l| same && sent.locality < l.localities.len())
+            });
+            let (Some(now), Some(glob)) = (now, leds::parse_glob(name)) else {
+                stale.push(name.clone());
                 continue;
             };
             let old = leds::locality(sent.leds.as_ref(), sent.locality);
@@ -176,6 +213,9 @@ impl Session {
             sent.leds = Some(now);
         }
         drop(lookup);
+        for name in stale {
+            collections.globs.remove(&name);
+        }
         if resources.is_empty() && removed.is_empty() {
             return None;
         }

@@ -100,6 +100,9 @@ pub struct ProxyStatus {
     pub evicted: usize,
     /// `LbEndpoint` collections subscribed: large VIPs' localities, their endpoints one by one.
     pub collections: usize,
+    /// Large VIPs go to this proxy as whole load assignments: it rejected a load assignment,
+    /// or named a collection odmesh cannot read.
+    pub whole_assignments: bool,
 }
 
 /// A response a proxy rejected.
@@ -221,6 +224,9 @@ pub struct Session {
     leds: Option<Box<leds::Collections>>,
     /// Their response due after a change, sent after the load assignments.
     collections_due: Option<Box<DeltaDiscoveryResponse>>,
+    /// Large VIPs go to this proxy whole: it rejected a load assignment, or named a
+    /// collection odmesh cannot read (see [`Session::fall_back_to_whole`]).
+    whole_only: bool,
 }
 
 impl Session {
@@ -254,6 +260,7 @@ impl Session {
             tracked: 0,
             leds: None,
             collections_due: None,
+            whole_only: false,
         }
     }
 
@@ -283,6 +290,11 @@ impl Session {
         let listed = req.resource_names_subscribe.len()
             + req.resource_names_unsubscribe.len()
             + req.initial_resource_versions.len();
+        // A collection subscribed brings its members: at least the split threshold's worth.
+        if req.type_url == crate::xds::leds::LB_ENDPOINT_TYPE_URL {
+            let members = cx.cache.options().leds_min_endpoints.max(1);
+            return listed.saturating_mul(members);
+        }
         // The two ways a request starts a wildcard (see `apply_wildcard`).
         let clusters = self.service.resource_type(&req.type_url) == Some(ResourceType::Cluster);
         let legacy = !self.seen[ResourceType::Cluster.index()]
@@ -344,6 +356,7 @@ impl Session {
             prewarmed: self.prewarmed,
             evicted: self.evicted,
             collections: self.collections(),
+            whole_assignments: self.whole_only,
         }
     }
 
@@ -380,14 +393,17 @@ impl Session {
         // 2. Which type it asks for; another service's types are ignored. A large VIP's
         // endpoints come one by one, in collections on the aggregated stream.
         if req.type_url == crate::xds::leds::LB_ENDPOINT_TYPE_URL && self.service == Service::Ads {
-            return [self.on_collections_request(cx, &req), None];
+            return self.on_collections_request(cx, &req);
         }
         let Some(ty) = self.service.resource_type(&req.type_url) else {
             debug!(stream = self.id, type_url = %req.type_url, "ignoring a request for a type odmesh does not serve");
             return [None, None];
         };
-        // 3. What it says of the last response: accepted or rejected.
+        // 3. What it says of the last response: accepted or rejected. A rejected load
+        // assignment may be a large VIP's: from now on they all go whole.
         self.note_ack(cx, ty.as_str(), &req);
+        let nacked = ty == ResourceType::Endpoints && req.error_detail.is_some();
+        let whole = nacked && self.fall_back_to_whole("the proxy rejected a load assignment");
         let first = !std::mem::replace(&mut self.seen[ty.index()], true);
         self.keep_versions_if_first(cx, ty, first, &mut req);
         // 4. Clusters only: the wildcard, and what the proxy kept under it.
@@ -404,15 +420,17 @@ impl Session {
             } else {
                 Vec::new()
             };
-            return match due {
-                true => self.answer_clusters(cx, ahead, Diff::Pending),
-                false => [None, None],
+            return match (due, whole) {
+                (true, _) => self.answer_clusters(cx, ahead, Diff::Pending),
+                (false, true) => [self.respond(cx, ty, Diff::All), None],
+                (false, false) => [None, None],
             };
         };
         // 6. The answer: what changed for the proxy, and the load assignments of new clusters.
+        let diff = if whole { Diff::All } else { Diff::Pending };
         match ty {
             ResourceType::Cluster => self.answer_clusters(cx, added, Diff::Pending),
-            ResourceType::Endpoints => [self.respond(cx, ty, Diff::Pending), None],
+            ResourceType::Endpoints => [self.respond(cx, ty, diff), None],
         }
     }
 
@@ -774,7 +792,7 @@ impl Session {
             ResourceType::Endpoints => usize::MAX,
         });
         let no_room = std::cell::RefCell::new(Vec::new());
-        let ads = self.service == Service::Ads;
+        let split = self.service == Service::Ads && !self.whole_only;
         let subs = self.subs(ty);
         let loading = !cache.is_complete();
         let delta = {
@@ -782,9 +800,9 @@ impl Session {
             let registered = cache.registered();
             let mut cached = cache.current(&caller, ty);
             // Envoy takes a large VIP's collections only over ADS; a standalone EDS stream
-            // gets its whole load assignment.
+            // gets its whole load assignment, as does a proxy that cannot take them.
             let mut lookup = |name: &ResourceName| match cached(name) {
-                Some(v) if !ads && v.leds.is_some() => v.leds.as_ref().map(|l| l.whole.clone()),
+                Some(v) if !split && v.leds.is_some() => v.leds.as_ref().map(|l| l.whole.clone()),
                 v => v,
             };
             let subs: &Subscriptions = subs;
@@ -834,13 +852,7 @@ impl Session {
             removed = delta.remove.len(),
             "sending delta response"
         );
-        Some(response(
-            ty,
-            delta,
-            nonce,
-            cache.generation(),
-            &self.epoch(),
-        ))
+        Some(response(ty, delta, nonce, cache.generation(), self.id))
     }
 
     /// Tells the bound on names tracked over all streams how many this stream tracks now (of
@@ -882,17 +894,21 @@ fn trace_request(stream: u64, req: &DeltaDiscoveryRequest) {
     );
 }
 
-/// The response carrying `delta` on the stream with `epoch` (see [`Session::epoch`]).
+/// The response carrying `delta` on stream `stream`.
 fn response(
     ty: ResourceType,
     delta: Delta,
     nonce: u64,
     generation: u64,
-    epoch: &str,
+    stream: u64,
 ) -> DeltaDiscoveryResponse {
     DeltaDiscoveryResponse {
         system_version_info: generation.to_string(),
-        resources: delta.send.iter().map(|r| r.to_resource_on(epoch)).collect(),
+        resources: delta
+            .send
+            .iter()
+            .map(|r| r.to_resource_on(stream))
+            .collect(),
         type_url: ty.type_url().to_owned(),
         removed_resources: delta.remove,
         nonce: nonce.to_string(),

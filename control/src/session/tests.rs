@@ -886,9 +886,14 @@ impl Ads {
         [c, e, self.session.take_collections()]
     }
 
-    /// The glob of `big.vip`'s only locality on this stream.
+    /// The glob of `big.vip`'s only locality on this stream, as its load assignment now
+    /// names it.
     fn glob(&self) -> String {
-        crate::xds::leds::collection("big.vip", &self.session.epoch(), 0)
+        use crate::xds::leds;
+        let name = ResourceName::new("big.vip");
+        let cla = self.cache.current("", ResourceType::Endpoints)(&name).unwrap();
+        let generation = leds::generation(&self.session.epoch(), &cla.version);
+        leds::collection("big.vip", &generation, 0)
     }
 }
 
@@ -1033,4 +1038,126 @@ fn a_standalone_eds_stream_gets_a_large_vips_whole_load_assignment_and_its_chang
         "an endpoint's change resends the whole assignment"
     );
     assert!(members.is_none());
+}
+
+#[test]
+fn only_the_exact_name_of_a_collection_of_a_subscribed_split_assignment_is_taken() {
+    let mut ads = big_stream(5);
+    ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+    let glob = ads.glob();
+    let (head, tail) = glob.split_at(glob.len() - 3);
+    assert_eq!(tail, "0/*");
+    let aliases = [format!("{head}00/*"), format!("{head}+0/*")];
+    // Nor a registered VIP the stream does not subscribe.
+    let unsubscribed = glob.replace("big.vip", "hello.vip");
+    let mut names: Vec<&str> = aliases.iter().map(String::as_str).collect();
+    names.push(&unsubscribed);
+    let [answer, _] = ads.on_request(request(LB_ENDPOINT, &names, &[]));
+    assert!(answer.is_none(), "{answer:?}");
+    assert_eq!(ads.session.status().collections, 0);
+    // The exact name is.
+    let [answer, _] = ads.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    assert_eq!(sent(&answer).len(), 5);
+}
+
+#[test]
+fn a_changed_cluster_names_its_collections_anew_and_the_old_ones_are_forgotten() {
+    let mut ads = big_stream(5);
+    ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+    let old = ads.glob();
+    ads.on_request(request(LB_ENDPOINT, &[&old], &[]));
+    let policy = b"vips: {big: {retries: {count: 1}}}";
+    ads.cache.set_policy(std::sync::Arc::new(
+        crate::policy::Policy::parse(policy).unwrap(),
+    ));
+    let [cluster, cla, members] = ads.on_change(&["big.vip"]);
+    assert_eq!(sent(&cluster), ["big.vip"]);
+    let cla = cla.expect("a changed cluster brings its load assignment");
+    let new = ads.glob();
+    assert_ne!(
+        new, old,
+        "the new cluster's collection has a name of its own"
+    );
+    use prost::Message;
+    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        &*cla.resources[0].resource.as_ref().unwrap().value,
+    )
+    .unwrap();
+    assert_eq!(crate::xds::leds::collections_in(&assignment), [new.clone()]);
+    assert!(members.is_none(), "nothing more for the old collection");
+    assert_eq!(ads.session.status().collections, 0);
+    let [answer, _] = ads.on_request(request(LB_ENDPOINT, &[&new], &[&old]));
+    assert_eq!(
+        sent(&answer).len(),
+        5,
+        "the new collection gets every member"
+    );
+}
+
+#[test]
+fn a_vip_that_goes_whole_drops_its_collection_and_split_again_starts_from_nothing() {
+    let mut ads = big_stream(5);
+    ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+    let glob = ads.glob();
+    ads.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    // Three instances: below the threshold of 4, whole.
+    ads.cache
+        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[3, 4])).into());
+    let [_, cla, members] = ads.on_change(&["big.vip"]);
+    assert!(cla.is_some() && members.is_none());
+    assert_eq!(ads.session.status().collections, 0);
+    // Split again, before Envoy's unsubscribe of the old collection arrives: nothing goes
+    // to it but what its subscribe asks for, every member.
+    ads.cache
+        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[4])).into());
+    let [_, cla, members] = ads.on_change(&["big.vip"]);
+    assert!(cla.is_some() && members.is_none());
+    let glob = ads.glob();
+    let [answer, _] = ads.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    assert_eq!(sent(&answer).len(), 4);
+    assert!(removed(&answer).is_empty());
+}
+
+#[test]
+fn a_proxy_that_rejects_a_load_assignment_or_names_unreadable_collections_gets_them_whole() {
+    use prost::Message;
+    let whole = |r: &Option<DeltaDiscoveryResponse>| {
+        let r = r.as_ref().expect("the whole assignment is sent again");
+        assert_eq!(r.type_url, ENDPOINTS_TYPE_URL);
+        let any = r.resources[0].resource.clone().unwrap();
+        let cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+            &*any.value,
+        )
+        .unwrap();
+        cla.endpoints
+            .iter()
+            .map(|l| l.lb_endpoints.len())
+            .sum::<usize>()
+    };
+    for unreadable in [false, true] {
+        let mut ads = big_stream(5);
+        ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+        let [cla, _] = ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+        assert!(cla.is_none(), "pushed along with the cluster already");
+        let answer = if unreadable {
+            let glob = format!("{}?xds.node.id=proxy-1", ads.glob());
+            ads.on_request(request(LB_ENDPOINT, &[&glob], &[]))
+        } else {
+            let mut nack = request(ENDPOINTS_TYPE_URL, &[], &[]);
+            nack.response_nonce = "2".into();
+            nack.error_detail = Some(Default::default());
+            ads.on_request(nack)
+        };
+        assert_eq!(whole(&answer[0]), 5, "unreadable: {unreadable}");
+        assert!(ads.session.status().whole_assignments);
+        // And its changes go whole.
+        ads.cache
+            .set_snapshot(Snapshot::from_registry(&big_registry(5, &[0])).into());
+        let [_, cla, members] = ads.on_change(&["big.vip"]);
+        assert_eq!(whole(&cla), 4);
+        assert!(members.is_none());
+    }
 }

@@ -8,13 +8,16 @@
 //! its own: a change costs the endpoints that changed (docs/envoy.md, "Large VIPs: endpoints
 //! one by one").
 //!
-//! The collection's name carries an epoch that is new on every stream: Envoy re-subscribes a
-//! glob after a reconnect without saying which members it holds, so a server could not remove
-//! the ones that went away meanwhile. A new epoch makes the load assignment a new resource for
-//! that stream (its version carries the epoch), and Envoy swaps the old collection for the new
-//! one, keeping its hosts until the new one's first answer.
+//! The collection's name carries a generation: the stream's epoch, new on every stream, and a
+//! tag of the assignment's version. Envoy re-subscribes a glob after a reconnect without
+//! saying which members it holds, so a server could not remove the ones that went away
+//! meanwhile: a new epoch makes the load assignment a new resource for that stream (its
+//! version carries the epoch), and Envoy swaps the old collection for the new one, keeping its
+//! hosts until the new one's first answer. And a changed cluster (a policy edit) is a new
+//! cluster in Envoy, whose collections must be new names: Envoy sends no subscribe for a glob
+//! the old cluster still watches, and the new one would never be answered.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, config_source::ConfigSourceSpecifier,
@@ -36,9 +39,38 @@ pub const LB_ENDPOINT_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoin
 /// checks that the type in the name is the resource's.
 const PREFIX: &str = "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/";
 
-/// How long Envoy waits for a collection's first answer before it warms the cluster without
-/// it (its default is 15 s).
-const INITIAL_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long Envoy waits for a collection's first answer: for ever (0). On a timeout Envoy
+/// installs the collection empty, which for a cluster being replaced (a reconnect, a policy
+/// edit) takes a working cluster's hosts away; odmesh answers every collection it names at
+/// once, and until then Envoy keeps the hosts it has.
+const INITIAL_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::ZERO;
+
+/// Characters of the assignment's version in a collection's generation.
+const TAG: usize = 8;
+
+/// Different in every process, so that two control planes (a restart, another replica) never
+/// name a collection alike.
+fn process_epoch() -> u64 {
+    static EPOCH: OnceLock<u64> = OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        nanos ^ (u64::from(std::process::id()) << 40)
+    })
+}
+
+/// The epoch of stream `stream` in this process: new on every stream.
+pub fn epoch(stream: u64) -> String {
+    format!("{:x}.{stream}", process_epoch())
+}
+
+/// The generation of the collections of an assignment of version `version` on the stream with
+/// `epoch`: what names them there.
+pub fn generation(epoch: &str, version: &str) -> String {
+    let tag = version.get(..TAG).unwrap_or(version);
+    format!("{epoch}.{tag}")
+}
 
 /// One endpoint of a collection, ready for the wire but for its name.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,7 +96,7 @@ pub struct Leds {
     pub whole: Arc<Versioned>,
 }
 
-/// The stream-independent view of a collection name: its cluster, epoch and locality.
+/// A collection name read: its cluster, generation and locality.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Glob<'a> {
     pub cluster: &'a str,
@@ -72,17 +104,24 @@ pub struct Glob<'a> {
     pub locality: usize,
 }
 
-/// The glob collection of `cluster`'s locality `locality` on the stream with `epoch`.
-pub fn collection(cluster: &str, epoch: &str, locality: usize) -> String {
-    format!("{PREFIX}{cluster}/{epoch}/{locality}/*")
+/// The glob collection of `cluster`'s locality `locality` in `generation` (see
+/// [`generation`]).
+pub fn collection(cluster: &str, generation: &str, locality: usize) -> String {
+    format!("{PREFIX}{cluster}/{generation}/{locality}/*")
 }
 
 /// The name of member `id` in the collection [`collection`] names.
-pub fn member_name(cluster: &str, epoch: &str, locality: usize, id: &str) -> String {
-    format!("{PREFIX}{cluster}/{epoch}/{locality}/{id}")
+pub fn member_name(cluster: &str, generation: &str, locality: usize, id: &str) -> String {
+    format!("{PREFIX}{cluster}/{generation}/{locality}/{id}")
 }
 
-/// Reads a glob collection name of odmesh's; `None` for anything else.
+/// Whether `name` is in odmesh's collection namespace (read or not).
+pub fn is_collection_name(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
+
+/// Reads a glob collection name of odmesh's; `None` for anything else. (Only the name
+/// [`collection`] writes is served: see `session::leds`.)
 pub fn parse_glob(name: &str) -> Option<Glob<'_>> {
     let rest = name.strip_prefix(PREFIX)?.strip_suffix("/*")?;
     let (rest, locality) = rest.rsplit_once('/')?;
@@ -121,9 +160,8 @@ impl Leds {
         })
     }
 
-    /// The load assignment with its localities naming their collections on the stream with
-    /// `epoch`.
-    pub fn assignment(&self, epoch: &str) -> ClusterLoadAssignment {
+    /// The load assignment with its localities naming their collections in `generation`.
+    pub fn assignment(&self, generation: &str) -> ClusterLoadAssignment {
         let mut cla = self.template.clone();
         let cluster = cla.cluster_name.clone();
         for (i, locality) in cla.endpoints.iter_mut().enumerate() {
@@ -137,7 +175,7 @@ impl Leds {
                         initial_fetch_timeout: Some(duration(INITIAL_FETCH_TIMEOUT)),
                         ..Default::default()
                     }),
-                    leds_collection_name: collection(&cluster, epoch, i),
+                    leds_collection_name: collection(&cluster, generation, i),
                 },
             ));
         }
@@ -150,13 +188,18 @@ impl Leds {
         self.template.encode_to_vec()
     }
 
-    /// The assignment as it goes out on the stream with `epoch`: its version is `version`
-    /// (the cache's) with the epoch, so a proxy that kept it from another stream gets it again.
-    pub fn resource(&self, name: &str, version: &str, epoch: &str) -> Resource {
+    /// The assignment of version `version` (the cache's) as it goes out on stream `stream`:
+    /// its version carries the stream's epoch, so a proxy that kept it from another stream
+    /// gets it again.
+    pub fn resource(&self, name: &str, version: &str, stream: u64) -> Resource {
+        let epoch = epoch(stream);
         Resource {
             name: name.to_owned(),
             version: format!("{version}.{epoch}"),
-            resource: Some(any(ENDPOINTS_TYPE_URL, &self.assignment(epoch))),
+            resource: Some(any(
+                ENDPOINTS_TYPE_URL,
+                &self.assignment(&generation(&epoch, version)),
+            )),
             ..Default::default()
         }
     }

@@ -196,11 +196,11 @@ pub struct Versioned {
 }
 
 impl Versioned {
-    /// The resource as it goes out on the stream with `epoch` (which only a large VIP's load
+    /// The resource as it goes out on stream `stream` (which only a large VIP's load
     /// assignment depends on, see [`leds`]).
-    pub fn to_resource_on(&self, epoch: &str) -> Resource {
+    pub fn to_resource_on(&self, stream: u64) -> Resource {
         match &self.leds {
-            Some(leds) => leds.resource(&self.name, &self.version, epoch),
+            Some(leds) => leds.resource(&self.name, &self.version, stream),
             None => self.to_resource(),
         }
     }

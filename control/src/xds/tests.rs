@@ -704,13 +704,23 @@ fn a_vip_at_the_threshold_names_a_collection_per_locality_and_one_below_lists_it
         ));
     }
     assert_eq!(cla.endpoints[0].locality.as_ref().unwrap().zone, "a");
-    // On the wire, the version carries the stream's epoch.
-    let wire = r.endpoints.to_resource_on("e1");
-    assert_eq!(wire.version, format!("{}.e1", r.endpoints.version));
+    // On the wire, on stream 5: the version carries the stream's epoch, and the collections
+    // are named in the stream's generation of this version.
+    let wire = r.endpoints.to_resource_on(5);
+    let epoch = leds::epoch(5);
+    assert_eq!(wire.version, format!("{}.{epoch}", r.endpoints.version));
+    let cla = ClusterLoadAssignment::decode(&*wire.resource.unwrap().value).unwrap();
+    let generation = leds::generation(&epoch, &r.endpoints.version);
+    assert!(generation.starts_with(&epoch) && generation.len() == epoch.len() + 9);
+    assert_eq!(
+        leds::collections_in(&cla),
+        [0, 1].map(|i| leds::collection("big.vip", &generation, i))
+    );
+    assert_ne!(leds::epoch(6), epoch, "another stream, another epoch");
 
     let plain = build("big.vip", Lookup::Registered(&four), &leds_opts(5)).unwrap();
     assert!(plain.endpoints.leds.is_none());
-    let wire = plain.endpoints.to_resource_on("e1");
+    let wire = plain.endpoints.to_resource_on(5);
     assert_eq!(wire.version, *plain.endpoints.version);
     let cla = ClusterLoadAssignment::decode(&*wire.resource.unwrap().value).unwrap();
     assert_eq!(
@@ -762,23 +772,24 @@ fn a_split_assignment_keeps_its_version_when_only_endpoints_change_and_members_t
 
 #[test]
 fn collection_names_read_back_and_nothing_else_reads_as_one() {
-    let name = leds::collection("big.vip", "1f.7", 2);
+    let name = leds::collection("big.vip", "1f.7.0a1b2c3d", 2);
     assert_eq!(
         leds::parse_glob(&name),
         Some(leds::Glob {
             cluster: "big.vip",
-            epoch: "1f.7",
+            epoch: "1f.7.0a1b2c3d",
             locality: 2
         })
     );
-    let member = leds::member_name("big.vip", "1f.7", 2, "10.0.0.1_80");
+    assert!(leds::is_collection_name(&name) && !leds::is_collection_name("big.vip"));
+    let member = leds::member_name("big.vip", "1f.7.0a1b2c3d", 2, "10.0.0.1_80");
     assert_eq!(
         member.rsplit_once('/').unwrap().0,
         name.rsplit_once('/').unwrap().0
     );
     for bad in [
-        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7/2",
-        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7/x/*",
+        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7.0a1b2c3d/2",
+        "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7.0a1b2c3d/x/*",
         "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint/big.vip/2/*",
         "xdstp://odmesh/envoy.config.endpoint.v3.LbEndpoint//1f.7/2/*",
         "xdstp://other/envoy.config.endpoint.v3.LbEndpoint/big.vip/1f.7/2/*",
