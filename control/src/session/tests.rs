@@ -1085,7 +1085,10 @@ fn a_changed_cluster_names_its_collections_anew_and_the_old_ones_are_forgotten()
         &*cla.resources[0].resource.as_ref().unwrap().value,
     )
     .unwrap();
-    assert_eq!(crate::xds::leds::collections_in(&assignment), [new.clone()]);
+    assert_eq!(
+        crate::xds::leds::collections_in(&assignment),
+        std::slice::from_ref(&new)
+    );
     assert!(members.is_none(), "nothing more for the old collection");
     assert_eq!(ads.session.status().collections, 0);
     let [answer, _] = ads.on_request(request(LB_ENDPOINT, &[&new], &[&old]));
