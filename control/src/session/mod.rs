@@ -290,10 +290,14 @@ impl Session {
         let listed = req.resource_names_subscribe.len()
             + req.resource_names_unsubscribe.len()
             + req.initial_resource_versions.len();
-        // A collection subscribed brings its members: at least the split threshold's worth.
+        // A collection subscribed brings its members, at least the split threshold's worth; a
+        // member (a name and a small body) weighs about a sixteenth of a cluster name (both
+        // resources built and hashed). One or two collections of a VIP of a few hundred run
+        // here: through the heavy lane a first request to a VIP of 1,000 took 11-16 ms
+        // instead of 10-11 (bench/probes/large_vip_first_request.py).
         if req.type_url == crate::xds::leds::LB_ENDPOINT_TYPE_URL {
-            let members = cx.cache.options().leds_min_endpoints.max(1);
-            return listed.saturating_mul(members);
+            let members = cx.cache.options().leds_min_endpoints.max(16);
+            return listed.saturating_mul(members / 16);
         }
         // The two ways a request starts a wildcard (see `apply_wildcard`).
         let clusters = self.service.resource_type(&req.type_url) == Some(ResourceType::Cluster);
