@@ -1164,3 +1164,96 @@ fn a_proxy_that_rejects_a_load_assignment_or_names_unreadable_collections_gets_t
         assert!(members.is_none());
     }
 }
+
+#[test]
+fn a_split_vip_sent_ahead_serves_its_collection_before_envoy_subscribes_its_assignment() {
+    let options = XdsOptions {
+        leds_min_endpoints: 4,
+        ..XdsOptions::new(Some("/ca.pem".into()))
+    };
+    let cache = Cache::with_snapshot(
+        options,
+        Snapshot::from_registry(&big_registry(5, &[])).into(),
+    );
+    let prewarm = Prewarm::new(
+        Limits::default(),
+        None,
+        History::default(),
+        Default::default(),
+    );
+    prewarm.asked("billing", ["big.vip"]);
+    let metrics = Metrics::default();
+    let cx = context(&cache, &metrics, Some(&prewarm));
+    let mut session = Session::new(3, Service::Ads, SubscriptionLimits::default());
+    let [clusters, endpoints] = session.on_request(&cx, wildcard_request("billing"));
+    assert_eq!(sent(&clusters), ["big.vip"]);
+    use prost::Message;
+    let cla = endpoints.expect("the assignment goes with the cluster sent ahead");
+    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        &*cla.resources[0].resource.as_ref().unwrap().value,
+    )
+    .unwrap();
+    let globs = crate::xds::leds::collections_in(&assignment);
+    assert_eq!(globs.len(), 1);
+    // Envoy subscribes the collection as soon as it has the assignment, maybe before it
+    // subscribes the assignment by name.
+    let [members, _] = session.on_request(&cx, request(LB_ENDPOINT, &[&globs[0]], &[]));
+    assert_eq!(sent(&members).len(), 5);
+    let [again, _] = session.on_request(&cx, request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+    assert!(again.is_none());
+    assert_eq!(session.status().collections, 1);
+    session.close(&cx);
+}
+
+#[test]
+fn a_proxy_back_while_the_registry_loads_keeps_its_collection_until_it_is_loaded() {
+    use prost::Message;
+    let mut first = big_stream(5);
+    let [_, cla] = first.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+    let kept = cla.unwrap().resources[0].version.clone();
+    let old_glob = first.glob();
+
+    // A restarted control plane, its registry still loading (the VIP not listed yet).
+    let mut back = big_stream(5);
+    back.cache
+        .set_snapshot(Snapshot::from_registry(&big_registry(0, &[]).still_loading(true)).into());
+    back.session = Session::new(8, Service::Ads, SubscriptionLimits::default());
+    let mut req = request(CLUSTER_TYPE_URL, &["big.vip"], &[]);
+    req.initial_resource_versions
+        .insert("big.vip".into(), "c".into());
+    back.on_request(req);
+    let mut req = request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]);
+    req.initial_resource_versions.insert("big.vip".into(), kept);
+    let [cla, _] = back.on_request(req);
+    assert!(
+        cla.is_none(),
+        "what the proxy kept stays while the registry loads"
+    );
+    let [members, _] = back.on_request(request(LB_ENDPOINT, &[&old_glob], &[]));
+    assert!(
+        members.is_none(),
+        "the old stream's collection is not answered"
+    );
+    // Loaded: the assignment goes again, in this stream's generation, and its collection
+    // is answered.
+    back.cache
+        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[])).into());
+    let cx = context(&back.cache, &back.metrics, None);
+    let all = Changes {
+        all: true,
+        names: Default::default(),
+    };
+    let [_, cla] = back.session.on_change(&cx, all);
+    let cla = cla.expect("the kept assignment names another stream's collection");
+    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        &*cla.resources[0].resource.as_ref().unwrap().value,
+    )
+    .unwrap();
+    let new_glob = back.glob();
+    assert_eq!(
+        crate::xds::leds::collections_in(&assignment),
+        std::slice::from_ref(&new_glob)
+    );
+    let [members, _] = back.on_request(request(LB_ENDPOINT, &[&new_glob], &[&old_glob]));
+    assert_eq!(sent(&members).len(), 5);
+}
