@@ -162,8 +162,12 @@ def bench_json(*args, lines=False, cpus=None):
 # Processes: nginx, control plane, Envoy in its configurations
 
 
-def start_nginx(procs, workdir):
+def start_nginx(procs, workdir, ports=None):
+    """nginx answering `ok` on a free port (returned), or on every one of `ports` (127.0.0.1)."""
     port = free_port()
+    listens = f"    listen 127.0.0.1:{port} reuseport;" if ports is None else \
+        "\n".join(f"    listen 127.0.0.1:{p};" for p in ports)
+    port = port if ports is None else ports[-1]
     d = workdir / "nginx"
     d.mkdir(exist_ok=True)
     conf = d / "nginx.conf"
@@ -183,7 +187,7 @@ http {{
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {{
-    listen 127.0.0.1:{port} reuseport;
+{listens}
     location / {{ return 200 "ok\\n"; }}
   }}
 }}

@@ -24,34 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import run  # noqa: E402
 
 
-def nginx(procs, workdir, ports):
-    """One nginx listening on every port of `ports` (127.0.0.1)."""
-    d = workdir / "nginx"
-    d.mkdir(exist_ok=True)
-    listens = "\n".join(f"    listen 127.0.0.1:{p};" for p in ports)
-    (d / "nginx.conf").write_text(f"""
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/body;
-  proxy_temp_path {d}/proxy;
-  fastcgi_temp_path {d}/fastcgi;
-  uwsgi_temp_path {d}/uwsgi;
-  scgi_temp_path {d}/scgi;
-  server {{
-{listens}
-    location / {{ return 200 "ok\\n"; }}
-  }}
-}}
-""")
-    procs.start("nginx", ["nginx", "-p", d, "-c", d / "nginx.conf", "-e", d / "error.log"])
-    run.wait_for("nginx", lambda: run.http_get(f"http://127.0.0.1:{ports[-1]}/") == "ok\n")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("control", type=Path)
@@ -69,7 +41,7 @@ def main():
         while len(ports) < args.instances:
             ports.add(run.free_port())
         ports = sorted(ports)
-        nginx(procs, workdir, ports)
+        run.start_nginx(procs, workdir, ports)
         registry = workdir / "registry.yaml"
         lines = ["instances:"]
         for v in range(args.vips + 1):

@@ -55,6 +55,23 @@ fn assert_routes(mesh: &Mesh, upstreams: &[EchoUpstream], must_reach: &[&EchoUps
     }
 }
 
+/// Waits until Envoy's `big.vip` holds exactly `upstreams`, from one collection, and routes to
+/// them.
+fn assert_held_one_by_one(mesh: &Mesh, upstreams: &[EchoUpstream], what: &str) {
+    wait_hosts(mesh, upstreams, what);
+    assert_eq!(collections(mesh), 1, "{what}: {:?}", mesh.control.proxies());
+    assert_routes(mesh, upstreams, &[]);
+}
+
+/// Takes the first `n` of `upstreams` out, stopped (a request routed to one would fail).
+fn stop_first(upstreams: &mut Vec<EchoUpstream>, n: usize) -> Vec<EchoUpstream> {
+    let mut gone: Vec<EchoUpstream> = upstreams.drain(..n).collect();
+    for u in &mut gone {
+        u.stop();
+    }
+    gone
+}
+
 /// Writes `text` to `path` atomically (a temporary file renamed over it).
 fn write_atomic(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
@@ -89,9 +106,7 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
     let (response, took) = timed(|| mesh.get("big"));
     assert_eq!(response.status, 200, "{}", response.text());
     eprintln!("first request to a VIP of 1,000 instances, discovery included: {took:?}");
-    wait_hosts(&mesh, &upstreams, "Envoy holds the 1,000 instances");
-    assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
-    assert_routes(&mesh, &upstreams, &[]);
+    assert_held_one_by_one(&mesh, &upstreams, "Envoy holds the 1,000 instances");
 
     // A policy edit changes the cluster: Envoy builds it anew, and the new cluster must get
     // its endpoints (its collection has a name of its own) to replace the old one.
@@ -102,20 +117,15 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
             && mesh.cluster_manager_stat("warming_clusters") == 0
     });
     eprintln!("the changed cluster replaced the old one: {took:?}");
-    wait_hosts(
+    assert_held_one_by_one(
         &mesh,
         &upstreams,
         "the changed cluster holds the 1,000 instances",
     );
-    assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
-    assert_routes(&mesh, &upstreams, &[]);
 
     // Ten instances leave (and stop: a request routed to one would fail), ten arrive.
     let sent_before = mesh.control.metric("odmesh_xds_resources_sent_total");
-    let mut gone: Vec<EchoUpstream> = upstreams.drain(..10).collect();
-    for u in &mut gone {
-        u.stop();
-    }
+    let _gone = stop_first(&mut upstreams, 10);
     let arrived: Vec<EchoUpstream> = (0..10)
         .map(|i| EchoUpstream::start(&format!("new-{i}")))
         .collect();
@@ -131,19 +141,14 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
     // The control plane restarts while five more leave: the new stream's collection must
     // not keep them (Envoy re-subscribes without saying what it holds).
     mesh.control.kill();
-    let mut gone: Vec<EchoUpstream> = upstreams.drain(..5).collect();
-    for u in &mut gone {
-        u.stop();
-    }
+    let _gone = stop_first(&mut upstreams, 5);
     mesh.registry.write_atomic(&instances(&upstreams));
     mesh.control.restart(&env, "control-restarted");
-    wait_hosts(
+    assert_held_one_by_one(
         &mesh,
         &upstreams,
         "Envoy holds 995 instances after the restart",
     );
-    assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
-    assert_routes(&mesh, &upstreams, &[]);
 
     // Below the threshold (256) the VIP's whole assignment goes out, and above it again its
     // collection comes back with every member.
@@ -155,11 +160,9 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
     });
     upstreams.extend(few.into_iter().take(100));
     mesh.registry.write_atomic(&instances(&upstreams));
-    wait_hosts(
+    assert_held_one_by_one(
         &mesh,
         &upstreams,
         "Envoy holds 300 instances, one by one again",
     );
-    assert_eq!(collections(&mesh), 1, "{:?}", mesh.control.proxies());
-    assert_routes(&mesh, &upstreams, &[]);
 }

@@ -875,6 +875,15 @@ fn big_registry(n: u8, without: &[u8]) -> Registry {
 
 const LB_ENDPOINT: &str = crate::xds::leds::LB_ENDPOINT_TYPE_URL;
 
+/// The load assignment `any` holds.
+fn decode_assignment(
+    any: &envoy_types::pb::google::protobuf::Any,
+) -> envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment {
+    use prost::Message;
+    envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(&*any.value)
+        .expect("a load assignment")
+}
+
 impl Ads {
     fn on_change(&mut self, names: &[&str]) -> [Option<DeltaDiscoveryResponse>; 3] {
         let cx = context(&self.cache, &self.metrics, None);
@@ -884,6 +893,16 @@ impl Ads {
         };
         let [c, e] = self.session.on_change(&cx, changes);
         [c, e, self.session.take_collections()]
+    }
+
+    /// Subscribes `big.vip` as Envoy does: the cluster, its load assignment, its collection
+    /// (returned).
+    fn subscribe_big(&mut self) -> String {
+        self.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
+        self.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
+        let glob = self.glob();
+        self.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+        glob
     }
 
     /// The glob of `big.vip`'s only locality on this stream, as its load assignment now
@@ -905,11 +924,7 @@ fn a_large_vip_goes_out_as_a_collection_whose_members_follow_each_change() {
     let cla = cla.expect("the load assignment follows the cluster");
     let epoch = ads.session.epoch();
     assert!(cla.resources[0].version.ends_with(&format!(".{epoch}")));
-    use prost::Message;
-    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-        &*cla.resources[0].resource.as_ref().unwrap().value,
-    )
-    .unwrap();
+    let assignment = decode_assignment(cla.resources[0].resource.as_ref().unwrap());
     assert!(assignment.endpoints[0].lb_endpoints.is_empty());
     ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
 
@@ -1009,15 +1024,11 @@ fn a_proxy_back_from_another_stream_gets_the_load_assignment_again_under_the_new
 
 #[test]
 fn a_standalone_eds_stream_gets_a_large_vips_whole_load_assignment_and_its_changes() {
-    use prost::Message;
     let mut eds = big_stream(5);
     eds.session = Session::new(9, Service::Eds, SubscriptionLimits::default());
     let endpoints = |r: &Option<DeltaDiscoveryResponse>| {
         let any = r.as_ref().unwrap().resources[0].resource.clone().unwrap();
-        let cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-            &*any.value,
-        )
-        .unwrap();
+        let cla = decode_assignment(&any);
         assert!(
             cla.endpoints.iter().all(|l| l.lb_config.is_none()),
             "a collection on EDS"
@@ -1064,10 +1075,7 @@ fn only_the_exact_name_of_a_collection_of_a_subscribed_split_assignment_is_taken
 #[test]
 fn a_changed_cluster_names_its_collections_anew_and_the_old_ones_are_forgotten() {
     let mut ads = big_stream(5);
-    ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
-    ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
-    let old = ads.glob();
-    ads.on_request(request(LB_ENDPOINT, &[&old], &[]));
+    let old = ads.subscribe_big();
     let policy = b"vips: {big: {retries: {count: 1}}}";
     ads.cache.set_policy(std::sync::Arc::new(
         crate::policy::Policy::parse(policy).unwrap(),
@@ -1080,11 +1088,7 @@ fn a_changed_cluster_names_its_collections_anew_and_the_old_ones_are_forgotten()
         new, old,
         "the new cluster's collection has a name of its own"
     );
-    use prost::Message;
-    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-        &*cla.resources[0].resource.as_ref().unwrap().value,
-    )
-    .unwrap();
+    let assignment = decode_assignment(cla.resources[0].resource.as_ref().unwrap());
     assert_eq!(
         crate::xds::leds::collections_in(&assignment),
         std::slice::from_ref(&new)
@@ -1102,10 +1106,7 @@ fn a_changed_cluster_names_its_collections_anew_and_the_old_ones_are_forgotten()
 #[test]
 fn a_vip_that_goes_whole_drops_its_collection_and_split_again_starts_from_nothing() {
     let mut ads = big_stream(5);
-    ads.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
-    ads.on_request(request(ENDPOINTS_TYPE_URL, &["big.vip"], &[]));
-    let glob = ads.glob();
-    ads.on_request(request(LB_ENDPOINT, &[&glob], &[]));
+    ads.subscribe_big();
     // Three instances: below the threshold of 4, whole.
     ads.cache
         .set_snapshot(Snapshot::from_registry(&big_registry(5, &[3, 4])).into());
@@ -1126,15 +1127,11 @@ fn a_vip_that_goes_whole_drops_its_collection_and_split_again_starts_from_nothin
 
 #[test]
 fn a_proxy_that_rejects_a_load_assignment_or_names_unreadable_collections_gets_them_whole() {
-    use prost::Message;
     let whole = |r: &Option<DeltaDiscoveryResponse>| {
         let r = r.as_ref().expect("the whole assignment is sent again");
         assert_eq!(r.type_url, ENDPOINTS_TYPE_URL);
         let any = r.resources[0].resource.clone().unwrap();
-        let cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-            &*any.value,
-        )
-        .unwrap();
+        let cla = decode_assignment(&any);
         cla.endpoints
             .iter()
             .map(|l| l.lb_endpoints.len())
@@ -1187,12 +1184,8 @@ fn a_split_vip_sent_ahead_serves_its_collection_before_envoy_subscribes_its_assi
     let mut session = Session::new(3, Service::Ads, SubscriptionLimits::default());
     let [clusters, endpoints] = session.on_request(&cx, wildcard_request("billing"));
     assert_eq!(sent(&clusters), ["big.vip"]);
-    use prost::Message;
     let cla = endpoints.expect("the assignment goes with the cluster sent ahead");
-    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-        &*cla.resources[0].resource.as_ref().unwrap().value,
-    )
-    .unwrap();
+    let assignment = decode_assignment(cla.resources[0].resource.as_ref().unwrap());
     let globs = crate::xds::leds::collections_in(&assignment);
     assert_eq!(globs.len(), 1);
     // Envoy subscribes the collection as soon as it has the assignment, maybe before it
@@ -1207,7 +1200,6 @@ fn a_split_vip_sent_ahead_serves_its_collection_before_envoy_subscribes_its_assi
 
 #[test]
 fn a_proxy_back_while_the_registry_loads_keeps_its_collection_until_it_is_loaded() {
-    use prost::Message;
     let mut first = big_stream(5);
     let [_, cla] = first.on_request(request(CLUSTER_TYPE_URL, &["big.vip"], &[]));
     let kept = cla.unwrap().resources[0].version.clone();
@@ -1245,10 +1237,7 @@ fn a_proxy_back_while_the_registry_loads_keeps_its_collection_until_it_is_loaded
     };
     let [_, cla] = back.session.on_change(&cx, all);
     let cla = cla.expect("the kept assignment names another stream's collection");
-    let assignment = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
-        &*cla.resources[0].resource.as_ref().unwrap().value,
-    )
-    .unwrap();
+    let assignment = decode_assignment(cla.resources[0].resource.as_ref().unwrap());
     let new_glob = back.glob();
     assert_eq!(
         crate::xds::leds::collections_in(&assignment),
