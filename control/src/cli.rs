@@ -145,7 +145,8 @@ pub(crate) struct Args {
 
     /// A VIP with at least so many endpoints sends them one by one (Envoy's LEDS): one
     /// instance's change then costs each proxy that instance, not the whole VIP; the first
-    /// answer is larger and a new VIP's first request takes one more round trip. 0: never.
+    /// answer is larger and a new VIP's first request takes one more round trip. A split VIP
+    /// stays split down to three quarters of N. 0: never.
     #[arg(long, value_name = "N", default_value_t = odmesh_control::xds::LEDS_MIN_ENDPOINTS)]
     pub(crate) leds_min_endpoints: usize,
 

@@ -150,15 +150,15 @@ fn a_vip_of_a_thousand_instances_takes_changes_one_instance_at_a_time_and_routes
         "Envoy holds 995 instances after the restart",
     );
 
-    // Below the threshold (256) the VIP's whole assignment goes out, and above it again its
-    // collection comes back with every member.
-    let few: Vec<EchoUpstream> = upstreams.drain(200..).collect();
+    // Below three quarters of the threshold (192 of 256) the VIP's whole assignment goes out,
+    // and at the threshold again its collection comes back with every member.
+    let few: Vec<EchoUpstream> = upstreams.drain(150..).collect();
     mesh.registry.write_atomic(&instances(&upstreams));
-    wait_hosts(&mesh, &upstreams, "Envoy holds 200 instances, whole");
+    wait_hosts(&mesh, &upstreams, "Envoy holds 150 instances, whole");
     wait_until(APPLIED, "the collection dropped", || {
         collections(&mesh) == 0
     });
-    upstreams.extend(few.into_iter().take(100));
+    upstreams.extend(few.into_iter().take(150));
     mesh.registry.write_atomic(&instances(&upstreams));
     assert_held_one_by_one(
         &mesh,

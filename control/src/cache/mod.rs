@@ -308,9 +308,16 @@ impl State {
             .collect();
         variants.sort();
         variants.dedup();
-        let built = variants
-            .into_iter()
-            .map(|v| {
+        // A VIP split before stays split within a band below the threshold.
+        let split = |v: &Option<Arc<str>>| {
+            let built = entry.built.get(v).and_then(Option::as_ref);
+            built.is_some_and(|b| b.endpoints.leds.is_some())
+        };
+        let split: Vec<bool> = variants.iter().map(split).collect();
+        let staying = split.contains(&true).then(|| options.staying_split());
+        let built = (variants.into_iter().zip(split))
+            .map(|(v, split)| {
+                let options = staying.as_ref().filter(|_| split).unwrap_or(options);
                 let b = self.build(&name, v.as_deref(), options);
                 (v, b)
             })

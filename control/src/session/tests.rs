@@ -1107,9 +1107,9 @@ fn a_changed_cluster_names_its_collections_anew_and_the_old_ones_are_forgotten()
 fn a_vip_that_goes_whole_drops_its_collection_and_split_again_starts_from_nothing() {
     let mut ads = big_stream(5);
     ads.subscribe_big();
-    // Three instances: below the threshold of 4, whole.
+    // Two instances: below three quarters of the threshold of 4, whole.
     ads.cache
-        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[3, 4])).into());
+        .set_snapshot(Snapshot::from_registry(&big_registry(5, &[2, 3, 4])).into());
     let [_, cla, members] = ads.on_change(&["big.vip"]);
     assert!(cla.is_some() && members.is_none());
     assert_eq!(ads.session.status().collections, 0);
@@ -1245,4 +1245,34 @@ fn a_proxy_back_while_the_registry_loads_keeps_its_collection_until_it_is_loaded
     );
     let [members, _] = back.on_request(request(LB_ENDPOINT, &[&new_glob], &[&old_glob]));
     assert_eq!(sent(&members).len(), 5);
+}
+
+#[test]
+fn a_split_vip_stays_split_down_to_three_quarters_of_the_threshold_and_a_whole_one_whole_below_it()
+{
+    let mut ads = big_stream(5);
+    ads.subscribe_big();
+    let set = |ads: &mut Ads, n: u8| {
+        let without: Vec<u8> = (n..5).collect();
+        (ads.cache).set_snapshot(Snapshot::from_registry(&big_registry(5, &without)).into());
+        ads.on_change(&["big.vip"])
+    };
+    // 3 of a threshold of 4: still split, the change goes as members.
+    let [_, cla, members] = set(&mut ads, 3);
+    assert!(cla.is_none(), "the assignment stays split");
+    assert_eq!(removed(&members).len(), 2);
+    // 2: whole.
+    let [_, cla, _] = set(&mut ads, 2);
+    let cla = cla.expect("whole now");
+    let whole = decode_assignment(cla.resources[0].resource.as_ref().unwrap());
+    assert!(crate::xds::leds::collections_in(&whole).is_empty());
+    // 3 again: whole still, below the threshold.
+    let [_, cla, _] = set(&mut ads, 3);
+    let cla = cla.expect("the whole assignment changed");
+    let whole = decode_assignment(cla.resources[0].resource.as_ref().unwrap());
+    assert!(crate::xds::leds::collections_in(&whole).is_empty());
+    // 4: split again.
+    let [_, cla, _] = set(&mut ads, 4);
+    let split = decode_assignment(cla.unwrap().resources[0].resource.as_ref().unwrap());
+    assert_eq!(crate::xds::leds::collections_in(&split).len(), 1);
 }

@@ -161,6 +161,20 @@ pub struct XdsOptions {
 pub const LEDS_MIN_ENDPOINTS: usize = 256;
 
 impl XdsOptions {
+    /// The options a VIP split already is rebuilt with: it stays split down to three quarters
+    /// of [`XdsOptions::leds_min_endpoints`]. A VIP whose size hovers at the threshold would
+    /// otherwise go whole and split again with every instance that comes and goes, and each
+    /// split sends every proxy all its members again.
+    pub fn staying_split(&self) -> XdsOptions {
+        let min = self.leds_min_endpoints;
+        XdsOptions {
+            leds_min_endpoints: min - min / 4,
+            ..self.clone()
+        }
+    }
+}
+
+impl XdsOptions {
     /// Options with `upstream_ca`, or the first system CA bundle that exists.
     pub fn new(upstream_ca: Option<PathBuf>) -> XdsOptions {
         let upstream_ca = upstream_ca.unwrap_or_else(|| {
