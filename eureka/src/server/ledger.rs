@@ -5,9 +5,10 @@
 //!
 //! Every operation costs what it touches, not the registry, so that a million instances
 //! register as fast as ten thousand:
-//! - a lease's instance document is one [`Arc`], shared by the lease, the delta history and
-//!   every answer being written, and copied only when the instance changes; a heartbeat
-//!   stamps the lease, not the document (answers write `lastRenewalTimestamp` from it);
+//! - a lease's instance document is one [`Stored`] (one compact allocation), shared by the
+//!   lease, the delta history and every answer being written, and written again only when
+//!   the instance changes; a heartbeat stamps the lease, not the document (answers write
+//!   `lastRenewalTimestamp` from it);
 //! - app names and instance ids are [`Name`]s, one allocation shared by every index;
 //! - an eviction round pops the leases due from a queue ordered by deadline (a lease renewed
 //!   since goes back in with its new one), instead of walking every lease;
@@ -32,6 +33,7 @@ use odmesh_registry::{
 };
 
 use super::preservation::{self, Expected, PreservationConfig, SelfPreservation, Verdict};
+use super::stored::Stored;
 use crate::wire::json::{
     ActionType, Application, Applications, InstanceInfo, LeaseInfo, reconcile_hash_code_of_counts,
 };
@@ -75,7 +77,7 @@ pub struct Terms {
 pub struct Lease {
     /// The instance as served, but for `leaseInfo.lastRenewalTimestamp` (see
     /// [`Lease::served`]).
-    doc: Arc<InstanceInfo>,
+    doc: Stored,
     /// The status the instance itself reported when it registered.
     pub reported: Status,
     /// An operator's override (`PUT .../status`).
@@ -110,19 +112,24 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The instance document, as registered and changed since.
-    pub fn doc(&self) -> &InstanceInfo {
+    /// The instance document, as registered and changed since (read out of its stored
+    /// form: [`Lease::stored`] reads single fields in place).
+    pub fn doc(&self) -> InstanceInfo {
+        self.doc.info()
+    }
+
+    /// The instance document as stored.
+    pub fn stored(&self) -> &Stored {
         &self.doc
     }
 
-    /// The instance document, shared (for a peer's copy).
-    pub fn shared_doc(&self) -> Arc<InstanceInfo> {
-        self.doc.clone()
-    }
-
-    /// The instance document, to change: copied first if an answer or the delta holds it.
-    pub fn doc_mut(&mut self) -> &mut InstanceInfo {
-        Arc::make_mut(&mut self.doc)
+    /// Changes the instance document with `change`; an answer or the delta that holds it
+    /// keeps the one it has.
+    pub fn change_doc<T>(&mut self, change: impl FnOnce(&mut InstanceInfo) -> T) -> T {
+        let mut info = self.doc.info();
+        let out = change(&mut info);
+        self.doc = Stored::from(&info);
+        out
     }
 
     /// How long the lease lasts without a heartbeat.
@@ -144,17 +151,14 @@ impl Lease {
     pub fn refresh_status(&mut self) {
         let status = self.effective_status().as_str();
         let overridden = self.overridden.unwrap_or(Status::Unknown).as_str();
-        let doc = &*self.doc;
-        if doc.status.as_deref() == Some(status)
-            && doc.overridden_status.as_deref() == Some(overridden)
-            && doc.overriddenstatus_legacy.as_deref() == Some(overridden)
-        {
+        if self.doc.status_texts() == [Some(status), Some(overridden), Some(overridden)] {
             return;
         }
-        let doc = self.doc_mut();
-        doc.status = Some(status.to_owned());
-        doc.overridden_status = Some(overridden.to_owned());
-        doc.overriddenstatus_legacy = Some(overridden.to_owned());
+        self.change_doc(|doc| {
+            doc.status = Some(status.to_owned());
+            doc.overridden_status = Some(overridden.to_owned());
+            doc.overriddenstatus_legacy = Some(overridden.to_owned());
+        });
     }
 
     /// When the lease runs out, with the late rounds since its renewal credited.
@@ -180,7 +184,7 @@ impl Lease {
 /// after it ([`Served::info`]).
 #[derive(Clone, Debug)]
 pub struct Served {
-    doc: Arc<InstanceInfo>,
+    doc: Stored,
     /// The lease's last renewal (for a delta's document, as of its change), written into
     /// `leaseInfo`.
     renewed_ms: Option<u64>,
@@ -190,7 +194,7 @@ pub struct Served {
 impl Served {
     /// The document, as Eureka's JSON and XML writers take it.
     pub fn info(&self) -> InstanceInfo {
-        let mut info = (*self.doc).clone();
+        let mut info = self.doc.info();
         if let (Some(ms), Some(lease)) = (self.renewed_ms, info.lease_info.as_mut()) {
             lease.last_renewal_timestamp = Some(ms);
         }
@@ -322,7 +326,7 @@ struct Change {
     id: Name,
     action: ActionType,
     /// The instance as it was after the change, and its lease's last renewal then.
-    doc: Arc<InstanceInfo>,
+    doc: Stored,
     renewed_ms: u64,
 }
 
@@ -465,7 +469,7 @@ impl Ledger {
         *dirty = dirty.map(|t| t.min(now.latest_dirty()));
         let ours = self
             .lease(&app, id)
-            .and_then(|l| l.doc.last_dirty_timestamp);
+            .and_then(|l| l.doc.last_dirty_timestamp());
         if let (Some(ours), Some(theirs)) = (ours, r.info.last_dirty_timestamp)
             && ours > theirs
         {
@@ -492,7 +496,7 @@ impl Ledger {
         let was_expected = (self.lease(&app, &id)).is_some_and(|l| l.expected_since.is_some());
         let expected_since = (r.expected_now || was_expected).then_some((token, now.at));
         let mut lease = Lease {
-            doc: Arc::new(stamped(r.info, r.duration, service_up, now)),
+            doc: Stored::from(&stamped(r.info, r.duration, service_up, now)),
             reported: r.reported,
             overridden,
             override_by_operator: carried.by_operator,
@@ -523,7 +527,7 @@ impl Ledger {
     /// when it came up.
     fn carried_over(&mut self, app: &Name, id: &Name, r: &Registration, now: Now) -> Carried {
         let known = self.lease(app, id).map(|l| {
-            let up = (l.doc.lease_info.as_ref()).and_then(|l| l.service_up_timestamp);
+            let up = l.doc.service_up_timestamp();
             (l.overridden, l.override_by_operator, up)
         });
         let (overridden, by_operator, service_up, restored) = match known {
@@ -664,7 +668,7 @@ impl Ledger {
         // A timestamp beyond the clock's reach is not compared: the registration it came with
         // was taken as now + MAX_CLOCK_AHEAD, and asking for it again would loop.
         let theirs = last_dirty_timestamp.filter(|t| *t <= now.latest_dirty());
-        let answer = match (theirs, lease.doc.last_dirty_timestamp) {
+        let answer = match (theirs, lease.doc.last_dirty_timestamp()) {
             (Some(theirs), Some(ours)) if theirs > ours => {
                 Err(RenewRefused::Newer { theirs, ours })
             }
@@ -712,7 +716,7 @@ impl Ledger {
         if let Err(e) = change(lease) {
             return Some(Err(e));
         }
-        lease.doc_mut().last_updated_timestamp = Some(now.ms);
+        lease.change_doc(|doc| doc.last_updated_timestamp = Some(now.ms));
         let (served, after) = (lease.served(), lease.doc.status());
         self.statuses[status_slot(before)] -= 1;
         self.statuses[status_slot(after)] += 1;
@@ -762,9 +766,11 @@ impl Ledger {
         let mut evicted = Vec::with_capacity(due.len());
         for (_, _, app, id) in due {
             if let Some((app, id, mut lease)) = self.remove(&app, &id) {
-                if let Some(l) = lease.doc_mut().lease_info.as_mut() {
-                    l.eviction_timestamp = Some(now.ms);
-                }
+                lease.change_doc(|doc| {
+                    if let Some(l) = doc.lease_info.as_mut() {
+                        l.eviction_timestamp = Some(now.ms);
+                    }
+                });
                 let served = lease.served();
                 self.record(app.clone(), id.clone(), ActionType::Deleted, served, now);
                 evicted.push((app, id));
@@ -800,7 +806,7 @@ impl Ledger {
     fn convert(&mut self, app: &Name, id: &Name) {
         let mut warnings = Vec::new();
         if let Some(lease) = self.apps.get_mut(app).and_then(|l| l.get_mut(id)) {
-            lease.converted = match lease.doc.to_instance(app, 0, &mut warnings) {
+            lease.converted = match lease.doc.info().to_instance(app, 0, &mut warnings) {
                 Ok(instance) => Some(Arc::new(instance)),
                 Err(e) => {
                     warnings.push(e);
@@ -903,13 +909,8 @@ impl Ledger {
     /// The instances whose `vipAddress` (or, `secure`, `secureVipAddress`) lists `vip`
     /// (lowercase), by application.
     pub fn serving(&self, vip: &str, secure: bool) -> AppsView {
-        let field = |i: &InstanceInfo| {
-            let list = if secure {
-                &i.secure_vip_address
-            } else {
-                &i.vip_address
-            };
-            split_vips(list.as_deref().unwrap_or_default())
+        let field = |doc: &Stored| {
+            split_vips(doc.vip_address(secure).unwrap_or_default())
                 .iter()
                 .any(|v| v == vip)
         };
@@ -1034,15 +1035,13 @@ impl CancelledOverrides {
 
 /// The VIPs (`false`) and SVIPs (`true`) an instance document serves, as `GET /vips/{vip}`
 /// matches them.
-fn vips_of(doc: &InstanceInfo) -> Vec<(bool, String)> {
-    let list = |secure: bool, field: &Option<String>| {
-        split_vips(field.as_deref().unwrap_or_default())
+fn vips_of(doc: &Stored) -> Vec<(bool, String)> {
+    let list = |secure: bool| {
+        split_vips(doc.vip_address(secure).unwrap_or_default())
             .into_iter()
             .map(move |vip| (secure, vip))
     };
-    list(false, &doc.vip_address)
-        .chain(list(true, &doc.secure_vip_address))
-        .collect()
+    list(false).chain(list(true)).collect()
 }
 
 #[cfg(test)]

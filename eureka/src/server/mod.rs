@@ -59,6 +59,7 @@ pub mod ledger;
 pub mod peers;
 pub mod policy;
 pub mod preservation;
+pub mod stored;
 mod throttle;
 
 use std::net::SocketAddr;
@@ -667,16 +668,14 @@ impl EurekaRegistry {
             )));
         }
         let change = |lease: &mut Lease| {
-            let mut merged = lease.doc().metadata.clone();
-            merged.extend(entries);
-            let data_center = lease
-                .doc()
-                .data_center_info
-                .iter()
-                .flat_map(|dc| dc.metadata.iter());
-            policy::check_metadata(merged.iter().chain(data_center), limits)?;
-            lease.doc_mut().metadata = merged;
-            Ok(())
+            lease.change_doc(|doc| {
+                let mut merged = doc.metadata.clone();
+                merged.extend(entries);
+                let data_center = (doc.data_center_info.iter()).flat_map(|dc| dc.metadata.iter());
+                policy::check_metadata(merged.iter().chain(data_center), limits)?;
+                doc.metadata = merged;
+                Ok(())
+            })
         };
         self.modify(caller, app, id, change, Replicated::register)
     }

@@ -246,7 +246,7 @@ impl Replicated {
 
     /// The whole state of a lease, as a `Register`.
     pub fn register(lease: &Lease) -> Replicated {
-        let doc = lease.shared_doc();
+        let doc = Arc::new(lease.doc());
         let app = doc.app.clone().unwrap_or_default();
         let id = doc.instance_id.clone().unwrap_or_default();
         Replicated {
@@ -261,8 +261,8 @@ impl Replicated {
     /// A heartbeat for `lease`, with its document's `lastDirtyTimestamp`.
     pub fn heartbeat(app: &str, id: &str, lease: &Lease) -> Replicated {
         Replicated {
-            last_dirty_timestamp: lease.doc().last_dirty_timestamp,
-            status: Some(lease.doc().status()),
+            last_dirty_timestamp: lease.stored().last_dirty_timestamp(),
+            status: Some(lease.stored().status()),
             overridden: lease.overridden,
             ..Replicated::new(Action::Heartbeat, app, id)
         }
@@ -275,14 +275,14 @@ impl Replicated {
     /// An operator's override of `lease`, `status`, as Eureka replicates it: its
     /// `StatusUpdate`.
     pub fn status_update(lease: &Lease, status: Status) -> Replicated {
-        let doc = lease.doc();
+        let doc = lease.stored();
         Replicated {
-            last_dirty_timestamp: doc.last_dirty_timestamp,
+            last_dirty_timestamp: doc.last_dirty_timestamp(),
             status: Some(status),
             ..Replicated::new(
                 Action::StatusUpdate,
-                doc.app.as_deref().unwrap_or_default(),
-                doc.instance_id.as_deref().unwrap_or_default(),
+                doc.app().unwrap_or_default(),
+                doc.instance_id().unwrap_or_default(),
             )
         }
     }
@@ -291,14 +291,14 @@ impl Replicated {
     /// with the status the instance is back to (a real Eureka server takes that as its
     /// status).
     pub fn delete_override(lease: &Lease) -> Replicated {
-        let doc = lease.doc();
+        let doc = lease.stored();
         Replicated {
-            last_dirty_timestamp: doc.last_dirty_timestamp,
+            last_dirty_timestamp: doc.last_dirty_timestamp(),
             status: Some(lease.reported),
             ..Replicated::new(
                 Action::DeleteStatusOverride,
-                doc.app.as_deref().unwrap_or_default(),
-                doc.instance_id.as_deref().unwrap_or_default(),
+                doc.app().unwrap_or_default(),
+                doc.instance_id().unwrap_or_default(),
             )
         }
     }

@@ -139,12 +139,12 @@ fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
     let lease_doc = |l: &Ledger| l.lease("HELLO", "h1").unwrap().doc.clone();
     let first = lease_doc(&ledger);
     let in_delta = ledger.recent.values().next().unwrap().doc.clone();
-    assert!(Arc::ptr_eq(&first, &in_delta));
+    assert!(Stored::same(&first, &in_delta));
 
     // A heartbeat stamps the lease, not the document; answers show the renewal.
     clock.advance(SEC * 5);
     ledger.renew("HELLO", "h1", None, clock.now).unwrap();
-    assert!(Arc::ptr_eq(&first, &lease_doc(&ledger)));
+    assert!(Stored::same(&first, &lease_doc(&ledger)));
     let served = ledger.instance("HELLO", "h1").unwrap().info();
     let renewal = served.lease_info.as_ref().unwrap().last_renewal_timestamp;
     assert_eq!(renewal, Some(clock.now.ms));
@@ -159,7 +159,7 @@ fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
         .unwrap()
         .unwrap();
     let second = lease_doc(&ledger);
-    assert!(!Arc::ptr_eq(&first, &second));
+    assert!(!Stored::same(&first, &second));
     assert_eq!(second.status(), Status::OutOfService);
     assert_eq!(
         first.status(),
@@ -168,7 +168,7 @@ fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
     );
     assert_eq!(ledger.delta_len(), 1);
     let in_delta = ledger.recent.values().next().unwrap().doc.clone();
-    assert!(Arc::ptr_eq(&second, &in_delta));
+    assert!(Stored::same(&second, &in_delta));
 }
 
 #[test]
