@@ -8,10 +8,13 @@
 //! - every instance of the registry has valid VIPs and SVIPs, each list only with its port
 //!   enabled, and no port 0;
 //! - written back as JSON (as the embedded registry serves it) and read again, the document
-//!   is the same, skips nothing, and gives the same registry.
+//!   is the same, skips nothing, and gives the same registry;
+//! - every instance, stored as the embedded registry keeps it (`server::stored::Stored`),
+//!   reads back equal, and what the registry reads of it in place is what it says.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use odmesh_eureka::server::stored::Stored;
 use odmesh_eureka::wire::json::{ApplicationsDocument, parse_document, parse_registry};
 
 fuzz_target!(|data: &[u8]| {
@@ -50,6 +53,22 @@ fuzz_target!(|data: &[u8]| {
             inst.port != Some(0) && inst.secure_port != Some(0),
             "{inst:?}"
         );
+    }
+
+    for info in (parsed.applications.application.iter()).flat_map(|a| &a.instance) {
+        let stored = Stored::from(info);
+        assert_eq!(&stored.info(), info);
+        assert_eq!(stored.status(), info.status());
+        assert_eq!(stored.app(), info.app.as_deref());
+        assert_eq!(stored.instance_id(), info.instance_id.as_deref());
+        assert_eq!(stored.vip_address(false), info.vip_address.as_deref());
+        assert_eq!(stored.vip_address(true), info.secure_vip_address.as_deref());
+        assert_eq!(stored.last_dirty_timestamp(), info.last_dirty_timestamp);
+        let up = info
+            .lease_info
+            .as_ref()
+            .and_then(|l| l.service_up_timestamp);
+        assert_eq!(stored.service_up_timestamp(), up);
     }
 
     let document = ApplicationsDocument {

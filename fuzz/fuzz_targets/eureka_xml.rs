@@ -10,13 +10,15 @@
 //!   instance's fields (`xml::fields`: names, ids, statuses, ports and whether they are
 //!   enabled, the data center's class attribute and metadata, the lease), nothing else, and
 //!   every metadata entry under its key, or under the valid name the writer makes of a key
-//!   that is not one (unless another key has that name).
+//!   that is not one (unless another key has that name);
+//! - each instance, stored as the embedded registry keeps it, reads back equal.
 #![no_main]
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use odmesh_eureka::server::stored::Stored;
 use odmesh_eureka::wire::json::{
     ActionType, Application, Applications, DataCenterInfo, InstanceInfo, LeaseInfo, Port,
     parse_document,
@@ -33,6 +35,11 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => return,
         },
     };
+
+    // Every text, with any character, is kept by the embedded registry's stored form.
+    for info in apps.application.iter().flat_map(|a| &a.instance) {
+        assert_eq!(&Stored::from(info).info(), info);
+    }
 
     let text = xml::applications(&apps);
     let doc = parse_xml(&text);
