@@ -12,7 +12,10 @@
 //! - app names and instance ids are [`Name`]s, one allocation shared by every index;
 //! - an eviction round pops the leases due from a queue ordered by deadline (a lease renewed
 //!   since goes back in with its new one), instead of walking every lease;
-//! - a round that runs late credits every lease with the delay by bumping one counter;
+//! - a round that runs late credits every lease with the delay by bumping one counter (a
+//!   lease renewed after it, whose deadline may then come sooner, is queued again);
+//! - the delta history is a queue in the order of changes (`ledger/history.rs`), each lease keeping
+//!   the version of its latest change, not a tree with an index of every instance;
 //! - self-preservation's expected renewals ([`Expected`]) and the reconcile hash code's
 //!   status counts are kept as instances come and go;
 //! - an instance is converted for the mesh when it changes; its app's group is rebuilt at the
@@ -37,6 +40,7 @@ use super::stored::Stored;
 use crate::wire::json::{
     ActionType, Application, Applications, InstanceInfo, LeaseInfo, reconcile_hash_code_of_counts,
 };
+use history::{Change, History};
 
 /// An app name (uppercase) or an instance id, shared by every index that names it.
 pub type Name = Arc<str>;
@@ -109,6 +113,8 @@ pub struct Lease {
     token: u64,
     /// As the mesh sees it; `None` when it cannot be used (see `Ledger::warned`).
     converted: Option<Arc<Instance>>,
+    /// The version of its latest change, which the delta history may hold.
+    changed: u64,
 }
 
 impl Lease {
@@ -318,18 +324,6 @@ pub struct Eviction {
     pub verdict: Verdict,
 }
 
-/// A change, as the delta lists it.
-#[derive(Debug)]
-struct Change {
-    at: Instant,
-    app: Name,
-    id: Name,
-    action: ActionType,
-    /// The instance as it was after the change, and its lease's last renewal then.
-    doc: Stored,
-    renewed_ms: u64,
-}
-
 /// The embedded registry's state.
 #[derive(Debug)]
 pub struct Ledger {
@@ -338,11 +332,8 @@ pub struct Ledger {
     apps: BTreeMap<Name, BTreeMap<Name, Lease>>,
     /// How many leases there are (all apps).
     leases: usize,
-    /// For `/apps/delta`: the latest change of each instance within the retention, keyed
-    /// by the `version` it made (so oldest first).
-    recent: BTreeMap<u64, Change>,
-    /// (APP, id) → the key of that instance's change in `recent`.
-    latest: HashMap<(Name, Name), u64>,
+    /// For `/apps/delta`: the latest change of each instance within the retention.
+    recent: History,
     /// The usable instances as published, in [`SHARDS`] shards by app. A publish copies one
     /// pointer per shard and rebuilds the shards that changed.
     published: Vec<PublishedShard>,
@@ -419,8 +410,7 @@ impl Ledger {
             terms,
             apps: BTreeMap::new(),
             leases: 0,
-            recent: BTreeMap::new(),
-            latest: HashMap::new(),
+            recent: History::default(),
             published: (0..SHARDS).map(|_| Default::default()).collect(),
             warned: BTreeMap::new(),
             version: 0,
@@ -511,6 +501,7 @@ impl Ledger {
             owner: r.owner,
             token,
             converted: None,
+            changed: 0,
         };
         lease.refresh_status();
         let new = self.insert(app, id, lease, now);
@@ -567,23 +558,26 @@ impl Ledger {
             *apps.entry(app.clone()).or_insert(0) += 1;
         }
         let served = lease.served();
+        let mut lease = lease;
+        lease.changed = self.version + 1;
         let old = (self.apps.entry(app.clone()).or_default()).insert(id.clone(), lease);
         match &old {
             Some(old) => self.forget(&app, old),
             None => self.leases += 1,
         }
+        let older = old.as_ref().map(|old| old.changed);
         self.expiry
             .push(Reverse((deadline, token, app.clone(), id.clone())));
         self.compact_expiry();
         self.convert(&app, &id);
-        self.record(app, id, ActionType::Added, served, now);
+        self.record(app, id, ActionType::Added, served, older, now);
         old.is_none()
     }
 
-    /// Rebuilds the deadline queue from the leases when entries of cancelled or registered
-    /// again leases (dropped only when their deadline comes) outnumber the leases: churn
-    /// must not grow it beyond twice the registry. Linear, and at most once per as many
-    /// registrations as there are leases.
+    /// Rebuilds the deadline queue from the leases when entries of cancelled, registered
+    /// again or queued again leases (dropped only when their deadline comes) outnumber the
+    /// leases: churn must not grow it beyond twice the registry. Linear, and at most once
+    /// per as many registrations or renewals after a late round as there are leases.
     fn compact_expiry(&mut self) {
         if self.expiry.len() <= 2 * self.leases + 1024 {
             return;
@@ -645,9 +639,13 @@ impl Ledger {
         let lease = (self.apps.get_mut(app))
             .and_then(|l| l.get_mut(id))
             .ok_or(RenewRefused::Unknown)?;
+        // A renewal drops the credit of late rounds since the last one, so its deadline may
+        // come before the one queued: queued again, it is not evicted late.
+        let sooner = credit > lease.credit_at;
         lease.renewed = now.at;
         lease.renewed_ms = now.ms;
         lease.credit_at = credit;
+        let requeue = sooner.then(|| (lease.deadline(credit), lease.token));
         // Renewals are expected from the first one on: an instance that registers and never
         // renews (a client that died at once, or one that means to keep eviction off by
         // holding leases nobody renews) weighs nothing in self-preservation, while one that
@@ -677,6 +675,14 @@ impl Ledger {
         if counts {
             self.preservation.renewed(now.at);
         }
+        if let Some((deadline, token)) = requeue
+            && let Some((app, leases)) = self.apps.get_key_value(app)
+            && let Some((id, _)) = leases.get_key_value(id)
+        {
+            let entry = (deadline, token, app.clone(), id.clone());
+            self.expiry.push(Reverse(entry));
+            self.compact_expiry();
+        }
         answer
     }
 
@@ -696,7 +702,14 @@ impl Ledger {
             let kept = (overridden, lease.override_by_operator);
             (self.cancelled_overrides).keep((app.clone(), id.clone()), kept, until, max);
         }
-        self.record(app, id, ActionType::Deleted, lease.served(), now);
+        self.record(
+            app,
+            id,
+            ActionType::Deleted,
+            lease.served(),
+            Some(lease.changed),
+            now,
+        );
         Some(())
     }
 
@@ -717,11 +730,12 @@ impl Ledger {
             return Some(Err(e));
         }
         lease.change_doc(|doc| doc.last_updated_timestamp = Some(now.ms));
+        let older = std::mem::replace(&mut lease.changed, self.version + 1);
         let (served, after) = (lease.served(), lease.doc.status());
         self.statuses[status_slot(before)] -= 1;
         self.statuses[status_slot(after)] += 1;
         self.convert(&app, &id);
-        self.record(app, id, ActionType::Modified, served, now);
+        self.record(app, id, ActionType::Modified, served, Some(older), now);
         Some(Ok(()))
     }
 
@@ -758,7 +772,9 @@ impl Ledger {
         } else {
             0
         };
+        // A lease queued twice (see `renew`) is due once.
         due.sort();
+        due.dedup();
         let held = due.len().saturating_sub(limit);
         for entry in due.drain(limit.min(due.len())..) {
             self.expiry.push(Reverse(entry));
@@ -772,7 +788,15 @@ impl Ledger {
                     }
                 });
                 let served = lease.served();
-                self.record(app.clone(), id.clone(), ActionType::Deleted, served, now);
+                let older = Some(lease.changed);
+                self.record(
+                    app.clone(),
+                    id.clone(),
+                    ActionType::Deleted,
+                    served,
+                    older,
+                    now,
+                );
                 evicted.push((app, id));
             }
         }
@@ -826,21 +850,28 @@ impl Ledger {
         }
     }
 
-    fn record(&mut self, app: Name, id: Name, action: ActionType, lease: Served, now: Now) {
+    /// Records a change of `app`/`id` as the next version; `older` is the version of its
+    /// change before, if its lease had one.
+    fn record(
+        &mut self,
+        app: Name,
+        id: Name,
+        action: ActionType,
+        lease: Served,
+        older: Option<u64>,
+        now: Now,
+    ) {
         self.version += 1;
-        let version = self.version;
-        if let Some(older) = self.latest.insert((app.clone(), id.clone()), version) {
-            self.recent.remove(&older);
-        }
         let change = Change {
+            version: self.version,
             at: now.at,
             app,
             id,
             action,
-            doc: lease.doc,
+            doc: Some(lease.doc),
             renewed_ms: lease.renewed_ms.unwrap_or(now.ms),
         };
-        self.recent.insert(version, change);
+        self.recent.record(change, older);
         // Register-and-cancel churn with new ids must not grow the delta without bound:
         // past the registry's own bound, the oldest changes go (a client that misses one
         // sees a hash code mismatch and fetches the whole registry).
@@ -848,21 +879,10 @@ impl Ledger {
     }
 
     /// Forgets the changes older than the retention, and the oldest beyond the registry's
-    /// bound. Changes are made in order, so the oldest are first.
+    /// bound.
     fn prune(&mut self, now: Instant) {
         let max_len = self.terms.max_instances.max(1);
-        loop {
-            let len = self.recent.len();
-            let Some(oldest) = self.recent.first_entry() else {
-                return;
-            };
-            let age = now.saturating_duration_since(oldest.get().at);
-            if len <= max_len && age <= self.terms.delta_retention {
-                return;
-            }
-            let change = oldest.remove();
-            self.latest.remove(&(change.app, change.id));
-        }
+        (self.recent).prune(now, self.terms.delta_retention, max_len);
     }
 
     /// Eureka's reconcile hash code of every registered instance (`apps__hashcode`).
@@ -937,13 +957,13 @@ impl Ledger {
         self.prune(now);
         let mut apps: Vec<(Name, Vec<Served>)> = Vec::new();
         let mut index: HashMap<&str, usize> = HashMap::new();
-        for change in self.recent.values() {
+        for (change, doc) in self.recent.iter() {
             let i = *index.entry(&change.app).or_insert_with(|| {
                 apps.push((change.app.clone(), Vec::new()));
                 apps.len() - 1
             });
             apps[i].1.push(Served {
-                doc: change.doc.clone(),
+                doc: doc.clone(),
                 renewed_ms: Some(change.renewed_ms),
                 action: Some(change.action),
             });
@@ -953,7 +973,6 @@ impl Ledger {
 
     /// How many changes the delta holds (for tests and bounds).
     pub fn delta_len(&self) -> usize {
-        debug_assert_eq!(self.recent.len(), self.latest.len());
         self.recent.len()
     }
 
@@ -1044,5 +1063,6 @@ fn vips_of(doc: &Stored) -> Vec<(bool, String)> {
     list(false).chain(list(true)).collect()
 }
 
+mod history;
 #[cfg(test)]
 mod tests;

@@ -138,7 +138,7 @@ fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
     hello(&mut ledger, "h1", SEC * 90, clock.now);
     let lease_doc = |l: &Ledger| l.lease("HELLO", "h1").unwrap().doc.clone();
     let first = lease_doc(&ledger);
-    let in_delta = ledger.recent.values().next().unwrap().doc.clone();
+    let in_delta = ledger.recent.iter().next().unwrap().1.clone();
     assert!(Stored::same(&first, &in_delta));
 
     // A heartbeat stamps the lease, not the document; answers show the renewal.
@@ -167,7 +167,7 @@ fn the_lease_the_delta_and_an_answer_share_one_document_until_it_changes() {
         "what was answered before stays as it was"
     );
     assert_eq!(ledger.delta_len(), 1);
-    let in_delta = ledger.recent.values().next().unwrap().doc.clone();
+    let in_delta = ledger.recent.iter().next().unwrap().1.clone();
     assert!(Stored::same(&second, &in_delta));
 }
 
@@ -221,13 +221,21 @@ fn the_kept_status_counts_give_the_hash_code_of_every_document() {
 
 /// Random registrations, heartbeats, cancels, late and punctual rounds against a model
 /// that keeps every lease's deadline by hand: each round evicts exactly what the model says
-/// ran out, and the published registry is exactly what is registered.
+/// ran out, the published registry is exactly what is registered, and the delta holds the
+/// latest change of each instance within the retention.
 #[test]
 fn eviction_from_the_queue_matches_a_model_over_random_operations() {
     let mut clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
     // "APP/id" -> (renewed, duration, credit when renewed).
     let mut model: BTreeMap<String, (Instant, Duration, Duration)> = BTreeMap::new();
+    // The delta as a list: each instance's latest change, oldest first.
+    type Changes = Vec<(String, String, ActionType, Instant)>;
+    let mut changes: Changes = Vec::new();
+    fn changed(changes: &mut Changes, app: &str, id: &str, action: ActionType, at: Instant) {
+        changes.retain(|(a, i, ..)| (a.as_str(), i.as_str()) != (app, id));
+        changes.push((app.to_owned(), id.to_owned(), action, at));
+    }
     let mut credit = Duration::ZERO;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = |n: u64| {
@@ -245,6 +253,7 @@ fn eviction_from_the_queue_matches_a_model_over_random_operations() {
                 let lease = SEC * (1 + next(20)) as u32;
                 ledger.register(&app, &id, registration(&app, &id, lease), clock.now);
                 model.insert(key, (clock.now.at, lease, credit));
+                changed(&mut changes, &app, &id, ActionType::Added, clock.now.at);
             }
             3..=4 => {
                 let renewed = ledger.renew(&app, &id, None, clock.now);
@@ -259,8 +268,23 @@ fn eviction_from_the_queue_matches_a_model_over_random_operations() {
             5 => {
                 let cancelled = ledger.cancel(&app, &id, clock.now);
                 assert_eq!(cancelled.is_some(), model.remove(&key).is_some());
+                if cancelled.is_some() {
+                    changed(&mut changes, &app, &id, ActionType::Deleted, clock.now.at);
+                }
             }
-            6..=8 => clock.advance(Duration::from_millis(next(1_500))),
+            6..=7 => clock.advance(Duration::from_millis(next(1_500))),
+            8 => {
+                let status = STATUSES[next(5) as usize];
+                let modified = ledger.modify(&app, &id, clock.now, |lease| {
+                    lease.overridden = Some(status);
+                    lease.refresh_status();
+                    Ok::<(), ()>(())
+                });
+                assert_eq!(modified.is_some(), model.contains_key(&key));
+                if modified.is_some() {
+                    changed(&mut changes, &app, &id, ActionType::Modified, clock.now.at);
+                }
+            }
             _ => {
                 let late = if next(4) == 0 {
                     SEC * next(5) as u32
@@ -279,6 +303,11 @@ fn eviction_from_the_queue_matches_a_model_over_random_operations() {
                     .collect();
                 assert_eq!(evicted, due, "at step {step}");
                 model.retain(|k, _| !due.contains(k));
+                // Evicted most overdue first, which the model does not follow: by name.
+                for key in &due {
+                    let (app, id) = key.split_once('/').unwrap();
+                    changed(&mut changes, app, id, ActionType::Deleted, clock.now.at);
+                }
             }
         }
         assert_eq!(
@@ -287,6 +316,27 @@ fn eviction_from_the_queue_matches_a_model_over_random_operations() {
             "at step {step}"
         );
         assert_eq!(ledger.len(), model.len());
+        // The delta holds the latest change of each instance within the retention.
+        let now = clock.now.at;
+        changes.retain(|(.., at)| now.saturating_duration_since(*at) <= terms().delta_retention);
+        let expected: BTreeSet<(String, String, String)> = (changes.iter())
+            .map(|(app, id, action, _)| (app.clone(), id.clone(), format!("{action:?}")))
+            .collect();
+        let delta = ledger.delta(now);
+        let held: BTreeSet<(String, String, String)> = (delta.apps.iter())
+            .flat_map(|(app, served)| {
+                served.iter().map(|s| {
+                    let id = s.doc.instance_id().unwrap_or_default().to_owned();
+                    (
+                        app.to_string(),
+                        id,
+                        format!("{:?}", s.action.expect("an action")),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(held, expected, "at step {step}");
+        assert_eq!(ledger.delta_len(), expected.len());
     }
     assert_eq!(ledger.to_registry().registry.len(), model.len());
 }
