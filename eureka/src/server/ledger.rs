@@ -14,8 +14,8 @@
 //!   since goes back in with its new one), instead of walking every lease;
 //! - a round that runs late credits every lease with the delay by bumping one counter (a
 //!   lease renewed after it, whose deadline may then come sooner, is queued again);
-//! - the delta history is a queue in the order of changes (`ledger/history.rs`), each lease keeping
-//!   the version of its latest change, not a tree with an index of every instance;
+//! - the delta history is a queue in the order of changes (`ledger/history.rs`), each lease
+//!   keeping the version of its latest change, not a tree with an index of every instance;
 //! - self-preservation's expected renewals ([`Expected`]) and the reconcile hash code's
 //!   status counts are kept as instances come and go;
 //! - an instance is converted for the mesh when it changes; its app's group is rebuilt at the
