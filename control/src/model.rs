@@ -18,13 +18,13 @@ use tokio::sync::watch;
 
 use odmesh_base::metrics::set;
 
-use odmesh_registry::{Instance, Protocol, Registry, RegistryMetrics, Status};
+use odmesh_registry::{Instance, Protocol, Registry, RegistryMetrics, Status, Zone};
 
 /// One address traffic can go to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Endpoint {
     /// The locality; `None` sorts first.
-    pub zone: Option<String>,
+    pub zone: Option<Zone>,
     pub ip: IpAddr,
     pub port: u16,
 }
@@ -564,7 +564,7 @@ mod tests {
                 if next(3) == 0 { &["s"] } else { &[] },
             );
             i.vips.dedup();
-            i.zone = (next(2) == 0).then(|| "z1".to_owned());
+            i.zone = (next(2) == 0).then(|| "z1".into());
             i.protocol = Protocol::ALL[next(3)];
             Arc::new(i)
         };

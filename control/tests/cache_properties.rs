@@ -450,7 +450,7 @@ impl Inst {
             vips: self.vips.iter().map(|v| v.to_string()).collect(),
             svips: self.svips.iter().map(|v| v.to_string()).collect(),
             status: self.status,
-            zone: self.zone.map(str::to_owned),
+            zone: self.zone.map(Into::into),
             protocol: Protocol::Auto,
         }
     }

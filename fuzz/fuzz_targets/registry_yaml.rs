@@ -95,7 +95,7 @@ fn check(registry: &Registry) {
         }
         put("status", inst.status.as_str().into());
         if let Some(zone) = &inst.zone {
-            put("zone", zone.as_str().into());
+            put("zone", (**zone).into());
         }
         rows.push(Value::Object(row));
     }

@@ -8,7 +8,8 @@
 //! only that.
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// The status of an instance, as Eureka names it. Only [`Status::Up`] carries traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -138,11 +139,46 @@ pub struct Instance {
     /// SVIPs served on `secure_port`.
     pub svips: Vec<String>,
     pub status: Status,
-    /// Availability zone, used as the endpoint's locality.
-    pub zone: Option<String>,
+    /// Availability zone, used as the endpoint's locality; shared by every instance in it
+    /// ([`zone`]).
+    pub zone: Option<Zone>,
     /// The HTTP protocol the instance declares (default: follow the caller).
     pub protocol: Protocol,
 }
+
+/// An availability zone's name, one allocation shared by every instance and endpoint in it.
+pub type Zone = Arc<str>;
+
+/// The shared name of zone `name`: a million instances name a handful of zones, and each
+/// instance would otherwise hold its own copy, as would each endpoint made of it. Zones no
+/// instance names any more are forgotten as new ones come (the table stays within twice
+/// the zones in use), so clients naming ever new zones cannot grow it.
+pub fn zone(name: &str) -> Zone {
+    let mut zones = ZONES.lock().unwrap_or_else(PoisonError::into_inner);
+    let zones = zones.get_or_insert_with(|| Zones {
+        names: HashMap::new(),
+        prune_at: 64,
+    });
+    if let Some(zone) = zones.names.get(name).and_then(Weak::upgrade) {
+        return zone;
+    }
+    if zones.names.len() >= zones.prune_at {
+        zones.names.retain(|_, zone| zone.strong_count() > 0);
+        zones.prune_at = (2 * zones.names.len()).max(64);
+    }
+    let zone = Zone::from(name);
+    zones.names.insert(name.into(), Arc::downgrade(&zone));
+    zone
+}
+
+/// The zone names [`zone`] shares.
+struct Zones {
+    names: HashMap<Box<str>, Weak<str>>,
+    /// How many names the table may hold before the unused ones go.
+    prune_at: usize,
+}
+
+static ZONES: Mutex<Option<Zones>> = Mutex::new(None);
 
 /// The instances of one app (or of part of one), next to each other.
 pub type Group = Arc<[Arc<Instance>]>;
@@ -523,6 +559,24 @@ fn merge<'a, T: ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zone_in_use_is_one_allocation_and_unused_ones_are_forgotten() {
+        let a = zone("zone-shared-test-a");
+        assert!(Arc::ptr_eq(&a, &zone("zone-shared-test-a")));
+        assert!(!Arc::ptr_eq(&a, &zone("zone-shared-test-b")));
+        assert_eq!(&*a, "zone-shared-test-a");
+        // Ever new names, each dropped at once: the table stays small.
+        for i in 0..10_000 {
+            drop(zone(&format!("zone-churn-{i}")));
+        }
+        let held = (ZONES.lock().unwrap().as_ref()).map_or(0, |z| z.names.len());
+        assert!(held < 1_000, "{held} names held");
+        assert!(
+            Arc::ptr_eq(&a, &zone("zone-shared-test-a")),
+            "a live one stays"
+        );
+    }
 
     #[test]
     fn protocols_parse_as_written_in_metadata_and_files() {

@@ -294,7 +294,7 @@ fn convert(index: usize, raw: &Spanned<RawInstance>) -> Result<Instance, Invalid
         vips,
         svips,
         status,
-        zone,
+        zone: zone.as_deref().map(crate::zone),
         protocol,
     })
 }

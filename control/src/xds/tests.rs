@@ -3,7 +3,7 @@ use envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType a
 
 fn ep(zone: Option<&str>, ip: &str, port: u16) -> Endpoint {
     Endpoint {
-        zone: zone.map(str::to_owned),
+        zone: zone.map(Into::into),
         ip: ip.parse().unwrap(),
         port,
     }

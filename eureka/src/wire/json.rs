@@ -655,7 +655,7 @@ impl InstanceInfo {
             vips,
             svips,
             status: self.status(),
-            zone: self.zone().map(str::to_owned),
+            zone: self.zone().map(odmesh_registry::zone),
             protocol,
         })
     }
