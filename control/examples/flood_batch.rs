@@ -37,8 +37,8 @@ fn subscribe(names: Vec<String>) -> DeltaDiscoveryRequest {
 
 fn instance(i: usize) -> Instance {
     Instance {
-        app: format!("APP-{i}"),
-        instance_id: format!("app-{i}"),
+        app: format!("APP-{i}").into(),
+        instance_id: format!("app-{i}").into(),
         ip: [10, 0, (i >> 8) as u8, i as u8].into(),
         port: Some(8080),
         secure_port: None,

@@ -442,8 +442,8 @@ fn registry(instances: &[Inst], loading: bool) -> Registry {
 impl Inst {
     fn instance(&self) -> Instance {
         Instance {
-            app: format!("APP{}", self.id % 2),
-            instance_id: format!("i{}", self.id),
+            app: format!("APP{}", self.id % 2).into(),
+            instance_id: format!("i{}", self.id).into(),
             ip: IpAddr::from([10, 0, 0, self.ip]),
             port: self.port,
             secure_port: self.secure_port,

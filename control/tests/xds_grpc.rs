@@ -51,8 +51,8 @@ fn testdata(name: &str) -> std::path::PathBuf {
 
 fn inst(vip: &str, ip: &str, status: Status) -> Instance {
     Instance {
-        app: vip.to_uppercase(),
-        instance_id: format!("{vip}-{ip}"),
+        app: vip.to_uppercase().into(),
+        instance_id: format!("{vip}-{ip}").into(),
         ip: ip.parse().unwrap(),
         port: Some(8080),
         secure_port: None,

@@ -53,7 +53,7 @@ fn check(registry: &Registry) {
     let mut rows = Vec::new();
     for inst in registry.instances() {
         assert!(
-            !inst.app.trim().is_empty() && inst.app.trim() == inst.app,
+            !inst.app.trim().is_empty() && inst.app.trim() == &*inst.app,
             "{inst:?}"
         );
         assert!(
@@ -82,8 +82,8 @@ fn check(registry: &Registry) {
         let mut put = |key: &str, value: Value| {
             row.insert(key.into(), value);
         };
-        put("app", inst.app.as_str().into());
-        put("id", inst.instance_id.as_str().into());
+        put("app", (*inst.app).into());
+        put("id", (*inst.instance_id).into());
         put("ip", inst.ip.to_string().into());
         if let Some(port) = inst.port {
             put("port", port.into());

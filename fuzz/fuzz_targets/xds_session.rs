@@ -384,8 +384,8 @@ fn instance(i: usize, name: &str, ip: u8) -> Instance {
         None => (name.trim_end_matches(".vip"), false),
     };
     Instance {
-        app: format!("APP{i}"),
-        instance_id: format!("i{i}"),
+        app: format!("APP{i}").into(),
+        instance_id: format!("i{i}").into(),
         ip: IpAddr::from([10, 0, 0, ip]),
         port: (!secure).then_some(8080),
         secure_port: secure.then_some(8443),

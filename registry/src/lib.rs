@@ -124,10 +124,11 @@ impl Protocol {
 /// drops or reports names that are not.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Instance {
-    /// The app name, as registered (Eureka uppercases it).
-    pub app: String,
+    /// The app name, as registered (Eureka uppercases it); shared with the source's own
+    /// copy where it has one (the embedded registry's ledger).
+    pub app: Arc<str>,
     /// Unique within the app; the file form derives one from ip and ports when absent.
-    pub instance_id: String,
+    pub instance_id: Arc<str>,
     /// The address traffic goes to.
     pub ip: std::net::IpAddr,
     /// The plain port, when enabled.
@@ -629,9 +630,7 @@ mod tests {
     }
 
     fn ids(list: &[Arc<Instance>]) -> Vec<(&str, Status)> {
-        list.iter()
-            .map(|i| (i.instance_id.as_str(), i.status))
-            .collect()
+        list.iter().map(|i| (&*i.instance_id, i.status)).collect()
     }
 
     #[test]
@@ -739,7 +738,7 @@ pub mod testing {
     /// An UP instance `id` of app `VIP` (the VIP upper-cased) serving `vip` on `ip:8080`.
     pub fn instance(vip: &str, id: &str, ip: &str) -> Instance {
         Instance {
-            app: vip.to_ascii_uppercase(),
+            app: vip.to_ascii_uppercase().into(),
             instance_id: id.into(),
             ip: ip.parse().expect("an IP address"),
             port: Some(8080),

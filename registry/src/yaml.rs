@@ -199,8 +199,8 @@ fn duplicate_id(index: usize, inst: &Instance, at: &Location) -> InvalidYaml {
     located(
         InvalidInstance {
             index,
-            app: inst.app.clone(),
-            instance_id: Some(inst.instance_id.clone()),
+            app: inst.app.to_string(),
+            instance_id: Some(inst.instance_id.to_string()),
             field: "id".into(),
             reason: "another instance of this app has the same id; set `id` to tell them apart"
                 .into(),
@@ -286,8 +286,8 @@ fn convert(index: usize, raw: &Spanned<RawInstance>) -> Result<Instance, Invalid
     };
 
     Ok(Instance {
-        app,
-        instance_id,
+        app: app.into(),
+        instance_id: instance_id.into(),
         ip,
         port: port_number,
         secure_port,
@@ -454,8 +454,8 @@ mod tests {
         assert_eq!(reg.len(), 5);
 
         let first = &reg.instances().next().unwrap();
-        assert_eq!(first.app, "hello");
-        assert_eq!(first.instance_id, "hello:127.0.0.1:8081:s8443");
+        assert_eq!(&*first.app, "hello");
+        assert_eq!(&*first.instance_id, "hello:127.0.0.1:8081:s8443");
         assert_eq!((first.port, first.secure_port), (Some(8081), Some(8443)));
         assert_eq!(first.vips, ["hello"], "vip defaults to app");
         assert_eq!(first.svips, ["hello"], "svip defaults to vip");
@@ -473,10 +473,10 @@ mod tests {
         assert_eq!(payments.ip, "::1".parse::<IpAddr>().unwrap());
         assert!(payments.vips.is_empty(), "no port, so no VIP side");
         assert_eq!(payments.svips, ["payments.secure"]);
-        assert_eq!(payments.instance_id, "payments:[::1]:s9443");
+        assert_eq!(&*payments.instance_id, "payments:[::1]:s9443");
 
         let greeter = &reg.instances().nth(4).unwrap();
-        assert_eq!(greeter.instance_id, "greeter-canary");
+        assert_eq!(&*greeter.instance_id, "greeter-canary");
         assert_eq!(greeter.vips, ["greeter-v2"]);
         assert_eq!(greeter.status, Status::OutOfService);
     }
@@ -593,7 +593,7 @@ mod tests {
         )
         .unwrap();
         let inst = reg.instances().next().unwrap();
-        assert_eq!(inst.app, "Payments Team");
+        assert_eq!(&*inst.app, "Payments Team");
         assert!(inst.vips.is_empty());
         assert_eq!(inst.svips, ["payments"]);
         // Where the app's name is the VIP (a port, or the secure side's default), it is checked.

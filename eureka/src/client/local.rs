@@ -20,8 +20,9 @@ use crate::wire::json::{ActionType, InstanceInfo, reconcile_hash_code_of_counts}
 /// One instance as read and converted.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    /// The instance id as Eureka derives it, else the one odmesh derives.
-    id: Box<str>,
+    /// The instance id as Eureka derives it, else the one odmesh derives (the instance's
+    /// own, shared).
+    id: Arc<str>,
     status: Status,
     /// The plain instance; `None` when odmesh cannot use it (no valid address).
     usable: Option<Arc<Instance>>,
@@ -35,7 +36,7 @@ impl Entry {
         let mut warnings = Vec::new();
         let (usable, id) = match info.to_instance(app, index, &mut warnings) {
             Ok(inst) => {
-                let id = inst.instance_id.as_str().into();
+                let id = inst.instance_id.clone();
                 (Some(Arc::new(inst)), id)
             }
             Err(e) => {
@@ -57,7 +58,7 @@ impl Entry {
 #[derive(Debug)]
 pub(crate) struct Change {
     app: Box<str>,
-    id: Box<str>,
+    id: Arc<str>,
     entry: Option<Entry>,
 }
 
@@ -86,9 +87,9 @@ struct App {
     /// Its usable instances, by id.
     group: Group,
     /// Its instances odmesh cannot use: id and status.
-    unusable: Vec<(Box<str>, Status)>,
+    unusable: Vec<(Arc<str>, Status)>,
     /// What was left out of its instances, with the instance's id.
-    warnings: Vec<(Box<str>, InvalidInstance)>,
+    warnings: Vec<(Arc<str>, InvalidInstance)>,
 }
 
 impl App {
@@ -199,7 +200,7 @@ impl Local {
             let mut group: Vec<Arc<Instance>> = app.group.to_vec();
             for change in changes {
                 let id = &*change.id;
-                group.retain(|i| i.instance_id != id);
+                group.retain(|i| &*i.instance_id != id);
                 app.unusable.retain(|(u, _)| &**u != id);
                 app.warnings.retain(|(w, _)| &**w != id);
                 let Some(entry) = change.entry else { continue };
@@ -251,8 +252,8 @@ pub(crate) struct Full {
 #[derive(Default)]
 struct Building {
     group: Vec<Arc<Instance>>,
-    unusable: Vec<(Box<str>, Status)>,
-    warnings: Vec<(Box<str>, InvalidInstance)>,
+    unusable: Vec<(Arc<str>, Status)>,
+    warnings: Vec<(Arc<str>, InvalidInstance)>,
 }
 
 impl Full {
@@ -367,7 +368,7 @@ mod tests {
 
     fn ids(local: &Local) -> Vec<String> {
         let mut ids: Vec<String> = (local.registry().instances())
-            .map(|i| i.instance_id.clone())
+            .map(|i| i.instance_id.to_string())
             .collect();
         ids.sort();
         ids
@@ -430,7 +431,7 @@ mod tests {
         assert!(!got.contains(&"greeter-2".to_owned()));
         assert_eq!(ids(&base).len(), 9, "the copy applied to is left as it was");
         let modified = (next.registry().instances())
-            .find(|i| i.instance_id == "hello-3.internal:hello:8080")
+            .find(|i| &*i.instance_id == "hello-3.internal:hello:8080")
             .unwrap()
             .status;
         assert_eq!(modified, Status::Up);

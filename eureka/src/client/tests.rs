@@ -303,13 +303,13 @@ async fn follow(urls: Vec<String>) -> (EurekaSource, Counters) {
 }
 
 fn ids(reg: &Registry) -> Vec<String> {
-    let mut ids: Vec<_> = reg.instances().map(|i| i.instance_id.clone()).collect();
+    let mut ids: Vec<_> = reg.instances().map(|i| i.instance_id.to_string()).collect();
     ids.sort();
     ids
 }
 
 fn has(reg: &Registry, id: &str) -> bool {
-    reg.instances().any(|i| i.instance_id == id)
+    reg.instances().any(|i| &*i.instance_id == id)
 }
 
 /// A port on which nothing listens.

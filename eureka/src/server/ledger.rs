@@ -831,7 +831,16 @@ impl Ledger {
         let mut warnings = Vec::new();
         if let Some(lease) = self.apps.get_mut(app).and_then(|l| l.get_mut(id)) {
             lease.converted = match lease.doc.info().to_instance(app, 0, &mut warnings) {
-                Ok(instance) => Some(Arc::new(instance)),
+                Ok(mut instance) => {
+                    // The ledger's names, shared, in place of copies.
+                    if instance.app == *app {
+                        instance.app = app.clone();
+                    }
+                    if instance.instance_id == *id {
+                        instance.instance_id = id.clone();
+                    }
+                    Some(Arc::new(instance))
+                }
                 Err(e) => {
                     warnings.push(e);
                     None

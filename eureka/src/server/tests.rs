@@ -148,7 +148,7 @@ impl Fixture {
         self.published()
             .await
             .instances()
-            .find(|i| i.instance_id == id)
+            .find(|i| &*i.instance_id == id)
             .map(|i| i.status)
     }
 }
@@ -191,8 +191,8 @@ async fn a_registration_is_answered_204_and_published_at_once() {
     let reg = f.published().await;
     assert_eq!(reg.len(), 1);
     let inst = &reg.instances().next().unwrap();
-    assert_eq!(inst.app, "HELLO");
-    assert_eq!(inst.instance_id, "h1");
+    assert_eq!(&*inst.app, "HELLO");
+    assert_eq!(&*inst.instance_id, "h1");
     assert_eq!(inst.port, Some(8080));
     assert_eq!(inst.vips, ["hello", "hello.internal"]);
     assert_eq!(inst.status, Status::Up);
@@ -546,7 +546,7 @@ async fn a_registration_dated_ahead_wins_for_a_minute_at_most_and_an_older_one_i
     current["lastDirtyTimestamp"] = json!((T0 + 62_000).to_string());
     assert_eq!(f.register("HELLO", current).await, StatusCode::NO_CONTENT);
     let port = (f.published().await.instances())
-        .find(|i| i.instance_id == "h1")
+        .find(|i| &*i.instance_id == "h1")
         .and_then(|i| i.port);
     assert_eq!(port, Some(8081));
 }
@@ -566,7 +566,7 @@ async fn cancel_removes_the_instance_and_its_vip() {
         .published()
         .await
         .instances()
-        .map(|i| i.instance_id.clone())
+        .map(|i| i.instance_id.to_string())
         .collect();
     assert_eq!(ids, ["h2"]);
     assert_eq!(
@@ -944,7 +944,7 @@ async fn a_lease_expires_after_its_duration_without_heartbeat_and_the_instance_l
         .published()
         .await
         .instances()
-        .map(|i| i.instance_id.clone())
+        .map(|i| i.instance_id.to_string())
         .collect();
     assert_eq!(ids, ["h2"]);
     assert_eq!(
@@ -1709,7 +1709,7 @@ async fn renew_every_2_s(f: &Fixture, secs: u64, ids: &[String]) {
 async fn listed_without_h0(f: &Fixture) -> Vec<String> {
     let published = f.published().await;
     let listed: Vec<String> = (published.instances())
-        .map(|i| i.instance_id.clone())
+        .map(|i| i.instance_id.to_string())
         .collect();
     assert!(
         !listed.iter().any(|id| id == "h0"),
@@ -1798,7 +1798,7 @@ async fn when_renewals_stop_arriving_self_preservation_keeps_every_lease() {
         .published()
         .await
         .instances()
-        .map(|i| i.instance_id.clone())
+        .map(|i| i.instance_id.to_string())
         .collect();
     assert_eq!(
         left.len(),
@@ -1830,7 +1830,7 @@ async fn one_round_evicts_at_most_the_share_above_the_threshold_oldest_first() {
         .published()
         .await
         .instances()
-        .map(|i| i.instance_id.clone())
+        .map(|i| i.instance_id.to_string())
         .collect();
     assert!(
         left.contains(&"s3".to_owned()) && left.contains(&"s4".to_owned()),

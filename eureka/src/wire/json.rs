@@ -647,8 +647,8 @@ impl InstanceInfo {
             }),
         };
         Ok(Instance {
-            app,
-            instance_id,
+            app: app.into(),
+            instance_id: instance_id.into(),
             ip,
             port,
             secure_port,
@@ -855,7 +855,7 @@ mod tests {
 
     fn find<'a>(reg: &'a Registry, id: &str) -> &'a Instance {
         reg.instances()
-            .find(|i| i.instance_id == id)
+            .find(|i| &*i.instance_id == id)
             .unwrap_or_else(|| panic!("no instance {id}"))
     }
 
@@ -886,7 +886,7 @@ mod tests {
         assert!(parsed.warnings.is_empty(), "{:#?}", parsed.warnings);
 
         let hello = find(reg, "hello-1.internal:hello:8080");
-        assert_eq!(hello.app, "HELLO");
+        assert_eq!(&*hello.app, "HELLO");
         assert_eq!(hello.ip, "10.0.1.11".parse::<IpAddr>().unwrap());
         assert_eq!(hello.port, Some(8080));
         assert_eq!(hello.secure_port, Some(8443));
@@ -938,7 +938,7 @@ mod tests {
         let reg = parse_registry(&testdata("eureka-apps.json"))
             .unwrap()
             .registry;
-        let billing: Vec<_> = reg.instances().filter(|i| i.app == "BILLING").collect();
+        let billing: Vec<_> = reg.instances().filter(|i| &*i.app == "BILLING").collect();
         assert_eq!(billing.len(), 1);
         assert_eq!(billing[0].vips, ["billing"]);
     }
@@ -950,10 +950,10 @@ mod tests {
             .registry;
         assert_eq!(reg.len(), 1);
         let inst = &reg.instances().next().unwrap();
-        assert_eq!(inst.app, "MSDA-DEMO-SERVICE");
+        assert_eq!(&*inst.app, "MSDA-DEMO-SERVICE");
         assert_eq!(inst.port, Some(8080), "`$` given as a string");
         assert_eq!(inst.secure_port, None);
-        assert_eq!(inst.instance_id, "centos43", "falls back to hostName");
+        assert_eq!(&*inst.instance_id, "centos43", "falls back to hostName");
     }
 
     #[test]
@@ -1094,8 +1094,8 @@ mod tests {
         let p =
             one_instance(r#"{"ipAddr": "::1", "port": 8080, "vipAddress": "hello", "novel": [1]}"#);
         let inst = &p.registry.instances().next().unwrap();
-        assert_eq!(inst.app, "HELLO", "from the application");
-        assert_eq!(inst.instance_id, "::1:8080");
+        assert_eq!(&*inst.app, "HELLO", "from the application");
+        assert_eq!(&*inst.instance_id, "::1:8080");
         assert_eq!(inst.status, Status::Up, "Eureka's default");
         assert_eq!(inst.vips, ["hello"]);
     }

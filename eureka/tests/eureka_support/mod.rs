@@ -61,5 +61,7 @@ pub async fn wait_registry(
 
 /// The instance with this id in the registry, if any.
 pub fn find<'a>(reg: &'a Registry, id: &str) -> Option<&'a Instance> {
-    reg.instances().find(|i| i.instance_id == id).map(|i| &**i)
+    reg.instances()
+        .find(|i| &*i.instance_id == id)
+        .map(|i| &**i)
 }

@@ -486,3 +486,16 @@ fn renewals_are_expected_from_an_instances_first_renewal_or_at_once_for_a_peers_
     ledger.cancel("HELLO", "copy", clock.now).unwrap();
     assert_eq!(expected(&mut ledger, clock.now.at), 0.0);
 }
+
+#[test]
+fn the_instance_the_mesh_sees_shares_the_ledgers_names() {
+    let clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    hello(&mut ledger, "h1", SEC * 90, clock.now);
+    let published = ledger.to_registry().registry;
+    let instance = published.instances().next().expect("published");
+    let (app, leases) = ledger.apps.get_key_value("HELLO").unwrap();
+    let (id, _) = leases.get_key_value("h1").unwrap();
+    assert!(Arc::ptr_eq(&instance.app, app));
+    assert!(Arc::ptr_eq(&instance.instance_id, id));
+}
