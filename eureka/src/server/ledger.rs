@@ -99,11 +99,9 @@ pub struct Lease {
     /// goes by ([`Expected`] wants them in time order): from its first renewal, not its
     /// registration (see [`Ledger::renew`]); `None` until then.
     expected_since: Option<(u64, Instant)>,
-    /// How often the client says it renews, within 1 s and the lease.
+    /// How often the client says it renews, within 1 s and the lease (self-preservation
+    /// expects it floored: [`Ledger::expected_interval`]).
     renewal_interval: Duration,
-    /// How often self-preservation expects it to: `renewal_interval`, floored
-    /// ([`PreservationConfig::expected_interval`]).
-    expected_interval: Duration,
     /// When a renewal of it last counted for self-preservation.
     counted: Instant,
     /// The identity that registered it, when authentication is on.
@@ -431,6 +429,12 @@ impl Ledger {
         self.leases
     }
 
+    /// How often self-preservation expects `lease` to renew: its interval, floored
+    /// ([`PreservationConfig::expected_interval`]).
+    fn expected_interval(&self, lease: &Lease) -> Duration {
+        (self.terms.preservation).expected_interval(lease.renewal_interval)
+    }
+
     /// Whether no instance is registered.
     pub fn is_empty(&self) -> bool {
         self.leases == 0
@@ -496,7 +500,6 @@ impl Ledger {
             duration: r.duration,
             expected_since,
             renewal_interval: r.renewal_interval,
-            expected_interval: (self.terms.preservation).expected_interval(r.renewal_interval),
             counted: now.at,
             owner: r.owner,
             token,
@@ -547,7 +550,8 @@ impl Ledger {
     fn insert(&mut self, app: Name, id: Name, lease: Lease, now: Now) -> bool {
         let (token, deadline) = (lease.token, lease.deadline(self.credit));
         if let Some((ticket, since)) = lease.expected_since {
-            self.expected.add(ticket, since, lease.expected_interval);
+            let interval = self.expected_interval(&lease);
+            self.expected.add(ticket, since, interval);
         }
         self.statuses[status_slot(lease.doc.status())] += 1;
         if let Some(owner) = &lease.owner {
@@ -608,7 +612,8 @@ impl Ledger {
             }
         }
         if let Some((ticket, since)) = lease.expected_since {
-            (self.expected).remove(ticket, since, lease.expected_interval);
+            let interval = self.expected_interval(lease);
+            (self.expected).remove(ticket, since, interval);
         }
         self.statuses[status_slot(lease.doc.status())] -= 1;
         if let Some(owner) = &lease.owner
@@ -636,9 +641,11 @@ impl Ledger {
         now: Now,
     ) -> Result<(), RenewRefused> {
         let credit = self.credit;
+        let preservation = self.terms.preservation;
         let lease = (self.apps.get_mut(app))
             .and_then(|l| l.get_mut(id))
             .ok_or(RenewRefused::Unknown)?;
+        let expected_interval = preservation.expected_interval(lease.renewal_interval);
         // A renewal drops the credit of late rounds since the last one, so its deadline may
         // come before the one queued: queued again, it is not evicted late.
         let sooner = credit > lease.credit_at;
@@ -654,12 +661,12 @@ impl Ledger {
             let ticket = self.next_token;
             self.next_token += 1;
             lease.expected_since = Some((ticket, now.at));
-            (self.expected).add(ticket, now.at, lease.expected_interval);
+            (self.expected).add(ticket, now.at, expected_interval);
         }
         // Self-preservation counts about one renewal per expected interval: a client
         // heartbeating faster than it is expected to cannot hide that others went quiet.
         let since = now.at.saturating_duration_since(lease.counted);
-        let counts = preservation::counts(since, lease.renewal_interval, lease.expected_interval);
+        let counts = preservation::counts(since, lease.renewal_interval, expected_interval);
         if counts {
             lease.counted = now.at;
         }
