@@ -13,8 +13,11 @@
 //! - a text is a LEB128 number `n`: odd, it is word `n >> 1` of [`WORDS`] (the status words
 //!   and data-center names that every instance repeats); even, `n >> 1` bytes of UTF-8
 //!   follow;
-//! - a number is LEB128; a port is its number and a byte for `@enabled` (0 absent, 1 false,
-//!   2 true); a flag or an action is one byte;
+//! - a number is LEB128; a timestamp (of the instance or its lease) after the first is its
+//!   difference from the one before, zigzag-encoded, so that the five a registration stamps
+//!   with the same or a close time take a byte or two each instead of six; a port is its
+//!   number and a byte for `@enabled` (0 absent, 1 false, 2 true); a flag or an action is
+//!   one byte;
 //! - a metadata entry is two texts, one tagged field per entry, in key order.
 
 use std::sync::Arc;
@@ -73,6 +76,13 @@ const VIP_ADDRESS: u8 = 14;
 const SECURE_VIP_ADDRESS: u8 = 15;
 const LAST_DIRTY: u8 = 21;
 const SERVICE_UP: u8 = 46;
+
+/// Whether the number tagged `tag` is a timestamp: `lastUpdatedTimestamp`,
+/// `lastDirtyTimestamp`, and the lease's registration, last renewal and service-up times
+/// (not its eviction time, 0 until evicted).
+fn is_stamp(tag: u8) -> bool {
+    matches!(tag, 20 | 21 | 43 | 44 | 46)
+}
 
 fn texts(i: &InstanceInfo) -> [&Option<String>; 16] {
     [
@@ -166,7 +176,10 @@ impl std::fmt::Debug for Stored {
 
 impl From<&InstanceInfo> for Stored {
     fn from(info: &InstanceInfo) -> Stored {
-        let mut w = Writer(Vec::with_capacity(256));
+        let mut w = Writer {
+            bytes: Vec::with_capacity(256),
+            stamp: None,
+        };
         for (tag, text) in TEXT_TAGS.zip(texts(info)) {
             if let Some(text) = text {
                 w.tag(tag).text(text);
@@ -184,7 +197,7 @@ impl From<&InstanceInfo> for Stored {
         }
         for (tag, number) in NUMBER_TAGS.zip(numbers(info)) {
             if let Some(number) = number {
-                w.tag(tag).number(number);
+                w.tag(tag).value(tag, number);
             }
         }
         if let Some(flag) = info.is_coordinating_discovery_server {
@@ -217,13 +230,13 @@ impl From<&InstanceInfo> for Stored {
             w.tag(LEASE);
             for (tag, number) in LEASE_NUMBER_TAGS.zip(lease_numbers(lease)) {
                 if let Some(number) = number {
-                    w.tag(tag).number(number);
+                    w.tag(tag).value(tag, number);
                 }
             }
             w.other(LEASE_OTHER, &lease.other);
         }
         w.other(OTHER, &info.other);
-        Stored(w.0.into())
+        Stored(w.bytes.into())
     }
 }
 
@@ -347,7 +360,10 @@ impl Stored {
     }
 
     fn fields(&self) -> Fields<'_> {
-        Fields { rest: &self.0 }
+        Fields {
+            rest: &self.0,
+            stamp: None,
+        }
     }
 }
 
@@ -377,6 +393,8 @@ enum Field<'a> {
 /// The fields of a [`Stored`], in order.
 struct Fields<'a> {
     rest: &'a [u8],
+    /// The last timestamp read.
+    stamp: Option<u64>,
 }
 
 impl<'a> Iterator for Fields<'a> {
@@ -397,7 +415,7 @@ impl<'a> Iterator for Fields<'a> {
                 Field::Port(Port { port, enabled })
             }
             t if NUMBER_TAGS.contains(&t) || LEASE_NUMBER_TAGS.contains(&t) => {
-                Field::Number(self.number())
+                Field::Number(self.value(t))
             }
             COORDINATING => Field::Flag(self.byte() != 0),
             ACTION => Field::Action(match self.byte() {
@@ -435,6 +453,20 @@ impl<'a> Fields<'a> {
         n
     }
 
+    /// The number tagged `tag` (see [`is_stamp`]).
+    fn value(&mut self, tag: u8) -> u64 {
+        let n = self.number();
+        if !is_stamp(tag) {
+            return n;
+        }
+        let stamp = match self.stamp {
+            None => n,
+            Some(before) => before.wrapping_add(((n >> 1) as i64 ^ -((n & 1) as i64)) as u64),
+        };
+        self.stamp = Some(stamp);
+        stamp
+    }
+
     fn text(&mut self) -> &'a str {
         let n = self.number();
         if n & 1 == 1 {
@@ -446,25 +478,45 @@ impl<'a> Fields<'a> {
     }
 }
 
-struct Writer(Vec<u8>);
+struct Writer {
+    bytes: Vec<u8>,
+    /// The last timestamp written.
+    stamp: Option<u64>,
+}
 
 impl Writer {
+    /// Number `n`, tagged `tag`: a timestamp as its difference from the one before.
+    fn value(&mut self, tag: u8, n: u64) -> &mut Writer {
+        if !is_stamp(tag) {
+            return self.number(n);
+        }
+        let written = match self.stamp {
+            None => n,
+            Some(before) => {
+                let difference = n.wrapping_sub(before) as i64;
+                ((difference << 1) ^ (difference >> 63)) as u64
+            }
+        };
+        self.stamp = Some(n);
+        self.number(written)
+    }
+
     fn tag(&mut self, tag: u8) -> &mut Writer {
-        self.0.push(tag);
+        self.bytes.push(tag);
         self
     }
 
     fn byte(&mut self, b: u8) -> &mut Writer {
-        self.0.push(b);
+        self.bytes.push(b);
         self
     }
 
     fn number(&mut self, mut n: u64) -> &mut Writer {
         while n >= 0x80 {
-            self.0.push((n as u8) | 0x80);
+            self.bytes.push((n as u8) | 0x80);
             n >>= 7;
         }
-        self.0.push(n as u8);
+        self.bytes.push(n as u8);
         self
     }
 
@@ -473,7 +525,7 @@ impl Writer {
             Some(i) => self.number(((i as u64) << 1) | 1),
             None => {
                 self.number((text.len() as u64) << 1);
-                self.0.extend_from_slice(text.as_bytes());
+                self.bytes.extend_from_slice(text.as_bytes());
                 self
             }
         }

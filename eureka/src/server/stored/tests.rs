@@ -178,3 +178,40 @@ fn a_spring_instance_takes_its_texts_and_little_more() {
         stored.len()
     );
 }
+
+#[test]
+fn timestamps_far_apart_in_any_order_read_back() {
+    let stamps = [u64::MAX, 0, 1 << 63, 1_716_812_345_678, (1 << 63) - 1, 1];
+    for shift in 0..stamps.len() {
+        let at = |i: usize| Some(stamps[(i + shift) % stamps.len()]);
+        let info = InstanceInfo {
+            last_updated_timestamp: at(0),
+            last_dirty_timestamp: at(1),
+            lease_info: Some(LeaseInfo {
+                registration_timestamp: at(2),
+                last_renewal_timestamp: at(3),
+                eviction_timestamp: at(4),
+                service_up_timestamp: at(5),
+                ..LeaseInfo::default()
+            }),
+            ..InstanceInfo::default()
+        };
+        let stored = round_trip(&info);
+        assert_eq!(stored.last_dirty_timestamp(), at(1));
+        assert_eq!(stored.service_up_timestamp(), at(5));
+    }
+}
+
+#[test]
+fn a_registrations_timestamps_take_a_byte_each_after_the_first() {
+    let mut info = spring();
+    let stored = round_trip(&info);
+    info.last_dirty_timestamp = None;
+    info.lease_info = None;
+    let without = Stored::from(&info);
+    // The lease's tag, then a tag and a byte for each of its six numbers (two intervals,
+    // eviction 0, three timestamps of the same millisecond as lastUpdatedTimestamp), and
+    // the same for lastDirtyTimestamp: each of those four timestamps takes one byte where
+    // its milliseconds would take six.
+    assert_eq!(stored.len() - without.len(), 1 + 6 * 2 + 2);
+}
