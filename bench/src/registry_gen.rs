@@ -275,7 +275,7 @@ mod tests {
         let reg = parse(&a);
         let down: Vec<_> = reg.instances().filter(|i| i.status != Status::Up).collect();
         assert_eq!(down.len(), 3);
-        let vips: BTreeSet<String> = down.iter().map(|i| i.vips[0].clone()).collect();
+        let vips: BTreeSet<String> = down.iter().map(|i| i.vips[0].to_string()).collect();
         let expected: BTreeSet<String> = changing_vips(30, 10, 100)
             .into_iter()
             .map(|v| vip_name("svc-", v))

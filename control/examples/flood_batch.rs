@@ -42,7 +42,7 @@ fn instance(i: usize) -> Instance {
         ip: [10, 0, (i >> 8) as u8, i as u8].into(),
         port: Some(8080),
         secure_port: None,
-        vips: vec![format!("app-{i}")],
+        vips: vec![format!("app-{i}").into()],
         svips: vec![],
         status: Status::Up,
         zone: None,

@@ -328,7 +328,7 @@ fn clusters_of(inst: &Instance) -> impl Iterator<Item = (String, &str, Kind)> {
     let vips = inst.vips.iter().map(|v| (v, Kind::Vip));
     let svips = inst.svips.iter().map(|v| (v, Kind::Svip));
     vips.chain(svips)
-        .map(|(vip, kind)| (cluster_name(vip, kind), vip.as_str(), kind))
+        .map(|(vip, kind)| (cluster_name(vip, kind), &**vip, kind))
 }
 
 /// After building a snapshot, [`follow`] waits this long before it builds the next, so
@@ -400,8 +400,8 @@ mod tests {
             ip: ip.parse().unwrap(),
             port: Some(8080),
             secure_port: (!svips.is_empty()).then_some(8443),
-            vips: vips.iter().map(|s| s.to_string()).collect(),
-            svips: svips.iter().map(|s| s.to_string()).collect(),
+            vips: vips.iter().map(|s| (*s).into()).collect(),
+            svips: svips.iter().map(|s| (*s).into()).collect(),
             status,
             zone: None,
             protocol: Protocol::Auto,

@@ -65,7 +65,10 @@ async fn the_eureka_source_follows_registrations_status_changes_and_cancels_of_t
         find(r, "r1").is_some()
     })
     .await;
-    assert_eq!(find(&reg, "r1").unwrap().vips, ["roundtrip"]);
+    assert_eq!(
+        find(&reg, "r1").unwrap().vips,
+        ["roundtrip"].map(Arc::<str>::from)
+    );
 
     http(
         "POST",

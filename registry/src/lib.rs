@@ -135,10 +135,11 @@ pub struct Instance {
     pub port: Option<u16>,
     /// The secure port, when enabled.
     pub secure_port: Option<u16>,
-    /// VIPs served on `port`.
-    pub vips: Vec<String>,
+    /// VIPs served on `port`; shared with the source's own copy where it has one (the
+    /// embedded registry's ledger).
+    pub vips: Vec<Arc<str>>,
     /// SVIPs served on `secure_port`.
-    pub svips: Vec<String>,
+    pub svips: Vec<Arc<str>>,
     pub status: Status,
     /// Availability zone, used as the endpoint's locality; shared by every instance in it
     /// ([`zone`]).

@@ -291,8 +291,8 @@ fn convert(index: usize, raw: &Spanned<RawInstance>) -> Result<Instance, Invalid
         ip,
         port: port_number,
         secure_port,
-        vips,
-        svips,
+        vips: vips.into_iter().map(Into::into).collect(),
+        svips: svips.into_iter().map(Into::into).collect(),
         status,
         zone: zone.as_deref().map(crate::zone),
         protocol,
@@ -457,14 +457,22 @@ mod tests {
         assert_eq!(&*first.app, "hello");
         assert_eq!(&*first.instance_id, "hello:127.0.0.1:8081:s8443");
         assert_eq!((first.port, first.secure_port), (Some(8081), Some(8443)));
-        assert_eq!(first.vips, ["hello"], "vip defaults to app");
-        assert_eq!(first.svips, ["hello"], "svip defaults to vip");
+        assert_eq!(
+            first.vips,
+            ["hello"].map(Arc::<str>::from),
+            "vip defaults to app"
+        );
+        assert_eq!(
+            first.svips,
+            ["hello"].map(Arc::<str>::from),
+            "svip defaults to vip"
+        );
         assert_eq!(first.status, Status::Up);
         assert_eq!(first.zone.as_deref(), Some("local-a"));
 
         assert_eq!(
             reg.instances().nth(1).unwrap().vips,
-            ["hello", "hello.internal"]
+            ["hello", "hello.internal"].map(Arc::<str>::from)
         );
         assert!(reg.instances().nth(1).unwrap().svips.is_empty());
         assert_eq!(reg.instances().nth(2).unwrap().status, Status::Down);
@@ -472,12 +480,12 @@ mod tests {
         let payments = &reg.instances().nth(3).unwrap();
         assert_eq!(payments.ip, "::1".parse::<IpAddr>().unwrap());
         assert!(payments.vips.is_empty(), "no port, so no VIP side");
-        assert_eq!(payments.svips, ["payments.secure"]);
+        assert_eq!(payments.svips, ["payments.secure"].map(Arc::<str>::from));
         assert_eq!(&*payments.instance_id, "payments:[::1]:s9443");
 
         let greeter = &reg.instances().nth(4).unwrap();
         assert_eq!(&*greeter.instance_id, "greeter-canary");
-        assert_eq!(greeter.vips, ["greeter-v2"]);
+        assert_eq!(greeter.vips, ["greeter-v2"].map(Arc::<str>::from));
         assert_eq!(greeter.status, Status::OutOfService);
     }
 
@@ -502,7 +510,10 @@ mod tests {
     fn svip_defaults_to_an_explicit_vip() {
         let reg =
             parse(b"instances: [{app: hello, ip: 10.0.0.1, secure_port: 443, vip: Hi}]").unwrap();
-        assert_eq!(reg.instances().next().unwrap().svips, ["hi"]);
+        assert_eq!(
+            reg.instances().next().unwrap().svips,
+            ["hi"].map(Arc::<str>::from)
+        );
         assert!(reg.instances().next().unwrap().vips.is_empty());
     }
 
@@ -595,7 +606,7 @@ mod tests {
         let inst = reg.instances().next().unwrap();
         assert_eq!(&*inst.app, "Payments Team");
         assert!(inst.vips.is_empty());
-        assert_eq!(inst.svips, ["payments"]);
+        assert_eq!(inst.svips, ["payments"].map(Arc::<str>::from));
         // Where the app's name is the VIP (a port, or the secure side's default), it is checked.
         for yaml in [
             "instances: [{app: Payments Team, ip: 10.0.0.1, port: 80, svip: payments, secure_port: 443}]",

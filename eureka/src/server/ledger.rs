@@ -354,7 +354,8 @@ pub struct Ledger {
     owned: HashMap<Arc<str>, usize>,
     /// The apps with instances serving each VIP (`false`) and SVIP (`true`), and how many:
     /// `GET /vips/{vip}` looks at those apps only, not at every lease.
-    vip_apps: HashMap<(bool, String), HashMap<Name, usize>>,
+    /// Indexed by `secure`; the names are shared with the instances the mesh sees.
+    vip_apps: [HashMap<Name, HashMap<Name, usize>>; 2],
     /// (APP, id) → the status override of a cancelled instance, and until when it comes
     /// back with a registration of the same instance.
     cancelled_overrides: CancelledOverrides,
@@ -419,7 +420,7 @@ impl Ledger {
             expected: Expected::new(terms.preservation.window, now),
             statuses: [0; 5],
             owned: HashMap::new(),
-            vip_apps: HashMap::new(),
+            vip_apps: Default::default(),
             cancelled_overrides: CancelledOverrides::default(),
         }
     }
@@ -557,8 +558,12 @@ impl Ledger {
         if let Some(owner) = &lease.owner {
             *self.owned.entry(owner.clone()).or_insert(0) += 1;
         }
-        for key in vips_of(&lease.doc) {
-            let apps = self.vip_apps.entry(key).or_default();
+        for (secure, vip) in vips_of(&lease.doc) {
+            let vips = &mut self.vip_apps[usize::from(secure)];
+            let apps = match vips.get_mut(vip.as_str()) {
+                Some(apps) => apps,
+                None => vips.entry(Name::from(vip)).or_default(),
+            };
             *apps.entry(app.clone()).or_insert(0) += 1;
         }
         let served = lease.served();
@@ -598,15 +603,16 @@ impl Ledger {
 
     /// Takes the part of `app`'s `lease` out of the expectations, the counts and the index.
     fn forget(&mut self, app: &Name, lease: &Lease) {
-        for key in vips_of(&lease.doc) {
-            if let Some(apps) = self.vip_apps.get_mut(&key)
+        for (secure, vip) in vips_of(&lease.doc) {
+            let vips = &mut self.vip_apps[usize::from(secure)];
+            if let Some(apps) = vips.get_mut(vip.as_str())
                 && let Some(n) = apps.get_mut(app)
             {
                 *n -= 1;
                 if *n == 0 {
                     apps.remove(app);
                     if apps.is_empty() {
-                        self.vip_apps.remove(&key);
+                        vips.remove(vip.as_str());
                     }
                 }
             }
@@ -846,6 +852,15 @@ impl Ledger {
                     if instance.instance_id == *id {
                         instance.instance_id = id.clone();
                     }
+                    for (secure, list) in [(false, &mut instance.vips), (true, &mut instance.svips)]
+                    {
+                        for vip in list.iter_mut() {
+                            let vips = &self.vip_apps[usize::from(secure)];
+                            if let Some((shared, _)) = vips.get_key_value(&**vip) {
+                                *vip = shared.clone();
+                            }
+                        }
+                    }
                     Some(Arc::new(instance))
                 }
                 Err(e) => {
@@ -950,7 +965,7 @@ impl Ledger {
                 .iter()
                 .any(|v| v == vip)
         };
-        let mut names: Vec<&Name> = (self.vip_apps.get(&(secure, vip.to_owned())))
+        let mut names: Vec<&Name> = (self.vip_apps[usize::from(secure)].get(vip))
             .map(|apps| apps.keys().collect())
             .unwrap_or_default();
         names.sort();

@@ -194,7 +194,7 @@ async fn a_registration_is_answered_204_and_published_at_once() {
     assert_eq!(&*inst.app, "HELLO");
     assert_eq!(&*inst.instance_id, "h1");
     assert_eq!(inst.port, Some(8080));
-    assert_eq!(inst.vips, ["hello", "hello.internal"]);
+    assert_eq!(inst.vips, ["hello", "hello.internal"].map(Arc::<str>::from));
     assert_eq!(inst.status, Status::Up);
     assert_eq!(
         f.metrics

@@ -670,7 +670,7 @@ fn serving(
     (port_field, list_field): (&str, &str),
     problem: &dyn Fn(&str, String) -> InvalidInstance,
     warnings: &mut Vec<InvalidInstance>,
-) -> (Option<u16>, Vec<String>) {
+) -> (Option<u16>, Vec<Arc<str>>) {
     let port = match port {
         Some(0) => {
             warnings.push(problem(port_field, "enabled with port 0; ignored".into()));
@@ -682,7 +682,7 @@ fn serving(
     if port.is_some() {
         for vip in split_vips(list.as_deref().unwrap_or_default()) {
             match check_vip(&vip) {
-                Ok(()) => vips.push(vip),
+                Ok(()) => vips.push(vip.into()),
                 Err(reason) => warnings.push(problem(list_field, format!("{reason}; skipped"))),
             }
         }
@@ -890,8 +890,11 @@ mod tests {
         assert_eq!(hello.ip, "10.0.1.11".parse::<IpAddr>().unwrap());
         assert_eq!(hello.port, Some(8080));
         assert_eq!(hello.secure_port, Some(8443));
-        assert_eq!(hello.vips, ["hello", "hello.internal"]);
-        assert_eq!(hello.svips, ["hello"]);
+        assert_eq!(
+            hello.vips,
+            ["hello", "hello.internal"].map(Arc::<str>::from)
+        );
+        assert_eq!(hello.svips, ["hello"].map(Arc::<str>::from));
         assert_eq!(hello.status, Status::Up);
         assert_eq!(hello.zone.as_deref(), Some("us-east-1a"));
     }
@@ -940,7 +943,7 @@ mod tests {
             .registry;
         let billing: Vec<_> = reg.instances().filter(|i| &*i.app == "BILLING").collect();
         assert_eq!(billing.len(), 1);
-        assert_eq!(billing[0].vips, ["billing"]);
+        assert_eq!(billing[0].vips, ["billing"].map(Arc::<str>::from));
     }
 
     #[test]
@@ -978,7 +981,10 @@ mod tests {
             greeter.svips.is_empty(),
             "secureVipAddress is set but port 443 is disabled"
         );
-        assert_eq!(greeter.vips, ["greeter", "greeter-v2"]);
+        assert_eq!(
+            greeter.vips,
+            ["greeter", "greeter-v2"].map(Arc::<str>::from)
+        );
     }
 
     #[test]
@@ -991,7 +997,7 @@ mod tests {
         let inst = &p.registry.instances().next().unwrap();
         assert_eq!((inst.port, inst.secure_port), (None, Some(443)));
         assert!(inst.vips.is_empty());
-        assert_eq!(inst.svips, ["hello"]);
+        assert_eq!(inst.svips, ["hello"].map(Arc::<str>::from));
     }
 
     #[test]
@@ -1031,7 +1037,7 @@ mod tests {
         );
         assert_eq!(
             p.registry.instances().next().unwrap().vips,
-            ["hello", "hello.internal"]
+            ["hello", "hello.internal"].map(Arc::<str>::from)
         );
         assert!(p.warnings.is_empty());
     }
@@ -1042,7 +1048,10 @@ mod tests {
             r#"{"instanceId": "a", "ipAddr": "10.0.0.1",
                 "vipAddress": "hello,bad vip!,10.1.2.3", "port": {"$": 80, "@enabled": "true"}}"#,
         );
-        assert_eq!(p.registry.instances().next().unwrap().vips, ["hello"]);
+        assert_eq!(
+            p.registry.instances().next().unwrap().vips,
+            ["hello"].map(Arc::<str>::from)
+        );
         assert_eq!(p.warnings.len(), 2, "{:#?}", p.warnings);
         assert_eq!(p.warnings[0].field, "vipAddress");
         assert_eq!(p.warnings[0].instance_id.as_deref(), Some("a"));
@@ -1097,7 +1106,7 @@ mod tests {
         assert_eq!(&*inst.app, "HELLO", "from the application");
         assert_eq!(&*inst.instance_id, "::1:8080");
         assert_eq!(inst.status, Status::Up, "Eureka's default");
-        assert_eq!(inst.vips, ["hello"]);
+        assert_eq!(inst.vips, ["hello"].map(Arc::<str>::from));
     }
 
     #[test]

@@ -488,14 +488,20 @@ fn renewals_are_expected_from_an_instances_first_renewal_or_at_once_for_a_peers_
 }
 
 #[test]
-fn the_instance_the_mesh_sees_shares_the_ledgers_names() {
+fn the_instance_the_mesh_sees_shares_the_ledgers_names_and_vips() {
     let clock = Clock::new();
     let mut ledger = Ledger::new(terms(), clock.t0);
     hello(&mut ledger, "h1", SEC * 90, clock.now);
+    hello(&mut ledger, "h2", SEC * 90, clock.now);
     let published = ledger.to_registry().registry;
-    let instance = published.instances().next().expect("published");
+    let instances: Vec<_> = published.instances().collect();
     let (app, leases) = ledger.apps.get_key_value("HELLO").unwrap();
     let (id, _) = leases.get_key_value("h1").unwrap();
-    assert!(Arc::ptr_eq(&instance.app, app));
-    assert!(Arc::ptr_eq(&instance.instance_id, id));
+    assert!(Arc::ptr_eq(&instances[0].app, app));
+    assert!(Arc::ptr_eq(&instances[0].instance_id, id));
+    // The VIP both list is one name, the ledger's.
+    assert_eq!(instances[0].vips, ["hello"].map(Arc::<str>::from));
+    let (vip, _) = ledger.vip_apps[0].get_key_value("hello").unwrap();
+    assert!(Arc::ptr_eq(&instances[0].vips[0], vip));
+    assert!(Arc::ptr_eq(&instances[1].vips[0], vip));
 }
