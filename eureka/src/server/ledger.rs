@@ -141,28 +141,13 @@ impl Lease {
         self.duration
     }
 
-    /// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance
-    /// that says `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is
-    /// that.
-    fn effective_status(&self) -> Status {
-        match self.reported {
-            Status::Up | Status::OutOfService => self.overridden.unwrap_or(self.reported),
-            other => other,
-        }
-    }
-
     /// Writes the effective and overridden status into the document.
     pub fn refresh_status(&mut self) {
-        let status = self.effective_status().as_str();
-        let overridden = self.overridden.unwrap_or(Status::Unknown).as_str();
+        let [status, overridden] = status_words(self.reported, self.overridden);
         if self.doc.status_texts() == [Some(status), Some(overridden), Some(overridden)] {
             return;
         }
-        self.change_doc(|doc| {
-            doc.status = Some(status.to_owned());
-            doc.overridden_status = Some(overridden.to_owned());
-            doc.overriddenstatus_legacy = Some(overridden.to_owned());
-        });
+        self.change_doc(|doc| write_status(doc, [status, overridden]));
     }
 
     /// When the lease runs out, with the late rounds since its renewal credited.
@@ -182,6 +167,24 @@ impl Lease {
             action: None,
         }
     }
+}
+
+/// The status an instance is served with, and its override (`UNKNOWN` for none), by
+/// Eureka's rule (its `DownOrStartingRule`): an override wins only over an instance that says
+/// `UP` or `OUT_OF_SERVICE`; one that says `DOWN`, `STARTING` or `UNKNOWN` is that.
+fn status_words(reported: Status, overridden: Option<Status>) -> [&'static str; 2] {
+    let effective = match reported {
+        Status::Up | Status::OutOfService => overridden.unwrap_or(reported),
+        other => other,
+    };
+    [effective, overridden.unwrap_or(Status::Unknown)].map(Status::as_str)
+}
+
+/// Writes `status` and its override into `doc` (both spellings of the override).
+fn write_status(doc: &mut InstanceInfo, [status, overridden]: [&str; 2]) {
+    doc.status = Some(status.to_owned());
+    doc.overridden_status = Some(overridden.to_owned());
+    doc.overriddenstatus_legacy = Some(overridden.to_owned());
 }
 
 /// An instance document to answer with, taken under the lock (one pointer) and written out
@@ -490,8 +493,10 @@ impl Ledger {
         // A client registering again (a changed document) while it renews stays expected.
         let was_expected = (self.lease(&app, &id)).is_some_and(|l| l.expected_since.is_some());
         let expected_since = (r.expected_now || was_expected).then_some((token, now.at));
-        let mut lease = Lease {
-            doc: Stored::from(&stamped(r.info, r.duration, service_up, now)),
+        let mut info = stamped(r.info, r.duration, service_up, now);
+        write_status(&mut info, status_words(r.reported, overridden));
+        let lease = Lease {
+            doc: Stored::from(&info),
             reported: r.reported,
             overridden,
             override_by_operator: carried.by_operator,
@@ -507,7 +512,6 @@ impl Ledger {
             converted: None,
             changed: 0,
         };
-        lease.refresh_status();
         let new = self.insert(app, id, lease, now);
         Registered {
             new,
