@@ -149,9 +149,11 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
             "evicted": evicted,
             "apps_json_ms": apps_json.as_secs_f64() * 1e3,
             "delta_ms": delta.as_secs_f64() * 1e3,
-            // What one instance's parts take inline (their strings and maps are apart).
+            // What one instance's parts take inline (their strings and maps are apart). A
+            // registration is read into the parsed document, and kept in its stored form
+            // (eureka/src/server/stored.rs), of the size of its content.
             "inline_bytes": {
-                "instance_document": size_of::<odmesh_eureka::wire::json::InstanceInfo>(),
+                "parsed_document": size_of::<odmesh_eureka::wire::json::InstanceInfo>(),
                 "lease": size_of::<odmesh_eureka::server::ledger::Lease>(),
                 "mesh_instance": size_of::<odmesh_registry::Instance>(),
             },
