@@ -234,6 +234,63 @@ impl AppsView {
             ..Applications::default()
         }
     }
+
+    /// The document as JSON, `{"applications": ...}`, the same bytes as
+    /// [`AppsView::applications`] written by serde, but each instance read out of its
+    /// stored form only while it is written: a million decoded documents are never held at
+    /// once.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&JsonDocument(self)).unwrap_or_default()
+    }
+}
+
+/// [`AppsView::to_json`]'s writer: the field order and names of `ApplicationsDocument`,
+/// `Applications` and `Application` (their unknown fields are empty here).
+struct JsonDocument<'a>(&'a AppsView);
+
+impl serde::Serialize for JsonDocument<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        struct Instances<'a>(&'a [Served]);
+        impl serde::Serialize for Instances<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut seq = s.serialize_seq(Some(self.0.len()))?;
+                for served in self.0 {
+                    seq.serialize_element(&served.info())?;
+                }
+                seq.end()
+            }
+        }
+        struct App<'a>(&'a str, &'a [Served]);
+        impl serde::Serialize for App<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut map = s.serialize_map(None)?;
+                map.serialize_entry("name", self.0)?;
+                map.serialize_entry("instance", &Instances(self.1))?;
+                map.end()
+            }
+        }
+        struct Apps<'a>(&'a AppsView);
+        impl serde::Serialize for Apps<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let view = self.0;
+                let mut map = s.serialize_map(None)?;
+                map.serialize_entry("versions__delta", &view.version.to_string())?;
+                map.serialize_entry("apps__hashcode", &view.hash_code)?;
+                map.serialize_entry("application", &AppList(&view.apps))?;
+                map.end()
+            }
+        }
+        struct AppList<'a>(&'a [(Name, Vec<Served>)]);
+        impl serde::Serialize for AppList<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq((self.0.iter()).map(|(name, served)| App(name, served)))
+            }
+        }
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry("applications", &Apps(self.0))?;
+        map.end()
+    }
 }
 
 /// A registration, checked: its document with its app and id set, and the lease's terms.

@@ -92,7 +92,7 @@ use self::preservation::PreservationConfig;
 use odmesh_registry::{Registry, RegistryMetrics, SourceHealth, Status};
 
 use crate::ServerMetrics;
-use crate::wire::json::{Application, Applications, ApplicationsDocument, InstanceInfo};
+use crate::wire::json::{Application, Applications, InstanceInfo};
 use crate::wire::xml;
 
 /// After a publish, the publisher waits this long before the next, so that changes
@@ -844,22 +844,16 @@ impl EurekaRegistry {
                 let plain = self.answer(document, json, false);
                 return (version, crate::wire::gzip(&plain).into());
             }
-            let (version, applications) = match document {
-                Document::Apps => {
-                    let view = self.lock().applications();
-                    (view.version, view.applications())
-                }
-                Document::Delta => {
-                    let view = self.lock().delta(self.shared.clock.instant());
-                    (view.version, view.applications())
-                }
+            let view = match document {
+                Document::Apps => self.lock().applications(),
+                Document::Delta => self.lock().delta(self.shared.clock.instant()),
             };
             let body = if json {
-                serde_json::to_vec(&ApplicationsDocument { applications }).unwrap_or_default()
+                view.to_json()
             } else {
-                xml::applications(&applications).into_bytes()
+                xml::applications(&view.applications()).into_bytes()
             };
-            (version, body.into())
+            (view.version, body.into())
         })
     }
 

@@ -505,3 +505,33 @@ fn the_instance_the_mesh_sees_shares_the_ledgers_names_and_vips() {
     assert!(Arc::ptr_eq(&instances[0].vips[0], vip));
     assert!(Arc::ptr_eq(&instances[1].vips[0], vip));
 }
+
+#[test]
+fn the_json_answer_written_instance_by_instance_is_serdes_bytes() {
+    let mut clock = Clock::new();
+    let mut ledger = Ledger::new(terms(), clock.t0);
+    for (app, id) in [("HELLO", "h1"), ("HELLO", "h\"2\u{7}"), ("B<&>", "b1")] {
+        let mut r = registration(app, id, SEC * 90);
+        r.info.metadata.insert("zone".into(), "é\n".into());
+        ledger.register(app, id, r, clock.now);
+    }
+    clock.advance(SEC);
+    ledger.cancel("HELLO", "h1", clock.now);
+    for view in [
+        ledger.applications(),
+        ledger.delta(clock.now.at),
+        AppsView::default(),
+    ] {
+        let applications = view.applications();
+        let expected =
+            serde_json::to_vec(&crate::wire::json::ApplicationsDocument { applications });
+        assert_eq!(
+            String::from_utf8(view.to_json()).unwrap(),
+            String::from_utf8(expected.unwrap()).unwrap()
+        );
+    }
+    assert!(
+        !ledger.applications().apps.is_empty(),
+        "something was written"
+    );
+}
