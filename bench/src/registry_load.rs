@@ -132,7 +132,7 @@ pub async fn run(a: RegistryLoadArgs) -> anyhow::Result<()> {
     eureka.applications_answer(true, false);
     let apps_json = t0.elapsed();
     let t0 = Instant::now();
-    eureka.delta();
+    eureka.answer(odmesh_eureka::server::Document::Delta, true, false);
     let delta = t0.elapsed();
     publisher.abort();
     eviction.abort();
