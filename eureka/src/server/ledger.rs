@@ -714,12 +714,14 @@ impl Ledger {
             .ok_or(RenewRefused::Unknown)?;
         let expected_interval = preservation.expected_interval(lease.renewal_interval);
         // A renewal drops the credit of late rounds since the last one, so its deadline may
-        // come before the one queued: queued again, it is not evicted late.
-        let sooner = credit > lease.credit_at;
+        // come before the one queued (at most the deadline it had): queued again, it is not
+        // evicted late.
+        let before = lease.deadline(credit);
         lease.renewed = now.at;
         lease.renewed_ms = now.ms;
         lease.credit_at = credit;
-        let requeue = sooner.then(|| (lease.deadline(credit), lease.token));
+        let after = lease.deadline(credit);
+        let requeue = (after < before).then_some((after, lease.token));
         // Renewals are expected from the first one on: an instance that registers and never
         // renews (a client that died at once, or one that means to keep eviction off by
         // holding leases nobody renews) weighs nothing in self-preservation, while one that

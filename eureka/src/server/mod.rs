@@ -668,14 +668,13 @@ impl EurekaRegistry {
             )));
         }
         let change = |lease: &mut Lease| {
-            lease.change_doc(|doc| {
-                let mut merged = doc.metadata.clone();
-                merged.extend(entries);
-                let data_center = (doc.data_center_info.iter()).flat_map(|dc| dc.metadata.iter());
-                policy::check_metadata(merged.iter().chain(data_center), limits)?;
-                doc.metadata = merged;
-                Ok(())
-            })
+            let doc = lease.doc();
+            let mut merged = doc.metadata.clone();
+            merged.extend(entries);
+            let data_center = (doc.data_center_info.iter()).flat_map(|dc| dc.metadata.iter());
+            policy::check_metadata(merged.iter().chain(data_center), limits)?;
+            lease.change_doc(|doc| doc.metadata = merged);
+            Ok(())
         };
         self.modify(caller, app, id, change, Replicated::register)
     }

@@ -66,6 +66,7 @@ use self::queue::PeerQueue;
 use super::admission::PeerCopy;
 use super::auth::Caller;
 use super::ledger::{Lease, RenewRefused};
+use super::stored::Stored;
 use super::{EurekaRegistry, InvalidRequest};
 use crate::client::access::Access;
 use crate::client::answer::{self, Bounds, Unread};
@@ -222,7 +223,7 @@ pub struct Replicated {
     pub overridden: Option<Status>,
     /// The whole instance, for `Register` (its owner in its metadata, see
     /// [`document`](super::document)).
-    pub info: Option<Arc<InstanceInfo>>,
+    pub info: Option<Stored>,
     /// A `Register` of what a peer held when this node filled itself from it: an instance
     /// that was live there, which self-preservation expects renewals of at once (see
     /// [`Registration::expected_now`](super::ledger::Registration::expected_now)).
@@ -246,11 +247,11 @@ impl Replicated {
 
     /// The whole state of a lease, as a `Register`.
     pub fn register(lease: &Lease) -> Replicated {
-        let doc = Arc::new(lease.doc());
-        let app = doc.app.clone().unwrap_or_default();
-        let id = doc.instance_id.clone().unwrap_or_default();
+        let doc = lease.stored().clone();
+        let app = doc.app().unwrap_or_default().to_owned();
+        let id = doc.instance_id().unwrap_or_default().to_owned();
         Replicated {
-            last_dirty_timestamp: doc.last_dirty_timestamp,
+            last_dirty_timestamp: doc.last_dirty_timestamp(),
             status: Some(lease.reported),
             overridden: lease.overridden,
             info: Some(doc),
@@ -311,7 +312,7 @@ impl Replicated {
             last_dirty_timestamp: info.last_dirty_timestamp,
             status: Some(info.status()),
             overridden: override_of(info.overridden_status.as_deref()),
-            info: Some(Arc::new(info)),
+            info: Some(Stored::from(&info)),
             held: true,
             ..Replicated::new(Action::Register, app, &id)
         }
@@ -346,15 +347,18 @@ fn override_of(text: Option<&str>) -> Option<Status> {
 
 /// A batch body for `writes`.
 pub fn encode(writes: &[Replicated]) -> Vec<u8> {
+    let docs: Vec<Option<InstanceInfo>> = (writes.iter())
+        .map(|w| w.info.as_ref().map(Stored::info))
+        .collect();
     let batch = Batch {
-        replication_list: (writes.iter())
-            .map(|w| Entry {
+        replication_list: (writes.iter().zip(&docs))
+            .map(|(w, doc)| Entry {
                 app_name: w.app.clone(),
                 id: w.id.clone(),
                 last_dirty_timestamp: w.last_dirty_timestamp,
                 overridden_status: (w.action != Action::Cancel).then(|| status_text(w.overridden)),
                 status: w.status.map(|s| s.as_str().to_owned()),
-                instance_info: w.info.as_deref(),
+                instance_info: doc.as_ref(),
                 action: w.action,
             })
             .collect(),
@@ -378,7 +382,7 @@ pub fn decode(body: &[u8]) -> Result<Vec<Replicated>, InvalidRequest> {
             last_dirty_timestamp: e.last_dirty_timestamp,
             status: e.status.as_deref().and_then(Status::parse),
             overridden: override_of(e.overridden_status.as_deref()),
-            info: e.instance_info.map(Arc::new),
+            info: e.instance_info.as_ref().map(Stored::from),
             // What a peer sends in a batch is one write, not the fill's whole registry.
             held: false,
         })
@@ -616,7 +620,7 @@ impl EurekaRegistry {
         app: &str,
         reported: Option<Status>,
         overridden: Option<Status>,
-        info: Option<Arc<InstanceInfo>>,
+        info: Option<Stored>,
         held: bool,
     ) -> Result<Applied, InvalidRequest> {
         let Some(info) = info else {
@@ -624,7 +628,7 @@ impl EurekaRegistry {
                 "a replicated registration without its instanceInfo",
             ));
         };
-        let info = Arc::unwrap_or_clone(info);
+        let info = info.info();
         let copy = PeerCopy {
             reported: reported.unwrap_or_else(|| info.status()),
             overridden,
@@ -648,7 +652,7 @@ impl EurekaRegistry {
             Err(RenewRefused::Newer { .. }) => Ok(Applied::OursOlder),
             Ok(()) => {
                 inc(&self.shared.metrics.eureka_peer_received_total);
-                let ours = (state.lease(app, id)).and_then(|l| l.doc().last_dirty_timestamp);
+                let ours = (state.lease(app, id)).and_then(|l| l.stored().last_dirty_timestamp());
                 // Ours is newer: the peer takes it (the document is copied only then).
                 if let (Some(ours), Some(theirs)) = (ours, theirs)
                     && ours > theirs

@@ -275,13 +275,15 @@ impl Stored {
                 (DATA_CENTER_METADATA, Field::Entry(k, v)) => {
                     data_center(&mut info).metadata.insert(k.into(), v.into());
                 }
-                (DATA_CENTER_OTHER, Field::Other(other)) => data_center(&mut info).other = other,
+                (DATA_CENTER_OTHER, Field::Other(other)) => {
+                    data_center(&mut info).other = map(other)
+                }
                 (t, Field::Number(n)) if LEASE_NUMBER_TAGS.contains(&t) => {
                     *lease_numbers_mut(lease(&mut info))
                         [usize::from(t - LEASE_NUMBER_TAGS.start)] = Some(n);
                 }
-                (LEASE_OTHER, Field::Other(other)) => lease(&mut info).other = other,
-                (OTHER, Field::Other(other)) => info.other = other,
+                (LEASE_OTHER, Field::Other(other)) => lease(&mut info).other = map(other),
+                (OTHER, Field::Other(other)) => info.other = map(other),
                 (tag, _) => unreachable!("tag {tag} is written with another kind"),
             }
         }
@@ -303,18 +305,25 @@ impl Stored {
         self.0.is_empty()
     }
 
+    /// The field tagged `wanted`: fields are in tag order, so the scan stops past it.
+    fn field(&self, wanted: u8) -> Option<Field<'_>> {
+        (self.fields())
+            .take_while(|(tag, _)| *tag <= wanted)
+            .find_map(|(tag, field)| (tag == wanted).then_some(field))
+    }
+
     fn text(&self, wanted: u8) -> Option<&str> {
-        self.fields().find_map(|(tag, field)| match field {
-            Field::Text(text) if tag == wanted => Some(text),
+        match self.field(wanted)? {
+            Field::Text(text) => Some(text),
             _ => None,
-        })
+        }
     }
 
     fn number(&self, wanted: u8) -> Option<u64> {
-        self.fields().find_map(|(tag, field)| match field {
-            Field::Number(n) if tag == wanted => Some(n),
+        match self.field(wanted)? {
+            Field::Number(n) => Some(n),
             _ => None,
-        })
+        }
     }
 
     /// `app`.
@@ -367,6 +376,11 @@ impl Stored {
     }
 }
 
+/// Fields not known, read back from their JSON text.
+fn map(json: &str) -> Map<String, Value> {
+    serde_json::from_str(json).expect("stored as JSON")
+}
+
 fn data_center(info: &mut InstanceInfo) -> &mut DataCenterInfo {
     info.data_center_info
         .get_or_insert_with(DataCenterInfo::default)
@@ -385,7 +399,8 @@ enum Field<'a> {
     Flag(bool),
     Action(ActionType),
     Entry(&'a str, &'a str),
-    Other(Map<String, Value>),
+    /// Fields not known, as JSON text (read only when the whole document is).
+    Other(&'a str),
     /// A record (the data center, the lease) is present; its fields follow.
     Marker,
 }
@@ -424,9 +439,7 @@ impl<'a> Iterator for Fields<'a> {
                 _ => ActionType::Deleted,
             }),
             METADATA | DATA_CENTER_METADATA => Field::Entry(self.text(), self.text()),
-            DATA_CENTER_OTHER | LEASE_OTHER | OTHER => {
-                Field::Other(serde_json::from_str(self.text()).expect("stored as JSON"))
-            }
+            DATA_CENTER_OTHER | LEASE_OTHER | OTHER => Field::Other(self.text()),
             DATA_CENTER | LEASE => Field::Marker,
             tag => unreachable!("no field is tagged {tag}"),
         };

@@ -143,7 +143,7 @@ fn a_batch_is_written_with_eurekas_field_names_only_and_reads_back() {
         last_dirty_timestamp: Some(7),
         status: Some(Status::Up),
         overridden: Some(Status::OutOfService),
-        info: Some(Arc::new(info)),
+        info: Some(Stored::from(&info)),
         ..Replicated::new(Action::Register, "hello", "h1")
     };
     let writes = [
@@ -182,23 +182,18 @@ fn a_batch_is_written_with_eurekas_field_names_only_and_reads_back() {
     assert_eq!(read[0].overridden, None);
     let back = decode(&encode(&writes)).expect("a batch");
     assert_eq!(back[0].overridden, Some(Status::OutOfService));
-    let owner = back[0]
+    let info = back[0]
         .info
-        .as_deref()
-        .and_then(super::super::document::owner_of_copy);
+        .as_ref()
+        .map(Stored::info)
+        .expect("its document");
+    let owner = super::super::document::owner_of_copy(&info);
     assert_eq!(
         owner,
         Some("hello"),
         "the owner travels in the instance's metadata"
     );
-    assert_eq!(
-        back[0]
-            .info
-            .as_ref()
-            .and_then(|i| i.port.as_ref())
-            .map(|p| p.port),
-        Some(8080)
-    );
+    assert_eq!(info.port.as_ref().map(|p| p.port), Some(8080));
     assert!(decode(b"{\"replicationList\": 1}").is_err());
 }
 
