@@ -79,6 +79,7 @@ unit: ## unit tests on the host, and the filter's pure tests compiled for wasm32
 	@scripts/install-eureka-clients.sh
 	@scripts/install-eureka-java.sh
 	$(CARGO) test $(CARGOFLAGS) --workspace --exclude odmesh-e2e
+	@scripts/check-prereqs.sh node
 	$(CARGO) test $(CARGOFLAGS) --target $(WASM_TARGET) -p odmesh-filter -p odmesh-names
 
 # Seconds per fuzz target (docs/fuzzing.md): `make fuzz FUZZ_SECONDS=60`.

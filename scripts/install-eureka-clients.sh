@@ -12,7 +12,7 @@ dest="$root/.tools/eureka-clients"
 mkdir -p "$dest/node" "$dest/python"
 
 need() { command -v "$1" >/dev/null || { echo "install-eureka-clients: '$1' not found; it is needed for the real Eureka client tests" >&2; exit 1; }; }
-need node
+"$root/scripts/check-prereqs.sh" node
 need npm
 need python3
 
