@@ -30,6 +30,9 @@ use odmesh_registry::guard::DropGuardConfig;
 /// fast (503) until it appears.
 ///
 /// Durations take a unit (`300ms`, `2s`, `5m`, `2h`, `7d`) or are seconds (`0.5`).
+///
+/// Every flag can also be set in the environment as `ODMESH_<FLAG>` (`--eureka-interval` is
+/// `ODMESH_EUREKA_INTERVAL`); a flag given on the command line wins.
 #[derive(Debug, Parser)]
 #[command(name = "odmesh-control", version, verbatim_doc_comment)]
 #[command(group(clap::ArgGroup::new("source").args(["registry", "eureka", "serve_eureka"])))]
@@ -484,7 +487,34 @@ pub(crate) struct XdsArgs {
     pub(crate) xds_max_unregistered: usize,
 }
 
+/// The environment variable of flag `--long`: `ODMESH_` and its name in capitals, `-` as `_`
+/// (`--eureka-interval` is `ODMESH_EUREKA_INTERVAL`).
+pub(crate) fn env_name(long: &str) -> String {
+    format!("ODMESH_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
 impl Args {
+    /// The command line, with every flag also read from its environment variable
+    /// ([`env_name`]) when it is not given: a flag given wins. A repeatable flag's variable
+    /// holds one value. `--help` names each variable, never its value (one may hold a secret).
+    pub(crate) fn command() -> clap::Command {
+        <Args as clap::CommandFactory>::command().mut_args(|arg| {
+            match arg.get_long().map(env_name) {
+                Some(name) if !matches!(arg.get_id().as_str(), "help" | "version") => {
+                    arg.env(name).hide_env_values(true)
+                }
+                _ => arg,
+            }
+        })
+    }
+
+    /// The arguments of this process ([`Args::command`]); exits with clap's message on bad
+    /// ones.
+    pub(crate) fn parse_with_env() -> Args {
+        let matches = Args::command().get_matches();
+        <Args as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
     /// Checks what clap cannot check alone: `--peer` takes the embedded registry only.
     pub(crate) fn check(&self) -> anyhow::Result<()> {
         if !self.embedded.peer.is_empty() && (self.registry.is_some() || !self.eureka.is_empty()) {
@@ -610,6 +640,26 @@ impl XdsArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_has_its_own_environment_variable_named_in_help_without_its_value() {
+        let mut command = Args::command();
+        let mut names = std::collections::BTreeSet::new();
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env, Some(env_name(long)), "--{long}");
+            assert!(
+                names.insert(env_name(long)),
+                "--{long}: its variable is taken"
+            );
+        }
+        assert!(names.len() > 40, "{} flags", names.len());
+        assert!(names.contains("ODMESH_EUREKA_INTERVAL") && names.contains("ODMESH_XDS"));
+        let help = command.render_long_help().to_string();
+        assert!(help.contains("[env: ODMESH_LEDS_MIN_ENDPOINTS]"), "{help}");
+        assert!(!help.contains("ODMESH_HELP") && !help.contains("ODMESH_VERSION"));
+    }
 
     #[test]
     fn every_source_starts_with_the_defaults_and_they_are_the_registrys_own() {

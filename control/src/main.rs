@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 mod cli;
 
 use anyhow::{Context, bail};
-use clap::Parser;
 
 use cli::{Args, PrewarmArgs};
 use tokio::net::TcpListener;
@@ -399,7 +398,7 @@ async fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args = Args::parse_with_env();
     // Before any file is read: from here on, a SIGHUP reads them again, and never stops the
     // process (its default action).
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())

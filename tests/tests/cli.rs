@@ -76,3 +76,49 @@ fn a_duration_share_or_count_that_is_not_one_is_refused_at_start_naming_the_flag
         );
     }
 }
+
+/// Every flag can come from its environment variable (`ODMESH_<FLAG>`), and a flag given on
+/// the command line wins over it.
+#[test]
+fn flags_come_from_odmesh_variables_and_a_flag_given_wins() {
+    let env = TestEnv::new("cli_env_flags");
+    let reg = env.write_file(
+        "registry.yaml",
+        "instances: [{app: hello, ip: 127.0.0.1, port: 8080}]\n",
+    );
+    let (xds, from_env, from_flag) = (free_port(), free_port(), free_port());
+    let mut cmd = Command::new(control_binary());
+    cmd.env("ODMESH_REGISTRY", &reg)
+        .env("ODMESH_XDS", format!("127.0.0.1:{xds}"))
+        .env("ODMESH_ADMIN", format!("127.0.0.1:{from_env}"))
+        .args(["--admin", &format!("127.0.0.1:{from_flag}")]);
+    let child = env.spawn("control", cmd);
+    let accepts = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    odmesh_e2e::wait::wait_until(Duration::from_secs(20), "the xDS and admin ports", || {
+        accepts(xds) && accepts(from_flag)
+    });
+    assert!(
+        !accepts(from_env),
+        "the admin port of the variable: {}",
+        child.log()
+    );
+}
+
+#[test]
+fn a_bad_value_in_a_variable_is_refused_at_start_naming_the_flag() {
+    let env = TestEnv::new("cli_env_bad_value");
+    let mut cmd = Command::new(control_binary());
+    let (xds, admin) = (free_port(), free_port());
+    cmd.env("ODMESH_EUREKA_INTERVAL", "soon")
+        .args(["--xds", &format!("127.0.0.1:{xds}")])
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
+        .args(["--eureka", "http://127.0.0.1:9/eureka"]);
+    let mut child = env.spawn("control", cmd);
+    let status = child.wait_exit(Duration::from_secs(10));
+    let log = child.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("--eureka-interval") && log.contains("soon"),
+        "{log}"
+    );
+}
