@@ -16,6 +16,26 @@ pub fn duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// `d` as the flags and the policy file write it: `0s`, `300ms`, `2s`, `5m`, `2h` (the largest
+/// unit that divides it; `1500ms`), or seconds with their fraction below a millisecond
+/// (`0.0000015`). [`duration_or_zero`] reads it back.
+pub fn duration_text(d: Duration) -> String {
+    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+    if nanos == 0 {
+        for (unit, size) in [("h", 3600), ("m", 60)] {
+            if secs > 0 && secs % size == 0 {
+                return format!("{}{unit}", secs / size);
+            }
+        }
+        return format!("{secs}s");
+    }
+    if nanos % 1_000_000 == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    let fraction = format!("{nanos:09}");
+    format!("{secs}.{}", fraction.trim_end_matches('0'))
+}
+
 /// As [`duration`], 0 allowed (it turns a timer off where the flag says so).
 pub fn duration_or_zero(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -71,6 +91,25 @@ pub fn at_least_one<N: std::str::FromStr + PartialEq + From<u8>>(text: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_is_written_as_flags_take_it_and_reads_back_the_same() {
+        let ms = Duration::from_millis;
+        for (d, text) in [
+            (Duration::ZERO, "0s"),
+            (ms(300), "300ms"),
+            (ms(1500), "1500ms"),
+            (ms(2000), "2s"),
+            (ms(90_000), "90s"),
+            (ms(300_000), "5m"),
+            (ms(7_200_000), "2h"),
+            (Duration::from_nanos(1_500), "0.0000015"),
+            (Duration::new(3, 1), "3.000000001"),
+        ] {
+            assert_eq!(duration_text(d), text);
+            assert_eq!(duration_or_zero(text), Ok(d), "{text}");
+        }
+    }
 
     #[test]
     fn durations_are_taken_with_a_unit_or_as_seconds() {

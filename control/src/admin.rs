@@ -124,10 +124,35 @@ async fn debug_prewarm(State(view): View) -> Response {
 }
 
 fn pretty(value: &serde_json::Value) -> Response {
+    let mut value = value.clone();
+    durations_as_text(&mut value);
     let mut body =
-        serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     body.push('\n');
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Writes every duration serde wrote as `{"secs": 2, "nanos": 0}` as the flags and the policy
+/// file write it (`"2s"`: [`odmesh_base::flags::duration_text`]).
+fn durations_as_text(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let secs = map.get("secs").and_then(Value::as_u64);
+            let nanos = map.get("nanos").and_then(Value::as_u64);
+            if let (2, Some(secs), Some(nanos)) = (map.len(), secs, nanos)
+                && let Ok(nanos) = u32::try_from(nanos)
+                && nanos < 1_000_000_000
+            {
+                let d = std::time::Duration::new(secs, nanos);
+                *value = Value::String(odmesh_base::flags::duration_text(d));
+                return;
+            }
+            map.values_mut().for_each(durations_as_text);
+        }
+        Value::Array(items) => items.iter_mut().for_each(durations_as_text),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -155,7 +180,9 @@ mod tests {
             json!([{ "node": "proxy-1", "clusters": ["hello.vip"] }])
         }
         fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value {
-            json!({ "cluster": cluster, "caller": caller })
+            let effective = crate::policy::Effective::builtin();
+            let effective = effective.debug_view(std::time::SystemTime::now());
+            json!({ "cluster": cluster, "caller": caller, "effective": effective })
         }
         fn prewarm(&self) -> serde_json::Value {
             json!({ "enabled": false })
@@ -180,6 +207,22 @@ mod tests {
             .await
             .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn debug_answers_write_durations_as_the_policy_file_does() {
+        let (status, body) = get(true, "/debug/policy?cluster=a.vip").await;
+        assert_eq!(status, StatusCode::OK);
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let effective = &answer["effective"];
+        assert_eq!(effective["connect_timeout"]["value"], "1s", "{body}");
+        assert_eq!(effective["idle_timeout"]["value"], "1h", "{body}");
+        assert_eq!(effective["request_timeout"]["value"], "0s", "{body}");
+        assert!(!body.contains("\"secs\""), "{body}");
+        // An object that only looks like one is left alone.
+        let mut other = json!({ "secs": 1, "nanos": 2, "more": 3 });
+        durations_as_text(&mut other);
+        assert_eq!(other["secs"], 1);
     }
 
     /// The answer to `GET /healthz` from `addr`, read with a blocking socket within `limit`.

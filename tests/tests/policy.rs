@@ -265,6 +265,9 @@ fn a_callers_override_applies_only_to_that_caller() {
     };
     assert_eq!(of("checkout")["from"], "caller", "{shown}");
     assert_eq!(of("odmesh")["from"], "vip", "{shown}");
+    // Written as the policy file writes it.
+    assert_eq!(of("checkout")["value"], "300ms", "{shown}");
+    assert_eq!(of("odmesh")["value"], "10s", "{shown}");
 }
 
 #[test]
