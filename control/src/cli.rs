@@ -127,6 +127,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18001")]
     pub(crate) admin: SocketAddr,
 
+    /// How log lines are written to stderr: `text`, for people, or `json`, one object per
+    /// line (`timestamp`, `level`, `fields` with the `message`, `target`), for a log pipeline.
+    /// `RUST_LOG` chooses what is logged (`info` by default).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+
     /// Policy file (YAML): per-destination timeouts, retries, circuit breakers, outlier
     /// detection, load balancing and protocol, with defaults, per-VIP/SVIP entries and
     /// per-calling-service overrides (README, "Per-destination policy"). Watched: a change
@@ -485,6 +491,13 @@ pub(crate) struct XdsArgs {
     /// until they are registered. A flood of random Hosts through one Envoy stops here.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub(crate) xds_max_unregistered: usize,
+}
+
+/// How log lines are written ([`Args::log_format`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The environment variable of flag `--long`: `ODMESH_` and its name in capitals, `-` as `_`

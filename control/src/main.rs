@@ -12,7 +12,7 @@ mod cli;
 
 use anyhow::{Context, bail};
 
-use cli::{Args, PrewarmArgs};
+use cli::{Args, LogFormat, PrewarmArgs};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -391,14 +391,18 @@ async fn serve_admin(
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    // Bad arguments are clap's to print, before any log line.
+    let args = Args::parse_with_env();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse_with_env();
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     // Before any file is read: from here on, a SIGHUP reads them again, and never stops the
     // process (its default action).
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())

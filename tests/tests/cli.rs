@@ -122,3 +122,35 @@ fn a_bad_value_in_a_variable_is_refused_at_start_naming_the_flag() {
         "{log}"
     );
 }
+
+#[test]
+fn with_log_format_json_every_log_line_is_one_json_object() {
+    let env = TestEnv::new("cli_log_json");
+    let reg = env.write_file(
+        "registry.yaml",
+        "instances: [{app: hello, ip: 127.0.0.1, port: 8080}]\n",
+    );
+    let (xds, admin) = (free_port(), free_port());
+    let mut cmd = Command::new(control_binary());
+    cmd.env("ODMESH_LOG_FORMAT", "json")
+        .args(["--registry", &reg.to_string_lossy()])
+        .args(["--xds", &format!("127.0.0.1:{xds}")])
+        .args(["--admin", &format!("127.0.0.1:{admin}")]);
+    let child = env.spawn("control", cmd);
+    // The registry's load is logged.
+    let lines = odmesh_e2e::wait::wait_for(Duration::from_secs(20), "a log line", || {
+        let log = child.log();
+        // Whole lines only: the last one may be still being written.
+        let whole = &log[..log.rfind('\n').map_or(0, |end| end + 1)];
+        (whole.contains("registry")).then(|| whole.lines().map(str::to_owned).collect::<Vec<_>>())
+    });
+    for line in &lines {
+        let object: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            object["level"].is_string() && object["timestamp"].is_string(),
+            "{line}"
+        );
+        assert!(object["fields"]["message"].is_string(), "{line}");
+    }
+}
