@@ -7,10 +7,20 @@ use odmesh_e2e::{TestEnv, control_binary, free_port};
 
 /// Starts odmesh-control with `args` and returns its exit status and output; it must exit.
 fn start_expecting_exit(env: &TestEnv, label: &str, args: &[&str]) -> (bool, String) {
+    exit_of(env, label, control_on_free_ports(args))
+}
+
+/// odmesh-control with `args`, its xDS and admin servers on free loopback ports.
+fn control_on_free_ports(args: &[&str]) -> Command {
     let mut cmd = Command::new(control_binary());
     let xds = format!("127.0.0.1:{}", free_port());
     let admin = format!("127.0.0.1:{}", free_port());
     cmd.args(["--xds", &xds, "--admin", &admin]).args(args);
+    cmd
+}
+
+/// Starts `cmd` and returns its exit status and output; it must exit.
+fn exit_of(env: &TestEnv, label: &str, cmd: Command) -> (bool, String) {
     let mut child = env.spawn(label, cmd);
     let status = child.wait_exit(Duration::from_secs(10));
     (status.success(), child.log())
@@ -107,16 +117,10 @@ fn flags_come_from_odmesh_variables_and_a_flag_given_wins() {
 #[test]
 fn a_bad_value_in_a_variable_is_refused_at_start_naming_the_flag() {
     let env = TestEnv::new("cli_env_bad_value");
-    let mut cmd = Command::new(control_binary());
-    let (xds, admin) = (free_port(), free_port());
-    cmd.env("ODMESH_EUREKA_INTERVAL", "soon")
-        .args(["--xds", &format!("127.0.0.1:{xds}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--eureka", "http://127.0.0.1:9/eureka"]);
-    let mut child = env.spawn("control", cmd);
-    let status = child.wait_exit(Duration::from_secs(10));
-    let log = child.log();
-    assert!(!status.success(), "{log}");
+    let mut cmd = control_on_free_ports(&["--eureka", "http://127.0.0.1:9/eureka"]);
+    cmd.env("ODMESH_EUREKA_INTERVAL", "soon");
+    let (ok, log) = exit_of(&env, "control", cmd);
+    assert!(!ok, "{log}");
     assert!(
         log.contains("--eureka-interval") && log.contains("soon"),
         "{log}"
@@ -130,12 +134,8 @@ fn with_log_format_json_every_log_line_is_one_json_object() {
         "registry.yaml",
         "instances: [{app: hello, ip: 127.0.0.1, port: 8080}]\n",
     );
-    let (xds, admin) = (free_port(), free_port());
-    let mut cmd = Command::new(control_binary());
-    cmd.env("ODMESH_LOG_FORMAT", "json")
-        .args(["--registry", &reg.to_string_lossy()])
-        .args(["--xds", &format!("127.0.0.1:{xds}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")]);
+    let mut cmd = control_on_free_ports(&["--registry", &reg.to_string_lossy()]);
+    cmd.env("ODMESH_LOG_FORMAT", "json");
     let child = env.spawn("control", cmd);
     // The registry's load is logged.
     let lines = odmesh_e2e::wait::wait_for(Duration::from_secs(20), "a log line", || {
