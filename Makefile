@@ -101,6 +101,7 @@ fuzz-quick: ## run every fuzz target briefly (FUZZ_QUICK_SECONDS, 15 s each), as
 .PHONY: e2e
 e2e: wasm native envoy ## end-to-end tests against real Envoy, once with each filter shell (wasm, native)
 	@scripts/install-eureka-clients.sh
+	@scripts/install-test-tools.sh
 	@scripts/install-eureka-java.sh
 	$(CARGO) build $(CARGOFLAGS) -p odmesh-control
 	ODMESH_FILTER=wasm $(CARGO) test $(CARGOFLAGS) -p odmesh-e2e
