@@ -871,13 +871,17 @@ def sha256(path):
 
 
 def control_metrics(admin):
-    """The control plane's `/metrics` on the admin port `admin`, as {name: value} (every
-    metric it has is a count)."""
+    """The control plane's `/metrics` on the admin port `admin`, as {series: value}, and each
+    labelled family's sum under its bare name (`odmesh_xds_acks_total` beside
+    `odmesh_xds_acks_total{type="cluster"}`)."""
     out = {}
     for line in http_get(f"http://127.0.0.1:{admin}/metrics").splitlines():
         if not line.startswith("#") and " " in line:
-            k, v = line.split(" ", 1)
+            k, v = line.rsplit(" ", 1)
             out[k] = int(float(v))
+            if "{" in k:
+                family = k.split("{", 1)[0]
+                out[family] = out.get(family, 0) + int(float(v))
     return out
 
 

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `/healthz` | 200 while the process serves |
 //! | `/readyz` | 200 once a registry is loaded, else 503; JSON says why |
-//! | `/metrics` | Prometheus text |
+//! | `/metrics` | every metric: OpenMetrics if the scraper's `Accept` asks for it, else Prometheus text |
 //! | `/debug/registry` | JSON: the source's state and every instance in use |
 //! | `/debug/proxies` | JSON: each connected proxy and what it subscribed |
 //! | `/debug/prewarm` | JSON: per calling service, the clusters a connecting proxy is sent ahead (prewarm), with when each was last used, and how many sent ahead were then used (hit rate) |
@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use odmesh_base::metrics::Format;
 use serde_json::json;
 
 /// What the admin endpoint shows, supplied by the layers that own it.
@@ -34,8 +35,8 @@ pub trait AdminView: Send + Sync + 'static {
     fn policy(&self, cluster: Option<&str>, caller: &str) -> serde_json::Value;
     /// The prewarm history per calling service, and its hit rate.
     fn prewarm(&self) -> serde_json::Value;
-    /// The Prometheus text of every metric of the process.
-    fn metrics(&self) -> String;
+    /// Every metric of the process, in `format`.
+    fn metrics(&self, format: Format) -> String;
 }
 
 /// Runs `serve` on `listener` on a thread of its own with a runtime of its own, so that it
@@ -94,10 +95,13 @@ async fn readyz(State(view): View) -> Response {
     (code, pretty(&json!({ "ready": ready, "registry": status }))).into_response()
 }
 
-async fn metrics(State(view): View) -> Response {
+/// OpenMetrics for a scraper that asks for it (Prometheus does), Prometheus text otherwise.
+async fn metrics(State(view): View, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::for_accept(accept.unwrap_or(""));
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        view.metrics(),
+        [(header::CONTENT_TYPE, format.content_type())],
+        view.metrics(format),
     )
         .into_response()
 }
@@ -161,12 +165,11 @@ mod tests {
     use crate::metrics::Metrics;
     use axum::body::Body;
     use axum::http::Request;
-    use odmesh_base::metrics::inc;
     use tower::ServiceExt;
 
     struct Fake {
         loaded: bool,
-        metrics: Metrics,
+        metrics: Arc<Metrics>,
     }
 
     impl AdminView for Fake {
@@ -187,17 +190,19 @@ mod tests {
         fn prewarm(&self) -> serde_json::Value {
             json!({ "enabled": false })
         }
-        fn metrics(&self) -> String {
-            self.metrics.render()
+        fn metrics(&self, format: Format) -> String {
+            let exposition = odmesh_base::metrics::Exposition::default();
+            exposition.add(self.metrics.clone());
+            exposition.render(format)
         }
     }
 
     async fn get(loaded: bool, path: &str) -> (StatusCode, String) {
         let view = Arc::new(Fake {
             loaded,
-            metrics: Metrics::default(),
+            metrics: Arc::default(),
         });
-        inc(&view.metrics.xds_acks_total);
+        view.metrics.answered("cluster", true);
         let resp = router(view)
             .oneshot(Request::get(path).body(Body::empty()).unwrap())
             .await
@@ -256,7 +261,7 @@ mod tests {
             let addr = listener.local_addr().unwrap();
             let view = Arc::new(Fake {
                 loaded: true,
-                metrics: Metrics::default(),
+                metrics: Arc::default(),
             });
             let shutdown = async move {
                 let _ = stopped.await;
@@ -308,10 +313,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn metrics_are_prometheus_text() {
+    async fn metrics_are_prometheus_text_or_openmetrics_as_asked() {
         let (code, body) = get(true, "/metrics").await;
         assert_eq!(code, StatusCode::OK);
-        assert!(body.contains("odmesh_xds_acks_total 1\n"), "{body}");
+        assert!(
+            body.contains("odmesh_xds_acks_total{type=\"cluster\"} 1\n"),
+            "{body}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
+        let view = Arc::new(Fake {
+            loaded: true,
+            metrics: Arc::default(),
+        });
+        let openmetrics = "application/openmetrics-text;version=1.0.0,text/plain;q=0.5";
+        let resp = router(view)
+            .oneshot(
+                Request::get("/metrics")
+                    .header("accept", openmetrics)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let content_type = resp.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(content_type.starts_with("application/openmetrics-text; version=1.0.0"));
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&body).ends_with("# EOF\n"));
     }
 
     #[tokio::test]

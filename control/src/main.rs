@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use odmesh_base::error::Chain;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
-use odmesh_base::metrics::{inc, set};
+use odmesh_base::metrics::{Format, inc, set};
 use odmesh_base::reload::{Outcome, Reloader, Watched};
 use odmesh_base::tls::{self, ServerTls, ServerTlsFiles};
 use odmesh_control::admin::{self, AdminView};
@@ -174,6 +174,7 @@ async fn start_embedded(args: &Args, metrics: &AllMetrics) -> anyhow::Result<Sou
     )
     .await
     .with_context(|| format!("--serve-eureka {addr}: cannot listen"))?;
+    metrics.add(src.eureka.peer_metrics());
     Ok(Source {
         registry: src.registry,
         health: src.health,
@@ -645,7 +646,7 @@ impl AdminView for View {
         }
     }
 
-    fn metrics(&self) -> String {
+    fn metrics(&self, format: Format) -> String {
         // A derived gauge, brought up to date for each scrape.
         let age = self
             .health
@@ -664,6 +665,6 @@ impl AdminView for View {
             &control.policy_concurrency_limit_entries,
             features.limits as u64,
         );
-        self.metrics.render()
+        self.metrics.render(format)
     }
 }

@@ -1,11 +1,15 @@
-//! Process-wide counters and gauges, rendered as Prometheus text for the admin `/metrics`.
+//! Process-wide counters, gauges and histograms, rendered for the admin `/metrics` in
+//! OpenMetrics or Prometheus text (docs/production.md, "Metrics").
 //!
-//! Plain atomics: every layer bumps the ones it owns; only the admin endpoint reads them all.
+//! Every layer bumps the ones it owns; only the admin endpoint reads them all.
 //! [`Metrics`] are the control plane's own; the registry source counts in those of its crates
 //! (`odmesh-registry`, `odmesh-eureka`), and [`AllMetrics`] holds every part.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use odmesh_base::metrics::prometheus_client::collector::Collector;
+use odmesh_base::metrics::{Exposition, Format, inc};
 use odmesh_eureka::{ClientMetrics, ServerMetrics};
 use odmesh_registry::RegistryMetrics;
 
@@ -57,14 +61,31 @@ odmesh_base::metrics! {
         xds_streams_total: "counter",
         /// Delta discovery requests received.
         xds_requests_total: "counter",
-        /// Delta discovery responses sent.
-        xds_responses_total: "counter",
-        /// Resources sent in responses (updates, not removals).
-        xds_resources_sent_total: "counter",
-        /// Responses Envoy accepted (ACK).
-        xds_acks_total: "counter",
-        /// Responses Envoy rejected (NACK); each is logged with Envoy's error.
-        xds_nacks_total: "counter",
+        /// Delta discovery responses sent, by resource type: `cluster`, `endpoints`, or
+        /// `lb_endpoint` (a large VIP's endpoints one by one).
+        xds_cluster_responses_total: "counter" in xds_responses_total { type = "cluster" },
+        /// (the same family)
+        xds_endpoints_responses_total: "counter" in xds_responses_total { type = "endpoints" },
+        /// (the same family)
+        xds_lb_endpoint_responses_total: "counter" in xds_responses_total { type = "lb_endpoint" },
+        /// Resources sent in responses (updates, not removals), by resource type.
+        xds_cluster_resources_sent_total: "counter" in xds_resources_sent_total { type = "cluster" },
+        /// (the same family)
+        xds_endpoints_resources_sent_total: "counter" in xds_resources_sent_total { type = "endpoints" },
+        /// (the same family)
+        xds_lb_endpoint_resources_sent_total: "counter" in xds_resources_sent_total { type = "lb_endpoint" },
+        /// Responses Envoy accepted (ACK), by resource type.
+        xds_cluster_acks_total: "counter" in xds_acks_total { type = "cluster" },
+        /// (the same family)
+        xds_endpoints_acks_total: "counter" in xds_acks_total { type = "endpoints" },
+        /// (the same family)
+        xds_lb_endpoint_acks_total: "counter" in xds_acks_total { type = "lb_endpoint" },
+        /// Responses Envoy rejected (NACK), by resource type; each is logged with Envoy's error.
+        xds_cluster_nacks_total: "counter" in xds_nacks_total { type = "cluster" },
+        /// (the same family)
+        xds_endpoints_nacks_total: "counter" in xds_nacks_total { type = "endpoints" },
+        /// (the same family)
+        xds_lb_endpoint_nacks_total: "counter" in xds_nacks_total { type = "lb_endpoint" },
         /// Cluster subscriptions held by connected proxies now.
         xds_cluster_subscriptions: "gauge",
         /// Subscribed names now, over all streams and both types (bounded by
@@ -128,10 +149,76 @@ odmesh_base::metrics! {
         /// services or node ids, or a bound to raise.
         prewarm_entries_refused_total: "counter",
     }
+    histograms {
+        /// Requests that subscribed clusters on demand (a first request to a VIP pauses in
+        /// Envoy meanwhile): from the request's arrival to its answer (the clusters and their
+        /// load assignments) handed to the stream. Answers that waited for room under
+        /// --xds-max-subscriptions are not counted.
+        xds_on_demand_answer_seconds: (0.0001, 2.0, 16),
+        /// A registry or policy change, from the cache taking it to each subscribed stream's
+        /// response handed to the stream (one observation per stream and change).
+        xds_push_lag_seconds: (0.0001, 2.0, 16),
+        /// A registry change, from the registry source publishing it (a Eureka fetch answered,
+        /// the registry file read, a batch of the embedded registry's writes) to each proxy's
+        /// ACK of the response carrying it.
+        registry_change_to_proxy_seconds: (0.0005, 2.0, 16),
+    }
 }
 
-/// Every metric of the process, each part kept by the crate that counts it.
-#[derive(Debug, Default)]
+impl Metrics {
+    /// Counts a response of resource type `ty` (`cluster`, `endpoints` or `lb_endpoint`)
+    /// carrying `resources` resources.
+    pub fn sent(&self, ty: &str, resources: usize) {
+        let (responses, sent) = match ty {
+            "endpoints" => (
+                &self.xds_endpoints_responses_total,
+                &self.xds_endpoints_resources_sent_total,
+            ),
+            "lb_endpoint" => (
+                &self.xds_lb_endpoint_responses_total,
+                &self.xds_lb_endpoint_resources_sent_total,
+            ),
+            _ => (
+                &self.xds_cluster_responses_total,
+                &self.xds_cluster_resources_sent_total,
+            ),
+        };
+        inc(responses);
+        sent.fetch_add(resources as u64, Ordering::Relaxed);
+    }
+
+    /// Counts an ACK (`accepted`) or a NACK of a response of resource type `ty`.
+    pub fn answered(&self, ty: &str, accepted: bool) {
+        let (acks, nacks) = match ty {
+            "endpoints" => (
+                &self.xds_endpoints_acks_total,
+                &self.xds_endpoints_nacks_total,
+            ),
+            "lb_endpoint" => (
+                &self.xds_lb_endpoint_acks_total,
+                &self.xds_lb_endpoint_nacks_total,
+            ),
+            _ => (&self.xds_cluster_acks_total, &self.xds_cluster_nacks_total),
+        };
+        inc(if accepted { acks } else { nacks });
+    }
+
+    /// NACKs of every resource type.
+    pub fn nacks(&self) -> u64 {
+        [
+            &self.xds_cluster_nacks_total,
+            &self.xds_endpoints_nacks_total,
+            &self.xds_lb_endpoint_nacks_total,
+        ]
+        .iter()
+        .map(|n| n.load(Ordering::Relaxed))
+        .sum()
+    }
+}
+
+/// Every metric of the process, each part kept by the crate that counts it, and the
+/// exposition that renders them all.
+#[derive(Debug)]
 pub struct AllMetrics {
     /// The control plane's own.
     pub control: Arc<Metrics>,
@@ -141,45 +228,98 @@ pub struct AllMetrics {
     pub eureka_client: Arc<ClientMetrics>,
     /// The embedded Eureka registry's (`eureka_*`).
     pub eureka_server: Arc<ServerMetrics>,
+    /// Renders the parts above, `odmesh_build_info`, and what is added later
+    /// ([`AllMetrics::add`]).
+    exposition: Exposition,
+}
+
+impl Default for AllMetrics {
+    fn default() -> AllMetrics {
+        let m = AllMetrics {
+            control: Arc::default(),
+            registry: Arc::default(),
+            eureka_client: Arc::default(),
+            eureka_server: Arc::default(),
+            exposition: Exposition::default(),
+        };
+        m.exposition.add_info(
+            "build",
+            "The odmesh-control build, by version",
+            vec![("version".into(), env!("CARGO_PKG_VERSION").into())],
+        );
+        m.exposition.add(m.control.clone());
+        m.exposition.add(m.registry.clone());
+        m.exposition.add(m.eureka_client.clone());
+        m.exposition.add(m.eureka_server.clone());
+        m
+    }
 }
 
 impl AllMetrics {
-    /// The Prometheus text of every metric: the control plane's, the registry's, then
-    /// Eureka's (the client's, the embedded registry's).
-    pub fn render(&self) -> String {
-        let mut out = self.control.render();
-        out.push_str(&self.registry.render());
-        out.push_str(&self.eureka_client.render());
-        out.push_str(&self.eureka_server.render());
-        out
+    /// Every metric in `format`: the build, the control plane's, the registry's, Eureka's
+    /// (the client's, the embedded registry's), then what was added.
+    pub fn render(&self, format: Format) -> String {
+        self.exposition.render(format)
+    }
+
+    /// Adds metrics a part keeps apart (the embedded registry's per peer, say).
+    pub fn add(&self, collector: impl Collector) {
+        self.exposition.add(collector);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odmesh_base::metrics::{inc, set};
+    use odmesh_base::metrics::set;
 
     #[test]
     fn render_writes_help_type_and_value_for_each_metric() {
         let m = AllMetrics::default();
-        inc(&m.control.xds_nacks_total);
-        inc(&m.control.xds_nacks_total);
+        m.control.answered("endpoints", false);
+        m.control.answered("endpoints", false);
+        m.control.answered("cluster", true);
         set(&m.registry.registry_clusters, 7);
-        let text = m.render();
-        assert!(text.contains("# TYPE odmesh_xds_nacks_total counter\nodmesh_xds_nacks_total 2\n"));
+        let text = m.render(Format::Prometheus);
+        assert!(
+            text.contains("# TYPE odmesh_xds_nacks_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("odmesh_xds_nacks_total{type=\"endpoints\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("odmesh_xds_nacks_total{type=\"cluster\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("odmesh_xds_acks_total{type=\"cluster\"} 1\n"),
+            "{text}"
+        );
         assert!(text.contains("# HELP odmesh_registry_clusters Clusters (VIPs and SVIPs)"));
         assert!(text.contains("odmesh_registry_clusters 7\n"));
+        assert!(text.contains("odmesh_build_info{version=\""), "{text}");
+        assert_eq!(m.control.nacks(), 2);
     }
 
     #[test]
     fn every_metric_is_rendered_once() {
-        let text = AllMetrics::default().render();
+        let text = AllMetrics::default().render(Format::Prometheus);
         let names: Vec<&str> = (text.lines())
             .filter_map(|line| line.strip_prefix("# TYPE "))
             .filter_map(|rest| rest.split(' ').next())
             .collect();
         let unique: std::collections::HashSet<&str> = names.iter().copied().collect();
         assert_eq!(unique.len(), names.len(), "a metric twice: {names:?}");
+        for histogram in [
+            "odmesh_xds_on_demand_answer_seconds",
+            "odmesh_xds_push_lag_seconds",
+            "odmesh_registry_change_to_proxy_seconds",
+            "odmesh_eureka_fetch_seconds",
+        ] {
+            let declared = format!("# TYPE {histogram} histogram\n");
+            assert!(text.contains(&declared), "{histogram} missing: {text}");
+        }
     }
 }

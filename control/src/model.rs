@@ -12,6 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use odmesh_names::{Kind, cluster_name};
 use tokio::sync::watch;
@@ -99,6 +100,9 @@ pub struct Snapshot {
     len: usize,
     /// Whether the registry was complete (see [`Registry::is_complete`]).
     complete: bool,
+    /// When the registry source published the change this snapshot was built for (`None`:
+    /// not known, as for the first).
+    published: Option<Instant>,
 }
 
 impl Default for Snapshot {
@@ -108,11 +112,17 @@ impl Default for Snapshot {
             shards: vec![Shard::default(); SHARDS],
             len: 0,
             complete: true,
+            published: None,
         }
     }
 }
 
 impl Snapshot {
+    /// When the registry source published the change this snapshot was built for, if known.
+    pub fn published(&self) -> Option<Instant> {
+        self.published
+    }
+
     /// Indexes `registry` by cluster name.
     pub fn from_registry(registry: &Registry) -> Snapshot {
         let mut builder = SnapshotBuilder::default();
@@ -212,6 +222,16 @@ pub struct Update {
 impl SnapshotBuilder {
     /// Moves to `registry` and returns its snapshot.
     pub fn update(&mut self, registry: Arc<Registry>) -> Update {
+        self.update_published(registry, None)
+    }
+
+    /// [`update`](Self::update), for a registry its source published at `published`: a new
+    /// snapshot says when ([`Snapshot::published`]).
+    pub fn update_published(
+        &mut self,
+        registry: Arc<Registry>,
+        published: Option<Instant>,
+    ) -> Update {
         let changes = registry.changes_since(&self.registry);
         self.registry = registry;
         let touched = self.move_members(&changes.removed, &changes.added);
@@ -239,6 +259,7 @@ impl SnapshotBuilder {
         }
         if let Some(mut next) = next {
             next.complete = complete;
+            next.published = published;
             self.snapshot = Arc::new(next);
         }
         Update {
@@ -348,10 +369,10 @@ pub fn follow(
     metrics: Arc<RegistryMetrics>,
 ) -> (watch::Receiver<Arc<Snapshot>>, tokio::task::JoinHandle<()>) {
     let mut builder = SnapshotBuilder::default();
-    let mut build = move |reg: Arc<Registry>| {
-        let started = std::time::Instant::now();
+    let mut build = move |reg: Arc<Registry>, published: Option<Instant>| {
+        let started = Instant::now();
         let instances = reg.len();
-        let update = builder.update(reg);
+        let update = builder.update_published(reg, published);
         set(&metrics.registry_clusters, update.snapshot.len() as u64);
         set(
             &metrics.registry_complete,
@@ -367,11 +388,19 @@ pub fn follow(
         );
         update.snapshot
     };
-    let first = build(registry.borrow_and_update().clone());
+    let first = build(registry.borrow_and_update().clone(), None);
     let (tx, rx) = watch::channel(first);
     let task = tokio::spawn(async move {
-        while registry.changed().await.is_ok() {
-            let snap = build(registry.borrow_and_update().clone());
+        // When the source published the change not yet built (`None`: none waits).
+        let mut published = None;
+        loop {
+            if published.is_none() {
+                if registry.changed().await.is_err() {
+                    break;
+                }
+                published = Some(Instant::now());
+            }
+            let snap = build(registry.borrow_and_update().clone(), published.take());
             // An unchanged snapshot (no cluster changed) wakes nobody.
             tx.send_if_modified(|current| {
                 if Arc::ptr_eq(current, &snap) {
@@ -383,7 +412,19 @@ pub fn follow(
             if tx.is_closed() {
                 break;
             }
-            tokio::time::sleep(SNAPSHOT_INTERVAL).await;
+            // The pause between snapshots; a change published meanwhile is noted when it
+            // comes, so that its latency counts from then.
+            let pause = tokio::time::sleep(SNAPSHOT_INTERVAL);
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    () = &mut pause => break,
+                    changed = registry.changed(), if published.is_none() => match changed {
+                        Ok(()) => published = Some(Instant::now()),
+                        Err(_) => break,
+                    },
+                }
+            }
         }
     });
     (rx, task)

@@ -23,7 +23,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_server::{
     ClusterDiscoveryService, ClusterDiscoveryServiceServer,
@@ -45,16 +45,17 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
 
-use crate::cache::{Cache, Changes, Inbox};
+use crate::cache::{Cache, Changes, Inbox, Stamps};
 use crate::lrs::LoadReports;
 use crate::metrics::Metrics;
 use crate::prewarm::Prewarm;
 use crate::session::SubscriptionLimits;
-use crate::session::{Admission, Context, Eviction, Service, Session};
+use crate::session::{Admission, Context, Eviction, Service, Session, WILDCARD};
+use crate::xds::ResourceType;
 use odmesh_base::first_request::FirstRequest;
 use odmesh_base::listen::{ConnectionLimit, tls_handshakes};
 use odmesh_base::logs::clip;
-use odmesh_base::metrics::inc;
+use odmesh_base::metrics::{inc, observe};
 use odmesh_base::tls::ServerTls;
 
 pub use crate::session::{NackStatus, ProxyStatus};
@@ -456,6 +457,80 @@ fn with_collections(state: &mut Session, two: [Option<DeltaDiscoveryResponse>; 2
     [clusters, endpoints, state.take_collections()]
 }
 
+/// What a stream's answer is timed from (docs/production.md, "Metrics").
+enum Timed {
+    /// A request that subscribed clusters, which arrived then.
+    OnDemand(Instant),
+    /// A change of the cache, made then.
+    Change(Stamps),
+}
+
+impl Timed {
+    /// Records the answer just handed to the stream, whose last response is `nonce`.
+    fn observe(self, metrics: &Metrics, nonce: String, receipts: &mut Receipts) {
+        match self {
+            Timed::OnDemand(arrived) => {
+                observe(&metrics.xds_on_demand_answer_seconds, arrived.elapsed())
+            }
+            Timed::Change(stamps) => {
+                if let Some(queued) = stamps.queued {
+                    observe(&metrics.xds_push_lag_seconds, queued.elapsed());
+                }
+                if let Some(published) = stamps.registry {
+                    receipts.sent(nonce, published);
+                }
+            }
+        }
+    }
+}
+
+/// The responses of registry changes a proxy has not acknowledged yet: their nonces, and when
+/// the change was published. A few at most: a proxy acknowledges in order, and one that lags
+/// further loses only its oldest timings.
+#[derive(Default)]
+struct Receipts(std::collections::VecDeque<(String, Instant)>);
+
+impl Receipts {
+    const MOST: usize = 4;
+
+    fn sent(&mut self, nonce: String, published: Instant) {
+        if self.0.len() == Self::MOST {
+            self.0.pop_front();
+        }
+        self.0.push_back((nonce, published));
+    }
+
+    /// Times the change `req` acknowledges, if it does, and forgets those sent before it.
+    fn acked(&mut self, metrics: &Metrics, req: &DeltaDiscoveryRequest) {
+        if self.0.is_empty() || req.response_nonce.is_empty() || req.error_detail.is_some() {
+            return;
+        }
+        let Some(at) = self
+            .0
+            .iter()
+            .position(|(nonce, _)| *nonce == req.response_nonce)
+        else {
+            return;
+        };
+        let (_, published) = self.0[at];
+        self.0.drain(..=at);
+        observe(
+            &metrics.registry_change_to_proxy_seconds,
+            published.elapsed(),
+        );
+    }
+}
+
+/// Whether `req` subscribes cluster names by name: Envoy's on-demand discovery of a
+/// cluster a request needs.
+fn subscribes_clusters(req: &DeltaDiscoveryRequest) -> bool {
+    ResourceType::from_type_url(&req.type_url) == Some(ResourceType::Cluster)
+        && req
+            .resource_names_subscribe
+            .iter()
+            .any(|name| name != WILDCARD)
+}
+
 impl StreamTask {
     async fn run(self, mut inbound: impl Inbound, tx: Outbound) {
         let inbox = self.inbox.clone();
@@ -466,12 +541,19 @@ impl StreamTask {
         // One ticker for the stream's life: a proxy's requests must not keep resetting it.
         let mut retry = tokio::time::interval(WAITING_RETRY);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut receipts = Receipts::default();
         loop {
             // The work runs boxed: the task then holds only what it waits on between
             // requests (its size is paid by every connected proxy).
-            let responses = tokio::select! {
+            let (responses, timed) = tokio::select! {
                 msg = inbound.next() => match msg {
-                    Some(Ok(req)) => Box::pin(self.on_request(req)).await,
+                    Some(Ok(req)) => {
+                        let arrived = Instant::now();
+                        receipts.acked(&self.shared.metrics, &req);
+                        let on_demand = subscribes_clusters(&req);
+                        let responses = Box::pin(self.on_request(req)).await;
+                        (responses, on_demand.then_some(Timed::OnDemand(arrived)))
+                    }
                     None => break,
                     Some(Err(status)) => {
                         debug!(stream = self.id(), %status, "xDS stream failed");
@@ -480,12 +562,16 @@ impl StreamTask {
                         break;
                     }
                 },
-                () = inbox.notified() => Box::pin(self.on_change(inbox.take())).await,
+                () = inbox.notified() => {
+                    let (changes, stamps) = inbox.take_stamped();
+                    (Box::pin(self.on_change(changes)).await, Some(Timed::Change(stamps)))
+                }
                 _ = closing.changed() => break,
                 // Room under --xds-max-subscriptions frees up without any registry change, and
                 // clusters sent ahead become idle.
-                _ = retry.tick(), if self.ticks() => Box::pin(self.on_tick()).await,
+                _ = retry.tick(), if self.ticks() => (Box::pin(self.on_tick()).await, None),
             };
+            let last_nonce = responses.iter().flatten().last().map(|r| r.nonce.clone());
             for response in responses.into_iter().flatten() {
                 // A proxy that stops reading fills the stream's buffer; shutdown must still
                 // end this task rather than wait on the send.
@@ -493,6 +579,9 @@ impl StreamTask {
                     sent = tx.send(Ok(Box::new(response))) => if sent.is_err() { return },
                     _ = closing.changed() => return,
                 }
+            }
+            if let (Some(nonce), Some(timed)) = (last_nonce, timed) {
+                timed.observe(&self.shared.metrics, nonce, &mut receipts);
             }
         }
     }
@@ -691,5 +780,77 @@ impl EndpointDiscoveryService for XdsServer {
         _: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
         Err(sotw_unimplemented())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+    fn ack(nonce: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            response_nonce: nonce.to_owned(),
+            ..DeltaDiscoveryRequest::default()
+        }
+    }
+
+    fn timed(metrics: &Metrics) -> u64 {
+        metrics.registry_change_to_proxy_seconds.count()
+    }
+
+    #[test]
+    fn a_change_is_timed_once_at_the_ack_of_its_response_and_never_at_a_nack() {
+        let metrics = Metrics::default();
+        let mut receipts = Receipts::default();
+        let published = Instant::now();
+        receipts.sent("1".into(), published);
+        receipts.sent("2".into(), published);
+        receipts.acked(&metrics, &ack("unknown"));
+        let nack = DeltaDiscoveryRequest {
+            error_detail: Some(RpcStatus::default()),
+            ..ack("1")
+        };
+        receipts.acked(&metrics, &nack);
+        assert_eq!(
+            timed(&metrics),
+            0,
+            "an unknown nonce and a NACK time nothing"
+        );
+        // The ACK of the second also answers for the first: one observation, none left.
+        receipts.acked(&metrics, &ack("2"));
+        assert_eq!(timed(&metrics), 1);
+        receipts.acked(&metrics, &ack("1"));
+        assert_eq!(timed(&metrics), 1);
+        assert!(receipts.0.is_empty());
+    }
+
+    #[test]
+    fn a_proxy_that_lags_keeps_the_latest_few_receipts() {
+        let metrics = Metrics::default();
+        let mut receipts = Receipts::default();
+        for nonce in 1..=10 {
+            receipts.sent(nonce.to_string(), Instant::now());
+        }
+        assert_eq!(receipts.0.len(), Receipts::MOST);
+        receipts.acked(&metrics, &ack("6"));
+        assert_eq!(timed(&metrics), 0, "forgotten");
+        receipts.acked(&metrics, &ack("10"));
+        assert_eq!(timed(&metrics), 1);
+    }
+
+    #[test]
+    fn only_cluster_names_asked_for_by_name_are_on_demand() {
+        let request = |type_url: &str, names: &[&str]| DeltaDiscoveryRequest {
+            type_url: type_url.to_owned(),
+            resource_names_subscribe: names.iter().map(|n| (*n).to_owned()).collect(),
+            ..DeltaDiscoveryRequest::default()
+        };
+        let clusters = ResourceType::Cluster.type_url();
+        let endpoints = ResourceType::Endpoints.type_url();
+        assert!(subscribes_clusters(&request(clusters, &["hello.vip"])));
+        assert!(!subscribes_clusters(&request(clusters, &[WILDCARD])));
+        assert!(!subscribes_clusters(&request(clusters, &[])));
+        assert!(!subscribes_clusters(&request(endpoints, &["hello.vip"])));
     }
 }

@@ -502,7 +502,7 @@ async fn a_nack_is_counted_and_logged_and_not_resent() {
     let nack = proxy.last_nack.as_ref().unwrap();
     assert_eq!(nack.message, "bad endpoints, says Envoy");
     assert_eq!(nack.nonce, resp.nonce);
-    assert_eq!(h.metrics.xds_nacks_total.load(Ordering::Relaxed), 1);
+    assert_eq!(h.metrics.nacks(), 1);
 
     // Only marker changes; the NACKed hello is not re-sent with it.
     h.cache.set_snapshot(snapshot(vec![

@@ -20,6 +20,11 @@ odmesh_base::metrics! {
         /// the last good registry stayed).
         eureka_answers_too_large_total: "counter",
     }
+    histograms {
+        /// Eureka source: how long a fetch from a Eureka server took (full or delta, answered
+        /// or failed), from the request to the answer read whole.
+        eureka_fetch_seconds: (0.001, 2.0, 16),
+    }
 }
 
 odmesh_base::metrics! {
@@ -46,31 +51,32 @@ odmesh_base::metrics! {
         eureka_evictions_total: "counter",
         /// Embedded Eureka registry: status overrides set or removed.
         eureka_status_updates_total: "counter",
-        /// Embedded Eureka registry: writes refused as invalid (400: names, address, not a
-        /// registration).
-        eureka_refused_invalid_total: "counter",
+        /// Embedded Eureka registry: requests refused, by why: `invalid` writes (400: names,
+        /// address, not a registration); `throttled` (429: the address sent more than
+        /// --eureka-max-auth-failures requests without valid credentials within 10 s);
+        /// `unauthenticated` (401, with --eureka-auth); `forbidden` writes (403: another's
+        /// instance, a VIP not granted); `body` (413 too large, 408 too slow, 415 not JSON);
+        /// `full` registrations (503: --eureka-max-instances registered); `identity_full` (503:
+        /// the identity registered --eureka-max-instances-per-identity).
+        eureka_refused_invalid_total: "counter" in eureka_refused_total { reason = "invalid" },
+        /// (the same family)
+        eureka_refused_throttled_total: "counter" in eureka_refused_total { reason = "throttled" },
+        /// (the same family)
+        eureka_refused_unauthenticated_total: "counter" in eureka_refused_total { reason = "unauthenticated" },
+        /// (the same family)
+        eureka_refused_forbidden_total: "counter" in eureka_refused_total { reason = "forbidden" },
+        /// (the same family)
+        eureka_refused_body_total: "counter" in eureka_refused_total { reason = "body" },
+        /// (the same family)
+        eureka_refused_full_total: "counter" in eureka_refused_total { reason = "full" },
+        /// (the same family)
+        eureka_refused_identity_full_total: "counter" in eureka_refused_total { reason = "identity_full" },
         /// Embedded Eureka registry: registrations whose lease was longer than
         /// --max-lease-duration, registered with that lease.
         eureka_leases_clamped_total: "counter",
         /// Embedded Eureka registry: metadata entries left out of registrations (beyond the
         /// metadata bounds, or a key or value the registry cannot keep).
         eureka_metadata_dropped_total: "counter",
-        /// Embedded Eureka registry: requests refused (429) because their address sent more
-        /// than --eureka-max-auth-failures requests without valid credentials within 10 s.
-        eureka_refused_throttled_total: "counter",
-        /// Embedded Eureka registry: requests without valid credentials (401), with --eureka-auth.
-        eureka_refused_unauthenticated_total: "counter",
-        /// Embedded Eureka registry: writes an identity may not make (403): another's instance,
-        /// a VIP not granted to it.
-        eureka_refused_forbidden_total: "counter",
-        /// Embedded Eureka registry: bodies refused: too large (413), too slow (408), not JSON (415).
-        eureka_refused_body_total: "counter",
-        /// Embedded Eureka registry: registrations refused because --eureka-max-instances were
-        /// registered (503).
-        eureka_refused_full_total: "counter",
-        /// Embedded Eureka registry: registrations of a new instance refused because its
-        /// identity had registered --eureka-max-instances-per-identity (503).
-        eureka_refused_identity_full_total: "counter",
         /// Embedded Eureka registry: registrations of an instance cancelled while overridden
         /// (drained) that got its override back.
         eureka_overrides_restored_total: "counter",
@@ -88,19 +94,10 @@ odmesh_base::metrics! {
         /// Embedded Eureka registry: writes for a peer that took the place of the last one
         /// queued for the same instance and action (a peer that is down).
         eureka_peer_merged_total: "counter",
-        /// Embedded Eureka registry: writes a peer took (`--peer`).
-        eureka_peer_replicated_total: "counter",
-        /// Embedded Eureka registry: batches of writes that did not reach a peer (sent again).
-        eureka_peer_replication_failures_total: "counter",
         /// Embedded Eureka registry: writes a peer refused as a whole batch (an error status
         /// other than 503, or an answer that is not one), dropped as Eureka's servers drop
         /// them; the heartbeats bring the registrations back once the peer takes them.
         eureka_peer_discarded_total: "counter",
-        /// Embedded Eureka registry: writes queued for the peers.
-        eureka_peer_pending: "gauge",
-        /// Embedded Eureka registry: queued writes dropped, the oldest first, for a peer
-        /// unreachable too long (its heartbeats bring the registrations back).
-        eureka_peer_dropped_total: "counter",
         /// Embedded Eureka registry: writes received from peers and applied.
         eureka_peer_received_total: "counter",
         /// Embedded Eureka registry: fills from a peer's registry at start.

@@ -278,17 +278,22 @@ impl ControlPlane {
         Request::get(path).host("admin").try_send(self.admin).ok()
     }
 
-    /// Every metric in `/metrics`, by name.
+    /// Every count in `/metrics`, by series (`odmesh_xds_acks_total{type="cluster"}`), and
+    /// each labelled family's sum by its bare name (`odmesh_xds_acks_total`). Histograms'
+    /// sums, which are not counts, are left out.
     pub fn metrics(&self) -> BTreeMap<String, u64> {
-        self.admin_get("/metrics")
-            .text()
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .filter_map(|line| {
-                let (name, value) = line.split_once(' ')?;
-                Some((name.to_owned(), value.trim().parse().ok()?))
-            })
-            .collect()
+        let mut metrics = BTreeMap::new();
+        let text = self.admin_get("/metrics").text();
+        let samples = (text.lines().filter(|line| !line.starts_with('#')))
+            .filter_map(|line| line.rsplit_once(' '))
+            .filter_map(|(series, value)| Some((series, value.trim().parse::<u64>().ok()?)));
+        for (series, value) in samples {
+            if let Some((family, _labels)) = series.split_once('{') {
+                *metrics.entry(family.to_owned()).or_default() += value;
+            }
+            metrics.insert(series.to_owned(), value);
+        }
+        metrics
     }
 
     /// The value of the Prometheus metric `name` (e.g. `odmesh_xds_nacks_total`); panics if

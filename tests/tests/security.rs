@@ -244,8 +244,14 @@ fn with_a_tokens_file_a_real_client_registers_and_nobody_else_can_hijack_or_drai
     }
     assert_eq!(impostor.requests(), 0);
     let metrics = mesh.control.metrics();
-    assert_eq!(metrics["odmesh_eureka_refused_unauthenticated_total"], 2);
-    assert_eq!(metrics["odmesh_eureka_refused_forbidden_total"], 3);
+    assert_eq!(
+        metrics[r#"odmesh_eureka_refused_total{reason="unauthenticated"}"#],
+        2
+    );
+    assert_eq!(
+        metrics[r#"odmesh_eureka_refused_total{reason="forbidden"}"#],
+        3
+    );
     // An operator may drain it.
     let drained = eureka(
         &mesh,
@@ -373,10 +379,13 @@ fn a_hostile_client_gets_a_clear_answer_from_the_registry_and_changes_nothing() 
     );
     let metrics = mesh.control.metrics();
     assert_eq!(
-        metrics["odmesh_eureka_refused_body_total"], 2,
+        metrics[r#"odmesh_eureka_refused_total{reason="body"}"#], 2,
         "415 and 413"
     );
-    assert_eq!(metrics["odmesh_eureka_refused_invalid_total"], 4);
+    assert_eq!(
+        metrics[r#"odmesh_eureka_refused_total{reason="invalid"}"#],
+        4
+    );
     assert!(metrics["odmesh_eureka_http_timeouts_total"] >= 1);
 }
 

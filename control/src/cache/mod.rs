@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use tokio::sync::{Notify, watch};
 
@@ -73,11 +74,33 @@ impl Changes {
     }
 }
 
+/// When the changes waiting in an [`Inbox`] were made: for the push lag and the registry
+/// change → proxy latency (docs/production.md, "Metrics").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamps {
+    /// When the cache put the earliest of them here.
+    pub queued: Option<Instant>,
+    /// When the registry source published the earliest registry change among them (`None`:
+    /// only policy changes, or a snapshot not stamped).
+    pub registry: Option<Instant>,
+}
+
+impl Stamps {
+    fn merge(&mut self, registry: Option<Instant>) {
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.queued = earliest(self.queued, Some(Instant::now()));
+        self.registry = earliest(self.registry, registry);
+    }
+}
+
 /// One stream's mailbox in the cache: the [`Changes`] for it, and a wake. A change wakes only
 /// the streams it concerns; the server's stream task waits on [`Inbox::notified`].
 #[derive(Debug, Default)]
 pub struct Inbox {
-    changes: Mutex<Changes>,
+    changes: Mutex<(Changes, Stamps)>,
     notify: Notify,
 }
 
@@ -90,23 +113,30 @@ impl Inbox {
 
     /// Takes what changed since the last take.
     pub fn take(&self) -> Changes {
+        self.take_stamped().0
+    }
+
+    /// Takes what changed since the last take, and when it was made.
+    pub fn take_stamped(&self) -> (Changes, Stamps) {
         std::mem::take(&mut *self.lock())
     }
 
     /// Whether a change waits to be taken.
     pub fn has_changes(&self) -> bool {
-        !self.lock().is_empty()
+        !self.lock().0.is_empty()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Changes> {
+    fn lock(&self) -> MutexGuard<'_, (Changes, Stamps)> {
         self.changes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn put(&self, names: Vec<String>, all: bool) {
+    fn put(&self, names: Vec<String>, all: bool, registry: Option<Instant>) {
         {
-            let mut changes = self.lock();
+            let mut pending = self.lock();
+            let (changes, stamps) = &mut *pending;
             changes.all |= all;
             changes.names.extend(names);
+            stamps.merge(registry);
         }
         self.notify.notify_one();
     }
@@ -525,7 +555,7 @@ impl Cache {
     pub fn set_snapshot(&self, snapshot: Arc<Snapshot>) -> Vec<String> {
         let mut rebuilt = Vec::new();
         let old;
-        let (generation, mail, streams, finishing) = {
+        let (generation, mail, streams, finishing, published) = {
             let mut state = self.lock();
             old = std::mem::replace(&mut state.snapshot, snapshot);
             // Only the clusters that changed, not every subscribed name: a registry of
@@ -561,9 +591,16 @@ impl Cache {
             }
             state.generation += 1;
             let mail = state.mail(&rebuilt, &registered, finishing);
-            (state.generation, mail, state.streams.len(), finishing)
+            let published = state.snapshot.published();
+            (
+                state.generation,
+                mail,
+                state.streams.len(),
+                finishing,
+                published,
+            )
         };
-        let woken = deliver(mail, finishing);
+        let woken = deliver(mail, finishing, published);
         tracing::debug!(
             generation,
             rebuilt = rebuilt.len(),
@@ -608,7 +645,7 @@ impl Cache {
             // have changed while the shared one did not.
             (state.generation, state.mail(&names, &[], false))
         };
-        deliver(mail, false);
+        deliver(mail, false, None);
         self.policies.send_replace(generation);
         changed.sort();
         tracing::info!(
@@ -759,12 +796,12 @@ fn pause_between_slices() {
     std::thread::yield_now();
 }
 
-/// Puts each stream's changed names into its inbox (with `all`, a full diff) and wakes it.
-/// Returns how many streams were woken.
-fn deliver(mail: Vec<(Arc<Inbox>, Vec<String>)>, all: bool) -> usize {
+/// Puts each stream's changed names into its inbox (with `all`, a full diff; `registry`: when
+/// the registry change was published) and wakes it. Returns how many streams were woken.
+fn deliver(mail: Vec<(Arc<Inbox>, Vec<String>)>, all: bool, registry: Option<Instant>) -> usize {
     let woken = mail.len();
     for (inbox, names) in mail {
-        inbox.put(names, all);
+        inbox.put(names, all, registry);
     }
     woken
 }

@@ -900,3 +900,35 @@ fn a_policy_change_wakes_only_the_streams_of_the_names_it_changes() {
     assert_eq!(changed_names(&two), ["a.vip"]);
     assert!(!three.has_changes());
 }
+
+#[test]
+fn changes_carry_when_the_cache_took_them_and_when_the_registry_published_them() {
+    let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
+    let [one, _, three] = three_streams(&cache);
+    let mut builder = crate::model::SnapshotBuilder::default();
+    let published = std::time::Instant::now();
+    let registry = |ip| Arc::new(Registry::from_iter([inst("a", ip, Status::Up)]));
+    let first = builder.update_published(registry("10.0.0.2"), Some(published));
+    assert_eq!(first.snapshot.published(), Some(published));
+    cache.set_snapshot(first.snapshot);
+    // A later change, not taken yet: the earliest publication stays.
+    let later = builder.update_published(registry("10.0.0.3"), Some(std::time::Instant::now()));
+    cache.set_snapshot(later.snapshot);
+    let (changes, stamps) = one.take_stamped();
+    assert_eq!(changes.names.into_iter().collect::<Vec<_>>(), ["a.vip"]);
+    assert_eq!(stamps.registry, Some(published));
+    assert!(stamps.queued.is_some_and(|queued| queued >= published));
+    assert_eq!(
+        one.take_stamped().1,
+        Stamps::default(),
+        "taken: nothing is left"
+    );
+    assert!(!three.has_changes());
+    // A policy change is no registry change.
+    cache.set_policy(policy("vips: {a: {retries: {count: 1}}}"));
+    let stamps = one.take_stamped().1;
+    assert!(
+        stamps.queued.is_some() && stamps.registry.is_none(),
+        "{stamps:?}"
+    );
+}

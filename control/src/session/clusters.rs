@@ -8,7 +8,6 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use odmesh_base::logs::clip;
-use odmesh_base::metrics::inc;
 
 use super::{Context, Delta, Diff, Service, Session, WILDCARD, response, unix_now};
 use crate::xds::{ResourceName, ResourceType};
@@ -222,7 +221,7 @@ impl Session {
         );
         let nonce = self.next_nonce;
         self.next_nonce += 1;
-        inc(&cx.metrics.xds_responses_total);
+        cx.metrics.sent("cluster", 0);
         let delta = Delta {
             send: Vec::new(),
             remove: removed.iter().map(ResourceName::to_string).collect(),

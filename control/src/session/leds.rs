@@ -15,7 +15,6 @@ use super::{Context, Diff, Service, Session};
 use crate::cache::Changes;
 use crate::xds::leds::{self, LB_ENDPOINT_TYPE_URL, Leds};
 use crate::xds::{ResourceName, ResourceType};
-use odmesh_base::metrics::inc;
 
 /// The collections one stream subscribes: glob name → what it was sent.
 #[derive(Debug, Default)]
@@ -221,9 +220,7 @@ impl Session {
         }
         let nonce = self.next_nonce;
         self.next_nonce += 1;
-        inc(&cx.metrics.xds_responses_total);
-        (cx.metrics.xds_resources_sent_total)
-            .fetch_add(resources.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        cx.metrics.sent("lb_endpoint", resources.len());
         debug!(
             stream = self.id,
             nonce,

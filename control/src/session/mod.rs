@@ -464,13 +464,12 @@ impl Session {
         if req.response_nonce.is_empty() {
             return;
         }
+        cx.metrics.answered(ty, req.error_detail.is_none());
         let Some(error) = &req.error_detail else {
             self.acks += 1;
-            inc(&cx.metrics.xds_acks_total);
             return;
         };
         self.nacks += 1;
-        inc(&cx.metrics.xds_nacks_total);
         odmesh_base::limited!(
             warn,
             stream = self.id,
@@ -843,11 +842,7 @@ impl Session {
         }
         let nonce = self.next_nonce;
         self.next_nonce += 1;
-        let metrics = cx.metrics;
-        inc(&metrics.xds_responses_total);
-        metrics
-            .xds_resources_sent_total
-            .fetch_add(delta.send.len() as u64, Ordering::Relaxed);
+        cx.metrics.sent(ty.as_str(), delta.send.len());
         debug!(
             stream = self.id,
             resource_type = ty.as_str(),

@@ -54,7 +54,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use odmesh_base::error::Chain;
-use odmesh_base::metrics::inc;
+use odmesh_base::metrics::{inc, observe};
 
 use crate::ClientMetrics;
 use odmesh_base::tls::{self, InvalidCaBundle, SYSTEM_CA_BUNDLES};
@@ -512,8 +512,24 @@ impl Follower {
     }
 
     /// One `GET` from URL `i`, its answer read through `parse` as it arrives (see
-    /// [`answer::read`]).
+    /// [`answer::read`]); counted and timed.
     async fn fetch_one<T: Send + 'static>(
+        &self,
+        i: usize,
+        path: &str,
+        parse: impl FnOnce(&mut dyn std::io::Read) -> Result<T, InvalidDocument> + Send + 'static,
+    ) -> Result<T, FetchError> {
+        let started = std::time::Instant::now();
+        let fetched = self.get_and_read(i, path, parse).await;
+        observe(&self.metrics.eureka_fetch_seconds, started.elapsed());
+        if fetched.is_ok() {
+            inc(&self.metrics.eureka_fetches_total);
+        }
+        fetched
+    }
+
+    /// [`fetch_one`](Self::fetch_one)'s request and read.
+    async fn get_and_read<T: Send + 'static>(
         &self,
         i: usize,
         path: &str,
@@ -551,7 +567,6 @@ impl Follower {
                 }
             })?
             .map_err(|source| FetchError::Document { url, source })?;
-        inc(&self.metrics.eureka_fetches_total);
         Ok(parsed)
     }
 

@@ -86,6 +86,7 @@ use self::ledger::{
     Eviction, Lease, Ledger, Now, Registered, Registration, RenewRefused, Served, Terms,
 };
 use self::peers::{PeerConfig, Peers, Replicated};
+pub use self::peers::{PeerMetrics, PeerTotals};
 use self::policy::RegistrationLimits;
 use self::preservation::PreservationConfig;
 
@@ -362,6 +363,11 @@ impl EurekaRegistry {
     /// How the registry is doing, for `/readyz` and `/debug/registry` (always loaded).
     pub fn health(&self) -> SourceHealth {
         self.shared.health.clone()
+    }
+
+    /// The peers' replication counts, one series per peer: a collector for `/metrics`.
+    pub fn peer_metrics(&self) -> PeerMetrics {
+        self.shared.peers.metrics()
     }
 
     /// The configuration it was made with.

@@ -46,7 +46,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,7 +59,9 @@ use tokio::sync::Notify;
 
 use odmesh_base::error::Chain;
 use odmesh_base::logs::clip;
-use odmesh_base::metrics::{inc, set};
+use odmesh_base::metrics::prometheus_client::collector::Collector;
+use odmesh_base::metrics::prometheus_client::encoding::DescriptorEncoder;
+use odmesh_base::metrics::{encode_labelled, inc};
 use odmesh_registry::Status;
 
 use self::queue::PeerQueue;
@@ -403,6 +405,8 @@ pub fn decode_instance(app: &str, body: &[u8]) -> Result<Replicated, InvalidRequ
 /// The writes waiting for one peer.
 struct Peer {
     url: ServerUrl,
+    /// Its replication counts, per peer in `/metrics` ([`PeerMetrics`]).
+    counts: Arc<PeerCounts>,
     queue: Mutex<PeerQueue>,
     ready: Notify,
     /// The registrations this peer asked for, held until due.
@@ -454,12 +458,112 @@ pub(super) struct Peers {
     pending: AtomicUsize,
 }
 
+/// One peer's replication counts.
+#[derive(Debug, Default)]
+struct PeerCounts {
+    /// Writes queued for it, and sent but not yet answered.
+    pending: AtomicU64,
+    /// Writes it took.
+    replicated: AtomicU64,
+    /// Batches that did not reach it (sent again).
+    failures: AtomicU64,
+    /// Queued writes dropped, the oldest first, while it was unreachable too long.
+    dropped: AtomicU64,
+}
+
+/// The peers' replication counts, one series per peer URL (`peer`): a collector for
+/// `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct PeerMetrics(Vec<(String, Arc<PeerCounts>)>);
+
+/// The counts of every peer, added up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerTotals {
+    pub pending: u64,
+    pub replicated: u64,
+    pub failures: u64,
+    pub dropped: u64,
+}
+
+impl PeerMetrics {
+    /// The counts of every peer, added up.
+    pub fn totals(&self) -> PeerTotals {
+        let sum = |count: fn(&PeerCounts) -> &AtomicU64| {
+            (self.0.iter())
+                .map(|(_, c)| count(c).load(Ordering::Relaxed))
+                .sum()
+        };
+        PeerTotals {
+            pending: sum(|c| &c.pending),
+            replicated: sum(|c| &c.replicated),
+            failures: sum(|c| &c.failures),
+            dropped: sum(|c| &c.dropped),
+        }
+    }
+}
+
+/// A per-peer family: its name, kind, help, and the count it shows.
+type PeerFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&PeerCounts) -> &AtomicU64,
+);
+
+impl Collector for PeerMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let families: [PeerFamily; 4] = [
+            (
+                "eureka_peer_pending",
+                "gauge",
+                "Embedded Eureka registry: writes queued for each peer (--peer), or sent and not yet answered.",
+                |c| &c.pending,
+            ),
+            (
+                "eureka_peer_replicated_total",
+                "counter",
+                "Embedded Eureka registry: writes each peer took.",
+                |c| &c.replicated,
+            ),
+            (
+                "eureka_peer_replication_failures_total",
+                "counter",
+                "Embedded Eureka registry: batches of writes that did not reach each peer (sent again).",
+                |c| &c.failures,
+            ),
+            (
+                "eureka_peer_dropped_total",
+                "counter",
+                "Embedded Eureka registry: queued writes dropped, the oldest first, for each peer unreachable too long (its heartbeats bring the registrations back).",
+                |c| &c.dropped,
+            ),
+        ];
+        for (name, kind, help, count) in families {
+            let series: Vec<(&str, u64)> = (self.0.iter())
+                .map(|(url, c)| (url.as_str(), count(c).load(Ordering::Relaxed)))
+                .collect();
+            encode_labelled(&mut encoder, name, help, kind, "peer", &series)?;
+        }
+        Ok(())
+    }
+}
+
 impl Peers {
+    /// The peers' replication counts, for `/metrics`.
+    pub(super) fn metrics(&self) -> PeerMetrics {
+        PeerMetrics(
+            (self.peers.iter())
+                .map(|p| (p.url.to_string(), p.counts.clone()))
+                .collect(),
+        )
+    }
+
     pub(super) fn new(config: PeerConfig) -> Peers {
         let peers = (config.urls.iter())
             .map(|url| {
                 Arc::new(Peer {
                     url: url.clone(),
+                    counts: Arc::default(),
                     queue: Mutex::new(PeerQueue::default()),
                     ready: Notify::new(),
                     resends: Mutex::new(Resends::default()),
@@ -568,10 +672,10 @@ impl EurekaRegistry {
             inc(&metrics.eureka_peer_merged_total);
         } else if queue.len() > peers.config.max_pending {
             queue.pop_oldest();
-            inc(&metrics.eureka_peer_dropped_total);
+            inc(&peer.counts.dropped);
         } else {
-            let pending = peers.pending.fetch_add(1, Ordering::Relaxed) + 1;
-            set(&metrics.eureka_peer_pending, pending as u64);
+            peers.pending.fetch_add(1, Ordering::Relaxed);
+            inc(&peer.counts.pending);
         }
         drop(queue);
         peer.ready.notify_one();
@@ -726,19 +830,19 @@ impl EurekaRegistry {
             }
             match self.send_batch(http, peer, batch).await {
                 // The peer is this node: it took nothing, and gets nothing more.
-                Ok(None) => self.unqueued(batch.len()),
+                Ok(None) => self.unqueued(peer, batch.len()),
                 Ok(Some(replies)) => {
                     if failures > 0 {
                         tracing::info!(peer = %peer.url, "eureka: peer answers again; sending its queued writes");
                     }
                     failures = 0;
-                    self.unqueued(batch.len());
-                    let replicated = &metrics.eureka_peer_replicated_total;
+                    self.unqueued(peer, batch.len());
+                    let replicated = &peer.counts.replicated;
                     replicated.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     self.answered(peer, batch, replies);
                 }
                 Err(e) if !e.is_transient() => {
-                    self.unqueued(batch.len());
+                    self.unqueued(peer, batch.len());
                     let discarded = &metrics.eureka_peer_discarded_total;
                     discarded.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     odmesh_base::limited!(
@@ -750,7 +854,7 @@ impl EurekaRegistry {
                 }
                 Err(e) => {
                     failures += 1;
-                    inc(&metrics.eureka_peer_replication_failures_total);
+                    inc(&peer.counts.failures);
                     let wait = backoff(failures, Duration::from_millis(50), Duration::from_secs(1));
                     odmesh_base::limited!(
                         warn,
@@ -759,7 +863,7 @@ impl EurekaRegistry {
                         "eureka: a peer did not take its writes; they stay queued"
                     );
                     let merged = peer.queue().put_back(taken);
-                    self.unqueued(merged);
+                    self.unqueued(peer, merged);
                     (metrics.eureka_peer_merged_total).fetch_add(merged as u64, Ordering::Relaxed);
                     tokio::time::sleep(wait).await;
                 }
@@ -860,14 +964,14 @@ impl EurekaRegistry {
             tracing::info!(peer = %peer.url, "eureka: this peer URL names this node; nothing is sent to it");
         }
         let dropped = peer.queue().clear();
-        self.unqueued(dropped);
+        self.unqueued(peer, dropped);
         true
     }
 
     /// Counts `n` writes out of the queues (sent, or for nobody).
-    fn unqueued(&self, n: usize) {
-        let pending = self.shared.peers.pending.fetch_sub(n, Ordering::Relaxed) - n;
-        set(&self.shared.metrics.eureka_peer_pending, pending as u64);
+    fn unqueued(&self, peer: &Peer, n: usize) {
+        self.shared.peers.pending.fetch_sub(n, Ordering::Relaxed);
+        peer.counts.pending.fetch_sub(n as u64, Ordering::Relaxed);
     }
 
     /// Fills this registry from the peers' `GET /apps`, in turn, until one that is not

@@ -37,6 +37,11 @@ impl Drop for Node {
 }
 
 impl Node {
+    /// The node's replication counts, over its peers.
+    fn peers(&self) -> PeerTotals {
+        self.source.eureka.peer_metrics().totals()
+    }
+
     async fn start(addr: SocketAddr, peers: &[SocketAddr]) -> Node {
         Node::start_with(addr, peers, |_| {}).await
     }
@@ -272,14 +277,11 @@ async fn writes_reach_the_peer_and_are_not_sent_back() {
 
     // Register, drain, restore, metadata, heartbeat, cancel: six writes, each applied once,
     // and none came back to A.
-    wait_until(WAIT, "six writes taken", || {
-        count(&a.metrics.eureka_peer_replicated_total) == 6
-    })
-    .await;
+    wait_until(WAIT, "six writes taken", || a.peers().replicated == 6).await;
     let received = count(&b.metrics.eureka_peer_received_total);
     assert_eq!(received, 6, "{:?}", b.metrics);
     assert_eq!(count(&a.metrics.eureka_peer_received_total), 0);
-    assert_eq!(count(&b.metrics.eureka_peer_replicated_total), 0);
+    assert_eq!(b.peers().replicated, 0);
     assert_eq!(count(&b.metrics.eureka_registrations_total), 0);
 }
 
@@ -296,13 +298,10 @@ async fn a_peer_down_gets_its_queued_writes_in_order_when_it_is_back() {
         200
     );
     register(&a, "h1", 9090).await;
-    wait_until(WAIT, "a failed batch", || {
-        count(&a.metrics.eureka_peer_replication_failures_total) >= 1
-    })
-    .await;
+    wait_until(WAIT, "a failed batch", || a.peers().failures >= 1).await;
     // Four writes, or three if h1's second registration took the place of its first (which
     // it does unless the first was on its way to B just then).
-    let pending = count(&a.metrics.eureka_peer_pending);
+    let pending = a.peers().pending;
     assert!((3..=4).contains(&pending), "{pending} writes pending");
 
     let b = Node::start(b_addr, &[]).await;
@@ -310,10 +309,7 @@ async fn a_peer_down_gets_its_queued_writes_in_order_when_it_is_back() {
         b.port_of("h1") == Some(9090)
     })
     .await;
-    wait_until(WAIT, "the queue is sent", || {
-        count(&a.metrics.eureka_peer_pending) == 0
-    })
-    .await;
+    wait_until(WAIT, "the queue is sent", || a.peers().pending == 0).await;
     assert_eq!(
         b.port_of("h2"),
         None,
@@ -333,15 +329,12 @@ async fn a_peer_down_costs_one_queued_heartbeat_per_instance_not_one_per_heartbe
     // Each heartbeat took the place of the one queued before it, unless that one was on its
     // way to B just then (once per try, a few times a second).
     let merged = count(&a.metrics.eureka_peer_merged_total);
-    let pending = count(&a.metrics.eureka_peer_pending);
+    let pending = a.peers().pending;
     assert!(merged >= 400, "{merged} merged");
     assert!(pending <= 4, "{pending} writes pending");
     let b = Node::start(b_addr, &[]).await;
     wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
-    wait_until(WAIT, "the queue is sent", || {
-        count(&a.metrics.eureka_peer_pending) == 0
-    })
-    .await;
+    wait_until(WAIT, "the queue is sent", || a.peers().pending == 0).await;
 }
 
 #[tokio::test]
@@ -578,13 +571,10 @@ async fn a_node_listed_among_its_peers_under_another_address_sends_itself_nothin
     .await;
     register(&a, "h1", 8080).await;
     wait_until(WAIT, "B holds h1", || b.port_of("h1") == Some(8080)).await;
-    wait_until(WAIT, "nothing left queued", || {
-        count(&a.metrics.eureka_peer_pending) == 0
-    })
-    .await;
+    wait_until(WAIT, "nothing left queued", || a.peers().pending == 0).await;
     // None of its own writes came back to it.
     assert_eq!(count(&a.metrics.eureka_peer_received_total), 0);
-    assert_eq!(count(&a.metrics.eureka_peer_replicated_total), 1);
+    assert_eq!(a.peers().replicated, 1);
     forwarding.abort();
 }
 
@@ -600,21 +590,15 @@ async fn a_peer_down_too_long_loses_the_oldest_writes_beyond_the_bound() {
     for (i, id) in ["h1", "h2", "h3", "h4"].into_iter().enumerate() {
         register(&a, id, 8080 + i as u16).await;
     }
-    wait_until(WAIT, "two dropped", || {
-        count(&a.metrics.eureka_peer_dropped_total) == 2
-    })
-    .await;
-    assert_eq!(count(&a.metrics.eureka_peer_pending), 2);
+    wait_until(WAIT, "two dropped", || a.peers().dropped == 2).await;
+    assert_eq!(a.peers().pending, 2);
     // The peer, back, gets the two newest.
     let b = Node::start(b_addr, &[]).await;
     wait_until(WAIT, "B holds h3 and h4", || {
         b.port_of("h3").is_some() && b.port_of("h4").is_some()
     })
     .await;
-    wait_until(WAIT, "the queue is sent", || {
-        count(&a.metrics.eureka_peer_pending) == 0
-    })
-    .await;
+    wait_until(WAIT, "the queue is sent", || a.peers().pending == 0).await;
     assert_eq!((b.port_of("h1"), b.port_of("h2")), (None, None));
 }
 
@@ -638,11 +622,8 @@ async fn a_peer_that_never_answers_costs_one_timeout_per_try_and_keeps_the_write
     })
     .await;
     register(&a, "h1", 8080).await;
-    wait_until(WAIT, "two timed-out batches", || {
-        count(&a.metrics.eureka_peer_replication_failures_total) >= 2
-    })
-    .await;
-    assert_eq!(count(&a.metrics.eureka_peer_pending), 1);
+    wait_until(WAIT, "two timed-out batches", || a.peers().failures >= 2).await;
+    assert_eq!(a.peers().pending, 1);
     // The registry itself answers meanwhile.
     assert_eq!(a.port_of("h1"), Some(8080));
     holding.abort();
@@ -817,7 +798,7 @@ async fn a_batch_a_peer_refuses_is_dropped_and_counted_and_the_writes_after_it_g
     .await;
     register(&a, "h2", 8081).await;
     wait_until(WAIT, "h2 sent, again after the 503", || {
-        count(&a.metrics.eureka_peer_replicated_total) == 1
+        a.peers().replicated == 1
     })
     .await;
     let registered: Vec<String> = {
@@ -832,8 +813,8 @@ async fn a_batch_a_peer_refuses_is_dropped_and_counted_and_the_writes_after_it_g
             .collect()
     };
     assert_eq!(registered, ["h1", "h2", "h2"]);
-    assert_eq!(count(&a.metrics.eureka_peer_replication_failures_total), 1);
-    assert_eq!(count(&a.metrics.eureka_peer_pending), 0);
+    assert_eq!(a.peers().failures, 1);
+    assert_eq!(a.peers().pending, 0);
 }
 
 #[tokio::test]
