@@ -380,3 +380,41 @@ fn each_request_resolves_its_route_once_with_the_native_module_and_twice_with_wa
     }
     eprintln!("{:?}: {lines:#?}", Shell::current());
 }
+
+/// The shipped bootstrap's example access log (docs/envoy.md, "The access log"): a routed
+/// request's line on Envoy's standard output names its cluster and upstream, a request for
+/// an unregistered VIP's names its cluster and the flag UH.
+#[test]
+fn each_request_is_logged_on_envoys_stdout_with_its_cluster_and_upstream() {
+    let env = TestEnv::new("routing_access_log");
+    let hello = EchoUpstream::start("hello-1");
+    let mesh = Mesh::start(&env, &[Instance::new("hello", hello.port())]);
+    let routed = mesh.send(&Request::get("/logged?n=1").host("hello"));
+    assert_eq!(routed.status, 200, "{}", routed.text());
+    assert_eq!(mesh.get("nosuch").status, 503);
+
+    let upstream = format!("upstream=127.0.0.1:{}", hello.port());
+    let line_of = |path: &str| {
+        let log = mesh.envoy.log();
+        (log.lines())
+            .find(|line| line.contains(path))
+            .map(str::to_owned)
+    };
+    // Envoy writes access logs out every 10 s (`--file-flush-interval-msec`).
+    let logged = wait_for(ACCESS_LOG_FLUSH, "the request's access log line", || {
+        line_of("\"GET hello /logged?n=1 HTTP/1.1\"")
+    });
+    for part in [" 200 - ", "cluster=hello.vip", &upstream] {
+        assert!(logged.contains(part), "{part:?} is not in {logged:?}");
+    }
+    let refused = wait_for(ACCESS_LOG_FLUSH, "the refused request's line", || {
+        line_of("\"GET nosuch / HTTP/1.1\"")
+    });
+    for part in [" 503 UH ", "cluster=nosuch.vip"] {
+        assert!(refused.contains(part), "{part:?} is not in {refused:?}");
+    }
+}
+
+/// How long an access log line may take to reach Envoy's output: its flush interval (10 s)
+/// and room for a slow machine.
+const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(15);
