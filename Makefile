@@ -58,7 +58,7 @@ control: ## build the control plane (release): target/release/odmesh-control
 	$(CARGO) build $(CARGOFLAGS) --release -p odmesh-control
 
 .PHONY: dist
-dist: wasm native control ## a release bundle: dist/odmesh-<version>-x86_64-linux.tar.gz (binaries, filter, bootstraps, systemd unit, SHA256SUMS, SBOM), packed reproducibly
+dist: wasm native control ## a release bundle: dist/odmesh-<version>-x86_64-linux.tar.gz (binaries, filter, bootstraps, systemd unit, SHA256SUMS, SBOM), and OCI images of the wasm filter and the control plane in dist/oci/ (docs/images.md), all reproducible
 	scripts/dist.sh
 
 .PHONY: validate

@@ -5,14 +5,18 @@
 # libodmesh_filter.so (Envoy 1.40's dynamic modules), the bootstraps (envoy/), the systemd unit
 # (packaging/systemd/), LICENSE and README.md, with SHA256SUMS over every file, an SBOM
 # (sbom.cdx.json, CycloneDX 1.5: every crate the three link, with its version and license) and
-# BUILD.txt (version, commit, the glibc odmesh-control needs).
+# BUILD.txt (version, commit, the glibc odmesh-control needs). Beside it, two OCI images as
+# OCI layout folders, tagged with the version (scripts/oci.py, docs/images.md):
+#   dist/oci/odmesh-filter-wasm   the wasm filter, for Istio's and Envoy Gateway's wasm pullers
+#   dist/oci/odmesh-control       odmesh-control with the shared libraries it loads
 #
 # The packing is reproducible: files in name order, owned by 0, dated the commit's time
 # (SOURCE_DATE_EPOCH), gzip without a name or time; the same inputs give the same bytes. The
 # binaries are as reproducible as the Rust toolchain makes them: the same on the same checkout
 # path and toolchain (they embed paths of the build); the wasm module alike.
 #
-# Inputs (set to pack other builds, as the tests do): CONTROL, WASM, NATIVE; OUT (dist/).
+# Inputs (set to pack other builds, as the tests do): CONTROL, WASM, NATIVE; OUT (dist/);
+# ODMESH_SOURCE, the repository's URL for the images' labels (default: git's origin).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -54,3 +58,8 @@ tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owne
   -C "$work" -cf - "$name" | gzip -9 -n >"$out/$name.tar.gz"
 (cd "$out" && sha256sum "$name.tar.gz" >"$name.tar.gz.sha256")
 echo "dist: $out/$name.tar.gz, sha256 $(cut -d' ' -f1 "$out/$name.tar.gz.sha256")"
+source_url="${ODMESH_SOURCE:-$(git remote get-url origin 2>/dev/null | sed 's#//[^/@]*@#//#' || true)}"
+rm -rf "$out/oci/odmesh-filter-wasm" "$out/oci/odmesh-control"
+export VERSION="$version" REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" SOURCE="${source_url:-unknown}"
+python3 "$root/scripts/oci.py" wasm "$bundle/odmesh_filter.wasm" "$out/oci/odmesh-filter-wasm"
+python3 "$root/scripts/oci.py" control "$bundle/odmesh-control" "$out/oci/odmesh-control"
