@@ -115,9 +115,10 @@ def edit_once(y, what, old, new):
 def mesh_bootstrap(path, listener, admin, xds, module=None, module_root=None):
     """The bootstrap at `path` as Envoy reads it, with this run's ports and xDS endpoint and its
     one relative module path (`filename: dist/...` or `module: dist/...`) replaced by `module`,
-    or made absolute against `module_root` (default: the folder above the bootstrap's)."""
+    or made absolute against `module_root` (default: the folder above the bootstrap's), and
+    without its example access log (run.without_access_log)."""
     path = Path(path)
-    y = without_comments(path.read_text())
+    y = run.without_access_log(without_comments(path.read_text()))
     y = edit_once(y, path, LISTENER_PORT, f"port_value: {listener}")
     if y.count(INBOUND_PORT) > 1:
         raise RuntimeError(f"{path} should have one inbound listener (15006) at most")
