@@ -157,12 +157,20 @@ fn remote_bootstrap(xds_port: u16, source_port: u16, sha256: &str) -> String {
 }
 
 #[test]
-fn the_remote_bootstrap_is_the_shipped_one_with_the_module_fetched_over_http() {
+fn the_remote_bootstrap_is_the_shipped_one_with_the_module_fetched_over_http_and_validates() {
     let remote = shipped_bootstrap(
         "odmesh-remote-wasm.yaml",
         &[(REMOTE_CODE, LOCAL_CODE, 2), (SOURCE_CLUSTER, "", 1)],
     );
     assert_eq!(remote, shipped_bootstrap("odmesh.yaml", &[]));
+    // Envoy accepts it as shipped (validate mode fetches nothing).
+    let env = TestEnv::new("remote_wasm_validate");
+    let (status, log) = Envoy::validate(
+        &env,
+        "validate",
+        &shipped_bootstrap("odmesh-remote-wasm.yaml", &[]),
+    );
+    assert!(status.success(), "{log}");
 }
 
 /// A control plane on a registry of VIP `hello` and a policy that gives it a concurrency
