@@ -108,9 +108,8 @@ fn the_release_bundle_holds_what_ships_checks_out_and_packs_the_same_twice() {
     let env = TestEnv::new("packaging_dist");
     let (one, tarball) = pack(&env, "one");
     let (two, again) = pack(&env, "two");
-    let first = std::fs::read(&tarball).unwrap();
     assert!(
-        first == std::fs::read(again).unwrap(),
+        std::fs::read(&tarball).unwrap() == std::fs::read(again).unwrap(),
         "packed twice, the bundles differ"
     );
     // An image's index names its manifest by digest, which covers its config and layers.
@@ -198,14 +197,11 @@ fn run(program: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
-/// `skopeo inspect [flag] oci:<layout>:<version>`, as JSON.
+/// `skopeo inspect <flag> oci:<layout>:<version>` (`--raw`: the manifest; `--config`: the
+/// image configuration), as JSON.
 fn skopeo_inspect(layout: &Path, flag: &str) -> serde_json::Value {
     let image = format!("oci:{}:{VERSION}", layout.display());
-    let args: Vec<&str> = ["inspect", flag, &image]
-        .into_iter()
-        .filter(|a| !a.is_empty())
-        .collect();
-    serde_json::from_str(&run("skopeo", &args)).expect("skopeo answers JSON")
+    serde_json::from_str(&run("skopeo", &["inspect", flag, &image])).expect("skopeo answers JSON")
 }
 
 /// Checks the labels every image carries (docs/images.md).
