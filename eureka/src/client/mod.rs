@@ -54,6 +54,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use odmesh_base::error::Chain;
+use odmesh_base::flags::duration_text;
 use odmesh_base::metrics::{inc, observe};
 
 use crate::ClientMetrics;
@@ -415,7 +416,7 @@ impl Follower {
                     tracing::warn!(
                         error = %Chain(&e),
                         failures = self.failures,
-                        retry_in = ?wait,
+                        retry_in = %duration_text(wait),
                         "no Eureka server gave a usable registry; keeping the last good registry"
                     );
                     wait

@@ -73,6 +73,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use odmesh_base::flags::duration_text;
 use odmesh_base::http_server::{self, HttpEvent, HttpLimits};
 use odmesh_base::logs::clip;
 use odmesh_base::metrics::{inc, set};
@@ -539,7 +540,7 @@ impl EurekaRegistry {
             app = %clip(app),
             id = %clip(id),
             lease_asked_secs = ?fitted.lease_clamped,
-            max_lease_secs = self.shared.config.limits.max_lease.as_secs(),
+            max_lease = %duration_text(self.shared.config.limits.max_lease),
             metadata_left_out = ?fitted.metadata_dropped.iter().take(8).map(|k| clip(k)).collect::<Vec<_>>(),
             "eureka: registered within the limits: a lease shortened to --max-lease-duration, or metadata entries left out"
         );
@@ -734,7 +735,7 @@ impl EurekaRegistry {
         if !late.is_zero() {
             inc(&metrics.eureka_late_eviction_rounds_total);
             tracing::warn!(
-                late_ms = late.as_millis() as u64,
+                late = %duration_text(late),
                 "eureka: an eviction round ran late; every lease is extended by the delay"
             );
         }
@@ -1092,7 +1093,7 @@ pub async fn start(
     tracing::info!(
         url = %format!("{scheme}://{local_addr}/eureka"),
         authenticated,
-        warmup_s = warmup.as_secs_f64(),
+        warmup = %duration_text(warmup),
         ?peers,
         "embedded Eureka registry listening"
     );
