@@ -166,6 +166,58 @@ pub fn histogram(start: f64, factor: f64, buckets: u16) -> Histogram {
     ))
 }
 
+/// A histogram's buckets now: `(upper bound, observations at most that)`, the last `+Inf`.
+/// Read through the client's own exposition (the client gives no other access to them); for
+/// pages people read, not for a hot path.
+pub fn buckets(histogram: &Histogram) -> Vec<(f64, u64)> {
+    let mut registry = Registry::default();
+    registry.register("h", "", histogram.clone());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .expect("a histogram renders into a String");
+    (text.lines())
+        .filter_map(|line| line.strip_prefix("h_bucket{le=\""))
+        .filter_map(|rest| {
+            let (bound, count) = rest.split_once("\"} ")?;
+            let bound = if bound == "+Inf" {
+                f64::INFINITY
+            } else {
+                bound.parse().ok()?
+            };
+            Some((bound, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The `q` quantile (0.99: the 99th percentile) of what `buckets` (as [`buckets`] gives them)
+/// counted, interpolated within its bucket as Prometheus' `histogram_quantile` does: the
+/// lowest bucket from 0, and the highest finite bound for what lies past it. `None` if
+/// nothing was observed.
+pub fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
+    let &(_, total) = buckets.last()?;
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let (mut lower, mut below) = (0.0, 0u64);
+    for &(bound, count) in buckets {
+        if count as f64 >= rank {
+            if bound.is_infinite() {
+                return Some(lower);
+            }
+            let within = (count - below) as f64;
+            let share = if within == 0.0 {
+                1.0
+            } else {
+                (rank - below as f64) / within
+            };
+            return Some(lower + (bound - lower) * share);
+        }
+        (lower, below) = (bound, count);
+    }
+    Some(lower)
+}
+
 /// One counter or gauge of a [`metrics!`](crate::metrics!) struct, as read for a scrape.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -445,6 +497,27 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn buckets_and_quantiles_read_a_histogram_as_prometheus_would() {
+        let h = histogram(0.001, 10.0, 3);
+        assert_eq!(quantile(&buckets(&h), 0.5), None, "nothing observed");
+        for ms in [2, 3, 4, 50] {
+            observe(&h, Duration::from_millis(ms));
+        }
+        let b = buckets(&h);
+        assert_eq!(b, [(0.001, 0), (0.01, 3), (0.1, 4), (f64::INFINITY, 4)]);
+        // The 2nd of 4 lies in (0.001, 0.01], two thirds of the way through its 3.
+        let median = quantile(&b, 0.5).unwrap();
+        assert!((median - 0.007).abs() < 1e-9, "{median}");
+        assert_eq!(quantile(&b, 1.0), Some(0.1));
+        observe(&h, Duration::from_secs(5));
+        assert_eq!(
+            quantile(&buckets(&h), 1.0),
+            Some(0.1),
+            "past the last bound: that bound"
+        );
     }
 
     #[test]
