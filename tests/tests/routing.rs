@@ -306,17 +306,8 @@ fn a_plain_jdk_client_with_envoy_as_its_http_proxy_reaches_the_vip_its_url_names
     assert_eq!(hello.requests(), 2);
 }
 
-/// The access log line the route-resolution test adds to the shipped bootstrap.
-const RESOLUTIONS_LOG: &str = "          stat_prefix: odmesh_egress
-          record_route_resolution_stats: true
-          access_log:
-          - name: envoy.access_loggers.stdout
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
-              log_format:
-                text_format_source:
-                  inline_string: \"RESOLVED host=%REQ(:AUTHORITY)% status=%RESPONSE_CODE% flags=%RESPONSE_FLAGS% resolutions=%ROUTE_RESOLUTION_COUNT%\\n\"
-";
+/// The format the route-resolution test gives the shipped bootstrap's access log.
+const RESOLUTIONS_FORMAT: &str = "                  inline_string: \"RESOLVED host=%REQ(:AUTHORITY)% status=%RESPONSE_CODE% flags=%RESPONSE_FLAGS% resolutions=%ROUTE_RESOLUTION_COUNT%\\n\"";
 
 #[test]
 fn each_request_resolves_its_route_once_with_the_native_module_and_twice_with_wasm() {
@@ -330,7 +321,18 @@ fn each_request_resolves_its_route_once_with_the_native_module_and_twice_with_wa
     let shipped = odmesh_bootstrap(control.xds().port());
     let anchor = "          stat_prefix: odmesh_egress\n";
     assert_eq!(shipped.matches(anchor).count(), 1, "{shipped}");
-    let envoy = Envoy::start(&env, "envoy", &shipped.replace(anchor, RESOLUTIONS_LOG));
+    // The shipped access log, with a format of this test's.
+    let format = (shipped.lines())
+        .find(|line| {
+            line.trim_start()
+                .starts_with("inline_string: \"[%START_TIME%]")
+        })
+        .expect("the shipped access log's format");
+    let bootstrap = (shipped.replace(format, RESOLUTIONS_FORMAT)).replace(
+        anchor,
+        &format!("{anchor}          record_route_resolution_stats: true\n"),
+    );
+    let envoy = Envoy::start(&env, "envoy", &bootstrap);
     envoy.wait_xds_connected(true, Duration::from_secs(10));
 
     // A first request (the cluster is discovered on demand), a second, a secure one to an
