@@ -273,19 +273,21 @@ fn the_wasm_image_is_a_compat_wasm_image_holding_the_shipped_filter() {
     let sum = run("sha256sum", &[plugin.to_str().unwrap()]);
     assert_eq!(sum.split_whitespace().next(), Some(shipped_sum));
     // A standard unpacker reads it too.
+    let bundle = umoci_unpack(&env, &layout);
+    assert!(std::fs::read(bundle.join("rootfs/plugin.wasm")).unwrap() == shipped);
+}
+
+/// The image of OCI layout `layout` unpacked by umoci (rootless) into the test's log folder:
+/// the bundle's folder (its `rootfs/` holds the files).
+fn umoci_unpack(env: &TestEnv, layout: &Path) -> PathBuf {
     let bundle = env.log_dir().join("unpacked");
     let image = format!("{}:{VERSION}", layout.display());
+    let unpack = ["unpack", "--rootless", "--image", &image];
     run(
         "umoci",
-        &[
-            "unpack",
-            "--rootless",
-            "--image",
-            &image,
-            bundle.to_str().unwrap(),
-        ],
+        &[&unpack[..], &[bundle.to_str().unwrap()]].concat(),
     );
-    assert!(std::fs::read(bundle.join("rootfs/plugin.wasm")).unwrap() == shipped);
+    bundle
 }
 
 /// The control plane's image: unpacked by umoci, its odmesh-control runs on the image's own
@@ -322,18 +324,7 @@ fn the_control_image_runs_odmesh_control_on_its_own_libraries_as_a_non_root_user
         (Some("linux"), Some("amd64"))
     );
 
-    let bundle = env.log_dir().join("unpacked");
-    let image = format!("{}:{VERSION}", layout.display());
-    run(
-        "umoci",
-        &[
-            "unpack",
-            "--rootless",
-            "--image",
-            &image,
-            bundle.to_str().unwrap(),
-        ],
-    );
+    let bundle = umoci_unpack(&env, &layout);
     let rootfs = bundle.join("rootfs");
     let binary = rootfs.join("usr/local/bin/odmesh-control");
     assert!(
