@@ -383,7 +383,7 @@ pub fn follow(
             instances,
             instances_changed = update.instances_changed,
             clusters_rebuilt = update.clusters_rebuilt,
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            elapsed = ?started.elapsed(),
             "snapshot built"
         );
         update.snapshot

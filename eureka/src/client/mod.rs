@@ -323,7 +323,7 @@ async fn start_trusting(
         .is_err()
     {
         tracing::warn!(
-            wait = ?config.first_fetch_wait,
+            wait = %duration_text(config.first_fetch_wait),
             "no Eureka server answered yet; starting without a registry and retrying"
         );
     }
