@@ -413,6 +413,35 @@ struct Peer {
     resends: Mutex<Resends>,
     /// The URL turned out to name this node: nothing is queued for it.
     is_self: std::sync::atomic::AtomicBool,
+    /// How sending to it goes, for the status page.
+    health: Mutex<PeerHealth>,
+}
+
+/// How replication to one peer is going, for the status page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerHealth {
+    /// When the peer last took a batch, in ms since the Unix epoch.
+    pub last_success_ms: Option<u64>,
+    /// Tries that failed since then (the writes stay queued and are sent again).
+    pub failures: u32,
+    /// Why the last try failed, or the last batch was refused.
+    pub last_error: Option<String>,
+    /// Writes the peer refused, dropped since the start.
+    pub discarded: u64,
+}
+
+/// One peer, as the status page shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerState {
+    /// Its URL, without credentials.
+    pub url: String,
+    /// Writes queued for it.
+    pub pending: usize,
+    /// Registrations it asked for (by a 404), held until due.
+    pub resends: usize,
+    /// The URL names this node: nothing is sent to it.
+    pub is_self: bool,
+    pub health: PeerHealth,
 }
 
 /// The registrations a peer asked for (by a 404), each held until due, in the order asked
@@ -568,6 +597,7 @@ impl Peers {
                     ready: Notify::new(),
                     resends: Mutex::new(Resends::default()),
                     is_self: std::sync::atomic::AtomicBool::new(false),
+                    health: Mutex::new(PeerHealth::default()),
                 })
             })
             .collect();
@@ -590,6 +620,15 @@ impl Peer {
 
     fn resends(&self) -> std::sync::MutexGuard<'_, Resends> {
         self.resends.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, PeerHealth> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes how a try went, with `change`.
+    fn note(&self, change: impl FnOnce(&mut PeerHealth)) {
+        change(&mut self.health());
     }
 }
 
@@ -647,6 +686,19 @@ impl EurekaRegistry {
     /// Whether writes go to peers.
     pub(super) fn has_peers(&self) -> bool {
         !self.shared.peers.is_empty()
+    }
+
+    /// Every peer and how replicating to it goes.
+    pub fn peer_states(&self) -> Vec<PeerState> {
+        (self.shared.peers.peers.iter())
+            .map(|peer| PeerState {
+                url: peer.url.to_string(),
+                pending: peer.queue().len(),
+                resends: peer.resends().held.len(),
+                is_self: peer.is_self.load(Ordering::Relaxed),
+                health: peer.health().clone(),
+            })
+            .collect()
     }
 
     /// Queues `write` for every peer.
@@ -836,6 +888,8 @@ impl EurekaRegistry {
                         tracing::info!(peer = %peer.url, "eureka: peer answers again; sending its queued writes");
                     }
                     failures = 0;
+                    let now = self.now().ms;
+                    peer.note(|h| (h.last_success_ms, h.failures) = (Some(now), 0));
                     self.unqueued(peer, batch.len());
                     let replicated = &peer.counts.replicated;
                     replicated.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -845,6 +899,10 @@ impl EurekaRegistry {
                     self.unqueued(peer, batch.len());
                     let discarded = &metrics.eureka_peer_discarded_total;
                     discarded.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    peer.note(|h| {
+                        h.discarded += batch.len() as u64;
+                        h.last_error = Some(clip(&Chain(&e).to_string()).to_string());
+                    });
                     odmesh_base::limited!(
                         warn,
                         error = %Chain(&e),
@@ -854,6 +912,10 @@ impl EurekaRegistry {
                 }
                 Err(e) => {
                     failures += 1;
+                    peer.note(|h| {
+                        h.failures = failures;
+                        h.last_error = Some(clip(&Chain(&e).to_string()).to_string());
+                    });
                     inc(&peer.counts.failures);
                     let wait = backoff(failures, Duration::from_millis(50), Duration::from_secs(1));
                     odmesh_base::limited!(
