@@ -58,7 +58,7 @@ impl Page {
         page.out
             .push_str("<meta name=\"viewport\" content=\"width=device-width\">");
         let _ = write!(page.out, "<title>{}</title>", escape(title));
-        let _ = write!(page.out, "<style>{STYLE}</style></head><body>\n");
+        let _ = writeln!(page.out, "<style>{STYLE}</style></head><body>");
         page
     }
 

@@ -21,6 +21,7 @@ use odmesh_base::metrics::inc;
 use odmesh_registry::Status;
 
 use super::auth::{self, Caller};
+use super::dashboard;
 use super::peers::{self, Applied, REPLICATION_HEADER, Replicated};
 use super::{Document, EurekaRegistry, InvalidRequest, Refusal};
 use crate::wire::json::{
@@ -52,10 +53,28 @@ pub(super) fn router(eureka: EurekaRegistry) -> Router {
         .route("/peerreplication/batch", post(replication_batch))
         .route("/peerreplication/batch/", post(replication_batch))
         .layer(middleware::from_fn_with_state(eureka.clone(), authenticate))
+        .with_state(eureka.clone());
+    // The status page for people, behind the same authentication as `GET /apps`.
+    let page = Router::new()
+        .route("/", get(status_page))
+        .layer(middleware::from_fn_with_state(eureka.clone(), authenticate))
         .with_state(eureka);
     Router::new()
         .nest("/eureka/v2", api.clone())
         .nest("/eureka", api)
+        .merge(page)
+}
+
+/// `GET /`: the status page ([`dashboard`]); `?app=NAME` for one app's instances. Taken
+/// and written on a blocking thread, off the workers that serve heartbeats.
+async fn status_page(AxState(eureka): Eureka, Query(params): Params) -> Response {
+    let only = params.get("app").cloned();
+    let page = move || dashboard::render(&eureka.status_view(only.as_deref()));
+    match tokio::task::spawn_blocking(page).await {
+        Ok(page) => odmesh_base::html::response(page),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
 }
 
 type Eureka = AxState<EurekaRegistry>;

@@ -141,6 +141,11 @@ impl Lease {
         self.duration
     }
 
+    /// When the lease was last renewed (or registered), in ms since the Unix epoch.
+    pub fn renewed_ms(&self) -> u64 {
+        self.renewed_ms
+    }
+
     /// Writes the effective and overridden status into the document.
     pub fn refresh_status(&mut self) {
         let [status, overridden] = status_words(self.reported, self.overridden);
@@ -886,6 +891,23 @@ impl Ledger {
     /// Whether self-preservation holds eviction (as of the last round).
     pub fn is_preserving(&self) -> bool {
         self.preservation.is_engaged()
+    }
+
+    /// The renewals counted within self-preservation's window before `now`, and those
+    /// expected of the registered instances (what the next eviction round compares).
+    pub fn renewals(&mut self, now: Instant) -> (u64, f64) {
+        let expected = self.expected.at(now);
+        (self.preservation.renewals(now), expected)
+    }
+
+    /// Every lease, by app (uppercase) and instance id, in name order.
+    pub fn leases(&self) -> &BTreeMap<Name, BTreeMap<Name, Lease>> {
+        &self.apps
+    }
+
+    /// How many registered instances have each status, as served.
+    pub fn status_counts(&self) -> [(Status, usize); 5] {
+        STATUSES.map(|s| (s, self.statuses[status_slot(s)]))
     }
 
     fn remove(&mut self, app: &str, id: &str) -> Option<(Name, Name, Lease)> {

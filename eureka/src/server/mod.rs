@@ -15,6 +15,9 @@
 //! | `GET /apps`, `/apps/delta`, `/apps/{APP}`, `/apps/{APP}/{ID}`, `/instances/{ID}`, `/vips/{VIP}`, `/svips/{SVIP}` | the registry, JSON or XML |
 //! | `POST /peerreplication/batch` with `{"replicationList": [...]}` | a peer's writes, each answered in `responseList` ([`peers`]) |
 //!
+//! And, at `/` (outside `/eureka`), a status page for people, as Eureka's servers have
+//! ([`dashboard`]): HTML, behind the same authentication as `GET /apps`.
+//!
 //! As in Eureka: app names are case-insensitive (stored uppercase); a read answers JSON when
 //! the `Accept` header mentions `json`, XML otherwise; the delta lists the instances that
 //! changed within the last `delta_retention` (3 minutes) with `actionType`, and the
@@ -53,6 +56,7 @@ mod admission;
 mod answers;
 pub mod auth;
 mod clock;
+pub mod dashboard;
 pub mod document;
 mod http;
 pub mod ledger;
