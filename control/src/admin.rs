@@ -2,6 +2,7 @@
 //!
 //! | path | answer |
 //! |---|---|
+//! | `/` | HTML: the mesh dashboard for people: registry, proxies and their clusters, on-demand answers, prewarm, policy ([`dashboard`](crate::dashboard)) |
 //! | `/healthz` | 200 while the process serves |
 //! | `/readyz` | 200 once a registry is loaded, else 503; JSON says why |
 //! | `/metrics` | every metric: OpenMetrics if the scraper's `Accept` asks for it, else Prometheus text |
@@ -10,7 +11,8 @@
 //! | `/debug/prewarm` | JSON: per calling service, the clusters a connecting proxy is sent ahead (prewarm), with when each was last used, and how many sent ahead were then used (hit rate) |
 //! | `/debug/policy` | JSON: the policy file's state, and the effective policy of every cluster a proxy holds, per calling service, with where each value came from; `?cluster=<name>&caller=<service>` for any other |
 //!
-//! The admin only renders what the other layers hand it, through [`AdminView`].
+//! The admin only renders what the other layers hand it, through [`AdminView`]. It checks no
+//! credentials: it listens on loopback unless `--admin` says otherwise (docs/production.md).
 
 use std::sync::Arc;
 
@@ -37,6 +39,11 @@ pub trait AdminView: Send + Sync + 'static {
     fn prewarm(&self) -> serde_json::Value;
     /// Every metric of the process, in `format`.
     fn metrics(&self, format: Format) -> String;
+    /// On-demand answer time percentiles, for the dashboard; `None` (the default): not
+    /// measured, which the dashboard says.
+    fn answer_time_percentiles(&self) -> Option<crate::dashboard::AnswerTimes> {
+        None
+    }
 }
 
 /// Runs `serve` on `listener` on a thread of its own with a runtime of its own, so that it
@@ -73,6 +80,7 @@ where
 /// The admin routes over `view`.
 pub fn router(view: Arc<dyn AdminView>) -> Router {
     Router::new()
+        .route("/", get(dashboard))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -121,6 +129,11 @@ async fn debug_policy(
 ) -> Response {
     let caller = query.get("caller").map_or("", String::as_str);
     pretty(&view.policy(query.get("cluster").map(String::as_str), caller)).into_response()
+}
+
+async fn dashboard(State(view): View) -> Response {
+    let page = crate::dashboard::render(&crate::dashboard::MeshView::of(view.as_ref()));
+    odmesh_base::html::response(page)
 }
 
 async fn debug_prewarm(State(view): View) -> Response {
@@ -301,6 +314,21 @@ mod tests {
         let _ = stop.send(());
         let ended = runtime.block_on(async { tokio::time::timeout(limit, admin).await });
         assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    }
+
+    #[tokio::test]
+    async fn the_dashboard_at_the_root_is_html_showing_the_proxies_and_their_clusters() {
+        let (code, body) = get(true, "/").await;
+        assert_eq!(code, StatusCode::OK);
+        for shown in [
+            "<h2>Connected proxies (1)</h2>",
+            "<td>hello.vip</td>",
+            "<td>file test.yaml</td>",
+            "<th>responses accepted (ACK)</th><td class=\"n\">1</td>",
+            "<td class=\"muted\">not measured</td>",
+        ] {
+            assert!(body.contains(shown), "{shown}\n{body}");
+        }
     }
 
     #[tokio::test]

@@ -10,13 +10,14 @@
 //! used, recorded by sessions and by Envoy's load reports ([`lrs`]), so that a connecting
 //! proxy is sent them ahead. [`routes`] serves each proxy its route (RDS), with the
 //! policy's timeouts for its calling service ([`xds::route`]). [`admin`] and [`metrics`]
-//! watch from the side. What every odmesh
+//! watch from the side; [`dashboard`] is the admin's page for people. What every odmesh
 //! server shares (bounded listeners and HTTP serving, log clipping, TLS files, the metrics
 //! macro) is in `odmesh-base`. docs/architecture.md follows a first request through them.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod cache;
+pub mod dashboard;
 pub mod lrs;
 pub mod metrics;
 pub mod model;
