@@ -441,10 +441,16 @@ fn instance_table(page: &mut Page, now_ms: u64, app: &AppRows) {
         };
         let ip = info.ip_addr.as_deref().unwrap_or_default();
         let mut address = clipped(ip);
-        for (name, port) in [("", &info.port), ("secure ", &info.secure_port)] {
-            if let Some(port) = port.as_ref().filter(|p| p.enabled != Some(false)) {
-                address.push_str(&format!(" {name}:{}", port.port));
-            }
+        let enabled = |port: &Option<crate::wire::json::Port>| {
+            (port.as_ref())
+                .filter(|p| p.enabled != Some(false))
+                .map(|p| p.port)
+        };
+        if let Some(port) = enabled(&info.port) {
+            address.push_str(&format!(":{port}"));
+        }
+        if let Some(port) = enabled(&info.secure_port) {
+            address.push_str(&format!(" (secure {port})"));
         }
         let lease = info.lease_info.as_ref();
         let registered = lease
@@ -625,7 +631,7 @@ mod tests {
             "Instances currently registered",
             "2 instances in 1 apps; by status: UP 2.",
             "HELLO (2 instances)",
-            "<td>hello-1</td><td class=\"ok\">UP</td><td class=\"muted\">none</td><td>host-1</td><td>10.0.0.5 :8080</td>",
+            "<td>hello-1</td><td class=\"ok\">UP</td><td class=\"muted\">none</td><td>host-1</td><td>10.0.0.5:8080</td>",
             "<td class=\"warn\">OUT_OF_SERVICE (reports UP)</td><td class=\"warn\">OUT_OF_SERVICE (operator)</td>",
             // Registered 90 s ago, renewed 30 s ago.
             "<td>1 min 30 s ago</td><td>30 s ago</td><td>1 min 30 s</td><td>ops</td>",
