@@ -1,7 +1,8 @@
 //! Test harness for odmesh's end-to-end tests: real Envoy and the control plane as child
 //! processes ([`Mesh`] runs both from the shipped bootstrap), registry files, a raw HTTP/1.1
 //! client, echo and TLS upstreams, upstreams and clients of every protocol
-//! ([`protocols`]: gRPC, h2c, TLS with ALPN, WebSocket), bounded waits.
+//! ([`protocols`]: gRPC, h2c, TLS with ALPN, WebSocket), a headless browser for the pages
+//! people read ([`Chromium`]), bounded waits.
 //!
 //! A test starts with a [`TestEnv`], which owns the test's log folder (`tests/logs/<name>/`)
 //! and prints where it is, with the tail of each log, when the test fails:
@@ -48,6 +49,7 @@
 //! ([`ClientDriver::fetches`]). `eureka/tests/eureka_java.rs` shows them.
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod congested;
 pub mod control;
 pub mod echo;
@@ -71,6 +73,7 @@ pub mod tls;
 pub mod wait;
 pub mod xds_flood;
 
+pub use browser::Chromium;
 pub use congested::CongestedUpstream;
 pub use control::{ControlPlane, EUREKA_INTERVAL, Source};
 pub use echo::EchoUpstream;
