@@ -318,6 +318,28 @@ async fn a_peer_down_gets_its_queued_writes_in_order_when_it_is_back() {
 }
 
 #[tokio::test]
+async fn a_peers_state_says_how_many_tries_failed_why_and_when_it_last_took_a_batch() {
+    let b_addr = free_addr();
+    let a = Node::start(free_addr(), &[b_addr]).await;
+    let state = || a.eureka().peer_states().remove(0);
+    assert_eq!(state().url, url(b_addr));
+    assert_eq!(state().health, PeerHealth::default());
+    register(&a, "h1", 8080).await;
+    wait_until(WAIT, "two failed tries", || state().health.failures >= 2).await;
+    let down = state();
+    assert_eq!((down.pending, down.is_self), (1, false));
+    assert_eq!(down.health.last_success_ms, None);
+    let error = down.health.last_error.unwrap_or_default();
+    assert!(error.contains(&url(b_addr)), "{error}");
+
+    let _b = Node::start(b_addr, &[]).await;
+    wait_until(WAIT, "B takes the batch", || state().health.failures == 0).await;
+    let up = state();
+    assert_eq!(up.pending, 0);
+    assert!(up.health.last_success_ms.is_some());
+}
+
+#[tokio::test]
 async fn a_peer_down_costs_one_queued_heartbeat_per_instance_not_one_per_heartbeat() {
     let b_addr = free_addr();
     let a = Node::start(free_addr(), &[b_addr]).await;
