@@ -35,7 +35,7 @@ pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
 /// The one style every page shares.
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:0 2em 2em;color:#222}\
 h1{font-size:1.5em;margin:.8em 0 .2em}h2{font-size:1.15em;margin:1.4em 0 .4em;border-bottom:1px solid #ccc}\
-table{border-collapse:collapse;margin:.3em 0}th,td{text-align:left;padding:.2em .7em;border-bottom:1px solid #eee;vertical-align:top;overflow-wrap:anywhere}\
+table{border-collapse:collapse;margin:.3em 0}th,td{text-align:left;padding:.2em .7em;border-bottom:1px solid #eee;vertical-align:top}td.w{overflow-wrap:anywhere;min-width:5em}\
 th{background:#f3f3f3}td.n{text-align:right}.muted{color:#777}.ok{color:#171}.warn{color:#a60}.bad{color:#b11;font-weight:bold}\
 .alert{background:#fdd;border:1px solid #b11;color:#b11;padding:.5em 1em;margin:1em 0;font-weight:bold}\
 .note{background:#fff6dd;border:1px solid #d9b200;padding:.5em 1em;margin:1em 0}code{font-size:.95em}";
@@ -162,12 +162,18 @@ impl Cell {
         }
     }
 
-    /// `text` in `class` (`ok`, `warn`, `bad`, `muted`, `n` for numbers).
+    /// `text` in `class` (`ok`, `warn`, `bad`, `muted`, `n` for numbers, `w` for long text).
     pub fn with(text: impl Into<String>, class: &'static str) -> Cell {
         Cell {
             text: text.into(),
             class,
         }
+    }
+
+    /// Long text that may break anywhere (a host name, an error), so that it does not widen
+    /// the page.
+    pub fn wrap(text: impl Into<String>) -> Cell {
+        Cell::with(text, "w")
     }
 
     /// A number, right-aligned.

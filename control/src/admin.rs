@@ -322,7 +322,7 @@ mod tests {
         assert_eq!(code, StatusCode::OK);
         for shown in [
             "<h2>Connected proxies (1)</h2>",
-            "<td>hello.vip</td>",
+            "<td class=\"w\">hello.vip</td>",
             "<td>file test.yaml</td>",
             "<th>responses accepted (ACK)</th><td class=\"n\">1</td>",
             "<td class=\"muted\">not measured</td>",

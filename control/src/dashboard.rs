@@ -222,13 +222,13 @@ fn proxies(page: &mut Page, view: &MeshView) {
             "no (no cds_config)".to_owned()
         };
         page.row(&[
-            Cell::new(text(&p["node_id"])),
+            Cell::wrap(text(&p["node_id"])),
             Cell::new(text(&p["node_cluster"])),
             Cell::new(text(&p["source"])),
             Cell::new(ago(view.now_unix, &p["connected_since_unix"])),
             Cell::new(text(&p["service"])),
             Cell::number(clusters.len()),
-            Cell::new(names.join(", ")),
+            Cell::wrap(names.join(", ")),
             Cell::new(format!("{} / {}", text(&p["acks"]), text(&p["nacks"]))),
             last_nack,
             Cell::new(ahead),
@@ -425,7 +425,7 @@ mod tests {
         let html = render(&view());
         for shown in [
             "<h2>Connected proxies (1)</h2>",
-            "<td>node-1</td><td>checkout</td><td>127.0.0.1</td><td>1 min 5 s ago</td><td>ads</td><td class=\"n\">2</td><td>hello.vip, payments.vip</td><td>4 / 0</td>",
+            "<td class=\"w\">node-1</td><td>checkout</td><td>127.0.0.1</td><td>1 min 5 s ago</td><td>ads</td><td class=\"n\">2</td><td class=\"w\">hello.vip, payments.vip</td><td>4 / 0</td>",
             "<td>embedded Eureka registry</td>",
             "<td class=\"ok\">loaded</td>",
             "<td>checkout</td><td class=\"n\">2</td><td class=\"n\">4</td><td class=\"n\">3</td><td class=\"n\">75 %</td><td class=\"n\">1</td>",
@@ -485,7 +485,10 @@ mod tests {
         proxy["clusters"] = json!(clusters);
         v.proxies = Value::Array(vec![proxy; MAX_PROXIES + 3]);
         let html = render(&v);
-        assert_eq!(html.matches("<td>node-1</td>").count(), MAX_PROXIES);
+        assert_eq!(
+            html.matches("<td class=\"w\">node-1</td>").count(),
+            MAX_PROXIES
+        );
         assert!(
             html.contains(&format!("c{}.vip, and 7 more</td>", MAX_CLUSTERS - 1)),
             "{html}"

@@ -192,7 +192,12 @@ impl EurekaRegistry {
 
 /// `text`, at most [`MAX_TEXT`] characters (then `…`).
 fn clipped(text: &str) -> String {
-    match text.char_indices().nth(MAX_TEXT) {
+    clipped_at(text, MAX_TEXT)
+}
+
+/// `text`, at most `max` characters (then `…`).
+fn clipped_at(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
     }
@@ -302,14 +307,18 @@ fn replicas(page: &mut Page, view: &StatusView) {
                 ago(view.now_ms, ms).into()
             });
         page.row(&[
-            Cell::new(clipped(&peer.url)),
+            Cell::wrap(clipped(&peer.url)),
             state,
             Cell::number(peer.pending),
             Cell::number(peer.resends),
             Cell::number(h.failures),
             last,
             Cell::number(h.discarded),
-            Cell::new(h.last_error.as_deref().map(clipped).unwrap_or_default()),
+            Cell::wrap(
+                h.last_error
+                    .as_deref()
+                    .map_or_else(String::new, |e| clipped_at(e, 400)),
+            ),
         ]);
     }
     page.close("table");
@@ -470,7 +479,7 @@ fn instance_table(page: &mut Page, now_ms: u64, app: &AppRows) {
             Cell::new(clipped(info.instance_id.as_deref().unwrap_or_default())),
             status_cell,
             overridden,
-            Cell::new(clipped(info.host_name.as_deref().unwrap_or_default())),
+            Cell::wrap(clipped(info.host_name.as_deref().unwrap_or_default())),
             Cell::new(address),
             Cell::new(clipped(info.vip_address.as_deref().unwrap_or_default())),
             Cell::new(clipped(
@@ -480,8 +489,8 @@ fn instance_table(page: &mut Page, now_ms: u64, app: &AppRows) {
             Cell::new(ago(now_ms, row.renewed_ms)),
             Cell::new(age(row.duration)),
             Cell::new(row.owner.as_deref().map(clipped).unwrap_or_default()),
-            Cell::new(clipped(info.status_page_url.as_deref().unwrap_or_default())),
-            Cell::new(metadata),
+            Cell::wrap(clipped(info.status_page_url.as_deref().unwrap_or_default())),
+            Cell::wrap(metadata),
         ]);
     }
     page.close("table");
@@ -631,7 +640,7 @@ mod tests {
             "Instances currently registered",
             "2 instances in 1 apps; by status: UP 2.",
             "HELLO (2 instances)",
-            "<td>hello-1</td><td class=\"ok\">UP</td><td class=\"muted\">none</td><td>host-1</td><td>10.0.0.5:8080</td>",
+            "<td>hello-1</td><td class=\"ok\">UP</td><td class=\"muted\">none</td><td class=\"w\">host-1</td><td>10.0.0.5:8080</td>",
             "<td class=\"warn\">OUT_OF_SERVICE (reports UP)</td><td class=\"warn\">OUT_OF_SERVICE (operator)</td>",
             // Registered 90 s ago, renewed 30 s ago.
             "<td>1 min 30 s ago</td><td>30 s ago</td><td>1 min 30 s</td><td>ops</td>",
@@ -667,7 +676,10 @@ mod tests {
             "{html}"
         );
         // An instance's URL is shown, not followed: no href but the page's own.
-        assert!(html.contains("<td>javascript:alert(1)</td>"), "{html}");
+        assert!(
+            html.contains("<td class=\"w\">javascript:alert(1)</td>"),
+            "{html}"
+        );
         assert!(
             html.match_indices("href=\"")
                 .all(|(i, _)| html[i + 6..].starts_with("/")),
@@ -726,7 +738,7 @@ mod tests {
         ];
         let html = render(&v);
         assert!(
-            html.contains("<td>http://node-2:8761/eureka</td><td class=\"bad\">failing</td><td class=\"n\">12</td><td class=\"n\">1</td><td class=\"n\">3</td><td>10 s ago</td><td class=\"n\">2</td><td>http://node-2"),
+            html.contains("<td class=\"w\">http://node-2:8761/eureka</td><td class=\"bad\">failing</td><td class=\"n\">12</td><td class=\"n\">1</td><td class=\"n\">3</td><td>10 s ago</td><td class=\"n\">2</td><td class=\"w\">http://node-2"),
             "{html}"
         );
         assert!(html.contains("this node (nothing sent)"), "{html}");

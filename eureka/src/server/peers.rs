@@ -901,7 +901,7 @@ impl EurekaRegistry {
                     discarded.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     peer.note(|h| {
                         h.discarded += batch.len() as u64;
-                        h.last_error = Some(clip(&Chain(&e).to_string()).to_string());
+                        h.last_error = Some(Chain(&e).to_string());
                     });
                     odmesh_base::limited!(
                         warn,
@@ -914,7 +914,7 @@ impl EurekaRegistry {
                     failures += 1;
                     peer.note(|h| {
                         h.failures = failures;
-                        h.last_error = Some(clip(&Chain(&e).to_string()).to_string());
+                        h.last_error = Some(Chain(&e).to_string());
                     });
                     inc(&peer.counts.failures);
                     let wait = backoff(failures, Duration::from_millis(50), Duration::from_secs(1));
