@@ -11,7 +11,7 @@ use std::time::Duration;
 use odmesh_e2e::browser::{start_tags, tag_name};
 use odmesh_e2e::{
     Chromium, ControlPlane, EchoUpstream, EurekaApi, Mesh, Request, Response, Source, TestEnv,
-    wait_until,
+    eureka_url, reserve_addrs, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -190,10 +190,10 @@ fn the_registry_status_page_shows_the_fleet_and_what_a_hostile_client_registered
     // The hostile text is on the page as text (a `<` in text is written `&lt;` by the
     // browser's serialiser; a quote is not escaped there), and made no element.
     for text in [
-        "<td>\"&gt;&lt;img/src=x/onerror=alert(1)&gt;&lt;script&gt;alert(2)&lt;/script&gt;</td>",
+        "<td class=\"w\">\"&gt;&lt;img/src=x/onerror=alert(1)&gt;&lt;script&gt;alert(2)&lt;/script&gt;</td>",
         "note=&lt;script&gt;alert(3)&lt;/script&gt;",
         "zone=\"&gt;&lt;img src=x onerror=alert(4)&gt;",
-        "<td>javascript:alert(5)</td>",
+        "<td class=\"w\">javascript:alert(5)</td>",
     ] {
         assert!(
             dom.contains(text),
@@ -219,6 +219,61 @@ fn the_registry_status_page_shows_the_fleet_and_what_a_hostile_client_registered
         "screenshot of the registry's status page: {}",
         png.display()
     );
+}
+
+#[test]
+fn the_registry_status_page_shows_each_peer_replicating_then_failing_when_it_is_gone() {
+    let chromium = Chromium::find();
+    let env = TestEnv::new("dashboards_registry_page_peers");
+    let addrs = reserve_addrs(2);
+    let node = |label: &str, own: usize, other: usize| {
+        let source = Source::Peer {
+            addr: addrs[own],
+            peers: vec![eureka_url(addrs[other])],
+        };
+        ControlPlane::start_source(&env, label, source, &["--registry-warmup", "0"])
+    };
+    let a = node("node-a", 0, 1);
+    let mut b = node("node-b", 1, 0);
+    let (peer_b, page_of_a) = (eureka_url(addrs[1]), |path: &str| {
+        let page = get(addrs[0], path, None);
+        assert_html_without_script(&page);
+        page.text()
+    });
+    EurekaApi::new(addrs[0]).register("HELLO", "hello-1", 8081);
+    wait_until(DEADLINE, "B to hold hello-1", || {
+        EurekaApi::new(addrs[1]).instances().contains_key("hello-1")
+    });
+    wait_until(DEADLINE, "A's page to show B replicating", || {
+        let page = page_of_a("/");
+        page.contains(&format!(
+            "<td class=\"w\">{peer_b}</td><td class=\"ok\">replicating</td><td class=\"n\">0</td>"
+        )) && page.contains("<td class=\"n\">0</td><td>0 s ago</td>")
+    });
+
+    b.kill();
+    EurekaApi::new(addrs[0]).register("HELLO", "hello-2", 8082);
+    wait_until(
+        DEADLINE,
+        "A's page to show B failing, with the write queued",
+        || {
+            let page = page_of_a("/");
+            page.contains(&format!(
+                "<td class=\"w\">{peer_b}</td><td class=\"bad\">failing</td><td class=\"n\">1</td>"
+            )) && page.contains(&format!("<td class=\"w\">{peer_b}/peerreplication/batch"))
+        },
+    );
+    let url = format!("http://{}/", addrs[0]);
+    let dom = chromium.dump_dom(&env, "registry-page-peers", &url);
+    assert!(dom.contains("<h2>Peers (DS replicas)</h2>"), "{dom}");
+    assert!(dom.contains("<td class=\"bad\">failing</td>"), "{dom}");
+    assert_no_element_from_data(&dom);
+    let png = chromium.screenshot(&env, "registry-page-peers", &url);
+    println!(
+        "screenshot of a registry's page with a peer gone: {}",
+        png.display()
+    );
+    drop(a);
 }
 
 /// A tokens file: a client that may register HELLO, and an operator.
@@ -325,8 +380,8 @@ fn the_mesh_dashboard_shows_each_connected_proxy_and_the_clusters_it_holds() {
         "<h1>odmesh control plane</h1>".to_owned(),
         "<td>embedded Eureka registry</td>".to_owned(),
         "<h2>Connected proxies (1)</h2>".to_owned(),
-        format!("<td>{node}</td><td>{service}</td><td>127.0.0.1</td>"),
-        "<td>hello.vip</td>".to_owned(),
+        format!("<td class=\"w\">{node}</td><td>{service}</td><td>127.0.0.1</td>"),
+        "<td class=\"w\">hello.vip</td>".to_owned(),
         "<th>answer time percentiles</th><td class=\"muted\">not measured</td>".to_owned(),
         // The service in prewarm's table, hello.vip predicted for it.
         format!("<td>{service}</td><td class=\"n\">1</td>"),
