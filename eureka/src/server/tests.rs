@@ -2203,3 +2203,32 @@ async fn the_registry_and_its_delta_are_gzip_compressed_for_a_client_that_asks()
     assert_ne!(gunzip(&a), gunzip(&b));
     assert_eq!(gunzip(&b), &f.eureka.applications_answer(true, false)[..]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_status_page_says_emergency_while_self_preservation_holds_eviction() {
+    let f = preserving();
+    let ids = ten_renewing(&f).await;
+    let page = || dashboard::render(&f.eureka.status_view(None));
+    assert!(!page().contains("EMERGENCY"), "{}", page());
+    tokio::time::advance(Duration::from_secs(8)).await;
+    assert_eq!(f.eureka.evict_expired(), 0);
+    let view = f.eureka.status_view(None);
+    let p = &view.preservation;
+    assert!(p.engaged);
+    assert!((p.renewals as f64) < 0.85 * p.expected, "{p:?}");
+    let html = page();
+    assert!(
+        html.contains("<div class=\"alert\">EMERGENCY! Self-preservation is on:"),
+        "{html}"
+    );
+    assert!(
+        html.contains("<td class=\"bad\">ON: eviction held</td>"),
+        "{html}"
+    );
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        f.renew(&ids).await;
+        f.eureka.evict_expired();
+    }
+    assert!(!page().contains("EMERGENCY"), "{}", page());
+}
