@@ -147,6 +147,10 @@ fn the_registry_status_page_shows_the_fleet_and_what_a_hostile_client_registered
             "EVIL",
             registration("EVIL", "e-3", json!({"hostName": HOSTILE_ZONE})),
         ),
+        (
+            "EVIL",
+            registration("EVIL", "e-4", json!({"secureVipAddress": HOSTILE_NOTE})),
+        ),
     ];
     for (path_app, body) in refused {
         let answer = post(&api, path_app, body.clone(), None);
@@ -165,19 +169,34 @@ fn the_registry_status_page_shows_the_fleet_and_what_a_hostile_client_registered
     );
     let answer = post(&api, "EVIL", hostile, None);
     assert_eq!(answer.status, 204, "{}", answer.text());
-    assert_eq!(api.instances().len(), 4);
+    // And what it reads as something else: a status it does not know (UNKNOWN), an override
+    // that is none, a metadata key that is not an XML name (left out).
+    let odd = registration(
+        "EVIL",
+        "evil-2",
+        json!({
+            "status": HOSTILE_NOTE,
+            "overriddenStatus": HOSTILE_NOTE,
+            "metadata": {"<script>": "left-out", "kept": "yes"},
+        }),
+    );
+    let answer = post(&api, "EVIL", odd, None);
+    assert_eq!(answer.status, 204, "{}", answer.text());
+    assert_eq!(api.instances().len(), 5);
 
     let url = format!("http://{}/", control.eureka_addr());
     let dom = chromium.dump_dom(&env, "registry-page", &url);
     for shown in [
         "<h1>odmesh embedded registry</h1>",
         "Warming up: for another",
-        "4 instances in 3 apps; by status: UP 3, OUT_OF_SERVICE 1.",
+        "5 instances in 3 apps; by status: UP 3, OUT_OF_SERVICE 1, UNKNOWN 1.",
         "<h2>HELLO (2 instances)</h2>",
         "<h2>WORLD (1 instances)</h2>",
         "<td>hello-1</td><td class=\"ok\">UP</td><td class=\"muted\">none</td>",
         "<td>hello-2</td><td class=\"warn\">OUT_OF_SERVICE (reports UP)</td><td class=\"warn\">OUT_OF_SERVICE</td>",
         "<td>127.0.0.1:8083</td><td>world</td>",
+        "<td>evil-2</td><td class=\"warn\">UNKNOWN</td><td class=\"muted\">none</td>",
+        "<td class=\"w\">kept=yes</td>",
         "No peers: this registry replicates with nobody",
         "<th>authentication (--eureka-auth)</th><td>off</td>",
         "<th>self-preservation</th><td class=\"ok\">off: eviction runs</td>",
@@ -200,6 +219,7 @@ fn the_registry_status_page_shows_the_fleet_and_what_a_hostile_client_registered
             "the page does not show {text:?} as text:\n{dom}"
         );
     }
+    assert!(!dom.contains("left-out"), "{dom}");
     assert_no_element_from_data(&dom);
     // And what the browser was told: HTML, under a policy that runs no script at all.
     assert_html_without_script(&get(control.eureka_addr(), "/", None));
@@ -280,6 +300,10 @@ fn the_registry_status_page_shows_each_peer_replicating_then_failing_when_it_is_
 const TOKENS: &str = "identities:
   - name: hello
     token: hello-token-0123456789
+  - name: '<b>evil</b>'
+    token: evil-token-0123456789
+    apps: [EVIL]
+    vips: [evil]
   - name: ops
     token: ops-token-0123456789abc
     operator: true
@@ -304,6 +328,16 @@ fn with_eureka_auth_the_status_page_asks_for_the_credentials_get_apps_asks_for()
         "HELLO",
         registration("HELLO", "hello-1", json!({})),
         Some(hello),
+    );
+    assert_eq!(answer.status, 204, "{}", answer.text());
+
+    // An identity named with markup: its name is shown as text.
+    let evil = "Bearer evil-token-0123456789";
+    let answer = post(
+        &api,
+        "EVIL",
+        registration("EVIL", "evil-1", json!({})),
+        Some(evil),
     );
     assert_eq!(answer.status, 204, "{}", answer.text());
 
@@ -334,6 +368,11 @@ fn with_eureka_auth_the_status_page_asks_for_the_credentials_get_apps_asks_for()
         // The instance, and the identity that registered it.
         assert!(page.contains("<td>hello-1</td>"), "{page}");
         assert!(page.contains("<td>1 min 30 s</td><td>hello</td>"), "{page}");
+        assert!(
+            page.contains("<td>1 min 30 s</td><td>&lt;b&gt;evil&lt;/b&gt;</td>"),
+            "{page}"
+        );
+        assert!(!page.contains("<b>"), "{page}");
     }
     // Read-only: nothing but GET.
     for method in ["POST", "PUT", "DELETE"] {
