@@ -1,7 +1,8 @@
 //! The pages people read, in a real browser: the embedded registry's status page (`/` of its
 //! port) and the admin's mesh dashboard (`/` of the admin port), read with headless Chromium
 //! from a real control plane (and, for the dashboard, a real Envoy). They show what the
-//! registry and the mesh hold; what a hostile client registered stays text; the registry's
+//! registry and the mesh hold; what a hostile client registered (or a proxy named itself)
+//! stays text; the registry's
 //! page asks for the credentials `GET /apps` asks for. Needs `cargo build -p odmesh-control`,
 //! chromium (`scripts/install-test-tools.sh`), and for the dashboard `make envoy` and
 //! `make wasm`. Each page's screenshot is in the test's log folder (its path is printed).
@@ -9,9 +10,10 @@
 use std::time::Duration;
 
 use odmesh_e2e::browser::{start_tags, tag_name};
+use odmesh_e2e::mesh::EGRESS_LISTENER;
 use odmesh_e2e::{
-    Chromium, ControlPlane, EchoUpstream, EurekaApi, Mesh, Request, Response, Source, TestEnv,
-    eureka_url, reserve_addrs, wait_until,
+    Chromium, ControlPlane, EchoUpstream, Envoy, EurekaApi, Request, Response, Source, TestEnv,
+    eureka_url, odmesh_bootstrap, reserve_addrs, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -24,6 +26,10 @@ const HOSTILE_HOST: &str = "\"><img/src=x/onerror=alert(1)><script>alert(2)</scr
 const HOSTILE_NOTE: &str = "<script>alert(3)</script>";
 const HOSTILE_ZONE: &str = "\"><img src=x onerror=alert(4)>";
 const HOSTILE_URL: &str = "javascript:alert(5)";
+const HOSTILE_NODE: &str = "<script>alert(6)</script>\"><img src=x onerror=alert(7)>";
+/// [`HOSTILE_NODE`] as text in a serialised document.
+const HOSTILE_NODE_SHOWN: &str =
+    "&lt;script&gt;alert(6)&lt;/script&gt;\"&gt;&lt;img src=x onerror=alert(7)&gt;";
 
 /// The Content-Security-Policy both pages are answered with: no script at all.
 const NO_SCRIPT: &str = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
@@ -388,38 +394,55 @@ fn with_eureka_auth_the_status_page_asks_for_the_credentials_get_apps_asks_for()
 fn the_mesh_dashboard_shows_each_connected_proxy_and_the_clusters_it_holds() {
     let chromium = Chromium::find();
     let env = TestEnv::new("dashboards_mesh");
-    let mesh = Mesh::start_source(&env, Source::ServeEureka, &["--registry-warmup", "0"]);
+    let control = ControlPlane::start_source(
+        &env,
+        "control",
+        Source::ServeEureka,
+        &["--registry-warmup", "0"],
+    );
+    // The shipped bootstrap, but for its node id: markup (the page shows what a proxy says
+    // it is).
+    let bootstrap = odmesh_bootstrap(control.xds().port())
+        .replace("  id: odmesh-local\n", &format!("  id: '{HOSTILE_NODE}'\n"));
+    assert!(bootstrap.contains(HOSTILE_NODE));
+    let envoy = Envoy::start(&env, "envoy", &bootstrap);
+    envoy.wait_xds_connected(true, DEADLINE);
+    let hello = || {
+        let egress = envoy.listener(EGRESS_LISTENER);
+        Request::get("/").host("hello").send(egress).status
+    };
     let upstream = EchoUpstream::start("hello");
-    let api = EurekaApi::new(mesh.control.eureka_addr());
+    let api = EurekaApi::new(control.eureka_addr());
     api.register("HELLO", "hello-1", upstream.port());
-    wait_until(DEADLINE, "hello to route", || {
-        mesh.get("hello").status == 200
-    });
+    wait_until(DEADLINE, "hello to route", || hello() == 200);
     wait_until(DEADLINE, "the proxy to hold hello.vip", || {
-        (mesh.control.subscribed_clusters()).contains(&"hello.vip".to_owned())
+        (control.subscribed_clusters()).contains(&"hello.vip".to_owned())
     });
-    let proxy = mesh.control.proxies().remove(0);
-    let (node, service) = (&proxy["node_id"], &proxy["node_cluster"]);
-    let (node, service) = (node.as_str().unwrap(), service.as_str().unwrap());
+    let proxy = control.proxies().remove(0);
+    assert_eq!(proxy["node_id"], HOSTILE_NODE);
+    let service = proxy["node_cluster"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     // Its proxy's load reports (every second here) put hello.vip, which carries requests, in
     // its service's history.
     wait_until(
         DEADLINE,
         "the service's prewarm history to hold hello.vip",
         || {
-            assert_eq!(mesh.get("hello").status, 200);
-            let predicted = &mesh.control.prewarm()["services"][service]["predicted"];
+            assert_eq!(hello(), 200);
+            let predicted = &control.prewarm()["services"][&service]["predicted"];
             predicted.as_array().is_some_and(|p| !p.is_empty())
         },
     );
 
-    let url = format!("http://{}/", mesh.control.admin());
+    let url = format!("http://{}/", control.admin());
     let dom = chromium.dump_dom(&env, "mesh-dashboard", &url);
     for shown in [
         "<h1>odmesh control plane</h1>".to_owned(),
         "<td>embedded Eureka registry</td>".to_owned(),
         "<h2>Connected proxies (1)</h2>".to_owned(),
-        format!("<td class=\"w\">{node}</td><td>{service}</td><td>127.0.0.1</td>"),
+        format!("<td class=\"w\">{HOSTILE_NODE_SHOWN}</td><td>{service}</td><td>127.0.0.1</td>"),
         "<td class=\"w\">hello.vip</td>".to_owned(),
         "<th>answer time percentiles</th><td class=\"muted\">not measured</td>".to_owned(),
         // The service in prewarm's table, hello.vip predicted for it.
@@ -436,7 +459,7 @@ fn the_mesh_dashboard_shows_each_connected_proxy_and_the_clusters_it_holds() {
         "{dom}"
     );
     assert_no_element_from_data(&dom);
-    assert_html_without_script(&get(mesh.control.admin(), "/", None));
+    assert_html_without_script(&get(control.admin(), "/", None));
 
     let png = chromium.screenshot(&env, "mesh-dashboard", &url);
     println!("screenshot of the mesh dashboard: {}", png.display());
