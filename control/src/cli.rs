@@ -109,7 +109,8 @@ pub(crate) struct Args {
     pub(crate) reload_interval: Duration,
 
     /// Be the registry: serve a Eureka-compatible REST API (base path /eureka) that standard
-    /// Eureka clients register with. This is the default when no source is given.
+    /// Eureka clients register with, and a status page at / for a browser. This is the
+    /// default when no source is given.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = eureka_server::DEFAULT_ADDR)]
     pub(crate) serve_eureka: Option<SocketAddr>,
 
@@ -122,8 +123,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18000")]
     pub(crate) xds: SocketAddr,
 
-    /// Address of the admin HTTP server: /healthz, /readyz, /metrics, /debug/registry,
-    /// /debug/proxies.
+    /// Address of the admin HTTP server: / (the mesh dashboard, for a browser), /healthz,
+    /// /readyz, /metrics, /debug/registry, /debug/proxies, /debug/prewarm, /debug/policy. It
+    /// checks no credentials: keep it on loopback.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18001")]
     pub(crate) admin: SocketAddr,
 

@@ -506,7 +506,10 @@ fn general(page: &mut Page, view: &StatusView) {
     } else if g.warming_up {
         Cell::with(format!("warming up ({} in all)", age(g.warmup)), "warn")
     } else {
-        Cell::with(format!("complete (warmed up for {})", age(g.warmup)), "ok")
+        Cell::with(
+            format!("complete (after a warm-up of {})", age(g.warmup)),
+            "ok",
+        )
     };
     let preserving = if p.engaged {
         Cell::with("ON: eviction held", "bad")
