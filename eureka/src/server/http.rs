@@ -66,10 +66,13 @@ pub(super) fn router(eureka: EurekaRegistry) -> Router {
 }
 
 /// `GET /`: the status page ([`dashboard`]); `?app=NAME` for one app's instances. Taken
-/// and written on a blocking thread, off the workers that serve heartbeats.
+/// and written on a blocking thread, off the workers that serve heartbeats, by at most
+/// [`WHOLE_READERS`](super::WHOLE_READERS) readers of the registry at once.
 async fn status_page(AxState(eureka): Eureka, Query(params): Params) -> Response {
     let only = params.get("app").cloned();
-    let page = move || dashboard::render(&eureka.status_view(only.as_deref()));
+    let _thread = eureka.whole_reader().await;
+    let reader = eureka.clone();
+    let page = move || dashboard::render(&reader.status_view(only.as_deref()));
     match tokio::task::spawn_blocking(page).await {
         Ok(page) => odmesh_base::html::response(page),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
