@@ -465,15 +465,14 @@ fn instance_table(page: &mut Page, now_ms: u64, app: &AppRows) {
         let registered = lease
             .and_then(|l| l.registration_timestamp)
             .map_or_else(String::new, |ms| ago(now_ms, ms));
-        let metadata: Vec<String> = (info.metadata.iter())
+        let entries: Vec<String> = (info.metadata.iter())
             .filter(|(k, _)| k.as_str() != super::document::OWNER_KEY)
-            .take(MAX_METADATA)
             .map(|(k, v)| format!("{}={}", clipped(k), clipped(v)))
             .collect();
-        let mut metadata = metadata.join(" ");
-        let entries = info.metadata.iter().count();
-        if entries > MAX_METADATA + 1 {
-            metadata.push_str(" …");
+        let mut metadata = entries[..entries.len().min(MAX_METADATA)].join(" ");
+        if entries.len() > MAX_METADATA {
+            let left = entries.len() - MAX_METADATA;
+            metadata.push_str(&format!(" and {left} more"));
         }
         page.row(&[
             Cell::new(clipped(info.instance_id.as_deref().unwrap_or_default())),
@@ -686,6 +685,23 @@ mod tests {
         assert!(
             html.match_indices("href=\"")
                 .all(|(i, _)| html[i + 6..].starts_with("/")),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn an_instance_shows_its_first_metadata_entries_and_how_many_more_it_has() {
+        let mut r = row("a", "host", Status::Up, None);
+        let mut info = r.doc.info();
+        for n in 0..MAX_METADATA + 2 {
+            info.metadata.insert(format!("k{n:02}"), "v".to_owned());
+        }
+        r.doc = Stored::from(&info);
+        let html = render(&view(vec![hello(vec![r], 1)]));
+        // The owner's entry is not counted; `zone` sorts after the k entries.
+        assert!(html.contains("k00=v k01=v"), "{html}");
+        assert!(
+            html.contains(&format!("k{:02}=v and 3 more</td>", MAX_METADATA - 1)),
             "{html}"
         );
     }
