@@ -67,7 +67,7 @@ pub struct MeshView {
     pub prewarm: Value,
     /// `/debug/policy`'s `source` (the file's state) and `file` (its entries).
     pub policy: Value,
-    /// The [`COUNTERS`] read from `/metrics`, `None` where absent.
+    /// Some counters of `/metrics` (what the page calls each, its value), `None` where absent.
     pub counters: Vec<(&'static str, Option<u64>)>,
     /// On-demand answer time percentiles; `None`: not measured.
     pub answer_times: Option<AnswerTimes>,
