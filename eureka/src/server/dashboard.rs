@@ -250,6 +250,13 @@ fn alerts(page: &mut Page, view: &StatusView) {
             ),
         );
     }
+    if p.config.threshold <= 0.0 {
+        page.el(
+            "div",
+            "note",
+            "Self-preservation is off (--self-preservation-threshold 0): if the registry loses touch with its clients, their leases expire and they are evicted.",
+        );
+    }
     let g = &view.general;
     if g.warming_up {
         let left = g.warmup.saturating_sub(view.uptime);
@@ -725,6 +732,12 @@ mod tests {
             html.contains("0 instances in 0 apps; by status: none."),
             "{html}"
         );
+        assert!(!html.contains("Self-preservation is off"), "{html}");
+        v.preservation.config.threshold = 0.0;
+        v.preservation.engaged = false;
+        let html = render(&v);
+        let off = "<div class=\"note\">Self-preservation is off (--self-preservation-threshold 0)";
+        assert!(html.contains(off), "{html}");
     }
 
     #[test]
