@@ -39,11 +39,9 @@ pub trait AdminView: Send + Sync + 'static {
     fn prewarm(&self) -> serde_json::Value;
     /// Every metric of the process, in `format`.
     fn metrics(&self, format: Format) -> String;
-    /// On-demand answer time percentiles, for the dashboard; `None` (the default): not
-    /// measured, which the dashboard says.
-    fn answer_time_percentiles(&self) -> Option<crate::dashboard::AnswerTimes> {
-        None
-    }
+    /// On-demand answer time percentiles, for the dashboard; `None`: none measured yet,
+    /// which the dashboard says.
+    fn answer_time_percentiles(&self) -> Option<crate::dashboard::AnswerTimes>;
 }
 
 /// Runs `serve` on `listener` on a thread of its own with a runtime of its own, so that it
@@ -208,6 +206,10 @@ mod tests {
             exposition.add(self.metrics.clone());
             exposition.render(format)
         }
+        fn answer_time_percentiles(&self) -> Option<crate::dashboard::AnswerTimes> {
+            let answers = &self.metrics.xds_on_demand_answer_seconds;
+            Some(crate::dashboard::AnswerTimes::of(answers))
+        }
     }
 
     async fn get(loaded: bool, path: &str) -> (StatusCode, String) {
@@ -325,7 +327,7 @@ mod tests {
             "<td class=\"w\">hello.vip</td>",
             "<td>file test.yaml</td>",
             "<th>responses accepted (ACK)</th><td class=\"n\">1</td>",
-            "<td class=\"muted\">not measured</td>",
+            "<td class=\"muted\">no answer measured yet</td>",
         ] {
             assert!(body.contains(shown), "{shown}\n{body}");
         }

@@ -12,6 +12,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use odmesh_base::html::{Cell, Page, age, utc};
+use odmesh_base::metrics::{self, prometheus_client::metrics::histogram::Histogram};
 use serde_json::Value;
 
 use crate::admin::AdminView;
@@ -31,6 +32,23 @@ pub struct AnswerTimes {
     pub count: u64,
     /// `(percentile, time)`, e.g. `(50.0, 1 ms)`, `(99.0, 4 ms)`, lowest first.
     pub percentiles: Vec<(f64, Duration)>,
+}
+
+impl AnswerTimes {
+    /// The median, the 90th and the 99th percentile of `histogram`
+    /// (`odmesh_xds_on_demand_answer_seconds`), as `histogram_quantile` would give them.
+    pub fn of(histogram: &Histogram) -> AnswerTimes {
+        let buckets = metrics::buckets(histogram);
+        let percentiles = [50.0, 90.0, 99.0]
+            .into_iter()
+            .filter_map(|p| Some((p, metrics::quantile(&buckets, p / 100.0)?)))
+            .map(|(p, seconds)| (p, Duration::from_secs_f64(seconds)))
+            .collect();
+        AnswerTimes {
+            count: buckets.last().map_or(0, |&(_, n)| n),
+            percentiles,
+        }
+    }
 }
 
 /// The counters of `/metrics` the dashboard shows, with what it calls them.
@@ -82,7 +100,7 @@ impl MeshView {
         // A cluster nobody holds: the file's state without the effective policy of every
         // cluster every proxy holds, which `/debug/policy` computes.
         let policy = view.policy(Some(""), "");
-        let metrics = view.metrics();
+        let metrics = view.metrics(odmesh_base::metrics::Format::Prometheus);
         MeshView {
             now_unix,
             registry: view.registry_status().1,
@@ -97,13 +115,17 @@ impl MeshView {
     }
 }
 
-/// The value of the series `name` (without labels) in Prometheus text `metrics`.
+/// The value of metric `name` in Prometheus text `metrics`: its one series, or the sum of
+/// its labelled family's (`odmesh_xds_acks_total{type="cluster"}`, ...).
 fn sample(metrics: &str, name: &str) -> Option<u64> {
-    metrics.lines().find_map(|line| {
-        let (series, value) = line.split_once(' ')?;
-        let value: f64 = value.split_whitespace().next()?.parse().ok()?;
-        (series == name).then_some(value as u64)
-    })
+    let values = (metrics.lines().filter(|line| !line.starts_with('#'))).filter_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let family = series.split_once('{').map_or(series, |(family, _)| family);
+        (family == name).then(|| value.trim().parse::<f64>().ok())?
+    });
+    values
+        .fold(None, |sum, v| Some(sum.unwrap_or(0.0) + v))
+        .map(|sum| sum as u64)
 }
 
 /// `value` as text, `""` for null.
@@ -498,9 +520,28 @@ mod tests {
     }
 
     #[test]
-    fn counters_are_read_from_prometheus_text_by_exact_name() {
-        let text = "# HELP odmesh_xds_requests_total x\nodmesh_xds_requests_total_more 1\nodmesh_xds_requests_total 42\n";
+    fn answer_times_are_the_histograms_percentiles() {
+        let histogram = metrics::histogram(0.001, 10.0, 3);
+        assert_eq!(AnswerTimes::of(&histogram), AnswerTimes::default());
+        for ms in [2, 3, 4, 50] {
+            metrics::observe(&histogram, Duration::from_millis(ms));
+        }
+        let times = AnswerTimes::of(&histogram);
+        assert_eq!(times.count, 4);
+        let want = [(50.0, 0.007), (90.0, 0.064), (99.0, 0.0964)];
+        assert_eq!(times.percentiles.len(), want.len());
+        for ((p, d), (want_p, want_s)) in times.percentiles.iter().zip(want) {
+            assert_eq!(*p, want_p);
+            assert!((d.as_secs_f64() - want_s).abs() < 1e-6, "p{p}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn counters_are_read_from_prometheus_text_by_exact_name_and_families_summed() {
+        let text = "# HELP odmesh_xds_requests_total x\nodmesh_xds_requests_total_more 1\nodmesh_xds_requests_total 42\n\
+                    odmesh_xds_acks_total{type=\"cluster\"} 3\nodmesh_xds_acks_total{type=\"endpoints\"} 4\n";
         assert_eq!(sample(text, "odmesh_xds_requests_total"), Some(42));
+        assert_eq!(sample(text, "odmesh_xds_acks_total"), Some(7));
         assert_eq!(sample(text, "odmesh_xds_nacks_total"), None);
     }
 

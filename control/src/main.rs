@@ -23,6 +23,7 @@ use odmesh_base::reload::{Outcome, Reloader, Watched};
 use odmesh_base::tls::{self, ServerTls, ServerTlsFiles};
 use odmesh_control::admin::{self, AdminView};
 use odmesh_control::cache::Cache;
+use odmesh_control::dashboard::AnswerTimes;
 use odmesh_control::metrics::{AllMetrics, Metrics};
 use odmesh_control::model;
 use odmesh_control::policy::{self, watch::PolicyStatus};
@@ -666,5 +667,10 @@ impl AdminView for View {
             features.limits as u64,
         );
         self.metrics.render(format)
+    }
+
+    fn answer_time_percentiles(&self) -> Option<AnswerTimes> {
+        let answers = &self.metrics.control.xds_on_demand_answer_seconds;
+        Some(AnswerTimes::of(answers))
     }
 }
