@@ -150,10 +150,12 @@ odmesh_base::metrics! {
         prewarm_entries_refused_total: "counter",
     }
     histograms {
-        /// Requests that subscribed clusters on demand (a first request to a VIP pauses in
-        /// Envoy meanwhile): from the request's arrival to its answer (the clusters and their
-        /// load assignments) handed to the stream. Answers that waited for room under
-        /// --xds-max-subscriptions are not counted.
+        /// Requests that subscribed clusters by name, and nothing else (Envoy's on-demand
+        /// discovery: a first request to a VIP pauses in Envoy meanwhile): from the request's
+        /// arrival to its answer (the clusters and their load assignments, or a removal for a
+        /// name refused) handed to the stream. A reconnect's first request is not counted,
+        /// nor an answer put off until there is room under --xds-max-subscriptions or the
+        /// registry has loaded.
         xds_on_demand_answer_seconds: (0.0001, 2.0, 16),
         /// A registry or policy change, from the cache taking it to each subscribed stream's
         /// response handed to the stream (one observation per stream and change).
@@ -312,6 +314,10 @@ mod tests {
             .collect();
         let unique: std::collections::HashSet<&str> = names.iter().copied().collect();
         assert_eq!(unique.len(), names.len(), "a metric twice: {names:?}");
+        // What neither text format lets a help text hold unescaped (base::metrics::help).
+        for help in text.lines().filter(|line| line.starts_with("# HELP ")) {
+            assert!(!help.contains(['"', '\\']), "{help}");
+        }
         for histogram in [
             "odmesh_xds_on_demand_answer_seconds",
             "odmesh_xds_push_lag_seconds",

@@ -521,14 +521,17 @@ impl Receipts {
     }
 }
 
-/// Whether `req` subscribes cluster names by name: Envoy's on-demand discovery of a
-/// cluster a request needs.
+/// Whether `req` subscribes cluster names by name, and nothing else: Envoy's on-demand
+/// discovery of a cluster a request needs. A stream's first request of a reconnect (the
+/// wildcard, the names it holds, their kept versions) is not one.
 fn subscribes_clusters(req: &DeltaDiscoveryRequest) -> bool {
     ResourceType::from_type_url(&req.type_url) == Some(ResourceType::Cluster)
-        && req
+        && req.initial_resource_versions.is_empty()
+        && !req.resource_names_subscribe.is_empty()
+        && !req
             .resource_names_subscribe
             .iter()
-            .any(|name| name != WILDCARD)
+            .any(|name| name == WILDCARD)
 }
 
 impl StreamTask {
@@ -850,6 +853,16 @@ mod tests {
         let endpoints = ResourceType::Endpoints.type_url();
         assert!(subscribes_clusters(&request(clusters, &["hello.vip"])));
         assert!(!subscribes_clusters(&request(clusters, &[WILDCARD])));
+        // A reconnect: the wildcard and the names held, with their versions.
+        assert!(!subscribes_clusters(&request(
+            clusters,
+            &[WILDCARD, "hello.vip"]
+        )));
+        let kept = DeltaDiscoveryRequest {
+            initial_resource_versions: [("hello.vip".to_owned(), "v1".to_owned())].into(),
+            ..request(clusters, &["hello.vip"])
+        };
+        assert!(!subscribes_clusters(&kept));
         assert!(!subscribes_clusters(&request(clusters, &[])));
         assert!(!subscribes_clusters(&request(endpoints, &["hello.vip"])));
     }
