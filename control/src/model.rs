@@ -100,9 +100,34 @@ pub struct Snapshot {
     len: usize,
     /// Whether the registry was complete (see [`Registry::is_complete`]).
     complete: bool,
-    /// When the registry source published the change this snapshot was built for (`None`:
-    /// not known, as for the first).
-    published: Option<Instant>,
+    /// When the registry source published the changes of the snapshots [`follow`] sent that
+    /// the cache has not applied yet (shared by every snapshot of one pipeline; `None`: not
+    /// built by one).
+    published: Option<Arc<Oldest>>,
+}
+
+/// The oldest of some moments not yet taken: when the registry source published the changes
+/// not yet built, or not yet applied. Taken by the next step, so that a step that skips an
+/// intermediate version (a `watch` keeps only the latest) still counts from its first change.
+#[derive(Debug, Default)]
+pub struct Oldest(std::sync::Mutex<Option<Instant>>);
+
+impl Oldest {
+    /// Notes `at`, unless an older moment waits.
+    pub fn note(&self, at: Instant) {
+        self.lock().get_or_insert(at);
+    }
+
+    /// The oldest moment noted since the last take.
+    pub fn take(&self) -> Option<Instant> {
+        self.lock().take()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Default for Snapshot {
@@ -118,9 +143,11 @@ impl Default for Snapshot {
 }
 
 impl Snapshot {
-    /// When the registry source published the change this snapshot was built for, if known.
-    pub fn published(&self) -> Option<Instant> {
-        self.published
+    /// When the registry source published the oldest change of the snapshots sent that the
+    /// cache has not applied yet, if known; taken: the cache calls it once per snapshot it
+    /// applies.
+    pub fn take_published(&self) -> Option<Instant> {
+        self.published.as_ref()?.take()
     }
 
     /// Indexes `registry` by cluster name.
@@ -220,18 +247,15 @@ pub struct Update {
 }
 
 impl SnapshotBuilder {
-    /// Moves to `registry` and returns its snapshot.
-    pub fn update(&mut self, registry: Arc<Registry>) -> Update {
-        self.update_published(registry, None)
+    /// A builder whose snapshots share `published` ([`Snapshot::take_published`]).
+    pub fn with_published(published: Arc<Oldest>) -> SnapshotBuilder {
+        let mut builder = SnapshotBuilder::default();
+        Arc::make_mut(&mut builder.snapshot).published = Some(published);
+        builder
     }
 
-    /// [`update`](Self::update), for a registry its source published at `published`: a new
-    /// snapshot says when ([`Snapshot::published`]).
-    pub fn update_published(
-        &mut self,
-        registry: Arc<Registry>,
-        published: Option<Instant>,
-    ) -> Update {
+    /// Moves to `registry` and returns its snapshot.
+    pub fn update(&mut self, registry: Arc<Registry>) -> Update {
         let changes = registry.changes_since(&self.registry);
         self.registry = registry;
         let touched = self.move_members(&changes.removed, &changes.added);
@@ -259,7 +283,6 @@ impl SnapshotBuilder {
         }
         if let Some(mut next) = next {
             next.complete = complete;
-            next.published = published;
             self.snapshot = Arc::new(next);
         }
         Update {
@@ -368,11 +391,15 @@ pub fn follow(
     mut registry: watch::Receiver<Arc<Registry>>,
     metrics: Arc<RegistryMetrics>,
 ) -> (watch::Receiver<Arc<Snapshot>>, tokio::task::JoinHandle<()>) {
-    let mut builder = SnapshotBuilder::default();
-    let mut build = move |reg: Arc<Registry>, published: Option<Instant>| {
+    // When the source published what is not built yet, noted as it comes (a build may take
+    // a while), and what is sent and not yet applied (shared by the snapshots).
+    let unbuilt = Arc::new(Oldest::default());
+    let unapplied = Arc::new(Oldest::default());
+    let mut builder = SnapshotBuilder::with_published(unapplied.clone());
+    let mut build = move |reg: Arc<Registry>| {
         let started = Instant::now();
         let instances = reg.len();
-        let update = builder.update_published(reg, published);
+        let update = builder.update(reg);
         set(&metrics.registry_clusters, update.snapshot.len() as u64);
         set(
             &metrics.registry_complete,
@@ -388,23 +415,31 @@ pub fn follow(
         );
         update.snapshot
     };
-    let first = build(registry.borrow_and_update().clone(), None);
+    let first = build(registry.borrow_and_update().clone());
+    // Cloned once the first version is read: it notes the changes after it.
+    let stamper = tokio::spawn({
+        let (mut published, unbuilt) = (registry.clone(), unbuilt.clone());
+        async move {
+            while published.changed().await.is_ok() {
+                published.borrow_and_update();
+                unbuilt.note(Instant::now());
+            }
+        }
+    });
     let (tx, rx) = watch::channel(first);
     let task = tokio::spawn(async move {
-        // When the source published the change not yet built (`None`: none waits).
-        let mut published = None;
-        loop {
-            if published.is_none() {
-                if registry.changed().await.is_err() {
-                    break;
-                }
-                published = Some(Instant::now());
-            }
-            let snap = build(registry.borrow_and_update().clone(), published.take());
+        while registry.changed().await.is_ok() {
+            let reg = registry.borrow_and_update().clone();
+            // Taken after the version read: a later change's moment is left for its build.
+            let published = unbuilt.take();
+            let snap = build(reg);
             // An unchanged snapshot (no cluster changed) wakes nobody.
             tx.send_if_modified(|current| {
                 if Arc::ptr_eq(current, &snap) {
                     return false;
+                }
+                if let Some(at) = published {
+                    unapplied.note(at);
                 }
                 *current = snap;
                 true
@@ -412,20 +447,9 @@ pub fn follow(
             if tx.is_closed() {
                 break;
             }
-            // The pause between snapshots; a change published meanwhile is noted when it
-            // comes, so that its latency counts from then.
-            let pause = tokio::time::sleep(SNAPSHOT_INTERVAL);
-            tokio::pin!(pause);
-            loop {
-                tokio::select! {
-                    () = &mut pause => break,
-                    changed = registry.changed(), if published.is_none() => match changed {
-                        Ok(()) => published = Some(Instant::now()),
-                        Err(_) => break,
-                    },
-                }
-            }
+            tokio::time::sleep(SNAPSHOT_INTERVAL).await;
         }
+        stamper.abort();
     });
     (rx, task)
 }

@@ -78,7 +78,7 @@ impl Changes {
 /// change → proxy latency (docs/production.md, "Metrics").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stamps {
-    /// When the cache put the earliest of them here.
+    /// When the cache took the earliest of them (before rebuilding what it changed).
     pub queued: Option<Instant>,
     /// When the registry source published the earliest registry change among them (`None`:
     /// only policy changes, or a snapshot not stamped).
@@ -86,12 +86,12 @@ pub struct Stamps {
 }
 
 impl Stamps {
-    fn merge(&mut self, registry: Option<Instant>) {
+    fn merge(&mut self, taken: Instant, registry: Option<Instant>) {
         let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        self.queued = earliest(self.queued, Some(Instant::now()));
+        self.queued = earliest(self.queued, Some(taken));
         self.registry = earliest(self.registry, registry);
     }
 }
@@ -130,13 +130,13 @@ impl Inbox {
         self.changes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn put(&self, names: Vec<String>, all: bool, registry: Option<Instant>) {
+    fn put(&self, names: Vec<String>, all: bool, (taken, registry): (Instant, Option<Instant>)) {
         {
             let mut pending = self.lock();
             let (changes, stamps) = &mut *pending;
             changes.all |= all;
             changes.names.extend(names);
-            stamps.merge(registry);
+            stamps.merge(taken, registry);
         }
         self.notify.notify_one();
     }
@@ -553,6 +553,7 @@ impl Cache {
     /// Replaces the snapshot; rebuilds the resources of subscribed names whose cluster changed
     /// (and only those), then wakes the streams watching them. Returns the names rebuilt.
     pub fn set_snapshot(&self, snapshot: Arc<Snapshot>) -> Vec<String> {
+        let taken = Instant::now();
         let mut rebuilt = Vec::new();
         let old;
         let (generation, mail, streams, finishing, published) = {
@@ -591,7 +592,7 @@ impl Cache {
             }
             state.generation += 1;
             let mail = state.mail(&rebuilt, &registered, finishing);
-            let published = state.snapshot.published();
+            let published = state.snapshot.take_published();
             (
                 state.generation,
                 mail,
@@ -600,7 +601,7 @@ impl Cache {
                 published,
             )
         };
-        let woken = deliver(mail, finishing, published);
+        let woken = deliver(mail, finishing, (taken, published));
         tracing::debug!(
             generation,
             rebuilt = rebuilt.len(),
@@ -621,6 +622,7 @@ impl Cache {
     /// are sent nothing), then wakes the streams watching those. Returns the names whose
     /// resources changed for some caller.
     pub fn set_policy(&self, policy: Arc<Policy>) -> Vec<String> {
+        let taken = Instant::now();
         let mut changed = Vec::new();
         let (generation, mail) = {
             let mut state = self.lock();
@@ -645,7 +647,7 @@ impl Cache {
             // have changed while the shared one did not.
             (state.generation, state.mail(&names, &[], false))
         };
-        deliver(mail, false, None);
+        deliver(mail, false, (taken, None));
         self.policies.send_replace(generation);
         changed.sort();
         tracing::info!(
@@ -796,12 +798,17 @@ fn pause_between_slices() {
     std::thread::yield_now();
 }
 
-/// Puts each stream's changed names into its inbox (with `all`, a full diff; `registry`: when
-/// the registry change was published) and wakes it. Returns how many streams were woken.
-fn deliver(mail: Vec<(Arc<Inbox>, Vec<String>)>, all: bool, registry: Option<Instant>) -> usize {
+/// Puts each stream's changed names into its inbox (with `all`, a full diff; `at`: when the
+/// cache took the change, and when the registry source published it) and wakes it. Returns
+/// how many streams were woken.
+fn deliver(
+    mail: Vec<(Arc<Inbox>, Vec<String>)>,
+    all: bool,
+    at: (Instant, Option<Instant>),
+) -> usize {
     let woken = mail.len();
     for (inbox, names) in mail {
-        inbox.put(names, all, registry);
+        inbox.put(names, all, at);
     }
     woken
 }

@@ -905,24 +905,27 @@ fn a_policy_change_wakes_only_the_streams_of_the_names_it_changes() {
 fn changes_carry_when_the_cache_took_them_and_when_the_registry_published_them() {
     let cache = cache(vec![inst("a", "10.0.0.1", Status::Up)]);
     let [one, _, three] = three_streams(&cache);
-    let mut builder = crate::model::SnapshotBuilder::default();
-    let published = std::time::Instant::now();
+    let unapplied = Arc::new(crate::model::Oldest::default());
+    let mut builder = crate::model::SnapshotBuilder::with_published(unapplied.clone());
     let registry = |ip| Arc::new(Registry::from_iter([inst("a", ip, Status::Up)]));
-    let first = builder.update_published(registry("10.0.0.2"), Some(published));
-    assert_eq!(first.snapshot.published(), Some(published));
-    cache.set_snapshot(first.snapshot);
-    // A later change, not taken yet: the earliest publication stays.
-    let later = builder.update_published(registry("10.0.0.3"), Some(std::time::Instant::now()));
-    cache.set_snapshot(later.snapshot);
+    // Two snapshots sent, the first never applied (a `watch` keeps the latest): the second
+    // counts from the first's publication.
+    let published = std::time::Instant::now();
+    unapplied.note(published);
+    builder.update(registry("10.0.0.2"));
+    unapplied.note(std::time::Instant::now());
+    let taken = std::time::Instant::now();
+    cache.set_snapshot(builder.update(registry("10.0.0.3")).snapshot);
     let (changes, stamps) = one.take_stamped();
     assert_eq!(changes.names.into_iter().collect::<Vec<_>>(), ["a.vip"]);
     assert_eq!(stamps.registry, Some(published));
-    assert!(stamps.queued.is_some_and(|queued| queued >= published));
+    assert!(stamps.queued.is_some_and(|queued| queued >= taken));
     assert_eq!(
         one.take_stamped().1,
         Stamps::default(),
         "taken: nothing is left"
     );
+    assert_eq!(unapplied.take(), None, "applied: nothing is left");
     assert!(!three.has_changes());
     // A policy change is no registry change.
     cache.set_policy(policy("vips: {a: {retries: {count: 1}}}"));
