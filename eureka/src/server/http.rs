@@ -70,9 +70,13 @@ pub(super) fn router(eureka: EurekaRegistry) -> Router {
 /// [`WHOLE_READERS`](super::WHOLE_READERS) readers of the registry at once.
 async fn status_page(AxState(eureka): Eureka, Query(params): Params) -> Response {
     let only = params.get("app").cloned();
-    let _thread = eureka.whole_reader().await;
+    // The permit goes with the work: a client that leaves does not free it early.
+    let thread = eureka.whole_reader().await;
     let reader = eureka.clone();
-    let page = move || dashboard::render(&reader.status_view(only.as_deref()));
+    let page = move || {
+        let _thread = thread;
+        dashboard::render(&reader.status_view(only.as_deref()))
+    };
     match tokio::task::spawn_blocking(page).await {
         Ok(page) => odmesh_base::html::response(page),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -260,9 +264,13 @@ async fn whole(
     if let Some(body) = eureka.fresh_answer(document, json, gzip) {
         return body;
     }
-    let _thread = eureka.whole_reader().await;
+    // The permit goes with the work: a client that leaves does not free it early.
+    let thread = eureka.whole_reader().await;
     let reader = eureka.clone();
-    let answer = move || reader.answer(document, json, gzip);
+    let answer = move || {
+        let _thread = thread;
+        reader.answer(document, json, gzip)
+    };
     match tokio::task::spawn_blocking(answer).await {
         Ok(body) => body,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -221,7 +221,7 @@ struct Shared {
     answers: [Answers; 2],
     /// A permit per thread that may read (write, or wait for) a whole-registry answer at once
     /// ([`WHOLE_READERS`]): other readers wait for one without a thread.
-    whole_readers: tokio::sync::Semaphore,
+    whole_readers: Arc<tokio::sync::Semaphore>,
     /// Failed authentications per source address.
     auth_throttle: Mutex<throttle::AuthThrottle>,
     peers: Peers,
@@ -354,7 +354,7 @@ impl EurekaRegistry {
                 changes: watch::Sender::new(0),
                 published: watch::Sender::new(0),
                 answers: Default::default(),
-                whole_readers: tokio::sync::Semaphore::new(WHOLE_READERS),
+                whole_readers: Arc::new(tokio::sync::Semaphore::new(WHOLE_READERS)),
                 auth_throttle,
                 peers,
                 filled: AtomicBool::new(false),
@@ -828,14 +828,13 @@ impl EurekaRegistry {
     /// A permit to read a whole-registry answer on a blocking thread ([`WHOLE_READERS`]);
     /// waited for, and counted in `eureka_registry_readers_queued_total`, when every one is
     /// taken.
-    pub async fn whole_reader(&self) -> tokio::sync::SemaphorePermit<'_> {
+    pub async fn whole_reader(&self) -> tokio::sync::OwnedSemaphorePermit {
         let readers = &self.shared.whole_readers;
-        if let Ok(permit) = readers.try_acquire() {
+        if let Ok(permit) = readers.clone().try_acquire_owned() {
             return permit;
         }
         inc(&self.shared.metrics.eureka_registry_readers_queued_total);
-        readers
-            .acquire()
+        (readers.clone().acquire_owned())
             .await
             .expect("the semaphore is never closed")
     }

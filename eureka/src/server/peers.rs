@@ -46,7 +46,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -155,8 +155,13 @@ impl PeerConfig {
             ..ClientConfig::new(urls.to_vec(), Duration::from_secs(30))
         };
         let access = Access::new(&config, odmesh_base::tls::SYSTEM_CA_BUNDLES)?;
+        // A peer listed twice (or with other credentials) is one peer, with one queue and
+        // one series per metric.
+        let mut urls = access.urls;
+        let mut seen = std::collections::HashSet::new();
+        urls.retain(|url| seen.insert(url.to_string()));
         Ok(PeerConfig {
-            urls: access.urls,
+            urls,
             tls: access.tls,
             timeout: Duration::from_secs(5),
             max_pending: 100_000,
@@ -435,7 +440,7 @@ pub struct PeerHealth {
 pub struct PeerState {
     /// Its URL, without credentials.
     pub url: String,
-    /// Writes queued for it.
+    /// Writes queued for it, and sent but not yet answered (as `odmesh_eureka_peer_pending`).
     pub pending: usize,
     /// Registrations it asked for (by a 404), held until due.
     pub resends: usize,
@@ -484,7 +489,6 @@ impl Resends {
 pub(super) struct Peers {
     config: PeerConfig,
     peers: Vec<Arc<Peer>>,
-    pending: AtomicUsize,
 }
 
 /// One peer's replication counts.
@@ -601,11 +605,7 @@ impl Peers {
                 })
             })
             .collect();
-        Peers {
-            config,
-            peers,
-            pending: AtomicUsize::new(0),
-        }
+        Peers { config, peers }
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -693,7 +693,7 @@ impl EurekaRegistry {
         (self.shared.peers.peers.iter())
             .map(|peer| PeerState {
                 url: peer.url.to_string(),
-                pending: peer.queue().len(),
+                pending: peer.counts.pending.load(Ordering::Relaxed) as usize,
                 resends: peer.resends().held.len(),
                 is_self: peer.is_self.load(Ordering::Relaxed),
                 health: peer.health().clone(),
@@ -726,7 +726,6 @@ impl EurekaRegistry {
             queue.pop_oldest();
             inc(&peer.counts.dropped);
         } else {
-            peers.pending.fetch_add(1, Ordering::Relaxed);
             inc(&peer.counts.pending);
         }
         drop(queue);
@@ -1032,7 +1031,6 @@ impl EurekaRegistry {
 
     /// Counts `n` writes out of the queues (sent, or for nobody).
     fn unqueued(&self, peer: &Peer, n: usize) {
-        self.shared.peers.pending.fetch_sub(n, Ordering::Relaxed);
         peer.counts.pending.fetch_sub(n as u64, Ordering::Relaxed);
     }
 

@@ -980,3 +980,12 @@ fn each_call_error_shows_its_cause_once() {
         assert!(Chain(&e).to_string().starts_with(&format!("{}: ", url())));
     }
 }
+
+#[test]
+fn a_peer_listed_twice_is_one_peer_with_one_queue_and_one_series() {
+    let url = "http://10.0.0.2:8761/eureka".to_owned();
+    let config = PeerConfig::new(&[url.clone(), url.clone()], None, false).expect("peer URLs");
+    assert_eq!(config.urls.len(), 1);
+    let peers = Peers::new(config);
+    assert_eq!(peers.metrics().0.len(), 1);
+}
