@@ -8,7 +8,6 @@
 //! reason, responses by resource type) are one family with a label. Histograms are the
 //! client's own.
 
-use std::borrow::Cow;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -230,14 +229,11 @@ pub struct Sample {
     pub value: u64,
 }
 
-/// The help text of a doc comment: its lines joined, trimmed, with what the text formats
-/// escape escaped (`\` and line ends).
-fn help(doc: &str) -> Cow<'_, str> {
-    let doc = doc.trim();
-    match doc.contains(['\\', '\n']) {
-        true => Cow::Owned(doc.replace('\\', "\\\\").replace('\n', "\\n")),
-        false => Cow::Borrowed(doc),
-    }
+/// The help text of a doc comment: its lines joined, trimmed. The Prometheus text encoder
+/// escapes `\` and line ends itself, the OpenMetrics one does not: a help text holds neither,
+/// nor `"` (tested where the metrics are declared).
+fn help(doc: &str) -> &str {
+    doc.trim()
 }
 
 /// Writes `samples` in order; the members of a family, one after the other, under one
@@ -265,7 +261,7 @@ pub fn encode_samples(encoder: &mut DescriptorEncoder, samples: &[Sample]) -> st
             ),
         };
         let name = name.strip_suffix("_total").unwrap_or(name);
-        let mut metric = encoder.encode_descriptor(name, &help(first.help), None, ty)?;
+        let mut metric = encoder.encode_descriptor(name, help(first.help), None, ty)?;
         if family.is_none() {
             encode_value(first, metric)?;
         } else {
@@ -302,7 +298,7 @@ pub fn encode_histogram(
     let unit = base.map(|_| Unit::Seconds);
     let metric = encoder.encode_descriptor(
         base.unwrap_or(name),
-        &help(doc),
+        help(doc),
         unit.as_ref(),
         histogram.metric_type(),
     )?;
@@ -328,8 +324,7 @@ pub fn encode_labelled(
         _ => MetricType::Gauge,
     };
     let name = name.strip_suffix("_total").unwrap_or(name);
-    let help = help(doc);
-    let mut metric = encoder.encode_descriptor(name, &help, None, ty)?;
+    let mut metric = encoder.encode_descriptor(name, help(doc), None, ty)?;
     for &(value, count) in series {
         let labels = [(label, value)];
         let labelled = metric.encode_family(&labels)?;
@@ -518,12 +513,6 @@ mod tests {
             Some(0.1),
             "past the last bound: that bound"
         );
-    }
-
-    #[test]
-    fn help_escapes_what_the_formats_escape() {
-        assert_eq!(help(" a\\b\nc "), "a\\\\b\\nc");
-        assert_eq!(help(" plain "), "plain");
     }
 
     #[test]
